@@ -1,0 +1,37 @@
+# The two commands the README opens with. Both create or refresh .venv first; a second run
+# reinstalls nothing unless pyproject.toml changed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Open MPI refuses to run as root unless told; as our launch helpers do, say so only as root.
+ifeq ($(shell id -u),0)
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+endif
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: study test venv lint figures clean
+
+study: $(STAMP)  ## the main job: scaling sweep into results/scaling/runs.csv, then the figures
+	$(BIN)/downpour study --csv results/scaling/runs.csv --figures results/figures
+
+test: $(STAMP)   ## the whole test suite (unit, multi-rank under mpiexec, CLI)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+figures: $(STAMP)
+	$(BIN)/downpour plot --csv results/scaling/runs.csv --figures results/figures
+
+lint: $(STAMP)
+	$(BIN)/ruff check downpour_lib tests
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

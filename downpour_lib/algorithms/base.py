@@ -1,0 +1,94 @@
+"""The small interface every training algorithm implements.
+
+Two plug-in points, as in torch.distributed.algorithms: ``after_backward`` on the gradient side and
+``after_step`` on the parameter side, plus ``step`` (the update) and ``serve`` (a server rank's loop).
+Algorithms communicate only through ``comm.Comm``, so with a world of one they run in a unit test.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator, Literal
+
+import torch
+from torch import nn
+
+from ..comm.collectives import Comm
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """Base of every algorithm's options: a frozen dataclass, one help text per field."""
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which ranks compute gradients, which hold parameters, which one evaluates."""
+
+    workers: tuple[int, ...]
+    servers: tuple[int, ...] = ()
+    evaluator: int = 0
+
+    def role(self, rank: int) -> Literal["worker", "server"]:
+        return "worker" if rank in self.workers else "server"
+
+    def worker_index(self, rank: int) -> int:
+        """Position among the workers: which shard of the data this rank reads."""
+        return self.workers.index(rank)
+
+
+class Algorithm:
+    """Default behaviour: every rank is a worker and steps its own optimizer."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type[AlgorithmOptions]] = AlgorithmOptions
+
+    def __init__(self, options: AlgorithmOptions, comm: Comm) -> None:
+        self.options, self.comm = options, comm
+        self.rank, self.world_size = comm.rank, comm.size
+
+    @classmethod
+    def check_world(cls, options: Any, world_size: int) -> None:
+        """Raise ConfigError if this algorithm cannot run with ``world_size`` ranks."""
+
+    @classmethod
+    def world_size_for(cls, options: Any, workers: int) -> int:
+        """Ranks needed for ``workers`` workers (servers included)."""
+        return workers
+
+    @classmethod
+    def roles(cls, options: Any, world_size: int) -> Roles:
+        """Who does what; a pure function of the options and the world size."""
+        return Roles(workers=tuple(range(world_size)))
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+        """Prepare the model; return the module the engine runs forward on (may be a wrapper)."""
+        return model
+
+    def after_backward(self, model: nn.Module) -> None:
+        """Gradient side: runs once backward has produced every gradient."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def after_step(self, model: nn.Module) -> None:
+        """Parameter side: runs after the update (gossip, averaging, fetching)."""
+
+    def serve(self, steps: int, on_update: Callable[[int], None]) -> None:
+        """A server rank's loop; calls ``on_update(i)`` after each update it applies."""
+        raise NotImplementedError(f"{self.name} has no server ranks")
+
+    @contextmanager
+    def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
+        """The module to evaluate (e.g. de-biased parameters for push-sum)."""
+        yield model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

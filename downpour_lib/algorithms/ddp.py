@@ -1,0 +1,42 @@
+"""PyTorch DistributedDataParallel (Li et al., VLDB 2020): the baseline the others must beat.
+
+Gradients are averaged by DDP's bucketed allreduce, overlapped with backward; the engine's timing
+counts only the part of it that backward did not hide (see ``comm.ddp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..comm.ddp import MeteredDDP
+from ..errors import ConfigError
+from .base import Algorithm, AlgorithmOptions
+
+
+@dataclass(frozen=True)
+class DDPOptions(AlgorithmOptions):
+    bucket_cap_mb: float = field(default=25.0, metadata={"help": "DDP gradient bucket size in MB"})
+
+    def __post_init__(self) -> None:
+        if not self.bucket_cap_mb > 0:
+            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb, "must be a number of MB > 0")
+
+
+class DDP(Algorithm):
+    name = "ddp"
+    Options = DDPOptions
+    options: DDPOptions
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+        self.ddp = None
+        if not self.comm.active:
+            return model
+        self.ddp = MeteredDDP(model, self.comm.ctx, self.comm.meter, self.options.bucket_cap_mb)
+        return self.ddp.module
+
+    def after_backward(self, model: nn.Module) -> None:
+        if self.ddp is not None:
+            self.comm.meter.exposed_backward_comm_s += self.ddp.exposed_comm_s()

@@ -1,0 +1,147 @@
+"""The ``downpour`` command: train | models | datasets | study | plot.
+
+``downpour train`` runs under ``mpiexec -n N``, ``srun`` or ``torchrun`` (or alone). Its flags are
+generated from ``TrainConfig`` and the algorithms' option dataclasses, so the help text and the
+validation live in one place. Bad input exits with status 2 and a message naming the field, the value
+and what would work, before any rank waits for another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any, Sequence
+
+from .algorithms import ALGORITHMS
+from .comm import runtime
+from .comm.launch_env import discover
+from .config import TrainConfig, field_help
+from .errors import ConfigError, DataError
+
+USAGE_ERROR = 2
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _option_fields() -> dict[str, str]:
+    """Every algorithm option, with its help text prefixed by the algorithms that take it."""
+    owners: dict[str, list[str]] = {}
+    helps: dict[str, str] = {}
+    for name, cls in ALGORITHMS.items():
+        for f in dataclasses.fields(cls.Options):
+            owners.setdefault(f.name, []).append(name)
+            helps[f.name] = f.metadata.get("help", "")
+    return {k: f"[{', '.join(owners[k])}] {helps[k]}" for k in owners}
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train one configuration (run it under mpiexec/srun/torchrun)",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", help="YAML or JSON file of TrainConfig fields; flags override it")
+    p.add_argument("--summary-json", help="rank 0 writes the run's summary row here")
+    helps = field_help(TrainConfig)
+    defaults = TrainConfig.__dataclass_fields__
+    group = p.add_argument_group("training")
+    for name, text in helps.items():
+        if name != "options":
+            group.add_argument(_flag(name), dest=name, metavar=name.upper(),
+                               help=f"{text} (default: {defaults[name].default})")
+    group = p.add_argument_group("algorithm options")
+    for name, text in _option_fields().items():
+        group.add_argument(_flag(name), dest=f"option:{name}", metavar=name.upper(), help=text)
+    p.set_defaults(func=cmd_train)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    values = {k: v for k, v in vars(args).items()
+              if k in TrainConfig.__dataclass_fields__ and k != "options"}
+    options = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("option:")}
+    if getattr(args, "config", None):
+        return TrainConfig.from_file(args.config, **values, options=options)
+    return TrainConfig.from_dict({**values, "options": options})
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .data import load_dataset
+    from .engine import Trainer, plan_run
+
+    placement = discover(os.environ)
+    try:
+        config = config_from_args(args)
+        splits = load_dataset(config.dataset, config.data_dir)
+        plan = plan_run(config, placement.world_size, len(splits.train))
+    except (ConfigError, DataError) as exc:
+        if placement.rank == 0:  # every rank fails alike; one message is enough
+            print(f"downpour train: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        ctx = runtime.init(config.backend, config.device, config.timeout_s)
+        result = Trainer(config, ctx, splits, plan).run()
+        if result is not None:
+            if getattr(args, "summary_json", None):
+                result.write_summary_json(args.summary_json)
+            s = result.summary
+            print(f"{config.algorithm}: {s['num_workers']} worker(s), {s['world_size']} rank(s), "
+                  f"{s['samples_per_s']:.1f} samples/s, final train loss "
+                  f"{s['final_train_loss']:.4f}, test accuracy {s['test_accuracy']:.4f}, "
+                  f"{s['wall_s']:.1f} s", flush=True)
+        runtime.shutdown()
+    except BaseException as exc:  # noqa: BLE001 -- any failure must take the whole job down
+        runtime.abort(exc, 130 if isinstance(exc, KeyboardInterrupt) else 1)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .models import MODELS, build_model, parameter_count
+
+    rows = []
+    for spec in MODELS.values():
+        model = build_model(spec.name, spec.default_input, spec.default_classes)
+        shape = "x".join(map(str, spec.default_input))
+        rows.append((spec.name, f"{parameter_count(model):,}", f"{shape}/{spec.default_classes}",
+                     spec.description))
+    _table(("model", "parameters", "input/classes", "description"), rows)
+    return 0
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from .data import DATASETS
+
+    rows = [(s.name, s.kind, "x".join(map(str, s.input_shape)), s.num_classes or "from files",
+             s.train_size or "-", s.test_size or "-", s.description) for s in DATASETS.values()]
+    _table(("dataset", "kind", "input", "classes", "train", "test", "description"), rows)
+    return 0
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="downpour", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_parser(sub)
+    sub.add_parser("models", help="list the models with parameter counts").set_defaults(
+        func=cmd_models)
+    sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)
+    from .study.cli import add_study_parsers
+
+    add_study_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, DataError) as exc:
+        print(f"downpour {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR

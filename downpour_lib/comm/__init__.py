@@ -1,0 +1,1 @@
+"""Every torch.distributed call lives here: the runtime, metered collectives, the DDP wrapper."""

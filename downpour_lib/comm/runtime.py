@@ -1,0 +1,181 @@
+"""Start and stop torch.distributed for whatever launched us: mpiexec, srun, torchrun, or nothing.
+
+``init()`` discovers the placement (``launch_env.discover``), agrees on a rendezvous without the user
+setting MASTER_ADDR (rank 0 opens a TCPStore on a free port and broadcasts it over MPI; under srun
+without MPI the first node of the step and a port derived from the job id; torchrun brings its own),
+picks the device and backend, and creates the default process group with an explicit timeout.
+Degrades to one process: at world size 1 no process group is created and every collective in
+``comm`` is a no-op, so algorithms and the engine run in plain unit tests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Literal
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from .launch_env import Placement, discover, slurm_rendezvous
+
+Backend = Literal["auto", "gloo", "nccl"]
+BACKENDS = ("auto", "gloo", "nccl")
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Everything a rank needs to know about the job it is part of."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None  # None when there is no process group (world size 1)
+    launcher: str
+    hosts: tuple[str, ...] = field(default=())  # host name of every rank, by rank
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def single(cls, device: str | torch.device = "cpu") -> "DistContext":
+        """A world of one, with no process group: what unit tests and `local` training use."""
+        return cls(0, 1, 0, 1, torch.device(device), None, "single", (socket.gethostname(),))
+
+
+def mpi_comm_world():
+    """mpi4py's COMM_WORLD if MPI is (or can be) initialized here, else None.
+
+    Importing ``mpi4py.MPI`` initializes MPI, so it is only done when a launcher says we run under
+    MPI, or when the user already did it.
+    """
+    if "mpi4py.MPI" not in sys.modules and discover(os.environ).launcher != "mpi":
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    return MPI.COMM_WORLD if MPI.Is_initialized() and not MPI.Is_finalized() else None
+
+
+def pick_device(choice: DeviceChoice, local_rank: int) -> torch.device:
+    if choice == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        # More ranks than GPUs on a node share them round-robin rather than failing.
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if choice == "cuda":
+        raise ConfigError("device", choice, "CUDA is not available here; use device 'cpu' or 'auto'")
+    return torch.device("cpu")
+
+
+def pick_backend(choice: Backend, device: torch.device) -> str:
+    if choice not in BACKENDS:
+        raise ConfigError("backend", choice, "choose one of " + ", ".join(BACKENDS))
+    if choice == "nccl" and device.type != "cuda":
+        raise ConfigError("backend", choice, "nccl needs CUDA devices; use 'gloo' or 'auto' on CPU")
+    if choice == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    return choice
+
+
+def _rendezvous_store(placement: Placement, comm, timeout: datetime.timedelta) -> dist.Store:
+    """Rank 0 opens a TCPStore on a free port (no race for it); MPI tells everyone where it is."""
+    single_host = len(set(comm.allgather(socket.gethostname()))) == 1
+    store, where = None, None
+    if placement.rank == 0:
+        addr = os.environ.get("MASTER_ADDR") or (
+            "127.0.0.1" if single_host else socket.gethostbyname(socket.getfqdn()))
+        store = dist.TCPStore(addr, int(os.environ.get("MASTER_PORT", 0)), placement.world_size,
+                              True, timeout=timeout, wait_for_workers=False)
+        where = (addr, store.port)
+    addr, port = comm.bcast(where, root=0)
+    if store is None:
+        store = dist.TCPStore(addr, port, placement.world_size, False, timeout=timeout)
+    return store
+
+
+_CONTEXT: DistContext | None = None
+
+
+def init(backend: Backend = "auto", device: DeviceChoice = "auto",
+         timeout_s: float = 300.0) -> DistContext:
+    """Create the default process group for this launch (idempotent) and return the context."""
+    global _CONTEXT
+    if _CONTEXT is not None:
+        return _CONTEXT
+    placement = discover(os.environ)
+    dev = pick_device(device, placement.local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if placement.world_size == 1:
+        _CONTEXT = DistContext(0, 1, 0, 1, dev, None, placement.launcher, (socket.gethostname(),))
+        return _CONTEXT
+    name = pick_backend(backend, dev)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    comm = mpi_comm_world() if placement.launcher == "mpi" else None
+    kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
+                    "timeout": timeout}
+    if dev.type == "cuda":
+        kwargs["device_id"] = dev
+    if comm is not None and comm.Get_size() == placement.world_size:
+        kwargs["store"] = _rendezvous_store(placement, comm, timeout)
+    elif placement.launcher in ("mpi", "slurm"):
+        # srun without a usable MPI: the first node of the step hosts the store.
+        addr, port = slurm_rendezvous(os.environ)
+        kwargs["init_method"] = f"tcp://{addr}:{port}"
+    else:
+        kwargs["init_method"] = "env://"  # torchrun and RANK/WORLD_SIZE/MASTER_ADDR launches
+    dist.init_process_group(**kwargs)
+    hosts: list = [None] * placement.world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    _CONTEXT = DistContext(placement.rank, placement.world_size, placement.local_rank,
+                           placement.local_world_size, dev, name, placement.launcher, tuple(hosts))
+    return _CONTEXT
+
+
+def shutdown() -> None:
+    """Destroy the process group created by ``init`` (safe to call twice)."""
+    global _CONTEXT
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _CONTEXT = None
+
+
+@contextmanager
+def session(backend: Backend = "auto", device: DeviceChoice = "auto",
+            timeout_s: float = 300.0) -> Iterator[DistContext]:
+    """``with runtime.session() as ctx:`` — init on entry, shutdown on exit."""
+    ctx = init(backend, device, timeout_s)
+    try:
+        yield ctx
+    finally:
+        shutdown()
+
+
+def abort(exc: BaseException, code: int = 1) -> None:
+    """Report which rank failed and take the whole job down, so no other rank waits forever.
+
+    Under MPI this is MPI_Abort (mpiexec then kills every rank); otherwise the process exits at once
+    without running atexit handlers that could block on a dead peer, and the launcher (torchrun,
+    srun --kill-on-bad-exit) or the other ranks' process-group timeout ends the rest.
+    """
+    placement = discover(os.environ)
+    sys.stderr.write(f"downpour: rank {placement.rank} of {placement.world_size} failed: "
+                     f"{type(exc).__name__}: {exc}\n")
+    traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
+    comm = mpi_comm_world()
+    if comm is not None and comm.Get_size() > 1:
+        comm.Abort(code)
+    os._exit(code)

@@ -1,0 +1,227 @@
+"""The run configuration: one frozen, validated dataclass, built from Python, CLI flags or a file.
+
+Every field carries its help text (the CLI is generated from it). Validation happens on construction
+and names the field, the value and what would work, so a bad run fails before any process blocks.
+Checks that need the world size (an algorithm that needs more ranks than it has) are in
+``check_world``, which the CLI calls after reading the launcher's variables and before rendezvous.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from .algorithms import ALGORITHMS, AlgorithmOptions
+from .data import DATASETS
+from .errors import ConfigError, unknown_name
+from .models import MODELS
+
+Optimizer = Literal["sgd", "adam", "adagrad"]
+Backend = Literal["auto", "gloo", "nccl"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Two runs with the same seed, model, data and global batch see the same
+    samples in the same order, whatever the algorithm, so their results are directly comparable."""
+
+    algorithm: str = _help("training algorithm", default="sync_ps")
+    options: Any = _help("the algorithm's own options (a mapping or its options dataclass)",
+                         default=None)
+    model: str = _help("model name (see `downpour models`)", default="mlp")
+    dataset: str = _help("data set name (see `downpour datasets`)", default="digits")
+    data_dir: str = _help("directory holding the real data sets' files", default="data")
+    batch_size: int = _help("samples per worker per step; the global batch is this times the "
+                            "number of workers", default=32)
+    lr: float = _help("learning rate", default=0.05)
+    momentum: float = _help("SGD momentum (sgd only)", default=0.9)
+    weight_decay: float = _help("L2 weight decay", default=0.0)
+    optimizer: Optimizer = _help("the update rule", default="sgd")
+    steps: int | None = _help("steps to train (give this or epochs)", default=None)
+    epochs: float | None = _help("epochs to train, may be fractional (give this or steps); "
+                                 "1 epoch when neither is given", default=None)
+    eval_every: int = _help("evaluate every this many steps; 0 evaluates only at the end",
+                            default=0)
+    eval_batch_size: int = _help("batch size for evaluation", default=512)
+    seed: int = _help("seed for model initialization and data order", default=0)
+    backend: Backend = _help("torch.distributed backend; auto = nccl on CUDA, else gloo",
+                             default="auto")
+    device: Device = _help("device; auto = cuda:<local rank> when CUDA is there, else cpu",
+                           default="auto")
+    threads: int = _help("torch threads per rank; 0 = the node's cores divided by its ranks",
+                         default=0)
+    warmup_steps: int = _help("first steps left out of throughput", default=2)
+    timeout_s: float = _help("process-group timeout: how long a rank waits for a dead peer",
+                             default=300.0)
+    output_dir: str | None = _help("write steps.csv, evals.csv and summary.json here", default=None)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise unknown_name("algorithm", self.algorithm, ALGORITHMS)
+        if self.model not in MODELS:
+            raise unknown_name("model", self.model, MODELS)
+        if self.dataset not in DATASETS:
+            raise unknown_name("dataset", self.dataset, DATASETS)
+        object.__setattr__(self, "options", build_options(self.algorithm, self.options))
+        _check_choices(self)
+        positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
+        for name, value in positive.items():
+            if value < 1:
+                raise ConfigError(name, value, "must be a whole number >= 1")
+        if not self.lr > 0:
+            raise ConfigError("lr", self.lr, "must be a number > 0, e.g. 0.05")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError("momentum", self.momentum, "must be in [0, 1), e.g. 0.9")
+        if self.weight_decay < 0:
+            raise ConfigError("weight_decay", self.weight_decay, "must be >= 0")
+        if self.steps is not None and self.epochs is not None:
+            raise ConfigError("steps", self.steps,
+                              f"give steps or epochs, not both (epochs={self.epochs})")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError("steps", self.steps, "must be a whole number >= 1")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ConfigError("epochs", self.epochs, "must be a number > 0")
+        for name in ("eval_every", "threads", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, getattr(self, name), "must be a whole number >= 0")
+        if self.steps is not None and self.warmup_steps >= self.steps:
+            raise ConfigError("warmup_steps", self.warmup_steps,
+                              f"must be less than steps={self.steps}, or throughput has no "
+                              "measured step")
+        if not self.timeout_s > 0:
+            raise ConfigError("timeout_s", self.timeout_s, "must be a number of seconds > 0")
+        if self.optimizer != "sgd" and self.momentum not in (0, 0.0):
+            warnings.warn(f"momentum={self.momentum} has no effect with optimizer="
+                          f"{self.optimizer!r}; it applies to 'sgd' only", stacklevel=3)
+
+    # -- conversions -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["options"] = dataclasses.asdict(self.options)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        """Build from plain values (strings from a CLI are converted to each field's type)."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        kwargs: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in known:
+                raise unknown_name("config field", name, known)
+            kwargs[name] = value if name == "options" else coerce(name, hints[name], value)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
+        """Read a YAML or JSON file; ``overrides`` (e.g. from CLI flags) win over the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError("config", str(path), "no such file; give a .yaml, .yml or .json file")
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            values = json.loads(text)
+        else:
+            raise ConfigError("config", str(path), "use a .yaml, .yml or .json file")
+        if not isinstance(values, dict):
+            raise ConfigError("config", str(path), "the file must hold a mapping of field: value")
+        options = {**(values.get("options") or {}), **(overrides.pop("options", None) or {})}
+        return cls.from_dict({**values, **overrides, "options": options})
+
+
+def check_world(config: TrainConfig, world_size: int) -> None:
+    """Refuse a world the algorithm cannot run in, before any process blocks."""
+    ALGORITHMS[config.algorithm].check_world(config.options, world_size)
+
+
+def build_options(algorithm: str, options: Any) -> AlgorithmOptions:
+    """Validate ``options`` (None, a mapping, or the dataclass) into the algorithm's options."""
+    cls = ALGORITHMS[algorithm].Options
+    if isinstance(options, cls):
+        return options
+    if options is None:
+        return cls()
+    if isinstance(options, AlgorithmOptions):
+        raise ConfigError("options", type(options).__name__,
+                          f"give {cls.__name__} for algorithm {algorithm!r}")
+    if not isinstance(options, Mapping):
+        raise ConfigError("options", options, "give a mapping of option name to value")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for name in options:
+        if name not in known:
+            valid = ", ".join(known) if known else "none"
+            raise ConfigError(name, options[name],
+                              f"algorithm {algorithm!r} has no such option (its options: {valid})")
+    return cls(**{k: coerce(k, hints[k], v) for k, v in options.items()})
+
+
+def _check_choices(obj: Any) -> None:
+    """Literal-typed fields must hold one of their values."""
+    for name, hint in typing.get_type_hints(type(obj)).items():
+        choices = _literal_choices(hint)
+        if choices is not None and getattr(obj, name) not in choices:
+            raise ConfigError(name, getattr(obj, name),
+                              "choose one of " + ", ".join(map(str, choices)))
+
+
+def _literal_choices(hint: Any) -> tuple | None:
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    return None
+
+
+def coerce(name: str, hint: Any, value: Any) -> Any:
+    """Convert ``value`` (often a string from a flag) to the type ``hint``; explain failures."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        if isinstance(value, str) and value.lower() in ("none", "null", ""):
+            return None
+        return coerce(name, kinds[0], value)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        return coerce(name, type(choices[0]), value) if choices else value
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                lowered = value.lower()
+                if lowered in ("true", "yes", "1", "on"):
+                    return True
+                if lowered in ("false", "no", "0", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if hint is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if hint is float:
+            return float(value)
+        if hint is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(name, value, f"must be {hint.__name__}") from None
+    return value
+
+
+def field_help(cls: type) -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

@@ -1,0 +1,135 @@
+"""The data sets: scikit-learn's bundled digits, torchvision's MNIST, CIFAR and ImageFolder, and
+deterministic synthetic stand-ins with the real ones' shapes for throughput measurements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+import torch
+
+from ..errors import DataError
+from .sources import DatasetSource, ImageSource, SyntheticSource, TensorSource, require_files
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Splits:
+    train: ImageSource
+    test: ImageSource
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    description: str
+    kind: Literal["bundled", "real", "synthetic"]
+    input_shape: tuple[int, int, int]
+    num_classes: int | None  # None: read from the files (ImageFolder)
+    train_size: int | None
+    test_size: int | None
+    load: Callable[[Path], Splits]
+
+
+def _digits(root: Path) -> Splits:
+    """The 1,797 8x8 digits scikit-learn ships; a fixed stratified split of 360 test images."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32)
+    labels = torch.tensor(digits.target)
+    train_idx, test_idx = train_test_split(range(len(labels)), test_size=360, random_state=0,
+                                           stratify=digits.target)
+    train_x = images[train_idx]
+    mean, std = train_x.mean().item(), train_x.std().item()
+    make = lambda idx: TensorSource(images[idx], labels[idx], 10, [mean], [std])  # noqa: E731
+    return Splits(make(train_idx), make(test_idx))
+
+
+def _mnist(root: Path) -> Splits:
+    from torchvision.datasets import MNIST
+
+    names = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
+    raw = root / "MNIST" / "raw"
+    if not all((raw / n).exists() or (raw / f"{n}.gz").exists() for n in names):
+        require_files("mnist", raw, names, "Put the four MNIST idx files (or their .gz) there.")
+    make = lambda train: MNIST(str(root), train=train, download=False)  # noqa: E731
+    train, test = make(True), make(False)
+    return Splits(TensorSource(train.data, train.targets, 10, [0.1307], [0.3081], 255.0),
+                  TensorSource(test.data, test.targets, 10, [0.1307], [0.3081], 255.0))
+
+
+def _cifar(classes: int) -> Callable[[Path], Splits]:
+    def load(root: Path) -> Splits:
+        from torchvision.datasets import CIFAR10, CIFAR100
+
+        cls, folder, files = (
+            (CIFAR10, "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"])
+            if classes == 10 else (CIFAR100, "cifar-100-python", ["train", "test"]))
+        require_files(f"cifar{classes}", root / folder, files,
+                      f"Unpack the python version of CIFAR-{classes} there.")
+
+        def source(train: bool) -> TensorSource:
+            ds = cls(str(root), train=train, download=False)
+            images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)  # NHWC uint8 -> NCHW
+            return TensorSource(images, torch.tensor(ds.targets), classes, CIFAR_MEAN, CIFAR_STD,
+                                255.0)
+
+        return Splits(source(True), source(False))
+
+    return load
+
+
+def _imagefolder(root: Path) -> Splits:
+    """``root/train/<class>/*`` and ``root/val/<class>/*``. Deterministic resize + centre crop, so
+    every algorithm sees identical inputs (no random augmentation)."""
+    from torchvision import transforms
+    from torchvision.datasets import ImageFolder
+
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise DataError(
+                f"data set 'imagefolder': no directory {root / split}. Lay the images out as "
+                f"{root}/train/<class>/<image> and {root}/val/<class>/<image>, or point "
+                "--data-dir at such a directory. Nothing is downloaded; offline, use "
+                "--dataset synthetic-imagenet.")
+    tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
+                             transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    train, val = ImageFolder(str(root / "train"), tf), ImageFolder(str(root / "val"), tf)
+    n = len(train.classes)
+    return Splits(DatasetSource(train, n, (3, 224, 224)), DatasetSource(val, n, (3, 224, 224)))
+
+
+def _synthetic(shape: tuple[int, int, int], classes: int, train: int, test: int,
+               pool: int) -> Callable[[Path], Splits]:
+    def load(root: Path) -> Splits:
+        return Splits(SyntheticSource(train, shape, classes, seed=1, pool=pool),
+                      SyntheticSource(test, shape, classes, seed=2, pool=pool))
+
+    return load
+
+
+DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
+    DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (offline accuracy)",
+                "bundled", (1, 8, 8), 10, 1437, 360, _digits),
+    DatasetSpec("mnist", "MNIST (LeCun et al. 1998) via torchvision; files under DATA_DIR/MNIST/raw",
+                "real", (1, 28, 28), 10, 60000, 10000, _mnist),
+    DatasetSpec("cifar10", "CIFAR-10 (Krizhevsky 2009) via torchvision; DATA_DIR/cifar-10-batches-py",
+                "real", (3, 32, 32), 10, 50000, 10000, _cifar(10)),
+    DatasetSpec("cifar100", "CIFAR-100 via torchvision; DATA_DIR/cifar-100-python",
+                "real", (3, 32, 32), 100, 50000, 10000, _cifar(100)),
+    DatasetSpec("imagefolder", "any ImageFolder tree: DATA_DIR/train/<class>, DATA_DIR/val/<class>",
+                "real", (3, 224, 224), None, None, None, _imagefolder),
+    DatasetSpec("synthetic-mnist", "random MNIST-shaped images, random labels (throughput)",
+                "synthetic", (1, 28, 28), 10, 60000, 1024, _synthetic((1, 28, 28), 10, 60000, 1024, 1024)),
+    DatasetSpec("synthetic-cifar", "random CIFAR-shaped images, random labels (throughput)",
+                "synthetic", (3, 32, 32), 10, 50000, 1024, _synthetic((3, 32, 32), 10, 50000, 1024, 1024)),
+    DatasetSpec("synthetic-imagenet", "random 224x224 images, 1000 classes (throughput)",
+                "synthetic", (3, 224, 224), 1000, 1281167, 256,
+                _synthetic((3, 224, 224), 1000, 1281167, 256, 64)),
+)}

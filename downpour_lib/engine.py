@@ -1,0 +1,245 @@
+"""The training loop, one for every algorithm: data -> forward -> backward -> algorithm hooks -> records.
+
+``plan_run`` is a pure pre-flight check (roles, steps per epoch, total steps) that runs before any
+rendezvous, so a bad setting fails on every rank at once instead of leaving some of them waiting.
+``Trainer`` then runs the workers' loop or the algorithm's server loop, evaluates on the
+algorithm's evaluator rank, and gathers every rank's records on rank 0 into a ``RunResult``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from . import provenance
+from .algorithms import ALGORITHMS, Roles
+from .checkpoint import atomic_write_text
+from .comm.collectives import Comm
+from .comm.runtime import DistContext
+from .config import TrainConfig
+from .data import ShardSampler, Splits, load_dataset
+from .data.sources import ImageSource
+from .errors import ConfigError
+from .models import build_model
+from .records import (EvalRecord, Meter, RunResult, StepRecord, device_sync, frames, summarize)
+
+StepCallback = Callable[[StepRecord], None]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    roles: Roles
+    steps_per_epoch: int
+    total_steps: int
+
+
+def plan_run(config: TrainConfig, world_size: int, train_size: int) -> RunPlan:
+    """Everything about the run's shape that can be wrong, checked without talking to anyone."""
+    algorithm = ALGORITHMS[config.algorithm]
+    algorithm.check_world(config.options, world_size)
+    roles = algorithm.roles(config.options, world_size)
+    spe = ShardSampler(train_size, config.batch_size, 0, len(roles.workers),
+                       config.seed).steps_per_epoch
+    total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * spe)
+    if config.warmup_steps >= total:
+        raise ConfigError("warmup_steps", config.warmup_steps,
+                          f"must be less than the {total} steps this run trains "
+                          f"({spe} steps per epoch), or throughput has no measured step")
+    return RunPlan(roles, spe, total)
+
+
+def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                               weight_decay=config.weight_decay)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.Adagrad(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def default_threads(ctx: DistContext) -> int:
+    """The node's cores shared among its ranks, so ranks do not fight over cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // ctx.local_world_size)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
+             device: torch.device) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over the whole split."""
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(source), batch_size):
+        x, y = source.batch(torch.arange(start, min(start + batch_size, len(source))))
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        loss_sum += F.cross_entropy(out, y, reduction="sum").item()
+        correct += int((out.argmax(1) == y).sum())
+    model.train(was_training)
+    return loss_sum / len(source), correct / len(source)
+
+
+class Trainer:
+    """One rank's part of a run. ``run()`` returns the full ``RunResult`` on rank 0, None elsewhere."""
+
+    def __init__(self, config: TrainConfig, ctx: DistContext, splits: Splits | None = None,
+                 plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = ()) -> None:
+        self.config, self.ctx, self.callbacks = config, ctx, list(callbacks)
+        self.splits = splits or load_dataset(config.dataset, config.data_dir)
+        self.plan = plan or plan_run(config, ctx.world_size, len(self.splits.train))
+        torch.set_num_threads(config.threads or default_threads(ctx))
+        self.meter = Meter(ctx.device)
+        self.comm = Comm(ctx, self.meter)
+        self.algorithm = ALGORITHMS[config.algorithm](config.options, self.comm)
+        self.roles = self.plan.roles
+        self.role = self.roles.role(ctx.rank)
+        torch.manual_seed(config.seed)  # identical initial weights on every rank
+        train = self.splits.train
+        self.model = build_model(config.model, train.input_shape, train.num_classes).to(ctx.device)
+        self.optimizer = build_optimizer(config, self.model.parameters())
+        self.forward_model = self.algorithm.setup(self.model, self.optimizer)
+        self.sampler = None
+        if self.role == "worker":
+            self.sampler = ShardSampler(len(train), config.batch_size,
+                                        self.roles.worker_index(ctx.rank),
+                                        len(self.roles.workers), config.seed)
+        self.step_records: list[StepRecord] = []
+        self.eval_records: list[EvalRecord] = []
+
+    # -- the loops ---------------------------------------------------------------------------
+
+    def run(self) -> RunResult | None:
+        show = self.ctx.rank == 0 and sys.stderr.isatty()
+        self.progress = tqdm(total=self.plan.total_steps, disable=not show,
+                             desc=f"{self.config.algorithm} x{len(self.roles.workers)}")
+        self.comm.barrier()  # a common start, so time_s is comparable across ranks
+        self.t_start = time.perf_counter()
+        try:
+            if self.role == "worker":
+                self._work()
+            else:
+                self.algorithm.serve(self.plan.total_steps, self._served)
+        finally:
+            self.progress.close()
+            self.algorithm.close()
+        wall_s = time.perf_counter() - self.t_start
+        return self._gather(wall_s)
+
+    def _work(self) -> None:
+        device, meter = self.ctx.device, self.meter
+        for step in range(self.plan.total_steps):
+            meter.reset()
+            t0 = time.perf_counter()
+            epoch, indices = self.sampler.indices(step)
+            x, y = self.splits.train.batch(indices)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            device_sync(device)
+            t1 = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(self.forward_model(x), y)
+            loss.backward()
+            device_sync(device)
+            t2 = time.perf_counter()
+            self.algorithm.after_backward(self.model)
+            self.algorithm.step(self.optimizer)
+            self.algorithm.after_step(self.model)
+            device_sync(device)
+            t3 = time.perf_counter()
+            exposed = meter.exposed_backward_comm_s
+            record = StepRecord(
+                rank=self.ctx.rank, role="worker", step=step, epoch=epoch, samples=len(indices),
+                loss=loss.item(), data_s=t1 - t0, compute_s=max(0.0, t2 - t1 - exposed),
+                comm_s=meter.comm_s + exposed, wait_s=meter.wait_s,
+                update_s=max(0.0, t3 - t2 - meter.comm_s - meter.wait_s), step_s=t3 - t0,
+                bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
+                time_s=t3 - self.t_start)
+            self._finish_step(record)
+
+    def _served(self, update: int) -> None:
+        """Called by a server's loop after each update it applies."""
+        meter, now = self.meter, time.perf_counter()
+        last = self.step_records[-1].time_s if self.step_records else 0.0
+        step_s = (now - self.t_start) - last
+        self._finish_step(StepRecord(
+            rank=self.ctx.rank, role="server", step=update,
+            epoch=update // self.plan.steps_per_epoch, samples=0, loss=float("nan"), data_s=0.0,
+            compute_s=0.0, comm_s=meter.comm_s, wait_s=meter.wait_s,
+            update_s=max(0.0, step_s - meter.comm_s - meter.wait_s), step_s=step_s,
+            bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
+            time_s=now - self.t_start))
+        meter.reset()
+
+    def _finish_step(self, record: StepRecord) -> None:
+        self.step_records.append(record)
+        for callback in self.callbacks:
+            callback(record)
+        step = record.step
+        every = self.config.eval_every
+        if self.ctx.rank == self.roles.evaluator and (
+                step + 1 == self.plan.total_steps or (every and (step + 1) % every == 0)):
+            self._evaluate(step)
+        self.progress.update(1)
+        if record.role == "worker":
+            self.progress.set_postfix(loss=f"{record.loss:.3f}", refresh=False)
+
+    def _evaluate(self, step: int) -> None:
+        with self.algorithm.eval_parameters(self.model) as model:
+            loss, accuracy = evaluate(model, self.splits.test, self.config.eval_batch_size,
+                                      self.ctx.device)
+        self.eval_records.append(EvalRecord(self.ctx.rank, step, time.perf_counter() - self.t_start,
+                                            loss, accuracy, len(self.splits.test)))
+
+    # -- results -----------------------------------------------------------------------------
+
+    def _gather(self, wall_s: float) -> RunResult | None:
+        gathered = self.comm.gather_objects((self.step_records, self.eval_records), dst=0)
+        if gathered is None:
+            return None
+        steps, evals = frames([s for part in gathered for s in part[0]],
+                              [e for part in gathered for e in part[1]])
+        config = self.config.to_dict()
+        summary = {
+            **{k: v for k, v in config.items() if k != "options"},
+            **{f"options.{k}": v for k, v in config["options"].items()},
+            "world_size": self.ctx.world_size,
+            "num_servers": len(set(self.roles.servers) - set(self.roles.workers)),
+            **summarize(steps, evals, self.config.warmup_steps),
+            "wall_s": wall_s,
+            "total_steps": self.plan.total_steps,
+            "backend": self.ctx.backend or "none",
+            "device": str(self.ctx.device),
+            "launcher": self.ctx.launcher,
+            "torch_threads": torch.get_num_threads(),
+            "hosts": ",".join(sorted(set(self.ctx.hosts))),
+            **provenance.environment(),
+        }
+        result = RunResult(config, steps, evals, summary)
+        if self.config.output_dir:
+            out = Path(self.config.output_dir)
+            atomic_write_text(out / "steps.csv", steps.to_csv(index=False))
+            atomic_write_text(out / "evals.csv", evals.to_csv(index=False))
+            result.write_summary_json(str(out / "summary.json"))
+        return result
+
+
+def train(config: TrainConfig, ctx: DistContext | None = None,
+          callbacks: Sequence[StepCallback] = ()) -> RunResult | None:
+    """Train ``config`` in the given context (a world of one if none is given)."""
+    return Trainer(config, ctx or DistContext.single(), callbacks=callbacks).run()
+
+
+def replace(config: TrainConfig, **changes) -> TrainConfig:
+    """A copy of ``config`` with some fields changed (and validated again)."""
+    return dataclasses.replace(config, **changes)

@@ -1,0 +1,30 @@
+"""Errors that tell the user what to do.
+
+Every message names the field, the value that was given, and what would work, so a bad run fails
+before any process blocks and the user can fix it without reading the source.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class DownpourError(Exception):
+    """Base class for errors raised by downpour_lib."""
+
+
+class ConfigError(DownpourError, ValueError):
+    """A setting is unknown, impossible, or does not fit the world it runs in."""
+
+    def __init__(self, field: str, value: Any, expected: str) -> None:
+        self.field, self.value, self.expected = field, value, expected
+        super().__init__(f"{field}={value!r} is not valid: {expected}")
+
+
+class DataError(DownpourError, FileNotFoundError):
+    """A data set's files are missing or unreadable."""
+
+
+def unknown_name(field: str, value: Any, choices: Iterable[str]) -> ConfigError:
+    """The error for a name that is not in a registry; lists the valid names."""
+    return ConfigError(field, value, "choose one of " + ", ".join(sorted(choices)))

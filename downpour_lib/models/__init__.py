@@ -1,0 +1,155 @@
+"""Model registry: a name -> a constructor for (input shape, number of classes).
+
+Every model takes any channel count and any image size from its min_size up, so one name works
+for scikit-learn digits, MNIST and CIFAR alike. Building after torch.manual_seed(s) gives the same
+weights every time: constructors use only the global generator, in a fixed order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+from torch import nn
+
+from downpour_lib.errors import ConfigError, unknown_name
+from downpour_lib.models import cifar_resnet, inception, lenet, torchvision_models
+from downpour_lib.models.mlp import mlp
+
+InputShape = tuple[int, int, int]
+"""(channels, height, width) of one image."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registered model and what it needs."""
+
+    name: str
+    description: str
+    """One line that names the architecture and cites its paper."""
+    default_input: InputShape
+    """The input `downpour models` counts parameters for: the data set the model was made for."""
+    default_classes: int
+    """The class count `downpour models` counts parameters for."""
+    min_size: int
+    """The smallest image height and width the network accepts."""
+    build: Callable[[InputShape, int], nn.Module]
+    """(input_shape, num_classes) -> an untrained module."""
+
+
+_DIGITS = (1, 28, 28)
+_CIFAR = (3, 32, 32)
+_IMAGENET = (3, 224, 224)
+_HE2016 = 'He et al. 2016, "Deep Residual Learning for Image Recognition"'
+_VGG2015 = (
+    "Simonyan & Zisserman 2015, "
+    '"Very Deep Convolutional Networks for Large-Scale Image Recognition"'
+)
+
+
+def _cifar_resnet(depth: int) -> ModelSpec:
+    return ModelSpec(
+        f"resnet{depth}",
+        f"ResNet-{depth} for CIFAR-10, option A shortcuts ({_HE2016}, section 4.2)",
+        _CIFAR,
+        10,
+        cifar_resnet.MIN_SIZE,
+        partial(cifar_resnet.cifar_resnet, depth),
+    )
+
+
+def _torchvision(arch: str, title: str, paper: str) -> ModelSpec:
+    return ModelSpec(
+        arch,
+        f"torchvision {title}, untrained ({paper})",
+        _IMAGENET,
+        1000,
+        torchvision_models.MIN_SIZE,
+        partial(torchvision_models.torchvision_model, arch),
+    )
+
+
+_SPECS = (
+    ModelSpec(
+        "mlp",
+        "MLP, two hidden layers of 128 ReLU units (Rumelhart, Hinton & Williams 1986, "
+        '"Learning representations by back-propagating errors")',
+        _DIGITS,
+        10,
+        1,
+        mlp,
+    ),
+    ModelSpec(
+        "lenet",
+        "LeNet-5 style CNN with ReLU and max pooling (LeCun et al. 1998, "
+        '"Gradient-based learning applied to document recognition")',
+        _DIGITS,
+        10,
+        lenet.MIN_SIZE,
+        lenet.lenet,
+    ),
+    ModelSpec(
+        "inception_small",
+        "Small Inception for CIFAR-10 (Zhang et al. 2017, "
+        '"Understanding deep learning requires rethinking generalization", Figure 3)',
+        _CIFAR,
+        10,
+        inception.MIN_SIZE,
+        inception.inception_small,
+    ),
+    *(_cifar_resnet(depth) for depth in (20, 32, 56, 110)),
+    _torchvision("resnet18", "ResNet-18", _HE2016),
+    _torchvision("resnet50", "ResNet-50", _HE2016),
+    _torchvision("resnet152", "ResNet-152", _HE2016),
+    _torchvision("vgg11", "VGG-11", _VGG2015),
+    _torchvision("vgg16", "VGG-16", _VGG2015),
+)
+
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def model_names() -> list[str]:
+    """The registered names, in registry order."""
+    return list(MODELS)
+
+
+def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Module:
+    """An untrained `name` for images of input_shape and num_classes classes.
+
+    Raises ConfigError for an unknown name, images smaller than the model accepts, or fewer than
+    two classes, before anything is allocated.
+    """
+    spec = MODELS.get(name)
+    if spec is None:
+        raise unknown_name("model", name, MODELS)
+    channels, height, width = input_shape
+    if channels < 1:
+        raise ConfigError("input_shape", input_shape, "(channels, height, width), channels >= 1")
+    if min(height, width) < spec.min_size:
+        fits = [n for n, s in MODELS.items() if s.min_size <= min(height, width)]
+        raise ConfigError(
+            "model",
+            name,
+            f"{name} needs images at least {spec.min_size}x{spec.min_size}; the data set gives "
+            f"{height}x{width}; choose a model that fits ({', '.join(fits) or 'none'}) "
+            "or a data set with larger images",
+        )
+    if num_classes < 2:
+        raise ConfigError("num_classes", num_classes, "a classifier needs at least 2 classes")
+    return spec.build(input_shape, num_classes)
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+__all__ = [
+    "MODELS",
+    "InputShape",
+    "ModelSpec",
+    "build_model",
+    "model_names",
+    "parameter_count",
+]

@@ -1,0 +1,45 @@
+"""Where a result came from: code version, library versions, machine. Stored in every result row."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+
+@lru_cache(maxsize=1)
+def git_sha() -> str:
+    """The commit of the checkout downpour_lib was imported from ('+dirty' if it has edits)."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def mpi_version() -> str:
+    """The MPI library, if this process already uses MPI (never initializes it just to ask)."""
+    if "mpi4py.MPI" not in sys.modules:
+        return ""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00")
+
+
+def environment() -> dict[str, str]:
+    return {
+        "git_sha": git_sha(),
+        "torch_version": torch.__version__,
+        "mpi_version": mpi_version(),
+        "python_version": platform.python_version(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }

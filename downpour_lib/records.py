@@ -1,0 +1,157 @@
+"""The record schema: what every run measures, and how a run becomes one tidy row.
+
+A step is timed into five disjoint parts (their sum is the step's wall time):
+
+- ``data_s``: reading the batch and moving it to the device;
+- ``compute_s``: forward and backward, minus communication that backward could not hide;
+- ``comm_s``: time inside communication calls (for DDP-style overlap, only the exposed part);
+- ``wait_s``: time blocked on another rank's progress (a server waiting for gradients, a worker
+  waiting for the server's update);
+- ``update_s``: the rest of the algorithm's work: optimizer step, packing, copying.
+
+Bytes are counted per rank as the algorithm's logical traffic (a parameter-server worker sends one
+gradient and receives one parameter vector per step; a ring allreduce moves 2(N-1)/N of the buffer
+each way), not what a particular backend's internal tree happens to move.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Literal
+
+import pandas as pd
+import torch
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so host timers measure it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Meter:
+    """Accumulates one step's communication time and bytes; the algorithm fills it, the engine reads it."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    comm_s: float = 0.0
+    wait_s: float = 0.0
+    exposed_backward_comm_s: float = 0.0  # comm that overlapped backward but was not hidden by it
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    def reset(self) -> None:
+        self.comm_s = self.wait_s = self.exposed_backward_comm_s = 0.0
+        self.bytes_sent = self.bytes_received = 0
+
+    @contextmanager
+    def timed(self, bucket: Literal["comm", "wait"]) -> Iterator[None]:
+        device_sync(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            device_sync(self.device)
+            elapsed = time.perf_counter() - start
+            if bucket == "comm":
+                self.comm_s += elapsed
+            else:
+                self.wait_s += elapsed
+
+    def count(self, sent: int = 0, received: int = 0) -> None:
+        self.bytes_sent += int(sent)
+        self.bytes_received += int(received)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One rank's one step (or, for a server, one applied update)."""
+
+    rank: int
+    role: Literal["worker", "server"]
+    step: int
+    epoch: int
+    samples: int
+    loss: float
+    data_s: float
+    compute_s: float
+    comm_s: float
+    wait_s: float
+    update_s: float
+    step_s: float
+    bytes_sent: int
+    bytes_received: int
+    time_s: float  # seconds since the run's common start, at the end of the step
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """An evaluation on the test split of what the algorithm says to evaluate."""
+
+    rank: int
+    step: int
+    time_s: float
+    loss: float
+    accuracy: float
+    samples: int
+
+
+@dataclass
+class RunResult:
+    """What rank 0 returns: every step and evaluation of every rank, and the one-row summary."""
+
+    config: dict[str, Any]
+    steps: pd.DataFrame
+    evals: pd.DataFrame
+    summary: dict[str, Any]
+
+    def summary_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([self.summary])
+
+    def write_summary_json(self, path: str) -> None:
+        from .checkpoint import atomic_write_text
+
+        atomic_write_text(path, json.dumps({**self.summary, "config": self.config}, indent=2,
+                                           default=str) + "\n")
+
+
+def frames(steps: list[StepRecord], evals: list[EvalRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    step_cols = list(StepRecord.__dataclass_fields__)
+    eval_cols = list(EvalRecord.__dataclass_fields__)
+    return (pd.DataFrame([asdict(s) for s in steps], columns=step_cols),
+            pd.DataFrame([asdict(e) for e in evals], columns=eval_cols))
+
+
+TIME_PARTS = ("data_s", "compute_s", "comm_s", "wait_s", "update_s")
+
+
+def summarize(steps: pd.DataFrame, evals: pd.DataFrame, warmup_steps: int) -> dict[str, Any]:
+    """The run's metrics. Throughput sums each worker's own rate over its post-warm-up steps, which
+    is right for synchronous algorithms (all rates equal) and for asynchronous ones (no common clock)."""
+    workers = steps[steps.role == "worker"]
+    measured = workers[workers.step >= warmup_steps]
+    if measured.empty:
+        measured = workers
+    per_rank = measured.groupby("rank")[["samples", "step_s"]].sum()
+    rates = per_rank.samples / per_rank.step_s.where(per_rank.step_s > 0)
+    last_steps = workers[workers.step >= workers.step.max() - max(1, math.ceil(0.1 * (workers.step.max() + 1))) + 1]
+    out: dict[str, Any] = {
+        "num_workers": int(workers["rank"].nunique()),
+        "measured_steps": int(measured.step.nunique()),
+        "samples_per_s": float(rates.sum()) if len(rates) else float("nan"),
+        "step_s": float(measured.groupby("rank").step_s.mean().mean()),
+        **{part: float(measured.groupby("rank")[part].mean().mean()) for part in TIME_PARTS},
+        "bytes_sent_per_step": float(measured.groupby("rank").bytes_sent.mean().mean()),
+        "bytes_received_per_step": float(measured.groupby("rank").bytes_received.mean().mean()),
+        "final_train_loss": float(last_steps.loss.mean()),
+        "test_loss": float("nan"),
+        "test_accuracy": float("nan"),
+    }
+    if not evals.empty:
+        last = evals.sort_values(["step", "time_s"]).iloc[-1]
+        out["test_loss"], out["test_accuracy"] = float(last.loss), float(last.accuracy)
+    return out
