@@ -73,12 +73,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         splits = load_dataset(config.dataset, config.data_dir)
-        plan = plan_run(config, placement.world_size, len(splits.train))
+        plan = plan_run(config, placement.world_size, splits.train)
     except (ConfigError, DataError) as exc:
         if placement.rank == 0:  # every rank fails alike; one message is enough
             print(f"downpour train: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    try:
+    with runtime.abort_on_error():
         ctx = runtime.init(config.backend, config.device, config.timeout_s)
         result = Trainer(config, ctx, splits, plan).run()
         if result is not None:
@@ -90,8 +90,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"{s['final_train_loss']:.4f}, test accuracy {s['test_accuracy']:.4f}, "
                   f"{s['wall_s']:.1f} s", flush=True)
         runtime.shutdown()
-    except BaseException as exc:  # noqa: BLE001 -- any failure must take the whole job down
-        runtime.abort(exc, 130 if isinstance(exc, KeyboardInterrupt) else 1)
     return 0
 
 

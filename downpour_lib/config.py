@@ -19,7 +19,7 @@ from typing import Any, Literal, Mapping
 
 from .algorithms import ALGORITHMS, AlgorithmOptions
 from .data import DATASETS
-from .errors import ConfigError, unknown_name
+from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
 
 Optimizer = Literal["sgd", "adam", "adagrad"]
@@ -74,7 +74,7 @@ class TrainConfig:
         if self.dataset not in DATASETS:
             raise unknown_name("dataset", self.dataset, DATASETS)
         object.__setattr__(self, "options", build_options(self.algorithm, self.options))
-        _check_choices(self)
+        check_choices(self)
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
         for name, value in positive.items():
             if value < 1:
@@ -170,21 +170,6 @@ def build_options(algorithm: str, options: Any) -> AlgorithmOptions:
             raise ConfigError(name, options[name],
                               f"algorithm {algorithm!r} has no such option (its options: {valid})")
     return cls(**{k: coerce(k, hints[k], v) for k, v in options.items()})
-
-
-def _check_choices(obj: Any) -> None:
-    """Literal-typed fields must hold one of their values."""
-    for name, hint in typing.get_type_hints(type(obj)).items():
-        choices = _literal_choices(hint)
-        if choices is not None and getattr(obj, name) not in choices:
-            raise ConfigError(name, getattr(obj, name),
-                              "choose one of " + ", ".join(map(str, choices)))
-
-
-def _literal_choices(hint: Any) -> tuple | None:
-    if typing.get_origin(hint) is Literal:
-        return typing.get_args(hint)
-    return None
 
 
 def coerce(name: str, hint: Any, value: Any) -> Any:

@@ -44,12 +44,14 @@ class RunPlan:
     total_steps: int
 
 
-def plan_run(config: TrainConfig, world_size: int, train_size: int) -> RunPlan:
+def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPlan:
     """Everything about the run's shape that can be wrong, checked without talking to anyone."""
     algorithm = ALGORITHMS[config.algorithm]
     algorithm.check_world(config.options, world_size)
+    with torch.device("meta"):  # checks the model fits the data, allocating nothing
+        build_model(config.model, train.input_shape, train.num_classes)
     roles = algorithm.roles(config.options, world_size)
-    spe = ShardSampler(train_size, config.batch_size, 0, len(roles.workers),
+    spe = ShardSampler(len(train), config.batch_size, 0, len(roles.workers),
                        config.seed).steps_per_epoch
     total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * spe)
     if config.warmup_steps >= total:
@@ -98,7 +100,7 @@ class Trainer:
                  plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = ()) -> None:
         self.config, self.ctx, self.callbacks = config, ctx, list(callbacks)
         self.splits = splits or load_dataset(config.dataset, config.data_dir)
-        self.plan = plan or plan_run(config, ctx.world_size, len(self.splits.train))
+        self.plan = plan or plan_run(config, ctx.world_size, self.splits.train)
         torch.set_num_threads(config.threads or default_threads(ctx))
         self.meter = Meter(ctx.device)
         self.comm = Comm(ctx, self.meter)

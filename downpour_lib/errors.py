@@ -6,7 +6,8 @@ before any process blocks and the user can fix it without reading the source.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import typing
+from typing import Any, Iterable, Literal
 
 
 class DownpourError(Exception):
@@ -28,3 +29,13 @@ class DataError(DownpourError, FileNotFoundError):
 def unknown_name(field: str, value: Any, choices: Iterable[str]) -> ConfigError:
     """The error for a name that is not in a registry; lists the valid names."""
     return ConfigError(field, value, "choose one of " + ", ".join(sorted(choices)))
+
+
+def check_choices(obj: Any) -> None:
+    """Every ``Literal``-typed field of the dataclass ``obj`` must hold one of its values."""
+    for name, hint in typing.get_type_hints(type(obj)).items():
+        if typing.get_origin(hint) is Literal:
+            choices = typing.get_args(hint)
+            if getattr(obj, name) not in choices:
+                raise ConfigError(name, getattr(obj, name),
+                                  "choose one of " + ", ".join(map(str, choices)))

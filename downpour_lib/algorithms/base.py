@@ -15,11 +15,16 @@ import torch
 from torch import nn
 
 from ..comm.collectives import Comm
+from ..errors import check_choices
 
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
-    """Base of every algorithm's options: a frozen dataclass, one help text per field."""
+    """Base of every algorithm's options: a frozen dataclass, one help text per field.
+    Subclasses that validate more call ``super().__post_init__()``."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
 
 @dataclass(frozen=True)

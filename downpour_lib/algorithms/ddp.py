@@ -21,6 +21,7 @@ class DDPOptions(AlgorithmOptions):
     bucket_cap_mb: float = field(default=25.0, metadata={"help": "DDP gradient bucket size in MB"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.bucket_cap_mb > 0:
             raise ConfigError("bucket_cap_mb", self.bucket_cap_mb, "must be a number of MB > 0")
 

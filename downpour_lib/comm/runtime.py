@@ -179,3 +179,12 @@ def abort(exc: BaseException, code: int = 1) -> None:
     if comm is not None and comm.Get_size() > 1:
         comm.Abort(code)
     os._exit(code)
+
+
+@contextmanager
+def abort_on_error() -> Iterator[None]:
+    """Any exception in the block (on any rank) ends the whole job, naming the failed rank."""
+    try:
+        yield
+    except BaseException as exc:  # noqa: BLE001 -- Ctrl-C and SystemExit must not leave peers waiting
+        abort(exc, 130 if isinstance(exc, KeyboardInterrupt) else 1)

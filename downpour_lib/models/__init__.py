@@ -14,8 +14,7 @@ from typing import Callable
 from torch import nn
 
 from downpour_lib.errors import ConfigError, unknown_name
-from downpour_lib.models import cifar_resnet, inception, lenet, torchvision_models
-from downpour_lib.models.mlp import mlp
+from downpour_lib.models import cifar_resnet, inception, lenet, mlp, torchvision_models
 
 InputShape = tuple[int, int, int]
 """(channels, height, width) of one image."""
@@ -26,6 +25,7 @@ class ModelSpec:
     """One registered model and what it needs."""
 
     name: str
+    """The registry key, as given on the command line."""
     description: str
     """One line that names the architecture and cites its paper."""
     default_input: InputShape
@@ -33,7 +33,8 @@ class ModelSpec:
     default_classes: int
     """The class count `downpour models` counts parameters for."""
     min_size: int
-    """The smallest image height and width the network accepts."""
+    """The smallest image height and width the network accepts: where its last downsampling stage
+    still has a whole pixel to halve."""
     build: Callable[[InputShape, int], nn.Module]
     """(input_shape, num_classes) -> an untrained module."""
 
@@ -78,7 +79,7 @@ _SPECS = (
         _DIGITS,
         10,
         1,
-        mlp,
+        mlp.mlp,
     ),
     ModelSpec(
         "lenet",

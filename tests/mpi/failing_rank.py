@@ -1,0 +1,14 @@
+"""Under mpiexec -n 3: rank 1 raises in the middle of training; the whole job must end promptly."""
+
+from downpour_lib import TrainConfig, Trainer, runtime
+
+with runtime.abort_on_error():
+    ctx = runtime.init(backend="gloo", device="cpu", timeout_s=120)
+
+    def fail_on_rank_1(record):
+        if ctx.rank == 1 and record.step == 3:
+            raise RuntimeError("injected failure for the test")
+
+    config = TrainConfig(algorithm="sync_ps", model="mlp", dataset="digits", steps=100_000,
+                         warmup_steps=1, threads=1)
+    Trainer(config, ctx, callbacks=[fail_on_rank_1]).run()

@@ -1,0 +1,59 @@
+"""The command line: bad input exits 2 naming field, value and fix; good input trains."""
+
+import pytest
+
+from conftest import downpour, explain, read_json
+from downpour_lib.cli import main
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--algorithm", "nope"], "algorithm='nope' is not valid: choose one of ddp, local, sync_ps"),
+    (["--batch-size", "0"], "batch_size=0"),
+    (["--lr", "-1"], "lr=-1.0"),
+    (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both"),
+    (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8"),
+    (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks"),
+    (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"], "has no such option (its options: server)"),
+    (["--batch-size", "lots"], "batch_size='lots'"),
+    (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "/nonexistent/x/MNIST/raw"),
+])
+def test_bad_input_exits_2_with_a_useful_message(capsys, args, expected):
+    assert main(["train", *args]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_unknown_flag_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--learning-rate", "0.1"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --learning-rate" in capsys.readouterr().err
+
+
+def test_console_script_exit_status_and_listing():
+    proc = downpour("train", "--algorithm", "nope")
+    assert proc.returncode == 2, explain(proc)
+    assert "choose one of ddp, local, sync_ps" in proc.stderr
+
+
+def test_train_from_a_config_file_with_flag_overrides(tmp_path):
+    (tmp_path / "run.yaml").write_text("algorithm: local\nmodel: lenet\ndataset: digits\n"
+                                       "steps: 50\nthreads: 1\nlr: 0.5\n")
+    out = tmp_path / "summary.json"
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--lr", "0.05",
+                 "--summary-json", str(out)]) == 0
+    summary = read_json(out)
+    assert summary["lr"] == 0.05 and summary["steps"] == 50 and summary["model"] == "lenet"
+    assert summary["config"]["lr"] == 0.05
+    for key in ("samples_per_s", "final_train_loss", "test_accuracy", "git_sha", "wall_s"):
+        assert key in summary
+    assert summary["test_accuracy"] > 0.2  # learned: chance is 0.1
+
+
+def test_models_and_datasets_listings(capsys):
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    assert all(n in out for n in ("digits", "synthetic-cifar", "imagefolder", "cifar100"))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "1,649,402" in out and "11,689,512" in out  # inception_small, torchvision resnet18
+    assert len(out.strip().splitlines()) == 13  # header + 12 models

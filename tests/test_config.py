@@ -1,0 +1,96 @@
+"""TrainConfig: every impossible value fails on construction, naming the field, value and a fix."""
+
+import json
+import warnings
+
+import pytest
+
+from downpour_lib.config import TrainConfig, check_world
+from downpour_lib.errors import ConfigError
+
+
+@pytest.mark.parametrize("changes, field, hint", [
+    ({"algorithm": "nope"}, "algorithm", "ddp, local, sync_ps"),
+    ({"model": "alexnet"}, "model", "lenet"),
+    ({"dataset": "imagenet"}, "dataset", "synthetic-imagenet"),
+    ({"batch_size": 0}, "batch_size", ">= 1"),
+    ({"lr": -0.1}, "lr", "> 0"),
+    ({"lr": 0}, "lr", "> 0"),
+    ({"momentum": 1.0}, "momentum", "[0, 1)"),
+    ({"weight_decay": -1}, "weight_decay", ">= 0"),
+    ({"steps": 10, "epochs": 1}, "steps", "not both"),
+    ({"steps": 0}, "steps", ">= 1"),
+    ({"epochs": 0}, "epochs", "> 0"),
+    ({"steps": 5, "warmup_steps": 5}, "warmup_steps", "less than steps=5"),
+    ({"optimizer": "lbfgs"}, "optimizer", "sgd, adam, adagrad"),
+    ({"backend": "mpi"}, "backend", "auto, gloo, nccl"),
+    ({"eval_every": -1}, "eval_every", ">= 0"),
+    ({"timeout_s": 0}, "timeout_s", "> 0"),
+    ({"algorithm": "sync_ps", "options": {"server": "remote"}}, "server", "dedicated"),
+    ({"algorithm": "ddp", "options": {"server": "dedicated"}}, "server", "bucket_cap_mb"),
+    ({"algorithm": "ddp", "options": {"bucket_cap_mb": 0}}, "bucket_cap_mb", "> 0"),
+])
+def test_invalid_values_name_field_value_and_fix(changes, field, hint):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**changes)
+    assert err.value.field == field
+    message = str(err.value)
+    assert message.startswith(f"{field}=") and hint in message, message
+
+
+def test_defaults_are_valid_and_frozen():
+    config = TrainConfig()
+    with pytest.raises(AttributeError):
+        config.lr = 1.0  # type: ignore[misc]
+    assert config.options.server == "auto"
+
+
+def test_from_dict_coerces_cli_strings():
+    config = TrainConfig.from_dict({"algorithm": "sync_ps", "batch_size": "64", "lr": "0.1",
+                                    "steps": "7", "epochs": "none",
+                                    "options": {"server": "colocated"}})
+    assert (config.batch_size, config.lr, config.steps, config.epochs) == (64, 0.1, 7, None)
+    assert config.options.server == "colocated"
+
+
+def test_from_dict_rejects_unknown_fields_and_bad_types():
+    with pytest.raises(ConfigError, match="choose one of .*batch_size"):
+        TrainConfig.from_dict({"batchsize": 3})
+    with pytest.raises(ConfigError, match="batch_size='many'.*must be int"):
+        TrainConfig.from_dict({"batch_size": "many"})
+
+
+def test_round_trip_through_yaml_and_json(tmp_path):
+    config = TrainConfig(algorithm="sync_ps", model="lenet", steps=9, options={"server": "dedicated"})
+    (tmp_path / "c.json").write_text(json.dumps(config.to_dict()))
+    assert TrainConfig.from_file(tmp_path / "c.json") == config
+    (tmp_path / "c.yaml").write_text("algorithm: sync_ps\nmodel: lenet\nsteps: 9\n"
+                                     "options: {server: dedicated}\n")
+    assert TrainConfig.from_file(tmp_path / "c.yaml") == config
+    # flags given on top of a file win
+    assert TrainConfig.from_file(tmp_path / "c.yaml", steps="3").steps == 3
+
+
+def test_bad_config_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        TrainConfig.from_file(tmp_path / "missing.yaml")
+    (tmp_path / "c.toml").write_text("")
+    with pytest.raises(ConfigError, match=".yaml, .yml or .json"):
+        TrainConfig.from_file(tmp_path / "c.toml")
+
+
+def test_world_size_checks():
+    with pytest.raises(ConfigError, match="local.*3 ranks"):
+        check_world(TrainConfig(algorithm="local"), 3)
+    with pytest.raises(ConfigError, match="dedicated server needs at least 2 ranks"):
+        check_world(TrainConfig(algorithm="sync_ps", options={"server": "dedicated"}), 1)
+    for algorithm in ("sync_ps", "ddp", "local"):  # every algorithm runs in a world of one
+        check_world(TrainConfig(algorithm=algorithm), 1)
+
+
+def test_pointless_momentum_warns():
+    with pytest.warns(UserWarning, match="momentum=0.9 has no effect"):
+        TrainConfig(optimizer="adam", momentum=0.9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TrainConfig(optimizer="adam", momentum=0.0)
