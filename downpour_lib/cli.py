@@ -12,7 +12,8 @@ import argparse
 import dataclasses
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .algorithms import ALGORITHMS
 from .comm import runtime
@@ -119,7 +120,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
     for r in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,9 +13,10 @@ import json
 import types
 import typing
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from .algorithms import ALGORITHMS, AlgorithmOptions
 from .data import DATASETS
@@ -113,7 +114,7 @@ class TrainConfig:
         return out
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Build from plain values (strings from a CLI are converted to each field's type)."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         hints = typing.get_type_hints(cls)
@@ -125,7 +126,7 @@ class TrainConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
+    def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
         """Read a YAML or JSON file; ``overrides`` (e.g. from CLI flags) win over the file."""
         path = Path(path)
         if not path.is_file():

@@ -13,9 +13,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from .data import ShardSampler, Splits, load_dataset
 from .data.sources import ImageSource
 from .errors import ConfigError
 from .models import build_model
-from .records import (EvalRecord, Meter, RunResult, StepRecord, device_sync, frames, summarize)
+from .records import EvalRecord, Meter, RunResult, StepRecord, device_sync, frames, summarize
 
 StepCallback = Callable[[StepRecord], None]
 

@@ -7,7 +7,8 @@ before any process blocks and the user can fix it without reading the source.
 from __future__ import annotations
 
 import typing
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 
 class DownpourError(Exception):

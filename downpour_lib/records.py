@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import pandas as pd
 import torch
@@ -138,7 +139,9 @@ def summarize(steps: pd.DataFrame, evals: pd.DataFrame, warmup_steps: int) -> di
         measured = workers
     per_rank = measured.groupby("rank")[["samples", "step_s"]].sum()
     rates = per_rank.samples / per_rank.step_s.where(per_rank.step_s > 0)
-    last_steps = workers[workers.step >= workers.step.max() - max(1, math.ceil(0.1 * (workers.step.max() + 1))) + 1]
+    # final train loss: the mean over the last 10% of steps (at least one), over all workers
+    total = int(workers.step.max()) + 1 if len(workers) else 0
+    last_steps = workers[workers.step >= total - max(1, math.ceil(0.1 * total))]
     out: dict[str, Any] = {
         "num_workers": int(workers["rank"].nunique()),
         "measured_steps": int(measured.step.nunique()),

@@ -1,8 +1,8 @@
 """The command line: bad input exits 2 naming field, value and fix; good input trains."""
 
 import pytest
-
 from conftest import downpour, explain, read_json
+
 from downpour_lib.cli import main
 
 

@@ -41,7 +41,7 @@ def test_every_algorithm_in_a_world_of_one_equals_local(algorithm):
         trainer.run()
         return [p.detach().clone() for p in trainer.model.parameters()]
 
-    for a, b in zip(final(algorithm), final("local")):
+    for a, b in zip(final(algorithm), final("local"), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

@@ -1,7 +1,12 @@
 """Placement discovery from each launcher's variables (pure functions of an environment)."""
 
-from downpour_lib.comm.launch_env import (Placement, discover, expand_nodelist, slurm_local_size,
-                                          slurm_rendezvous)
+from downpour_lib.comm.launch_env import (
+    Placement,
+    discover,
+    expand_nodelist,
+    slurm_local_size,
+    slurm_rendezvous,
+)
 
 
 def test_single_process():

@@ -3,9 +3,9 @@
 import pandas as pd
 import pytest
 
+from downpour_lib.errors import ConfigError
 from downpour_lib.study.plots import make_figures, scaling_table
 from downpour_lib.study.sweep import StudySpec, run_study
-from downpour_lib.errors import ConfigError
 
 TINY = {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
         "warmup_steps": 2, "eval_every": 0, "threads": 1}

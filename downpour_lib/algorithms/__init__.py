@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..comm.collectives import Comm
+from ..comm.runtime import DistContext
+from ..errors import unknown_name
 from .base import Algorithm, AlgorithmOptions, Roles
 from .ddp import DDP
 from .local import Local
@@ -9,4 +14,17 @@ from .sync_ps import SyncPS
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Local, SyncPS, DDP)}
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "Roles"]
+
+def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
+    """An algorithm for your own training loop: ``make_algorithm("ddp", ctx, bucket_cap_mb=4)``."""
+    from ..config import build_options
+
+    if name not in ALGORITHMS:
+        raise unknown_name("algorithm", name, ALGORITHMS)
+    cls = ALGORITHMS[name]
+    opts = build_options(name, options)
+    cls.check_world(opts, ctx.world_size)
+    return cls(opts, Comm(ctx))
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "Roles", "make_algorithm"]

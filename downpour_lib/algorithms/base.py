@@ -7,9 +7,10 @@ Algorithms communicate only through ``comm.Comm``, so with a world of one they r
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn

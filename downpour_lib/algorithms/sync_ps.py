@@ -10,8 +10,9 @@ is the PS one while the transport is whatever the backend does best.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Literal
 
 import torch
 from torch import nn

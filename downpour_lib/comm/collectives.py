@@ -6,7 +6,8 @@ Algorithms talk to other ranks only through a ``Comm``: it keeps every torch.dis
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,7 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy ``flat`` back into ``tensors`` in place (the inverse of ``flatten``)."""
-    for dst, src in zip(tensors, _unflatten_dense_tensors(flat, list(tensors))):
+    for dst, src in zip(tensors, _unflatten_dense_tensors(flat, list(tensors)), strict=True):
         dst.copy_(src)
 
 

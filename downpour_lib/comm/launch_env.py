@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 Launcher = Literal["single", "torchrun", "mpi", "slurm", "env"]
 

@@ -15,9 +15,10 @@ import os
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ class DistContext:
         return self.world_size > 1
 
     @classmethod
-    def single(cls, device: str | torch.device = "cpu") -> "DistContext":
+    def single(cls, device: str | torch.device = "cpu") -> DistContext:
         """A world of one, with no process group: what unit tests and `local` training use."""
         return cls(0, 1, 0, 1, torch.device(device), None, "single", (socket.gethostname(),))
 

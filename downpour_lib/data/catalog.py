@@ -3,9 +3,10 @@ deterministic synthetic stand-ins with the real ones' shapes for throughput meas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 

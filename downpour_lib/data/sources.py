@@ -7,8 +7,9 @@ its time on the training algorithm rather than on a DataLoader.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

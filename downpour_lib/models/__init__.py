@@ -7,9 +7,9 @@ weights every time: constructors use only the global generator, in a fixed order
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 from torch import nn
 

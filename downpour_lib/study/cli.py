@@ -11,7 +11,8 @@ def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. 1,2,4")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give comma-separated integers, e.g. 1,2,4") from None
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ def _axes(title: str, ylabel: str):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel("workers")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -47,7 +47,7 @@ def _subtitle(runs: pd.DataFrame) -> str:
 
 def plot_throughput(runs: pd.DataFrame, path: str | Path) -> Path:
     table = scaling_table(runs)
-    fig, ax = _axes(f"Throughput ({_subtitle(runs)})", "samples / s")
+    fig, ax = _axes(f"Throughput\n{_subtitle(runs)}", "samples / s")
     for i, (name, part) in enumerate(table.groupby("algorithm")):
         color = f"C{i}"
         ax.plot(part.num_workers, part.samples_per_s, "o-", color=color, label=name)
@@ -60,7 +60,8 @@ def plot_throughput(runs: pd.DataFrame, path: str | Path) -> Path:
 
 def plot_efficiency(runs: pd.DataFrame, path: str | Path) -> Path:
     table = scaling_table(runs)
-    fig, ax = _axes(f"Scaling efficiency ({_subtitle(runs)})", "throughput / (N x 1-worker)")
+    fig, ax = _axes(f"Scaling efficiency against ideal linear scaling\n{_subtitle(runs)}",
+                    "throughput / (N x 1-worker throughput)")
     ax.axhline(1.0, color="gray", linestyle="--", label="ideal linear scaling")
     for i, (name, part) in enumerate(table.groupby("algorithm")):
         ax.plot(part.num_workers, part.efficiency, "o-", color=f"C{i}", label=name)

@@ -40,9 +40,10 @@ def main() -> int:
         initial, ref_params = train(TrainConfig(**BASE, algorithm="local", batch_size=workers * B),
                                     DistContext.single())
         # Training must have moved the parameters, or equality would prove nothing.
-        moved = max(float((r - p0).abs().max()) for r, p0 in zip(ref_params, initial))
-        diff = max(float((d - r).abs().max()) for d, r in zip(dist_params, ref_params))
-        ok = all(torch.allclose(d, r, rtol=1e-5, atol=1e-5) for d, r in zip(dist_params, ref_params))
+        moved = max(float((r - p0).abs().max()) for r, p0 in zip(ref_params, initial, strict=True))
+        diff = max(float((d - r).abs().max()) for d, r in zip(dist_params, ref_params, strict=True))
+        pairs = zip(dist_params, ref_params, strict=True)
+        ok = all(torch.allclose(d, r, rtol=1e-5, atol=1e-5) for d, r in pairs)
         failed |= not ok
         all_ok = runtime_all(ok)
         if ctx.rank == 0:
