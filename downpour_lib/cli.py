@@ -130,9 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the models with parameter counts").set_defaults(
         func=cmd_models)
     sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)
+    from .bench.cli import add_bench_parser
     from .study.cli import add_study_parsers
 
     add_study_parsers(sub)
+    add_bench_parser(sub)
     return parser
 
 

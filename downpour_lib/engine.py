@@ -166,7 +166,7 @@ class Trainer:
                 comm_s=meter.comm_s + exposed, wait_s=meter.wait_s,
                 update_s=max(0.0, t3 - t2 - meter.comm_s - meter.wait_s), step_s=t3 - t0,
                 bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
-                time_s=t3 - self.t_start)
+                time_s=t3 - self.t_start, extras=self.algorithm.step_metrics())
             self._finish_step(record)
 
     def _served(self, update: int) -> None:
@@ -180,28 +180,28 @@ class Trainer:
             compute_s=0.0, comm_s=meter.comm_s, wait_s=meter.wait_s,
             update_s=max(0.0, step_s - meter.comm_s - meter.wait_s), step_s=step_s,
             bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
-            time_s=now - self.t_start))
+            time_s=now - self.t_start, extras=self.algorithm.step_metrics()))
         meter.reset()
 
     def _finish_step(self, record: StepRecord) -> None:
         self.step_records.append(record)
         for callback in self.callbacks:
             callback(record)
-        step = record.step
-        every = self.config.eval_every
-        if self.ctx.rank == self.roles.evaluator and (
-                step + 1 == self.plan.total_steps or (every and (step + 1) % every == 0)):
-            self._evaluate(step)
+        step, every = record.step, self.config.eval_every
+        if step + 1 == self.plan.total_steps or (every and (step + 1) % every == 0):
+            extras = self.algorithm.eval_metrics(self.model)  # on every rank: may be collective
+            if self.ctx.rank == self.roles.evaluator:
+                self._evaluate(step, extras)
         self.progress.update(1)
         if record.role == "worker":
             self.progress.set_postfix(loss=f"{record.loss:.3f}", refresh=False)
 
-    def _evaluate(self, step: int) -> None:
+    def _evaluate(self, step: int, extras: dict[str, float]) -> None:
         with self.algorithm.eval_parameters(self.model) as model:
             loss, accuracy = evaluate(model, self.splits.test, self.config.eval_batch_size,
                                       self.ctx.device)
         self.eval_records.append(EvalRecord(self.ctx.rank, step, time.perf_counter() - self.t_start,
-                                            loss, accuracy, len(self.splits.test)))
+                                            loss, accuracy, len(self.splits.test), extras))
 
     # -- results -----------------------------------------------------------------------------
 
@@ -218,6 +218,7 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "num_servers": len(set(self.roles.servers) - set(self.roles.workers)),
             **summarize(steps, evals, self.config.warmup_steps),
+            **ALGORITHMS[self.config.algorithm].summarize(steps, evals),
             "wall_s": wall_s,
             "total_steps": self.plan.total_steps,
             "backend": self.ctx.backend or "none",

@@ -87,6 +87,7 @@ class StepRecord:
     bytes_sent: int
     bytes_received: int
     time_s: float  # seconds since the run's common start, at the end of the step
+    extras: dict[str, float] = field(default_factory=dict)  # the algorithm's own (e.g. staleness)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class EvalRecord:
     loss: float
     accuracy: float
     samples: int
+    extras: dict[str, float] = field(default_factory=dict)  # e.g. consensus_distance
 
 
 @dataclass
@@ -120,11 +122,21 @@ class RunResult:
                                            default=str) + "\n")
 
 
+def _rows(records: list) -> list[dict[str, Any]]:
+    """Flatten each record's ``extras`` into columns of its own."""
+    rows = []
+    for record in records:
+        row = asdict(record)
+        rows.append({**row, **row.pop("extras")})
+    return rows
+
+
 def frames(steps: list[StepRecord], evals: list[EvalRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    step_cols = list(StepRecord.__dataclass_fields__)
-    eval_cols = list(EvalRecord.__dataclass_fields__)
-    return (pd.DataFrame([asdict(s) for s in steps], columns=step_cols),
-            pd.DataFrame([asdict(e) for e in evals], columns=eval_cols))
+    step_cols = [c for c in StepRecord.__dataclass_fields__ if c != "extras"]
+    eval_cols = [c for c in EvalRecord.__dataclass_fields__ if c != "extras"]
+    step_frame, eval_frame = pd.DataFrame(_rows(steps)), pd.DataFrame(_rows(evals))
+    return (step_frame if len(step_frame) else pd.DataFrame(columns=step_cols),
+            eval_frame if len(eval_frame) else pd.DataFrame(columns=eval_cols))
 
 
 TIME_PARTS = ("data_s", "compute_s", "comm_s", "wait_s", "update_s")

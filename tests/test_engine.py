@@ -78,3 +78,30 @@ def test_throughput_sums_worker_rates_after_warmup():
     assert summary["samples_per_s"] == pytest.approx(40.0)  # 2 workers x 10 samples / 0.5 s
     assert summary["num_workers"] == 2 and summary["measured_steps"] == 3
     assert summary["bytes_sent_per_step"] == 100
+
+
+def test_algorithm_metrics_reach_records_and_summary(monkeypatch):
+    from downpour_lib.algorithms import ALGORITHMS
+    from downpour_lib.algorithms.local import Local
+
+    class Counting(Local):
+        name = "counting"
+        updates = 0
+
+        def step_metrics(self):
+            self.updates += 1
+            return {"updates_so_far": float(self.updates)}
+
+        def eval_metrics(self, model):
+            return {"param_norm": float(sum(p.norm() ** 2 for p in model.parameters()) ** 0.5)}
+
+        @classmethod
+        def summarize(cls, steps, evals):
+            return {"updates_max": float(steps.updates_so_far.max())}
+
+    monkeypatch.setitem(ALGORITHMS, "counting", Counting)
+    result = Trainer(TrainConfig(algorithm="counting", steps=6, eval_every=3, **FAST),
+                     DistContext.single()).run()
+    assert list(result.steps.updates_so_far) == [1, 2, 3, 4, 5, 6]
+    assert len(result.evals.param_norm) == 2 and (result.evals.param_norm > 0).all()
+    assert result.summary["updates_max"] == 6

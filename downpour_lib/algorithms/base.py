@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import pandas as pd
 import torch
 from torch import nn
 
@@ -84,6 +85,20 @@ class Algorithm:
     def serve(self, steps: int, on_update: Callable[[int], None]) -> None:
         """A server rank's loop; calls ``on_update(i)`` after each update it applies."""
         raise NotImplementedError(f"{self.name} has no server ranks")
+
+    def step_metrics(self) -> dict[str, float]:
+        """Extra numbers for the step (or server update) just finished, e.g. staleness."""
+        return {}
+
+    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
+        """Extra numbers at an evaluation point, e.g. consensus distance. Called on every rank at
+        the same step, so it may use collectives (if the algorithm's ranks share step indices)."""
+        return {}
+
+    @classmethod
+    def summarize(cls, steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
+        """Extra summary fields from the gathered records, e.g. staleness mean, max, histogram."""
+        return {}
 
     @contextmanager
     def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:

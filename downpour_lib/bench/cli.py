@@ -1,0 +1,21 @@
+"""``downpour bench <name>``: one subcommand per benchmark module, registered in ``BENCHMARKS``.
+
+A benchmark module exposes ``add_parser(sub)`` which adds its subcommand and sets ``func``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: module names under downpour_lib.bench that provide a ``downpour bench`` subcommand
+BENCHMARKS: list[str] = []
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    if not BENCHMARKS:
+        return
+    p = sub.add_parser("bench", help="benchmarks: print a table, write JSON rows")
+    bench = p.add_subparsers(dest="benchmark", required=True)
+    for name in BENCHMARKS:
+        importlib.import_module(f"{__package__}.{name}").add_parser(bench)
