@@ -93,7 +93,7 @@ def test_algorithm_metrics_reach_records_and_summary(monkeypatch):
             return {"updates_so_far": float(self.updates)}
 
         def eval_metrics(self, model):
-            return {"param_norm": float(sum(p.norm() ** 2 for p in model.parameters()) ** 0.5)}
+            return {"param_norm": float(sum(p.detach().norm() ** 2 for p in model.parameters()) ** 0.5)}
 
         @classmethod
         def summarize(cls, steps, evals):
