@@ -100,3 +100,9 @@ def test_a_second_backward_before_after_backward_is_an_error():
     with pytest.raises(RuntimeError, match="second gradient before after_backward"):
         F.mse_loss(model(x), torch.zeros(4, 2)).backward()
     alg.close()
+
+
+def test_a_run_that_ends_inside_an_accumulation_window_warns():
+    with pytest.warns(UserWarning, match="last 1 micro-batch"):
+        train(TrainConfig(model="mlp", dataset="digits", algorithm="allreduce", steps=5,
+                          warmup_steps=0, threads=1, options={"accumulation_steps": 2}))

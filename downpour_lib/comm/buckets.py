@@ -25,6 +25,7 @@ Distributed: Experiences on Accelerating Data Parallel Training"):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,6 +91,10 @@ class GradientBuckets:
         for bucket in self.buckets:  # nothing may be left in flight when the group goes away
             if bucket.handle is not None:
                 bucket.handle.wait()
+        if self.micro:
+            warnings.warn(f"the last {self.micro} micro-batch(es) were never applied: the run ended "
+                          f"inside an accumulation window of {self.k}; make the number of steps a "
+                          "multiple of accumulation_steps", stacklevel=2)
 
     def _build(self, order: Sequence[int]) -> None:
         groups: list[list[int]] = []
@@ -117,7 +122,7 @@ class GradientBuckets:
                 self.bucket_of[i] = b
                 offset += p.numel()
             self.buckets.append(Bucket(group, buffer, wire, numel, pending=len(group)))
-        self.next_launch = 0
+        self.next_launch = self.first_inflight = 0
 
     # -- during backward -------------------------------------------------------------------------
 
@@ -171,11 +176,11 @@ class GradientBuckets:
         self.meter.count(sent=moved, received=moved)
 
     def _poke(self) -> None:
-        """Ask the in-flight collectives how they are doing: backends that progress only inside
+        """Ask the oldest unfinished collective how it is doing: backends that progress only inside
         their own calls (MPI without a progress thread) move on here, between gradients."""
-        for bucket in self.buckets[:self.next_launch]:
-            if bucket.handle is not None:
-                bucket.handle.is_completed()
+        while (self.first_inflight < self.next_launch
+               and self.buckets[self.first_inflight].handle.is_completed()):
+            self.first_inflight += 1
 
     # -- after backward --------------------------------------------------------------------------
 
@@ -200,7 +205,7 @@ class GradientBuckets:
                 self.params[i].grad = self.views[i] if flag > 0 else None
             bucket.handle, bucket.pending = None, len(bucket.params)
         self.filled = [False] * len(self.params)
-        self.micro, self.next_launch = 0, 0
+        self.micro = self.next_launch = self.first_inflight = 0
         self.windows += 1
         if self.windows == 1:
             self._rebuild()
