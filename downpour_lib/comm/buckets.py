@@ -42,14 +42,10 @@ from .handles import Handle
 class Bucket:
     params: list[int]  # indices into GradientBuckets.params, in backward order
     buffer: torch.Tensor  # the gradients back to back, then one usage flag per parameter
+    flags: torch.Tensor  # the tail of buffer: 1 where this rank produced the gradient
     wire: torch.Tensor | None  # the compressed copy that travels, if compressing
-    numel: int
     pending: int = 0  # parameters whose gradient this window's last backward has not produced yet
     handle: Handle | None = None
-
-    @property
-    def flags(self) -> torch.Tensor:
-        return self.buffer[self.numel:]
 
 
 class GradientBuckets:
@@ -121,7 +117,7 @@ class GradientBuckets:
                 self.views[i] = buffer[offset:offset + p.numel()].view_as(p)
                 self.bucket_of[i] = b
                 offset += p.numel()
-            self.buckets.append(Bucket(group, buffer, wire, numel, pending=len(group)))
+            self.buckets.append(Bucket(group, buffer, buffer[numel:], wire, pending=len(group)))
         self.next_launch = self.first_inflight = 0
 
     # -- during backward -------------------------------------------------------------------------
@@ -142,7 +138,7 @@ class GradientBuckets:
             self.first_order.append(i)
         grad, view = param.grad, self.views[i]
         bucket = self.buckets[self.bucket_of[i]]
-        if grad.untyped_storage().data_ptr() == bucket.buffer.untyped_storage().data_ptr():
+        if grad.data_ptr() == view.data_ptr():
             view.mul_(self.scale)  # backward added into the slot itself (.grad was not reset)
         elif not self.filled[i]:
             torch.mul(grad, self.scale, out=view)
@@ -163,10 +159,14 @@ class GradientBuckets:
             self.next_launch += 1
 
     def _launch(self, bucket: Bucket) -> None:
-        for i in bucket.params:
-            if not self.filled[i]:  # unused here this window: contributes zero
-                self.views[i].zero_()
-        bucket.flags.copy_(torch.tensor([float(self.filled[i]) for i in bucket.params]))
+        filled = [self.filled[i] for i in bucket.params]
+        if all(filled):
+            bucket.flags.fill_(1.0)
+        else:
+            for i, used in zip(bucket.params, filled, strict=True):
+                if not used:  # unused here this window: contributes zero
+                    self.views[i].zero_()
+            bucket.flags.copy_(torch.tensor(filled, dtype=bucket.flags.dtype))
         send = bucket.buffer
         if bucket.wire is not None:
             bucket.wire.copy_(bucket.buffer)
