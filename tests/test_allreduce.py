@@ -106,3 +106,38 @@ def test_a_run_that_ends_inside_an_accumulation_window_warns():
     with pytest.warns(UserWarning, match="last 1 micro-batch"):
         train(TrainConfig(model="mlp", dataset="digits", algorithm="allreduce", steps=5,
                           warmup_steps=0, threads=1, options={"accumulation_steps": 2}))
+
+
+def test_buckets_follow_the_order_backward_produces_gradients():
+    class Reversed(nn.Module):  # registered last-used first: reverse registration order is wrong
+        def __init__(self):
+            super().__init__()
+            self.late, self.early = nn.Linear(8, 3), nn.Linear(5, 8)
+
+        def forward(self, x):
+            return self.late(torch.relu(self.early(x)))
+
+    from downpour_lib.comm.buckets import GradientBuckets
+    from downpour_lib.records import Meter
+
+    torch.manual_seed(0)
+    model, plain = Reversed(), Reversed()
+    plain.load_state_dict(model.state_dict())
+    buckets = GradientBuckets(list(model.named_parameters()), comm.Communicator((0,), None, 0),
+                              Meter(), bucket_bytes=64)
+    buckets.start()
+    before = [buckets.names[i] for i in buckets.order]
+    for step in range(3):
+        x = torch.randn(4, 5)
+        model.zero_grad(set_to_none=True)
+        plain.zero_grad(set_to_none=True)
+        model(x).square().sum().backward()
+        plain(x).square().sum().backward()
+        assert buckets.after_backward()
+        for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+    after = [buckets.names[i] for i in buckets.order]
+    assert before == ["early.bias", "early.weight", "late.bias", "late.weight"]
+    assert after[:2] == ["late.bias", "late.weight"] or after[:2] == ["late.weight", "late.bias"]
+    assert len(buckets.buckets) > 1
+    buckets.close()

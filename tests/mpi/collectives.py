@@ -5,6 +5,7 @@ Every rank's input is a pure function of its rank, so each rank knows what every
 return. Training cases compare with one process on the N-times batch (a world of one, run by each
 rank itself), with DDP on the same data, or with the exact gradient average. Prints one JSON line
 per case from rank 0 ({"case", "ok", ...}); exits non-zero if any case failed on any rank.
+The backend is gloo unless given as the first argument (``collectives.py mpi``).
 """
 
 import json
@@ -313,7 +314,9 @@ def all_ranks(flag):
 
 
 def main() -> int:
-    ctx = runtime.init(backend="gloo", device="cpu", timeout_s=60)
+    backend = sys.argv[1] if len(sys.argv) > 1 else "gloo"
+    BASE["backend"] = backend
+    ctx = runtime.init(backend=backend, device="cpu", timeout_s=60)
     torch.set_num_threads(1)
     n = ctx.world_size
     cases = [("collectives", lambda: case_collectives(ctx)), ("groups", lambda: case_groups(ctx))]
