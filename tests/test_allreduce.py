@@ -127,7 +127,7 @@ def test_buckets_follow_the_order_backward_produces_gradients():
                               Meter(), bucket_bytes=64)
     buckets.start()
     before = [buckets.names[i] for i in buckets.order]
-    for step in range(3):
+    for _ in range(3):
         x = torch.randn(4, 5)
         model.zero_grad(set_to_none=True)
         plain.zero_grad(set_to_none=True)
