@@ -84,9 +84,11 @@ class GradientBuckets:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
-        for bucket in self.buckets:  # nothing may be left in flight when the group goes away
-            if bucket.handle is not None:
-                bucket.handle.wait()
+        # after_backward waits for every collective it starts, so a handle still here means a
+        # backward was cut short by an error: waiting on it could block until the group's timeout
+        # while the job is being torn down, so it is dropped.
+        for bucket in self.buckets:
+            bucket.handle = None
         if self.micro:
             warnings.warn(f"the last {self.micro} micro-batch(es) were never applied: the run ended "
                           f"inside an accumulation window of {self.k}; make the number of steps a "
