@@ -84,7 +84,7 @@ def test_world_size_checks():
         check_world(TrainConfig(algorithm="local"), 3)
     with pytest.raises(ConfigError, match="dedicated server needs at least 2 ranks"):
         check_world(TrainConfig(algorithm="sync_ps", options={"server": "dedicated"}), 1)
-    for algorithm in ("sync_ps", "ddp", "local"):  # every algorithm runs in a world of one
+    for algorithm in ("sync_ps", "ddp", "allreduce", "local"):  # every algorithm runs in a world of one
         check_world(TrainConfig(algorithm=algorithm), 1)
 
 

@@ -34,7 +34,7 @@ def test_records_evaluations_and_summary(tmp_path):
     assert len(pd.read_csv(tmp_path / "steps.csv")) == 12
 
 
-@pytest.mark.parametrize("algorithm", ["sync_ps", "ddp"])
+@pytest.mark.parametrize("algorithm", ["sync_ps", "ddp", "allreduce"])
 def test_every_algorithm_in_a_world_of_one_equals_local(algorithm):
     def final(name):
         trainer = Trainer(TrainConfig(algorithm=name, steps=8, **FAST), DistContext.single())

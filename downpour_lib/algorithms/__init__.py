@@ -7,12 +7,13 @@ from typing import Any
 from ..comm.collectives import Comm
 from ..comm.runtime import DistContext
 from ..errors import unknown_name
+from .allreduce import AllReduce
 from .base import Algorithm, AlgorithmOptions, Roles
 from .ddp import DDP
 from .local import Local
 from .sync_ps import SyncPS
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Local, SyncPS, DDP)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce)}
 
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:

@@ -27,6 +27,9 @@ from ..config import TrainConfig
 from ..errors import ConfigError, DownpourError
 
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm.
+#: The algorithms the study compares unless told otherwise.
+DEFAULT_ALGORITHMS: tuple[str, ...] = ("sync_ps", "ddp", "allreduce")
+
 SCALING_BASE: dict[str, Any] = {
     "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 25,
     "warmup_steps": 5, "eval_every": 0, "threads": 1, "lr": 0.05, "momentum": 0.9, "seed": 0,
@@ -45,7 +48,7 @@ def default_workers() -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class StudySpec:
-    algorithms: tuple[str, ...] = ("sync_ps", "ddp")
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     workers: tuple[int, ...] = field(default_factory=default_workers)
     base: dict[str, Any] = field(default_factory=lambda: dict(SCALING_BASE))
     csv: str = "results/scaling/runs.csv"
