@@ -13,7 +13,7 @@ from downpour_lib.cli import main
     (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both"),
     (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8"),
     (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks"),
-    (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"], "has no such option (its options: server)"),
+    (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"], "has no such option (its options: server, servers)"),
     (["--batch-size", "lots"], "batch_size='lots'"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "/nonexistent/x/MNIST/raw"),
 ])

@@ -9,10 +9,11 @@ from ..comm.runtime import DistContext
 from ..errors import unknown_name
 from .base import Algorithm, AlgorithmOptions, Roles
 from .ddp import DDP
+from .downpour import Downpour
 from .local import Local
 from .sync_ps import SyncPS
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Local, SyncPS, DDP)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Local, SyncPS, DDP, Downpour)}
 
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
