@@ -66,9 +66,10 @@ class Algorithm:
         """Raise ConfigError if this algorithm cannot run with ``world_size`` ranks."""
 
     @classmethod
-    def check_model(cls, options: Any, world_size: int, model: nn.Module) -> None:
+    def check_plan(cls, options: Any, world_size: int, model: nn.Module, total_steps: int) -> None:
         """Raise ConfigError if the options cannot work with this model (built on the meta
-        device, so the check allocates nothing), e.g. more parameter shards than tensors."""
+        device, so the check allocates nothing) and run length, e.g. more parameter shards
+        than tensors."""
 
     @classmethod
     def world_size_for(cls, options: Any, workers: int) -> int:

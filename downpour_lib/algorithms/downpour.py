@@ -18,6 +18,7 @@ done; that state is the run's final model and checkpoint.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from .ps_server import (
     REPLY,
     REQUEST,
     SNAPSHOT,
+    VERSION,
     ServeLoop,
     ServerThread,
     ShardServer,
@@ -57,6 +59,9 @@ class DownpourOptions(ps_placement.PSOptions):
         "help": "a worker fetches the parameters before every n_fetch-th step"})
     n_push: int = field(default=1, metadata={
         "help": "a worker pushes its accumulated gradients every n_push steps"})
+    warmstart: int = field(default=20, metadata={
+        "help": "the other workers start once the first one has made this many pushes alone "
+                "(Dean et al.'s warmstart; at most all of its pushes); 0: all start together"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -65,6 +70,9 @@ class DownpourOptions(ps_placement.PSOptions):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, value, "must be a whole number of steps >= 1 "
                                                "(1 = every step, as in synchronous SGD)")
+        if isinstance(self.warmstart, bool) or not isinstance(self.warmstart, int) \
+                or self.warmstart < 0:
+            raise ConfigError("warmstart", self.warmstart, "must be a whole number of pushes >= 0")
 
 
 def staleness_summary(steps: pd.DataFrame) -> dict[str, Any]:
@@ -93,7 +101,8 @@ class Downpour(Algorithm):
         ps_placement.check_world(options, world_size)
 
     @classmethod
-    def check_model(cls, options: DownpourOptions, world_size: int, model: nn.Module) -> None:
+    def check_plan(cls, options: DownpourOptions, world_size: int, model: nn.Module,
+                   total_steps: int) -> None:
         model_layout(model, min(options.servers, world_size))
 
     @classmethod
@@ -163,6 +172,19 @@ class Downpour(Algorithm):
                 self.server, Link(self.comm.ctx, Meter(self.comm.ctx.device), self.group), remote,
                 local_done=self.local_done))
             self.thread.start()
+        # Warmstart: wait until the first worker's pushes alone have moved the parameters (its
+        # pushes are the only ones until then, so server 0's version counts them). Asking again
+        # every few milliseconds keeps the server stateless (a colocated server 0 applies the
+        # first worker's pushes directly, without a message that could wake a waiting list).
+        warm = min(self.options.warmstart, -(-total_steps // self.options.n_push))
+        while warm and self.rank != self.workers[0]:
+            reply = torch.empty(HEADER, dtype=torch.int64)
+            posted = self.link.post_recv(reply, self.servers[0], REPLY)
+            self.link.send([header(VERSION)], self.servers[0], REQUEST)
+            self.link.finish([posted], [reply], bucket="wait")
+            if int(reply[0]) >= warm:
+                break
+            time.sleep(0.005)
         self._fetch(bucket="comm")
 
     # -- the worker's step (Algorithm 7.1) -----------------------------------------------------

@@ -14,6 +14,9 @@ The protocol (fixed layouts; ``p2p.HEADER`` int64 slots per header):
                                FETCH: (version, 0, 0, 0), then DATA: the shard's parameters+buffers
                                SNAPSHOT / FINAL: (bytes, version, 0, 0), then DATA: torch.save'd
                                shard state (parameters, buffers, optimizer state, version)
+                               VERSION: (version, 0, 0, 0); the warmstart (Dean et al. let one
+                               replica train alone before "unleashing" the others) asks until the
+                               first worker's pushes have moved the version far enough
     DONE and FINAL say the worker has pushed for the last time; a FINAL is answered once every
     worker is done, which is how the evaluator gets the final parameters. The loop ends when every
     worker is done, so every push is applied (and acknowledged) before a server stops.
@@ -32,7 +35,7 @@ from torch import nn
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import HEADER, Link, header
 
-PUSH, FETCH, SNAPSHOT, DONE, FINAL = 1, 2, 3, 4, 5
+PUSH, FETCH, SNAPSHOT, DONE, FINAL, VERSION = 1, 2, 3, 4, 5, 6
 REQUEST, PUSH_DATA, REPLY, DATA = 101, 102, 103, 104  # message tags
 
 
@@ -127,6 +130,8 @@ class ServeLoop:
                 link.send([header(before, staleness, after)], source, REPLY)
                 if self.on_update is not None:
                     self.on_update(source, staleness)
+            elif kind == VERSION:
+                link.send([header(server.version)], source, REPLY)
             elif kind == FETCH:
                 version = server.read(out)
                 link.send([header(version)], source, REPLY)

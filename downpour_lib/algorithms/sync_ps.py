@@ -41,7 +41,8 @@ class SyncPS(Algorithm):
         ps_placement.check_world(options, world_size)
 
     @classmethod
-    def check_model(cls, options: SyncPSOptions, world_size: int, model: nn.Module) -> None:
+    def check_plan(cls, options: SyncPSOptions, world_size: int, model: nn.Module,
+                   total_steps: int) -> None:
         model_layout(model, min(options.servers, world_size))
 
     @classmethod
