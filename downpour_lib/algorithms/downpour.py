@@ -6,7 +6,13 @@ S server ranks each own a shard of the parameters (``ps_shards``) and apply push
 step that is a multiple of ``n_fetch``, accumulates its gradients, and pushes the sum every
 ``n_push`` steps (and after its last step). Between fetches a worker moves its own copy with plain
 SGD, as the paper's client does. Nothing is global: there is no barrier, and a slow worker only
-delays its own pushes.
+delays its own pushes. With ``warmstart`` the other workers wait until the first one has pushed
+that many times alone, which the paper found useful (section 5); it keeps the early, large Adagrad
+steps from being repeated by several stale replicas at once.
+
+Dedicated servers serve in the rank's main thread. A colocated server runs its loop in a thread
+beside the rank's worker (``ps_server.ServerThread``), so that a computing or slow worker does not
+stall the other workers' requests; the rank's own worker uses its shard directly, under a lock.
 
 Every push is acknowledged with its staleness (the server's version when it applied the push minus
 the version the gradient was computed from), which the worker records on its step; the server's
