@@ -306,19 +306,24 @@ class Downpour(Algorithm):
         return states  # type: ignore[return-value]
 
     def _finish(self) -> None:
-        """After the last push: the evaluator collects the final state, the others say DONE."""
+        """After the last push: the workers say DONE; the evaluator's FINAL request waits for the
+        evaluation (``_final``), so that waiting for the other workers is not part of its step."""
         self.local_done.set()
-        if self.rank == self.evaluator:
-            self.final = self._snapshots(FINAL)
-            # the evaluator's model ends as the run's final model
-            for s, state in enumerate(self.final):
-                self._install(s, flatten([*state["params"], *state["buffers"]]))
-                self.versions[s] = int(state["version"])
-        else:
+        if self.rank != self.evaluator:
             for s, server in enumerate(self.servers):
                 if self._remote(s):
                     self.link.send([header(DONE)], server, REQUEST)
         self.finished = True
+
+    def _final(self) -> list[dict[str, Any]]:
+        """The evaluator, once its steps are done: every shard's final state (each server sends it
+        when every worker is done). The evaluator's model ends as the run's final model."""
+        if self.final is None:
+            self.final = self._snapshots(FINAL)
+            for s, state in enumerate(self.final):
+                self._install(s, flatten([*state["params"], *state["buffers"]]))
+                self.versions[s] = int(state["version"])
+        return self.final
 
     # -- the server's loop ----------------------------------------------------------------------
 
@@ -342,7 +347,11 @@ class Downpour(Algorithm):
     def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
         """The servers' current parameters (the final ones after training); the worker's own copy
         is put back afterwards, so evaluating does not change its training."""
-        if self.final is not None or not self.is_worker:
+        if not self.is_worker:
+            yield model
+            return
+        if self.finished and self.rank == self.evaluator:
+            self._final()
             yield model
             return
         saved = [t.detach().clone() for t in [*self.params, *self.buffers]]
@@ -364,12 +373,14 @@ class Downpour(Algorithm):
             self.server.load_state_dict(state)
 
     def remote_states(self, final: bool) -> dict[int, dict[str, Any]]:
-        states = self.final if final and self.final is not None else self._snapshots(SNAPSHOT)
+        states = self._final() if final else self._snapshots(SNAPSHOT)
         return {server: state for server, state in zip(self.servers, states, strict=True)}
 
     def close(self) -> None:
         if self.is_worker and not self.finished and hasattr(self, "t"):
             self._finish()  # a loop that ended early still lets the servers stop
+        if self.finished and self.rank == self.evaluator:
+            self._final()
         if self.thread is not None:
             self.thread.join()
             self.thread = None
