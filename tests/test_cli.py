@@ -7,7 +7,7 @@ from downpour_lib.cli import main
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--algorithm", "nope"], "algorithm='nope' is not valid: choose one of ddp, local, sync_ps"),
+    (["--algorithm", "nope"], "algorithm='nope' is not valid: choose one of ddp, downpour, local, sync_ps"),
     (["--batch-size", "0"], "batch_size=0"),
     (["--lr", "-1"], "lr=-1.0"),
     (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both"),
@@ -32,7 +32,7 @@ def test_unknown_flag_is_a_usage_error(capsys):
 def test_console_script_exit_status_and_listing():
     proc = downpour("train", "--algorithm", "nope")
     assert proc.returncode == 2, explain(proc)
-    assert "choose one of ddp, local, sync_ps" in proc.stderr
+    assert "choose one of ddp, downpour, local, sync_ps" in proc.stderr
 
 
 def test_train_from_a_config_file_with_flag_overrides(tmp_path):

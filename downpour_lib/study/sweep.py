@@ -29,7 +29,7 @@ from ..errors import ConfigError, DownpourError
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm.
 SCALING_BASE: dict[str, Any] = {
     "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 25,
-    "warmup_steps": 5, "eval_every": 0, "threads": 1, "lr": 0.05, "momentum": 0.9, "seed": 0,
+    "warmup_steps": 5, "eval_every": 0, "threads": 1, "lr": 0.05, "seed": 0,
 }
 
 
