@@ -1,9 +1,16 @@
 """The training loop, one for every algorithm: data -> forward -> backward -> algorithm hooks -> records.
 
-``plan_run`` is a pure pre-flight check (roles, steps per epoch, total steps) that runs before any
-rendezvous, so a bad setting fails on every rank at once instead of leaving some of them waiting.
-``Trainer`` then runs the workers' loop or the algorithm's server loop, evaluates on the
-algorithm's evaluator rank, and gathers every rank's records on rank 0 into a ``RunResult``.
+``plan_run`` is a pure pre-flight check (roles, steps per epoch, total steps, the checkpoint a
+resumed run starts from) that runs before any rendezvous, so a bad setting fails on every rank at
+once instead of leaving some of them waiting. ``Trainer`` then runs the workers' loop or the
+algorithm's server loop, evaluates on the algorithm's evaluator rank, checkpoints, and gathers
+every rank's records on rank 0 into a ``RunResult``.
+
+Synchronous algorithms share step indices on every rank, servers included, so evaluations and
+checkpoints are collective points. Asynchronous ones (``Algorithm.synchronous = False``, Downpour)
+do not: a server's updates are not steps, so only workers' steps are evaluation and checkpoint
+points, and the evaluator alone evaluates and checkpoints, asking the servers for their state by
+message.
 """
 
 from __future__ import annotations

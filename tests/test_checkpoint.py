@@ -143,3 +143,15 @@ def test_watch_stops_at_until_step_or_timeout(tmp_path):
     evaluator = Evaluator(tmp_path / "run", tmp_path / "f.csv", log=print, report=print)
     assert evaluator.watch(poll_s=0.01, until_step=5) == "until_step"
     assert evaluator.scored == {3, 6}  # one poll scores everything present
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--checkpoint-dir", "/nonexistent/run"], "checkpoint_dir='/nonexistent/run' is not valid"),
+    (["--checkpoint-dir", ".", "--watch", "--poll-s", "0"], "poll_s=0.0 is not valid"),
+    (["--checkpoint-dir", ".", "--until-step", "5"], "only apply with --watch"),
+])
+def test_evaluate_cli_refuses_bad_input(capsys, args, expected):
+    from downpour_lib.cli import main
+
+    assert main(["evaluate", *args]) == 2
+    assert expected in capsys.readouterr().err

@@ -37,11 +37,13 @@ def test_sharded_servers_equal_one_server_and_resume_equals_uninterrupted(tmp_pa
     proc = mpi_python(4, "sharded_ps.py", str(tmp_path))
     assert proc.returncode == 0, explain(proc)
     cases = {c["case"]: c for c in json_lines(proc)}
-    assert len(cases) == 5, explain(proc)
+    assert len(cases) == 6, explain(proc)
     for case in cases.values():
         assert case["max_abs_diff"] <= 1e-5, case
     assert cases["sync_ps 2 dedicated servers vs one process"]["workers"] == 2
     assert cases["sync_ps 2 dedicated servers vs one process"]["moved"] > 1e-2
+    colocated = cases["downpour colocated: every push applied"]
+    assert colocated["versions"] == [16, 16] and colocated["pushes_recorded"] == 16, colocated
     resumed = cases["sync_ps resumed vs uninterrupted"]
     assert resumed["start_step"] == 12 and resumed["moved"] > 1e-2
     assert [s for s, _ in checkpoint.scan(tmp_path / "sync_ps")] == [5, 10, 12, 20]

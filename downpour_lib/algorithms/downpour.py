@@ -23,6 +23,7 @@ done; that state is the run's final model and checkpoint.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -377,6 +378,11 @@ class Downpour(Algorithm):
         return {server: state for server, state in zip(self.servers, states, strict=True)}
 
     def close(self) -> None:
+        if sys.exc_info()[0] is not None:
+            # Closing while an error propagates: a message now could wait forever on a peer in
+            # the middle of another exchange; the launcher's abort ends the others (the server
+            # thread is a daemon and ends with the process).
+            return
         if self.is_worker and not self.finished and hasattr(self, "t"):
             self._finish()  # a loop that ended early still lets the servers stop
         if self.finished and self.rank == self.evaluator:

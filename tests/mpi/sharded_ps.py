@@ -4,7 +4,7 @@
 2. sync_ps with 1, 2 and 3 colocated servers (4 workers each) equal each other and one process on
    the 4x batch.
 3. downpour with 3 dedicated servers and 1 worker equals sequential training (every shard is a
-   separate server, reached by message).
+   separate server, reached by message); colocated downpour applies every push of every worker.
 4. sync_ps (2 dedicated servers) resumed from a checkpoint ends with the same parameters as a run
    that was not stopped, from the final checkpoint of a shorter run and from an every-K one.
 
@@ -82,6 +82,22 @@ def main() -> int:
     else:
         d = 0.0
     worst = max(worst, report(ctx, "downpour 3 servers 1 worker vs sequential", d))
+
+    # colocated downpour: every rank a worker, two of them also serving (a thread beside the
+    # worker); every push of every worker is applied before the servers stop
+    options = {"servers": 2, "server": "colocated", "n_fetch": 2, "n_push": 3, "warmstart": 0}
+    trainer = Trainer(TrainConfig(algorithm="downpour", batch_size=B, options=options, **BASE), ctx)
+    result = trainer.run()
+    if ctx.rank == trainer.roles.evaluator:
+        versions = [int(state["version"]) for state in trainer.algorithm.final]
+        expected = 4 * -(-BASE["steps"] // 3)  # 4 workers, a push every 3 steps and at the end
+        applied = [v == expected for v in versions]
+        d = 0.0 if all(applied) else float("inf")
+        pushes = int(result.steps.staleness.notna().sum()) if result else None
+    else:
+        d, versions, pushes = 0.0, None, None
+    worst = max(worst, report(ctx, "downpour colocated: every push applied", d,
+                              versions=versions, pushes_recorded=pushes))
 
     run = dict(algorithm="sync_ps", batch_size=B, options={"servers": 2, "server": "dedicated"},
                **{**BASE, "steps": 20})
