@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import torch
@@ -186,9 +186,8 @@ class Downpour(Algorithm):
         warm = min(self.options.warmstart, -(-total_steps // self.options.n_push))
         while warm and self.rank != self.workers[0]:
             reply = torch.empty(HEADER, dtype=torch.int64)
-            posted = self.link.post_recv(reply, self.servers[0], REPLY)
-            self.link.send([header(VERSION)], self.servers[0], REQUEST)
-            self.link.finish([posted], [reply], bucket="wait")
+            self.link.wait([self.link.post_recv(reply, self.servers[0], REPLY),
+                            self.link.post_send(header(VERSION), self.servers[0], REQUEST)])
             if int(reply[0]) >= warm:
                 break
             time.sleep(0.005)
@@ -235,35 +234,35 @@ class Downpour(Algorithm):
     # -- messages ------------------------------------------------------------------------------
 
     def _push(self) -> None:
-        """Push every shard's accumulated gradients (and current buffers); record staleness."""
-        staleness = []
-        posted, replies = [], []
+        """Push every shard's accumulated gradients (and current buffers) to its server, all
+        servers at once; each receipt carries the push's staleness, which the step records."""
+        staleness: dict[int, int] = {}
+        works, receipts = [], {}
         for s, server in enumerate(self.servers):
             flat = self.acc[s].clone()
             buffers = self.shards[s][1]
             if buffers:
                 flat[flat.numel() - sum(b.numel() for b in buffers):] = flatten(buffers).cpu()
             if not self._remote(s):
-                staleness.append(self.server.apply(flat, self.acc_version[s])[1])
+                staleness[s] = self.server.apply(flat, self.acc_version[s])[1]
                 continue
-            reply = torch.empty(HEADER, dtype=torch.int64)
-            posted.append(self.link.post_recv(reply, server, REPLY))
-            replies.append(reply)
-            self.link.send([header(PUSH, self.acc_version[s])], server, REQUEST)
-            self.link.send([flat], server, PUSH_DATA)
-        self.link.finish(posted, replies, bucket="wait")
-        staleness += [int(r[1]) for r in replies]
+            receipts[s] = torch.empty(HEADER, dtype=torch.int64)
+            works += [self.link.post_recv(receipts[s], server, REPLY),
+                      self.link.post_send(header(PUSH, self.acc_version[s]), server, REQUEST),
+                      self.link.post_send(flat, server, PUSH_DATA)]
+        self.link.wait(works, bucket="wait")  # mostly the server's queue: waiting
+        staleness.update({s: int(r[1]) for s, r in receipts.items()})
         for a in self.acc:
             a.zero_()
         self.acc_version = None
-        self.pushed = {"staleness": sum(staleness) / len(staleness),
-                       "staleness_max": float(max(staleness))}
-        if len(staleness) > 1:
-            self.pushed.update({f"staleness_shard{s}": float(v) for s, v in enumerate(staleness)})
+        values = [staleness[s] for s in range(len(self.servers))]
+        self.pushed = {"staleness": sum(values) / len(values), "staleness_max": float(max(values))}
+        if len(values) > 1:
+            self.pushed.update({f"staleness_shard{s}": float(v) for s, v in enumerate(values)})
 
-    def _fetch(self, bucket: str = "comm", into: nn.Module | None = None) -> None:
+    def _fetch(self, bucket: Literal["comm", "wait"] = "comm") -> None:
         """Every shard's current parameters (and buffers) into this worker's model."""
-        posted, outs, remote = [], [], []
+        works, remote = [], []
         for s, server in enumerate(self.servers):
             out = torch.empty(self._numel(s), dtype=self._dtype())
             if not self._remote(s):
@@ -271,11 +270,11 @@ class Downpour(Algorithm):
                 self._install(s, out)
                 continue
             reply = torch.empty(HEADER, dtype=torch.int64)
-            posted += [self.link.post_recv(reply, server, REPLY), self.link.post_recv(out, server, DATA)]
-            outs += [reply, out]
+            works += [self.link.post_recv(reply, server, REPLY),
+                      self.link.post_recv(out, server, DATA),
+                      self.link.post_send(header(FETCH), server, REQUEST)]
             remote.append((s, reply, out))
-            self.link.send([header(FETCH)], server, REQUEST)
-        self.link.finish(posted, outs, bucket=bucket)
+        self.link.wait(works, bucket)
         for s, reply, out in remote:
             self.versions[s] = int(reply[0])
             self._install(s, out)
@@ -292,9 +291,8 @@ class Downpour(Algorithm):
             if not self._remote(s):
                 continue
             reply = torch.empty(HEADER, dtype=torch.int64)
-            posted = self.link.post_recv(reply, server, REPLY)
-            self.link.send([header(kind)], server, REQUEST)
-            self.link.finish([posted], [reply], bucket="wait")
+            self.link.wait([self.link.post_recv(reply, server, REPLY),
+                            self.link.post_send(header(kind), server, REQUEST)])
             data = torch.empty(int(reply[0]), dtype=torch.uint8)
             self.link.recv(data, server, DATA)
             states[s] = from_bytes(data)

@@ -52,32 +52,31 @@ class Link:
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
-    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int,
-             bucket: Bucket = "comm") -> None:
-        """Send ``tensors`` to ``dst`` in order (a header, then its payload) and wait for them."""
-        host = [self._host(t) for t in tensors]
-        with self.meter.timed(bucket):
-            works = [dist.isend(t, dst=dst, tag=tag, group=self.group) for t in host]
-            for w in works:
-                w.wait()
-        self.meter.count(sent=sum(nbytes(t) for t in host))
+    def post_send(self, tensor: torch.Tensor, dst: int, tag: int):
+        """Start sending ``tensor`` to ``dst`` (the work keeps the buffer alive); ``wait`` for it.
+        Messages to one peer with one tag arrive in the order they were posted."""
+        host = self._host(tensor)
+        self.meter.count(sent=nbytes(host))
+        return dist.isend(host, dst=dst, tag=tag, group=self.group)
 
     def post_recv(self, tensor: torch.Tensor, src: int, tag: int):
-        """Post a receive now (so the sender need not wait for us); ``finish`` it later."""
+        """Post a receive into the host tensor ``tensor`` now (so the sender need not wait for
+        us); ``wait`` for it later."""
+        self.meter.count(received=nbytes(tensor))
         return dist.irecv(tensor, src=src, tag=tag, group=self.group)
 
-    def finish(self, posted: Sequence, tensors: Sequence[torch.Tensor],
-               bucket: Bucket = "wait") -> None:
-        """Wait for posted receives into ``tensors`` (host tensors)."""
+    def wait(self, works: Sequence, bucket: Bucket = "wait") -> None:
         with self.meter.timed(bucket):
-            for w in posted:
+            for w in works:
                 w.wait()
-        self.meter.count(received=sum(nbytes(t) for t in tensors))
+
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int,
+             bucket: Bucket = "comm") -> None:
+        """Send ``tensors`` to ``dst`` in order and wait until they are received."""
+        self.wait([self.post_send(t, dst, tag) for t in tensors], bucket)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int, bucket: Bucket = "comm") -> None:
-        with self.meter.timed(bucket):
-            dist.recv(tensor, src=src, tag=tag, group=self.group)
-        self.meter.count(received=nbytes(tensor))
+        self.wait([self.post_recv(tensor, src, tag)], bucket)
 
     def recv_any(self, tensor: torch.Tensor, tag: int, bucket: Bucket = "wait") -> int:
         """Receive the next message with ``tag`` from whichever rank sends first; its rank."""
