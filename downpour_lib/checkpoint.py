@@ -1,13 +1,39 @@
-"""Files that are never half-written: write a temporary file, fsync it, rename it into place.
+"""Checkpoints that are never half-written, load with ``weights_only=True``, and resume a run.
 
-A reader sees the old file or the new one, never a torn one, even if the writer dies mid-write.
+Every file is written to a temporary name, fsynced and renamed into place (``atomic_write_bytes``):
+a reader, such as ``downpour evaluate --watch``, sees the old file or the new one, never a torn one,
+even if the writer dies mid-write. A checkpoint is one file, ``ckpt-<step>.pt``, written by one rank:
+for synchronous algorithms rank 0 gathers every rank's state at the same step; for asynchronous
+ones the evaluator asks the parameter servers for theirs by message. One file per checkpoint means
+there is never a set of shard files of which some are missing (no manifest or two-phase commit),
+at the price of moving every shard to one rank, which is small next to a step's traffic.
+
+A checkpoint holds: ``step`` (steps completed), ``final``, ``config``, ``world_size``, ``model`` (the
+parameters to evaluate), and ``ranks``: each rank's optimizer, algorithm and RNG state, and its
+model state where it differs from ``model``. Only tensors and plain values, so ``weights_only``
+loading works.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import random
+import re
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError, ConfigError
+
+FORMAT = "downpour-checkpoint-1"
+NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+#: Fields a resumed run must share with the run that wrote the checkpoint.
+SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -15,6 +41,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide results from other readers
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -33,3 +60,140 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+# -- files -------------------------------------------------------------------------------------
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+    return Path(directory) / f"ckpt-{step:08d}.pt"
+
+
+def save(directory: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write ``state`` as the checkpoint of its step, atomically; its path."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buffer)
+    path = checkpoint_path(directory, int(state["step"]))
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def load(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint (tensors and plain values only); CheckpointError says what is wrong."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # torch raises many kinds for a torn or foreign file
+        raise CheckpointError(f"{path}: unreadable ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a downpour checkpoint")
+    missing = [k for k in ("step", "final", "config", "world_size", "model", "ranks") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete, missing {', '.join(missing)}")
+    return state
+
+
+def scan(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint file in ``directory``, oldest first; temporary files of
+    writes in progress (dot-names) are not checkpoints."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := NAME.match(p.name))]
+    return sorted(found)
+
+
+def latest(directory: str | os.PathLike,
+           report: Callable[[str], None] = lambda message: None) -> Path | None:
+    """The newest checkpoint in ``directory`` that loads; unreadable ones are reported, skipped."""
+    for _, path in reversed(scan(directory)):
+        try:
+            load(path, mmap=True)
+        except CheckpointError as exc:
+            report(f"skipping {exc}")
+            continue
+        return path
+    return None
+
+
+# -- resuming ----------------------------------------------------------------------------------
+
+def resolve(resume: str) -> Path:
+    """The checkpoint ``resume`` names: a file, or the newest readable one in a directory."""
+    path = Path(resume)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        found = latest(path)
+        if found is None:
+            raise ConfigError("resume", resume, "the directory holds no readable checkpoint "
+                                                "(ckpt-<step>.pt); give a run's checkpoint_dir")
+        return found
+    raise ConfigError("resume", resume, "no such file or directory; give a checkpoint_dir of an "
+                                        "earlier run or one of its ckpt-<step>.pt files")
+
+
+def check_resume(state: dict[str, Any], path: Path, config: dict[str, Any], world_size: int,
+                 total_steps: int) -> int:
+    """Refuse to continue a different run; the step to continue from."""
+    written = state["config"]
+    for name in SAME_RUN:
+        if written.get(name) != config.get(name):
+            raise ConfigError(name, config.get(name),
+                              f"the checkpoint {path} was written with {name}={written.get(name)!r}; "
+                              "a resumed run must keep it")
+    if state["world_size"] != world_size:
+        raise ConfigError("resume", str(path),
+                          f"was written by a run of {state['world_size']} ranks but this launch has "
+                          f"{world_size}; launch {state['world_size']} ranks to continue it")
+    step = int(state["step"])
+    if step >= total_steps:
+        raise ConfigError("resume", str(path),
+                          f"the run already trained {step} of the {total_steps} steps asked for; "
+                          "give more steps or epochs to continue it")
+    return step
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rank_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               algorithm_state: dict[str, Any]) -> dict[str, Any]:
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "algorithm": algorithm_state, "rng": rng_state()}
+
+
+def assemble(step: int, final: bool, time_s: float, config: dict[str, Any], world_size: int,
+             model: dict[str, torch.Tensor], ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The checkpoint's contents; a rank's model state equal to ``model`` is stored once."""
+    for entry in ranks.values():
+        own = entry.get("model")
+        if own is not None and own.keys() == model.keys() and all(
+                torch.equal(own[k].cpu(), model[k].cpu()) for k in model):
+            del entry["model"]
+    return {"step": step, "final": final, "time_s": time_s, "wall_time": time.time(),
+            "config": config, "world_size": world_size, "model": model, "ranks": ranks}
+
+
+def restore(state: dict[str, Any], rank: int, model: torch.nn.Module,
+            optimizer: torch.optim.Optimizer, algorithm: Any) -> None:
+    """Put this rank's part of a checkpoint back (a rank with no entry keeps its fresh state)."""
+    entry = state["ranks"].get(rank, {})
+    model.load_state_dict(entry.get("model", state["model"]))
+    if "optimizer" in entry:
+        optimizer.load_state_dict(entry["optimizer"])
+    if entry.get("algorithm"):
+        algorithm.load_state_dict(entry["algorithm"])
+    if "rng" in entry:
+        set_rng_state(entry["rng"])

@@ -1,4 +1,4 @@
-"""The ``downpour`` command: train | models | datasets | study | plot.
+"""The ``downpour`` command: train | evaluate | models | datasets | study | plot | bench.
 
 ``downpour train`` runs under ``mpiexec -n N``, ``srun`` or ``torchrun`` (or alone). Its flags are
 generated from ``TrainConfig`` and the algorithms' option dataclasses, so the help text and the
@@ -94,6 +94,50 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="score a run's checkpoints on the test split into a CSV, "
+                                        "once or watching while it trains")
+    p.add_argument("--checkpoint-dir", required=True, help="the run's checkpoint_dir")
+    p.add_argument("--csv", help="append one row per checkpoint here (default: DIR/evals.csv)")
+    p.add_argument("--watch", action="store_true",
+                   help="keep polling until the run's final checkpoint is scored")
+    p.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls (default: 2)")
+    p.add_argument("--until-step", type=int, help="with --watch: stop once a checkpoint of this "
+                                                   "step or later is scored")
+    p.add_argument("--timeout-s", type=float, help="with --watch: stop after this many seconds")
+    p.add_argument("--device", default="cpu", help="device to evaluate on (default: cpu)")
+    p.add_argument("--batch-size", type=int, default=512, help="(default: 512)")
+    p.add_argument("--data-dir", help="where the data set's files are (default: the run's)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluator import run
+
+    checks = {"poll_s": args.poll_s > 0, "batch_size": args.batch_size >= 1, "threads": args.threads >= 1,
+              "until_step": args.until_step is None or args.until_step >= 1,
+              "timeout_s": args.timeout_s is None or args.timeout_s > 0}
+    for name, ok in checks.items():
+        if not ok:
+            raise ConfigError(name, getattr(args, name), "must be a number > 0")
+    if not args.watch and not os.path.isdir(args.checkpoint_dir):
+        raise ConfigError("checkpoint_dir", args.checkpoint_dir,
+                          "no such directory; give a run's checkpoint_dir (or --watch to wait "
+                          "for a run that has not written one yet)")
+    if not args.watch and (args.until_step or args.timeout_s):
+        raise ConfigError("watch", False, "--until-step and --timeout-s only apply with --watch")
+    import torch
+
+    torch.set_num_threads(args.threads)  # few: the cores belong to the training it watches
+    stopped = run(args.checkpoint_dir, args.csv, args.watch, args.poll_s, args.until_step,
+                  args.timeout_s, args.device, args.batch_size, args.data_dir)
+    if stopped == "timeout":
+        print(f"downpour evaluate: stopped after {args.timeout_s} s without the final checkpoint",
+              flush=True)
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .models import MODELS, build_model, parameter_count
 
@@ -127,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="downpour", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
+    add_evaluate_parser(sub)
     sub.add_parser("models", help="list the models with parameter counts").set_defaults(
         func=cmd_models)
     sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)

@@ -46,9 +46,13 @@ class TrainConfig:
     batch_size: int = _help("samples per worker per step; the global batch is this times the "
                             "number of workers", default=32)
     lr: float = _help("learning rate", default=0.05)
-    momentum: float = _help("SGD momentum (sgd only)", default=0.9)
+    momentum: float | None = _help("SGD momentum (sgd only); none = 0.9 for sgd, 0 otherwise",
+                                   default=None)
     weight_decay: float = _help("L2 weight decay", default=0.0)
-    optimizer: Optimizer = _help("the update rule", default="sgd")
+    optimizer: Optimizer | None = _help("the update rule (the servers' rule for sync_ps and "
+                                        "downpour); none = the algorithm's default: adagrad for "
+                                        "downpour, as in Dean et al. 2012, sgd otherwise",
+                                        default=None)
     steps: int | None = _help("steps to train (give this or epochs)", default=None)
     epochs: float | None = _help("epochs to train, may be fractional (give this or steps); "
                                  "1 epoch when neither is given", default=None)
@@ -66,6 +70,14 @@ class TrainConfig:
     timeout_s: float = _help("process-group timeout: how long a rank waits for a dead peer",
                              default=300.0)
     output_dir: str | None = _help("write steps.csv, evals.csv and summary.json here", default=None)
+    checkpoint_dir: str | None = _help("write checkpoints here (ckpt-<step>.pt, atomically) at the "
+                                       "end of the run and every checkpoint_every steps",
+                                       default=None)
+    checkpoint_every: int = _help("also checkpoint every this many steps; 0 = only at the end",
+                                  default=0)
+    resume: str | None = _help("continue the run whose checkpoints are in this directory (from its "
+                               "latest complete checkpoint) or in this checkpoint file; "
+                               "checkpoint_dir defaults to that directory", default=None)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -75,6 +87,16 @@ class TrainConfig:
         if self.dataset not in DATASETS:
             raise unknown_name("dataset", self.dataset, DATASETS)
         object.__setattr__(self, "options", build_options(self.algorithm, self.options))
+        explicit_momentum = self.momentum is not None
+        if self.optimizer is None:
+            object.__setattr__(self, "optimizer", ALGORITHMS[self.algorithm].default_optimizer)
+        if self.momentum is None:
+            object.__setattr__(self, "momentum", 0.9 if self.optimizer == "sgd" else 0.0)
+        if self.optimizer not in typing.get_args(Optimizer):
+            raise ConfigError("optimizer", self.optimizer,
+                              "choose one of " + ", ".join(typing.get_args(Optimizer)))
+        if self.resume is not None and self.checkpoint_dir is None and not self.resume.endswith(".pt"):
+            object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
         check_choices(self)
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
         for name, value in positive.items():
@@ -93,7 +115,10 @@ class TrainConfig:
             raise ConfigError("steps", self.steps, "must be a whole number >= 1")
         if self.epochs is not None and not self.epochs > 0:
             raise ConfigError("epochs", self.epochs, "must be a number > 0")
-        for name in ("eval_every", "threads", "warmup_steps"):
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise ConfigError("checkpoint_every", self.checkpoint_every,
+                              "checkpoints need a place: give checkpoint_dir too")
+        for name in ("eval_every", "threads", "warmup_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "must be a whole number >= 0")
         if self.steps is not None and self.warmup_steps >= self.steps:
@@ -102,7 +127,7 @@ class TrainConfig:
                               "measured step")
         if not self.timeout_s > 0:
             raise ConfigError("timeout_s", self.timeout_s, "must be a number of seconds > 0")
-        if self.optimizer != "sgd" and self.momentum not in (0, 0.0):
+        if explicit_momentum and self.optimizer != "sgd" and self.momentum not in (0, 0.0):
             warnings.warn(f"momentum={self.momentum} has no effect with optimizer="
                           f"{self.optimizer!r}; it applies to 'sgd' only", stacklevel=3)
 

@@ -1,9 +1,16 @@
 """The training loop, one for every algorithm: data -> forward -> backward -> algorithm hooks -> records.
 
-``plan_run`` is a pure pre-flight check (roles, steps per epoch, total steps) that runs before any
-rendezvous, so a bad setting fails on every rank at once instead of leaving some of them waiting.
-``Trainer`` then runs the workers' loop or the algorithm's server loop, evaluates on the
-algorithm's evaluator rank, and gathers every rank's records on rank 0 into a ``RunResult``.
+``plan_run`` is a pure pre-flight check (roles, steps per epoch, total steps, the checkpoint a
+resumed run starts from) that runs before any rendezvous, so a bad setting fails on every rank at
+once instead of leaving some of them waiting. ``Trainer`` then runs the workers' loop or the
+algorithm's server loop, evaluates on the algorithm's evaluator rank, checkpoints, and gathers
+every rank's records on rank 0 into a ``RunResult``.
+
+Synchronous algorithms share step indices on every rank, servers included, so evaluations and
+checkpoints are collective points. Asynchronous ones (``Algorithm.synchronous = False``, Downpour)
+do not: a server's updates are not steps, so only workers' steps are evaluation and checkpoint
+points, and the evaluator alone evaluates and checkpoints, asking the servers for their state by
+message.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from . import provenance
+from . import checkpoint, provenance
 from .algorithms import ALGORITHMS, Roles
 from .checkpoint import atomic_write_text
 from .comm.collectives import Comm
@@ -30,7 +37,7 @@ from .comm.runtime import DistContext
 from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
 from .data.sources import ImageSource
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 from .models import build_model
 from .records import EvalRecord, Meter, RunResult, StepRecord, device_sync, frames, summarize
 
@@ -42,6 +49,8 @@ class RunPlan:
     roles: Roles
     steps_per_epoch: int
     total_steps: int
+    start_step: int = 0  # > 0 when resuming
+    resume_path: str | None = None  # the checkpoint a resumed run starts from
 
 
 def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPlan:
@@ -49,7 +58,7 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPla
     algorithm = ALGORITHMS[config.algorithm]
     algorithm.check_world(config.options, world_size)
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
-        build_model(config.model, train.input_shape, train.num_classes)
+        model = build_model(config.model, train.input_shape, train.num_classes)
     roles = algorithm.roles(config.options, world_size)
     spe = ShardSampler(len(train), config.batch_size, 0, len(roles.workers),
                        config.seed).steps_per_epoch
@@ -58,7 +67,16 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPla
         raise ConfigError("warmup_steps", config.warmup_steps,
                           f"must be less than the {total} steps this run trains "
                           f"({spe} steps per epoch), or throughput has no measured step")
-    return RunPlan(roles, spe, total)
+    algorithm.check_plan(config.options, world_size, model, total)
+    if config.resume is None:
+        return RunPlan(roles, spe, total)
+    path = checkpoint.resolve(config.resume)
+    try:
+        state = checkpoint.load(path, mmap=True)
+    except CheckpointError as exc:
+        raise ConfigError("resume", config.resume, f"{exc}; give another checkpoint") from None
+    start = checkpoint.check_resume(state, path, config.to_dict(), world_size, total)
+    return RunPlan(roles, spe, total, start, str(path))
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -67,7 +85,10 @@ def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
                                weight_decay=config.weight_decay)
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.Adagrad(params, lr=config.lr, weight_decay=config.weight_decay)
+    # TensorFlow's initial accumulator (0.1), not PyTorch's 0: with 0 the first update of every
+    # weight is lr * sign(gradient), which asynchronous workers then repeat with stale gradients.
+    return torch.optim.Adagrad(params, lr=config.lr, weight_decay=config.weight_decay,
+                               initial_accumulator_value=0.1)
 
 
 def default_threads(ctx: DistContext) -> int:
@@ -112,6 +133,10 @@ class Trainer:
         self.model = build_model(config.model, train.input_shape, train.num_classes).to(ctx.device)
         self.optimizer = build_optimizer(config, self.model.parameters())
         self.forward_model = self.algorithm.setup(self.model, self.optimizer)
+        self.start_step = self.plan.start_step
+        if self.plan.resume_path is not None:
+            checkpoint.restore(checkpoint.load(self.plan.resume_path), ctx.rank, self.model,
+                               self.optimizer, self.algorithm)
         self.sampler = None
         if self.role == "worker":
             self.sampler = ShardSampler(len(train), config.batch_size,
@@ -123,8 +148,10 @@ class Trainer:
     # -- the loops ---------------------------------------------------------------------------
 
     def run(self) -> RunResult | None:
-        show = self.ctx.rank == 0 and sys.stderr.isatty()
-        self.progress = tqdm(total=self.plan.total_steps, disable=not show,
+        # an asynchronous run's rank 0 may be a server, whose updates are not steps
+        shown = 0 if self.algorithm.synchronous else self.roles.evaluator
+        show = self.ctx.rank == shown and sys.stderr.isatty()
+        self.progress = tqdm(total=self.plan.total_steps, initial=self.start_step, disable=not show,
                              desc=f"{self.config.algorithm} x{len(self.roles.workers)}")
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
         self.t_start = time.perf_counter()
@@ -132,7 +159,11 @@ class Trainer:
             if self.role == "worker":
                 self._work()
             else:
-                self.algorithm.serve(self.plan.total_steps, self._served)
+                # a synchronous server's updates are the workers' steps; an asynchronous one's
+                # are counted from 0 in every run
+                first = self.start_step if self.algorithm.synchronous else 0
+                self.algorithm.serve(self.plan.total_steps - self.start_step,
+                                     lambda update: self._served(first + update))
         finally:
             self.progress.close()
             self.algorithm.close()
@@ -141,7 +172,8 @@ class Trainer:
 
     def _work(self) -> None:
         device, meter = self.ctx.device, self.meter
-        for step in range(self.plan.total_steps):
+        self.algorithm.begin(self.start_step, self.plan.total_steps)
+        for step in range(self.start_step, self.plan.total_steps):
             meter.reset()
             t0 = time.perf_counter()
             epoch, indices = self.sampler.indices(step)
@@ -187,11 +219,19 @@ class Trainer:
         self.step_records.append(record)
         for callback in self.callbacks:
             callback(record)
-        step, every = record.step, self.config.eval_every
-        if step + 1 == self.plan.total_steps or (every and (step + 1) % every == 0):
-            extras = self.algorithm.eval_metrics(self.model)  # on every rank: may be collective
+        # Synchronous ranks share step indices, so evaluations and checkpoints are collective
+        # points on every rank (servers included). Asynchronous ranks do not: only workers' steps
+        # count, eval_metrics must not be collective, and the evaluator checkpoints alone.
+        if not (self.algorithm.synchronous or record.role == "worker"):
+            return
+        step, last = record.step, record.step + 1 == self.plan.total_steps
+        if last or _every(step, self.config.eval_every):
+            extras = self.algorithm.eval_metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
                 self._evaluate(step, extras)
+        if self.config.checkpoint_dir and (last or _every(step, self.config.checkpoint_every)):
+            if self.algorithm.synchronous or self.ctx.rank == self.roles.evaluator:
+                self._checkpoint(step + 1, final=last)
         self.progress.update(1)
         if record.role == "worker":
             self.progress.set_postfix(loss=f"{record.loss:.3f}", refresh=False)
@@ -202,6 +242,28 @@ class Trainer:
                                       self.ctx.device)
         self.eval_records.append(EvalRecord(self.ctx.rank, step, time.perf_counter() - self.t_start,
                                             loss, accuracy, len(self.splits.test), extras))
+
+    def _checkpoint(self, completed: int, final: bool) -> None:
+        """Save the state after ``completed`` steps: rank 0 gathers every rank's state for a
+        synchronous algorithm; the evaluator asks the servers for theirs for an asynchronous one."""
+        local = checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict())
+        model = None
+        if self.ctx.rank == self.roles.evaluator:
+            with self.algorithm.eval_parameters(self.model) as evaluated:
+                model = {k: v.detach().cpu().clone() for k, v in evaluated.state_dict().items()}
+        if self.algorithm.synchronous:
+            parts = self.comm.gather_objects((local, model), dst=0)
+            if parts is None:
+                return
+            ranks = {rank: part[0] for rank, part in enumerate(parts)}
+            model = parts[self.roles.evaluator][1]
+        else:
+            ranks = {rank: {"algorithm": state}
+                     for rank, state in self.algorithm.remote_states(final).items()}
+            ranks[self.ctx.rank] = {**local, **ranks.get(self.ctx.rank, {})}
+        checkpoint.save(self.config.checkpoint_dir, checkpoint.assemble(
+            completed, final, time.perf_counter() - self.t_start, self.config.to_dict(),
+            self.ctx.world_size, model, ranks))
 
     # -- results -----------------------------------------------------------------------------
 
@@ -221,6 +283,7 @@ class Trainer:
             **ALGORITHMS[self.config.algorithm].summarize(steps, evals),
             "wall_s": wall_s,
             "total_steps": self.plan.total_steps,
+            "start_step": self.start_step,
             "backend": self.ctx.backend or "none",
             "device": str(self.ctx.device),
             "launcher": self.ctx.launcher,
@@ -235,6 +298,10 @@ class Trainer:
             atomic_write_text(out / "evals.csv", evals.to_csv(index=False))
             result.write_summary_json(str(out / "summary.json"))
         return result
+
+
+def _every(step: int, every: int) -> bool:
+    return bool(every) and (step + 1) % every == 0
 
 
 def train(config: TrainConfig, ctx: DistContext | None = None,

@@ -27,6 +27,10 @@ class DataError(DownpourError, FileNotFoundError):
     """A data set's files are missing or unreadable."""
 
 
+class CheckpointError(DownpourError):
+    """A checkpoint file is unreadable, incomplete, or not a downpour checkpoint."""
+
+
 def unknown_name(field: str, value: Any, choices: Iterable[str]) -> ConfigError:
     """The error for a name that is not in a registry; lists the valid names."""
     return ConfigError(field, value, "choose one of " + ", ".join(sorted(choices)))

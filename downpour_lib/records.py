@@ -127,7 +127,8 @@ def _rows(records: list) -> list[dict[str, Any]]:
     rows = []
     for record in records:
         row = asdict(record)
-        rows.append({**row, **row.pop("extras")})
+        extras = row.pop("extras")  # popped first: ``{**row, **row.pop(...)}`` would keep it
+        rows.append({**row, **extras})
     return rows
 
 

@@ -3,17 +3,20 @@
 import pytest
 from conftest import downpour, explain, read_json
 
+from downpour_lib.algorithms import ALGORITHMS
 from downpour_lib.cli import main
+
+ALL = ", ".join(sorted(ALGORITHMS))
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--algorithm", "nope"], "algorithm='nope' is not valid: choose one of allreduce, ddp, local, sync_ps"),
+    (["--algorithm", "nope"], "algorithm='nope' is not valid: choose one of " + ALL),
     (["--batch-size", "0"], "batch_size=0"),
     (["--lr", "-1"], "lr=-1.0"),
     (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both"),
     (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8"),
     (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks"),
-    (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"], "has no such option (its options: server)"),
+    (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"], "has no such option (its options: server, servers)"),
     (["--batch-size", "lots"], "batch_size='lots'"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "/nonexistent/x/MNIST/raw"),
 ])
@@ -32,7 +35,7 @@ def test_unknown_flag_is_a_usage_error(capsys):
 def test_console_script_exit_status_and_listing():
     proc = downpour("train", "--algorithm", "nope")
     assert proc.returncode == 2, explain(proc)
-    assert "choose one of allreduce, ddp, local, sync_ps" in proc.stderr
+    assert "choose one of " + ALL in proc.stderr
 
 
 def test_train_from_a_config_file_with_flag_overrides(tmp_path):

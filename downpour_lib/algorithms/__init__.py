@@ -10,10 +10,12 @@ from ..errors import unknown_name
 from .allreduce import AllReduce
 from .base import Algorithm, AlgorithmOptions, Roles
 from .ddp import DDP
+from .downpour import Downpour
 from .local import Local
 from .sync_ps import SyncPS
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce, Downpour)}
 
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:

@@ -50,6 +50,12 @@ class Algorithm:
 
     name: ClassVar[str]
     Options: ClassVar[type[AlgorithmOptions]] = AlgorithmOptions
+    #: The update rule when the config names none (Downpour SGD made Adagrad its default).
+    default_optimizer: ClassVar[str] = "sgd"
+    #: Whether every rank reaches step k together. Synchronous algorithms evaluate and checkpoint
+    #: collectively at shared step indices; asynchronous ones only on the evaluator, which asks
+    #: the other ranks for their state by message (``remote_states``).
+    synchronous: ClassVar[bool] = True
 
     def __init__(self, options: AlgorithmOptions, comm: Comm) -> None:
         self.options, self.comm = options, comm
@@ -58,6 +64,12 @@ class Algorithm:
     @classmethod
     def check_world(cls, options: Any, world_size: int) -> None:
         """Raise ConfigError if this algorithm cannot run with ``world_size`` ranks."""
+
+    @classmethod
+    def check_plan(cls, options: Any, world_size: int, model: nn.Module, total_steps: int) -> None:
+        """Raise ConfigError if the options cannot work with this model (built on the meta
+        device, so the check allocates nothing) and run length, e.g. more parameter shards
+        than tensors."""
 
     @classmethod
     def world_size_for(cls, options: Any, workers: int) -> int:
@@ -72,6 +84,10 @@ class Algorithm:
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         """Prepare the model; return the module the engine runs forward on (may be a wrapper)."""
         return model
+
+    def begin(self, first_step: int, total_steps: int) -> None:
+        """On worker ranks, once every rank is set up and just before the first step: the steps
+        this rank will run are ``first_step .. total_steps - 1`` (``first_step > 0`` on resume)."""
 
     def after_backward(self, model: nn.Module) -> None:
         """Gradient side: runs once backward has produced every gradient."""
@@ -106,6 +122,13 @@ class Algorithm:
         yield model
 
     def state_dict(self) -> dict[str, Any]:
+        """This rank's algorithm state for a checkpoint (tensors and plain values only)."""
+        return {}
+
+    def remote_states(self, final: bool) -> dict[int, dict[str, Any]]:
+        """Asynchronous algorithms, on the evaluator: the algorithm state of the other ranks that
+        hold some (e.g. the parameter servers' shards), by rank, fetched by message. ``final``
+        means training is over on every rank."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -1,34 +1,34 @@
-"""Synchronous parameter-server SGD: the classic "downpour" set-up run in lock step.
+"""Synchronous parameter-server SGD: the parameter-server set-up of Dean et al. (NIPS 2012, "Large
+Scale Distributed Deep Networks") run in lock step.
 
-A server rank (rank 0) holds the parameters and the optimizer. Each step every worker sends its
-gradient to the server, the server averages them, steps, and sends the new parameters back. With
-``server="dedicated"`` the server only serves; with ``"colocated"`` it also computes as a worker.
-Floating-point buffers (batch-norm statistics) travel with the gradients and are averaged the same way.
-The gradient push is a torch.distributed reduce and the parameter pull a broadcast, so the pattern
-is the PS one while the transport is whatever the backend does best.
+S server ranks (0..S-1) each own a shard of the parameters, balanced by bytes (``ps_shards``), and
+hold the optimizer state for it. Each step every worker sends each shard of its gradient to the
+shard's server, each server averages what it got, steps its shard, and sends the shard's new
+parameters back. With ``server="dedicated"`` the servers only serve; with ``"colocated"`` they also
+compute as workers. Floating-point buffers (batch-norm statistics) travel with the gradients and are
+averaged the same way. A push is a torch.distributed reduce to the shard's server and a pull a
+broadcast from it, so the pattern is the PS one while the transport is whatever the backend does
+best. Every update is element-wise, so S servers give the same parameters as one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from ..errors import ConfigError
-from .base import Algorithm, AlgorithmOptions, Roles
-
-SERVER = 0
+from . import ps_placement
+from .base import Algorithm, Roles
+from .ps_shards import model_layout, shard_tensors
 
 
 @dataclass(frozen=True)
-class SyncPSOptions(AlgorithmOptions):
-    server: Literal["auto", "dedicated", "colocated"] = field(default="auto", metadata={
-        "help": "dedicated: rank 0 only serves; colocated: rank 0 also computes; "
-                "auto: dedicated when there are 2 or more ranks"})
+class SyncPSOptions(ps_placement.PSOptions):
+    """Where the servers run and how many there are (see ``ps_placement``)."""
 
 
 class SyncPS(Algorithm):
@@ -38,62 +38,77 @@ class SyncPS(Algorithm):
 
     @classmethod
     def check_world(cls, options: SyncPSOptions, world_size: int) -> None:
-        if options.server == "dedicated" and world_size < 2:
-            raise ConfigError("server", "dedicated",
-                              f"a dedicated server needs at least 2 ranks (1 server + 1 worker) "
-                              f"but this launch has {world_size}; launch more ranks or use "
-                              "server='colocated'")
+        ps_placement.check_world(options, world_size)
+
+    @classmethod
+    def check_plan(cls, options: SyncPSOptions, world_size: int, model: nn.Module,
+                   total_steps: int) -> None:
+        model_layout(model, min(options.servers, world_size))
 
     @classmethod
     def world_size_for(cls, options: SyncPSOptions, workers: int) -> int:
-        return workers if options.server == "colocated" else workers + 1
+        return ps_placement.world_size_for(options, workers)
 
     @classmethod
     def roles(cls, options: SyncPSOptions, world_size: int) -> Roles:
-        dedicated = options.server == "dedicated" or (options.server == "auto" and world_size > 1)
-        return Roles(workers=tuple(range(1 if dedicated else 0, world_size)), servers=(SERVER,),
-                     evaluator=SERVER)
+        # after the pull every rank holds every parameter, so server 0 can evaluate
+        return ps_placement.roles(options, world_size, evaluator="server")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.optimizer = optimizer
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
-        self.num_workers = len(self.roles(self.options, self.world_size).workers)
+        self.params, self.buffers = shard_tensors(model)
+        roles = self.roles(self.options, self.world_size)
+        self.servers, self.num_workers = roles.servers, len(roles.workers)
+        self.layout = model_layout(model, len(self.servers))
+        # the shard this rank serves (None on a plain worker)
+        self.shard = self.servers.index(self.rank) if self.rank in self.servers else None
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        # Everyone starts from the server's parameters, whatever their own initialization was.
+        # Everyone starts from the servers' parameters, whatever their own initialization was.
         self._pull(bucket="comm")
         return model
 
+    def _members(self, shard: int) -> tuple[list[int], list[int]]:
+        return self.layout.params(shard), self.layout.buffers(shard)
+
     def _push(self, grads: list[torch.Tensor], bucket: Literal["comm", "wait"]) -> None:
-        """Send gradients (and buffers) to the server; on the server, leave their average."""
-        flat = flatten(grads + self.buffers)
-        self.comm.reduce(flat, dst=SERVER, bucket=bucket)
-        if self.rank == SERVER:
-            for p in self.params:
-                if p.grad is None:
+        """Send each shard of the gradients (and buffers) to its server; a server is left with
+        its shard's average in ``.grad`` and every other parameter's ``.grad`` set to None, so
+        that its optimizer steps its own shard only."""
+        for shard, server in enumerate(self.servers):
+            pi, bi = self._members(shard)
+            flat = flatten([grads[i] for i in pi] + [self.buffers[i] for i in bi])
+            self.comm.reduce(flat, dst=server, bucket=bucket)
+            if shard == self.shard:
+                flat.div_(self.num_workers)
+                for p in self.params:
+                    p.grad = None
+                mine = [self.params[i] for i in pi]
+                for p in mine:
                     p.grad = torch.zeros_like(p)
-            flat.div_(self.num_workers)
-            unflatten_into(flat, [p.grad for p in self.params] + self.buffers)
+                unflatten_into(flat, [p.grad for p in mine] + [self.buffers[i] for i in bi])
 
     def _pull(self, bucket: Literal["comm", "wait"]) -> None:
-        """Everyone receives the server's parameters and buffers."""
-        flat = flatten([p.detach() for p in self.params] + self.buffers)
-        self.comm.broadcast(flat, src=SERVER, bucket=bucket)
-        if self.rank != SERVER:
-            with torch.no_grad():
-                unflatten_into(flat, self.params + self.buffers)
+        """Everyone receives every shard's parameters and buffers from its server."""
+        for shard, server in enumerate(self.servers):
+            pi, bi = self._members(shard)
+            tensors = [self.params[i] for i in pi] + [self.buffers[i] for i in bi]
+            flat = flatten([t.detach() for t in tensors])
+            self.comm.broadcast(flat, src=server, bucket=bucket)
+            if self.rank != server:
+                with torch.no_grad():
+                    unflatten_into(flat, tensors)
 
     def after_backward(self, model: nn.Module) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         self._push(grads, bucket="comm")
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.rank == SERVER:
+        if self.shard is not None:
             optimizer.step()
-        # A worker's time here is mostly the server's update: it counts as waiting.
-        self._pull(bucket="comm" if self.rank == SERVER else "wait")
+        # A worker's time here is mostly the servers' update: it counts as waiting.
+        self._pull(bucket="comm" if self.shard is not None else "wait")
 
     def serve(self, steps: int, on_update: Callable[[int], None]) -> None:
         zeros = [torch.zeros_like(p) for p in self.params]

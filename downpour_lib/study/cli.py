@@ -21,8 +21,11 @@ def _names(text: str) -> tuple[str, ...]:
 
 def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("study", help="run the scaling study (each run under mpiexec), then plot")
+    from ..algorithms import ALGORITHMS
+
     p.add_argument("--algorithms", type=_names, default=DEFAULT_ALGORITHMS,
-                   help=f"comma-separated (default: {','.join(DEFAULT_ALGORITHMS)})")
+                   help=f"comma-separated, of {', '.join(ALGORITHMS)} "
+                        f"(default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--workers", type=_ints, default=default_workers(),
                    help="comma-separated worker counts (default: 1,2,... up to the cores here)")
     for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):

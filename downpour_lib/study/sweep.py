@@ -32,7 +32,7 @@ DEFAULT_ALGORITHMS: tuple[str, ...] = ("sync_ps", "ddp", "allreduce")
 
 SCALING_BASE: dict[str, Any] = {
     "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 25,
-    "warmup_steps": 5, "eval_every": 0, "threads": 1, "lr": 0.05, "momentum": 0.9, "seed": 0,
+    "warmup_steps": 5, "eval_every": 0, "threads": 1, "lr": 0.05, "seed": 0,
 }
 
 
@@ -79,8 +79,12 @@ class StudyError(DownpourError):
     pass
 
 
+#: Where a run writes or starts from, not what it computes: left out of its identity.
+NOT_IDENTITY = ("output_dir", "checkpoint_dir", "checkpoint_every", "resume")
+
+
 def run_id(config: TrainConfig, world_size: int, repeat: int) -> str:
-    values = {k: v for k, v in config.to_dict().items() if k != "output_dir"}
+    values = {k: v for k, v in config.to_dict().items() if k not in NOT_IDENTITY}
     blob = json.dumps([values, world_size, repeat], sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 

@@ -1,0 +1,390 @@
+"""Downpour SGD: asynchronous SGD with sharded parameter servers (Dean et al., NIPS 2012, "Large
+Scale Distributed Deep Networks", section 4.1 and Algorithm 7.1).
+
+S server ranks each own a shard of the parameters (``ps_shards``) and apply pushes in arrival order
+(``ps_server``). Each worker (model replica) fetches fresh parameters from every server before each
+step that is a multiple of ``n_fetch``, accumulates its gradients, and pushes the sum every
+``n_push`` steps (and after its last step). Between fetches a worker moves its own copy with plain
+SGD, as the paper's client does. Nothing is global: there is no barrier, and a slow worker only
+delays its own pushes. With ``warmstart`` the other workers wait until the first one has pushed
+that many times alone, which the paper found useful (section 5); it keeps the early, large Adagrad
+steps from being repeated by several stale replicas at once.
+
+Dedicated servers serve in the rank's main thread. A colocated server runs its loop in a thread
+beside the rank's worker (``ps_server.ServerThread``), so that a computing or slow worker does not
+stall the other workers' requests; the rank's own worker uses its shard directly, under a lock.
+
+Every push is acknowledged with its staleness (the server's version when it applied the push minus
+the version the gradient was computed from), which the worker records on its step; the server's
+records carry it too. The evaluator (the first worker) fetches before evaluating and, after its
+last step, asks every server for its final state, which each server sends once every worker is
+done; that state is the run's final model and checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from torch import nn
+
+from ..comm.collectives import flatten, unflatten_into
+from ..comm.p2p import HEADER, Link, gloo_group, header
+from ..errors import ConfigError
+from ..records import Meter
+from . import ps_placement
+from .base import Algorithm, Roles
+from .ps_server import (
+    DATA,
+    DONE,
+    FETCH,
+    FINAL,
+    PUSH,
+    PUSH_DATA,
+    REPLY,
+    REQUEST,
+    SNAPSHOT,
+    VERSION,
+    ServeLoop,
+    ServerThread,
+    ShardServer,
+    from_bytes,
+)
+from .ps_shards import model_layout, shard_tensors
+
+
+@dataclass(frozen=True)
+class DownpourOptions(ps_placement.PSOptions):
+    n_fetch: int = field(default=1, metadata={
+        "help": "a worker fetches the parameters before every n_fetch-th step"})
+    n_push: int = field(default=1, metadata={
+        "help": "a worker pushes its accumulated gradients every n_push steps"})
+    warmstart: int = field(default=20, metadata={
+        "help": "the other workers start once the first one has made this many pushes alone "
+                "(Dean et al.'s warmstart; at most all of its pushes); 0: all start together"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("n_fetch", "n_push"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "must be a whole number of steps >= 1 "
+                                               "(1 = every step, as in synchronous SGD)")
+        if isinstance(self.warmstart, bool) or not isinstance(self.warmstart, int) \
+                or self.warmstart < 0:
+            raise ConfigError("warmstart", self.warmstart, "must be a whole number of pushes >= 0")
+
+
+def staleness_summary(steps: pd.DataFrame) -> dict[str, Any]:
+    """Mean, max and histogram ({staleness: count}) of every applied update, from the workers'
+    push records (one value per push and shard)."""
+    workers = steps[steps.role == "worker"] if "role" in steps else steps
+    columns = [c for c in workers.columns if c.startswith("staleness_shard")] or \
+        [c for c in ("staleness",) if c in workers.columns]
+    values = pd.concat([workers[c] for c in columns]).dropna() if columns else pd.Series([])
+    if values.empty:
+        return {"staleness_mean": float("nan"), "staleness_max": float("nan"), "staleness_hist": {}}
+    counts = values.astype(int).value_counts().sort_index()
+    return {"staleness_mean": float(values.mean()), "staleness_max": int(values.max()),
+            "staleness_hist": {str(k): int(v) for k, v in counts.items()}}
+
+
+class Downpour(Algorithm):
+    name = "downpour"
+    Options = DownpourOptions
+    options: DownpourOptions
+    default_optimizer = "adagrad"
+    synchronous = False
+
+    @classmethod
+    def check_world(cls, options: DownpourOptions, world_size: int) -> None:
+        ps_placement.check_world(options, world_size)
+
+    @classmethod
+    def check_plan(cls, options: DownpourOptions, world_size: int, model: nn.Module,
+                   total_steps: int) -> None:
+        model_layout(model, min(options.servers, world_size))
+
+    @classmethod
+    def world_size_for(cls, options: DownpourOptions, workers: int) -> int:
+        return ps_placement.world_size_for(options, workers)
+
+    @classmethod
+    def roles(cls, options: DownpourOptions, world_size: int) -> Roles:
+        # a worker evaluates: it can fetch every shard; the servers each hold one
+        return ps_placement.roles(options, world_size, evaluator="worker")
+
+    @classmethod
+    def summarize(cls, steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
+        return staleness_summary(steps)
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+        self.model = model
+        self.params, self.buffers = shard_tensors(model)
+        roles = self.roles(self.options, self.world_size)
+        self.servers, self.workers, self.evaluator = roles.servers, roles.workers, roles.evaluator
+        self.layout = model_layout(model, len(self.servers))
+        self.group = gloo_group(self.comm.ctx)  # collective: on every rank, before any message
+        self.lr = optimizer.param_groups[0]["lr"]
+        self.shards = [self._shard_tensors(s) for s in range(len(self.servers))]
+        self.server: ShardServer | None = None
+        self.thread: ServerThread | None = None
+        self.local_done = threading.Event()
+        self.last_update: dict[str, float] = {}
+        self.serving = False
+        if self.rank in self.servers:
+            index = self.servers.index(self.rank)
+            params, buffers = self.shards[index]
+            kind, defaults = type(optimizer), dict(optimizer.defaults)
+            self.server = ShardServer(index, params, buffers, lambda ps: kind(ps, **defaults))
+        self.is_worker = self.rank in self.workers
+        # the worker's end: its own meter is the engine's; a colocated server thread gets another
+        self.link = Link(self.comm.ctx, self.comm.meter, self.group)
+        self.versions = [0] * len(self.servers)  # of the parameters this worker last fetched
+        self.acc = [torch.zeros(self._numel(s), dtype=self._dtype()) for s in range(len(self.servers))]
+        self.acc_version: list[int] | None = None  # versions the oldest accumulated gradient saw
+        self.pushed: dict[str, float] = {}
+        self.final: list[dict[str, Any]] | None = None
+        self.finished = False
+        return model
+
+    def _shard_tensors(self, s: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return ([self.params[i] for i in self.layout.params(s)],
+                [self.buffers[i] for i in self.layout.buffers(s)])
+
+    def _numel(self, s: int) -> int:
+        return sum(t.numel() for t in [*self.shards[s][0], *self.shards[s][1]])
+
+    def _dtype(self) -> torch.dtype:
+        return (self.params or self.buffers)[0].dtype
+
+    def _remote(self, s: int) -> bool:
+        """Whether shard ``s`` is reached by message (it lives on another rank)."""
+        return self.servers[s] != self.rank
+
+    def begin(self, first_step: int, total_steps: int) -> None:
+        self.t, self.total = first_step, total_steps
+        if self.server is not None:
+            remote = [w for w in self.workers if w != self.rank]
+            self.thread = ServerThread(ServeLoop(
+                self.server, Link(self.comm.ctx, Meter(self.comm.ctx.device), self.group), remote,
+                local_done=self.local_done))
+            self.thread.start()
+        # Warmstart: wait until the first worker's pushes alone have moved the parameters (its
+        # pushes are the only ones until then, so server 0's version counts them). Asking again
+        # every few milliseconds keeps the server stateless (a colocated server 0 applies the
+        # first worker's pushes directly, without a message that could wake a waiting list).
+        warm = min(self.options.warmstart, -(-total_steps // self.options.n_push))
+        while warm and self.rank != self.workers[0]:
+            reply = torch.empty(HEADER, dtype=torch.int64)
+            self.link.wait([self.link.post_recv(reply, self.servers[0], REPLY),
+                            self.link.post_send(header(VERSION), self.servers[0], REQUEST)])
+            if int(reply[0]) >= warm:
+                break
+            time.sleep(0.005)
+        self._fetch(bucket="comm")
+
+    # -- the worker's step (Algorithm 7.1) -----------------------------------------------------
+
+    def after_backward(self, model: nn.Module) -> None:
+        if self.acc_version is None:
+            self.acc_version = list(self.versions)
+        for s, (params, _) in enumerate(self.shards):
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            if grads:
+                self.acc[s][:sum(g.numel() for g in grads)] += flatten(grads).to(self.acc[s].device)
+        if (self.t + 1) % self.options.n_push == 0 or self.t + 1 == self.total:
+            self._push()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        # The paper's client moves its own copy between fetches (parameters -= lr * gradient);
+        # a step followed by a fetch would be overwritten, so it is skipped.
+        if self.t + 1 < self.total and (self.t + 1) % self.options.n_fetch != 0:
+            with torch.no_grad():
+                for p in self.params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-self.lr)
+
+    def after_step(self, model: nn.Module) -> None:
+        if self.thread is not None:
+            self.thread.check()
+        self.t += 1
+        if self.t == self.total:
+            self._finish()
+        elif self.t % self.options.n_fetch == 0:
+            self._fetch(bucket="comm")
+
+    def step_metrics(self) -> dict[str, float]:
+        """A worker's step: the staleness of the push it made (if any). A dedicated server's
+        update: its staleness and the worker it came from."""
+        if self.serving:
+            return dict(self.last_update)
+        out, self.pushed = self.pushed, {}
+        return out
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def _push(self) -> None:
+        """Push every shard's accumulated gradients (and current buffers) to its server, all
+        servers at once; each receipt carries the push's staleness, which the step records."""
+        staleness: dict[int, int] = {}
+        works, receipts = [], {}
+        for s, server in enumerate(self.servers):
+            flat = self.acc[s].clone()
+            buffers = self.shards[s][1]
+            if buffers:
+                flat[flat.numel() - sum(b.numel() for b in buffers):] = flatten(buffers).cpu()
+            if not self._remote(s):
+                staleness[s] = self.server.apply(flat, self.acc_version[s])[1]
+                continue
+            receipts[s] = torch.empty(HEADER, dtype=torch.int64)
+            works += [self.link.post_recv(receipts[s], server, REPLY),
+                      self.link.post_send(header(PUSH, self.acc_version[s]), server, REQUEST),
+                      self.link.post_send(flat, server, PUSH_DATA)]
+        self.link.wait(works, bucket="wait")  # mostly the server's queue: waiting
+        staleness.update({s: int(r[1]) for s, r in receipts.items()})
+        for a in self.acc:
+            a.zero_()
+        self.acc_version = None
+        values = [staleness[s] for s in range(len(self.servers))]
+        self.pushed = {"staleness": sum(values) / len(values), "staleness_max": float(max(values))}
+        if len(values) > 1:
+            self.pushed.update({f"staleness_shard{s}": float(v) for s, v in enumerate(values)})
+
+    def _fetch(self, bucket: Literal["comm", "wait"] = "comm") -> None:
+        """Every shard's current parameters (and buffers) into this worker's model."""
+        works, remote = [], []
+        for s, server in enumerate(self.servers):
+            out = torch.empty(self._numel(s), dtype=self._dtype())
+            if not self._remote(s):
+                self.versions[s] = self.server.read(out)
+                self._install(s, out)
+                continue
+            reply = torch.empty(HEADER, dtype=torch.int64)
+            works += [self.link.post_recv(reply, server, REPLY),
+                      self.link.post_recv(out, server, DATA),
+                      self.link.post_send(header(FETCH), server, REQUEST)]
+            remote.append((s, reply, out))
+        self.link.wait(works, bucket)
+        for s, reply, out in remote:
+            self.versions[s] = int(reply[0])
+            self._install(s, out)
+
+    def _install(self, s: int, flat: torch.Tensor) -> None:
+        params, buffers = self.shards[s]
+        with torch.no_grad():
+            unflatten_into(flat.to(self.comm.ctx.device), [*params, *buffers])
+
+    def _snapshots(self, kind: int) -> list[dict[str, Any]]:
+        """Every shard's full state (SNAPSHOT: now; FINAL: once every worker is done)."""
+        states: list[dict[str, Any] | None] = [None] * len(self.servers)
+        for s, server in enumerate(self.servers):
+            if not self._remote(s):
+                continue
+            reply = torch.empty(HEADER, dtype=torch.int64)
+            self.link.wait([self.link.post_recv(reply, server, REPLY),
+                            self.link.post_send(header(kind), server, REQUEST)])
+            data = torch.empty(int(reply[0]), dtype=torch.uint8)
+            self.link.recv(data, server, DATA)
+            states[s] = from_bytes(data)
+        for s in range(len(self.servers)):
+            if not self._remote(s):
+                if kind == FINAL and self.thread is not None:
+                    self.thread.join()  # the local shard is final once its loop has ended
+                    self.thread = None
+                states[s] = self.server.state_dict()
+        return states  # type: ignore[return-value]
+
+    def _finish(self) -> None:
+        """After the last push: the workers say DONE; the evaluator's FINAL request waits for the
+        evaluation (``_final``), so that waiting for the other workers is not part of its step."""
+        self.local_done.set()
+        if self.rank != self.evaluator:
+            for s, server in enumerate(self.servers):
+                if self._remote(s):
+                    self.link.send([header(DONE)], server, REQUEST)
+        self.finished = True
+
+    def _final(self) -> list[dict[str, Any]]:
+        """The evaluator, once its steps are done: every shard's final state (each server sends it
+        when every worker is done). The evaluator's model ends as the run's final model."""
+        if self.final is None:
+            self.final = self._snapshots(FINAL)
+            for s, state in enumerate(self.final):
+                self._install(s, flatten([*state["params"], *state["buffers"]]))
+                self.versions[s] = int(state["version"])
+        return self.final
+
+    # -- the server's loop ----------------------------------------------------------------------
+
+    def serve(self, steps: int, on_update: Callable[[int], None]) -> None:
+        """A dedicated server: serve every worker until each is done (``steps`` is not used:
+        the number of updates depends on the workers, not on a shared step count)."""
+        self.serving = True
+        updates = 0
+
+        def applied(source: int, staleness: int) -> None:
+            nonlocal updates
+            self.last_update = {"staleness": float(staleness), "source_rank": float(source)}
+            on_update(updates)
+            updates += 1
+
+        ServeLoop(self.server, self.link, self.workers, on_update=applied).run()
+
+    # -- evaluation and checkpoints -------------------------------------------------------------
+
+    @contextmanager
+    def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
+        """The servers' current parameters (the final ones after training); the worker's own copy
+        is put back afterwards, so evaluating does not change its training."""
+        if not self.is_worker:
+            yield model
+            return
+        if self.finished and self.rank == self.evaluator:
+            self._final()
+            yield model
+            return
+        saved = [t.detach().clone() for t in [*self.params, *self.buffers]]
+        versions = list(self.versions)
+        self._fetch(bucket="wait")
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                for dst, src in zip([*self.params, *self.buffers], saved, strict=True):
+                    dst.copy_(src)
+            self.versions = versions
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.server.state_dict() if self.server is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.server is not None and state:
+            self.server.load_state_dict(state)
+
+    def remote_states(self, final: bool) -> dict[int, dict[str, Any]]:
+        states = self._final() if final else self._snapshots(SNAPSHOT)
+        return {server: state for server, state in zip(self.servers, states, strict=True)}
+
+    def close(self) -> None:
+        if sys.exc_info()[0] is not None:
+            # Closing while an error propagates: a message now could wait forever on a peer in
+            # the middle of another exchange; the launcher's abort ends the others (the server
+            # thread is a daemon and ends with the process).
+            return
+        if self.is_worker and not self.finished and hasattr(self, "t"):
+            self._finish()  # a loop that ended early still lets the servers stop
+        if self.finished and self.rank == self.evaluator:
+            self._final()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None

@@ -1,0 +1,157 @@
+"""Checkpoints: atomic writes (a writer killed mid-write for real), weights_only loading, resuming
+equal to not stopping, refusals that say why, and the evaluator skipping bad files."""
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import ROOT, launch_env
+
+from downpour_lib import TrainConfig, Trainer, checkpoint, plan_run
+from downpour_lib.comm.runtime import DistContext
+from downpour_lib.data import load_dataset
+from downpour_lib.errors import CheckpointError, ConfigError
+from downpour_lib.evaluator import Evaluator
+
+FAST = dict(model="mlp", dataset="digits", threads=1, seed=2, warmup_steps=1)
+
+
+def params(trainer):
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def train(**changes):
+    trainer = Trainer(TrainConfig(**{**FAST, **changes}), DistContext.single())
+    return trainer, trainer.run()
+
+
+@pytest.mark.parametrize("algorithm, optimizer", [("local", "sgd"), ("local", "adam"),
+                                                  ("sync_ps", "sgd"), ("downpour", "adagrad")])
+def test_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path, algorithm, optimizer):
+    full, _ = train(algorithm=algorithm, optimizer=optimizer, steps=30)
+    train(algorithm=algorithm, optimizer=optimizer, steps=20, checkpoint_dir=str(tmp_path),
+          checkpoint_every=7)
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [7, 14, 20]
+    resumed, result = train(algorithm=algorithm, optimizer=optimizer, steps=30,
+                            resume=str(tmp_path))
+    assert result.summary["start_step"] == 20 and list(result.steps.step) == list(range(20, 30))
+    for a, b in zip(params(full), params(resumed), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the resumed run went on checkpointing where it was; its last checkpoint is final
+    state = checkpoint.load(checkpoint.latest(tmp_path))
+    assert (state["step"], state["final"]) == (30, True)
+    # an every-K checkpoint resumes as well as the final one
+    again, _ = train(algorithm=algorithm, optimizer=optimizer, steps=30,
+                     resume=str(tmp_path / "ckpt-00000014.pt"), checkpoint_dir=str(tmp_path / "b"))
+    for a, b in zip(params(full), params(again), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_checkpoint_contents_load_with_weights_only(tmp_path):
+    trainer, result = train(algorithm="local", steps=6, checkpoint_dir=str(tmp_path))
+    path = checkpoint.checkpoint_path(tmp_path, 6)
+    state = torch.load(path, weights_only=True)
+    assert state["format"] == checkpoint.FORMAT and state["final"] and state["world_size"] == 1
+    assert state["config"]["model"] == "mlp" and state["step"] == 6
+    entry = state["ranks"][0]
+    assert set(entry) == {"optimizer", "algorithm", "rng"}  # its model is the top-level one
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(state["model"][k], v)
+    assert entry["optimizer"]["state"]  # momentum buffers
+
+
+def test_resume_refuses_another_run_or_world(tmp_path):
+    train(algorithm="local", steps=6, checkpoint_dir=str(tmp_path))
+    digits = load_dataset("digits").train
+    cases = [(dict(algorithm="local", steps=9, model="lenet"), "model", "written with model='mlp'"),
+             (dict(algorithm="local", steps=9, batch_size=8), "batch_size", "batch_size=32"),
+             (dict(algorithm="local", steps=6), "resume", "already trained 6 of the 6 steps"),
+             (dict(algorithm="local", steps=9, resume=str(tmp_path / "none")), "resume",
+              "no such file or directory")]
+    for changes, field, hint in cases:
+        config = TrainConfig(**{**FAST, "resume": str(tmp_path), **changes})
+        with pytest.raises(ConfigError) as err:
+            plan_run(config, 1, digits)
+        assert err.value.field == field and hint in str(err.value), err.value
+    config = TrainConfig(**{**FAST, "algorithm": "sync_ps", "steps": 9, "resume": str(tmp_path)})
+    with pytest.raises(ConfigError, match="written with algorithm='local'"):
+        plan_run(config, 1, digits)
+    with pytest.raises(ConfigError, match="checkpoint_dir too"):
+        TrainConfig(checkpoint_every=5)
+
+
+def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    script = Path(__file__).parent / "scripts" / "stalled_writer.py"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, env=launch_env(), cwd=ROOT)
+    try:
+        line = proc.stdout.readline()  # blocks until the second write is half done
+        assert line.startswith("STALLED"), line
+        proc.send_signal(signal.SIGKILL)  # a real kill, in the middle of the write
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _, temp, full_size = line.split()
+    temp = Path(temp)
+    # the half-written bytes are there, under a temporary name no reader looks at
+    assert temp.exists() and 0 < temp.stat().st_size < int(full_size)
+    assert temp.name.startswith(".ckpt-00000010.pt.")
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [5]
+    assert checkpoint.latest(tmp_path) == checkpoint.checkpoint_path(tmp_path, 5)
+    assert checkpoint.load(checkpoint.latest(tmp_path))["step"] == 5
+    # the run can be continued from it
+    digits = load_dataset("digits").train
+    plan = plan_run(TrainConfig(algorithm="local", model="mlp", steps=10, warmup_steps=1,
+                                resume=str(tmp_path)), 1, digits)
+    assert plan.start_step == 5
+
+
+def test_torn_and_foreign_files_are_reported_and_skipped(tmp_path):
+    _, result = train(algorithm="local", steps=12, checkpoint_dir=str(tmp_path), checkpoint_every=4)
+    whole = checkpoint.checkpoint_path(tmp_path, 8).read_bytes()
+    checkpoint.checkpoint_path(tmp_path, 9).write_bytes(whole[: len(whole) // 2])  # torn
+    checkpoint.checkpoint_path(tmp_path, 10).write_bytes(b"not a checkpoint")
+    torch.save({"weights": torch.zeros(2)}, checkpoint.checkpoint_path(tmp_path, 11))  # foreign
+    for step in (9, 10, 11):
+        with pytest.raises(CheckpointError):
+            checkpoint.load(checkpoint.checkpoint_path(tmp_path, step))
+    reports, log = [], []
+    evaluator = Evaluator(tmp_path, tmp_path / "evals.csv", log=log.append, report=reports.append)
+    assert evaluator.watch(poll_s=0.01, timeout_s=30) == "final"
+    assert len(reports) == 3 and all(r.startswith("skipping") for r in reports), reports
+    evals = pd.read_csv(tmp_path / "evals.csv")
+    assert list(evals.step) == [4, 8, 12] and list(evals.final) == [False, False, True]
+    assert evals.accuracy.iloc[-1] == result.summary["test_accuracy"]  # the same final model
+    assert (evals.time_s.diff().dropna() > 0).all()
+    # a second evaluator over the same CSV scores nothing again, and reports the bad files once
+    again = Evaluator(tmp_path, tmp_path / "evals.csv", log=log.append, report=reports.append)
+    assert again.poll() == 0 and again.poll() == 0 and len(reports) == 6
+    # the newest readable checkpoint is what a resumed run starts from
+    assert checkpoint.latest(tmp_path) == checkpoint.checkpoint_path(tmp_path, 12)
+
+
+def test_watch_stops_at_until_step_or_timeout(tmp_path):
+    empty = Evaluator(tmp_path / "nothing-yet", tmp_path / "e.csv", log=print, report=print)
+    assert empty.watch(poll_s=0.01, timeout_s=0.2) == "timeout"
+    train(algorithm="local", steps=9, checkpoint_dir=str(tmp_path / "run"), checkpoint_every=3)
+    checkpoint.checkpoint_path(tmp_path / "run", 9).unlink()  # as if the run were still going
+    evaluator = Evaluator(tmp_path / "run", tmp_path / "f.csv", log=print, report=print)
+    assert evaluator.watch(poll_s=0.01, until_step=5) == "until_step"
+    assert evaluator.scored == {3, 6}  # one poll scores everything present
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--checkpoint-dir", "/nonexistent/run"], "checkpoint_dir='/nonexistent/run' is not valid"),
+    (["--checkpoint-dir", ".", "--watch", "--poll-s", "0"], "poll_s=0.0 is not valid"),
+    (["--checkpoint-dir", ".", "--until-step", "5"], "only apply with --watch"),
+])
+def test_evaluate_cli_refuses_bad_input(capsys, args, expected):
+    from downpour_lib.cli import main
+
+    assert main(["evaluate", *args]) == 2
+    assert expected in capsys.readouterr().err

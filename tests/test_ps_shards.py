@@ -1,0 +1,76 @@
+"""Parameter-server sharding and placement: pure functions, checked without any process group."""
+
+import pytest
+import torch
+
+from downpour_lib import TrainConfig, plan_run
+from downpour_lib.algorithms import ps_placement
+from downpour_lib.algorithms.ps_shards import assign, layout, model_layout
+from downpour_lib.algorithms.sync_ps import SyncPSOptions
+from downpour_lib.data import load_dataset
+from downpour_lib.errors import ConfigError
+from downpour_lib.models import build_model
+
+
+def test_assignment_balances_bytes_largest_first():
+    sizes = [100, 10, 60, 40, 30, 30, 20]
+    owner = assign(sizes, 3)
+    loads = [sum(n for n, s in zip(sizes, owner, strict=True) if s == k) for k in range(3)]
+    assert sorted(loads) == [90, 100, 100]  # 290 in all: as even as whole tensors allow
+    assert owner == assign(sizes, 3)  # the same on every rank
+    assert assign(sizes, 1) == (0,) * len(sizes)
+
+
+def test_layout_of_a_real_model_covers_every_tensor_once():
+    model = build_model("lenet", (1, 8, 8), 10)
+    for shards in (1, 2, 3, 5):
+        lay = model_layout(model, shards)
+        params = sorted(i for s in range(shards) for i in lay.params(s))
+        assert params == list(range(len(list(model.parameters()))))
+        assert all(lay.bytes(s) > 0 for s in range(shards))
+        assert sum(lay.bytes(s) for s in range(shards)) == 4 * sum(p.numel() for p in model.parameters())
+    # two servers: the biggest tensor (the 64x120 layer) alone is most of one side
+    lay = model_layout(model, 2)
+    assert max(lay.bytes(0), lay.bytes(1)) / min(lay.bytes(0), lay.bytes(1)) < 1.6
+
+
+def test_a_server_left_empty_is_refused_with_the_fix():
+    params = [torch.zeros(3), torch.zeros(4)]
+    with pytest.raises(ConfigError) as err:
+        layout(params, [], 3)
+    assert err.value.field == "servers" and err.value.value == 3
+    assert "only 2 tensor(s)" in str(err.value) and "use at most 2 server(s)" in str(err.value)
+    with pytest.raises(ConfigError, match="one floating-point dtype"):
+        layout([torch.zeros(3), torch.zeros(3, dtype=torch.float64)], [], 1)
+
+
+def test_plan_refuses_more_servers_than_the_model_has_tensors():
+    digits = load_dataset("digits").train  # mlp: 6 parameter tensors
+    config = TrainConfig(algorithm="sync_ps", options={"servers": 7, "server": "dedicated"})
+    with pytest.raises(ConfigError, match="servers=7.*6 tensor"):
+        plan_run(config, 8, digits)
+    plan_run(TrainConfig(algorithm="sync_ps", options={"servers": 6}), 8, digits)
+
+
+@pytest.mark.parametrize("options, world, message", [
+    ({"servers": 3, "server": "dedicated"}, 3, "3 dedicated servers need at least 4 ranks"),
+    ({"servers": 1, "server": "dedicated"}, 1, "a dedicated server needs at least 2 ranks"),
+    ({"servers": 4, "server": "colocated"}, 3, "4 servers need at least 4 ranks"),
+    ({"servers": 2}, 1, "2 servers need at least 2 ranks"),
+])
+def test_more_servers_than_ranks_allow(options, world, message):
+    with pytest.raises(ConfigError, match=message):
+        ps_placement.check_world(SyncPSOptions(**options), world)
+
+
+def test_roles_dedicated_colocated_and_auto():
+    roles = ps_placement.roles(SyncPSOptions(servers=2), 5, evaluator="worker")
+    assert (roles.servers, roles.workers, roles.evaluator) == ((0, 1), (2, 3, 4), 2)
+    roles = ps_placement.roles(SyncPSOptions(servers=2, server="colocated"), 3, evaluator="server")
+    assert (roles.servers, roles.workers, roles.evaluator) == ((0, 1), (0, 1, 2), 0)
+    # auto: dedicated when a worker is left, else colocated
+    assert ps_placement.roles(SyncPSOptions(servers=2), 2, evaluator="server").workers == (0, 1)
+    assert ps_placement.world_size_for(SyncPSOptions(servers=2), 3) == 5
+    assert ps_placement.world_size_for(SyncPSOptions(servers=2, server="colocated"), 3) == 3
+    with pytest.raises(ConfigError, match="servers=0"):
+        SyncPSOptions(servers=0)
