@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .sweep import SCALING_BASE, StudyError, StudySpec, default_workers
+from .sweep import DEFAULT_ALGORITHMS, SCALING_BASE, StudyError, StudySpec, default_workers
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -21,8 +21,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("study", help="run the scaling study (each run under mpiexec), then plot")
-    p.add_argument("--algorithms", type=_names, default=("sync_ps", "ddp"),
-                   help="comma-separated (default: sync_ps,ddp)")
+    p.add_argument("--algorithms", type=_names, default=DEFAULT_ALGORITHMS,
+                   help=f"comma-separated (default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--workers", type=_ints, default=default_workers(),
                    help="comma-separated worker counts (default: 1,2,... up to the cores here)")
     for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):

@@ -43,9 +43,13 @@ def default_workers() -> tuple[int, ...]:
     return tuple(counts)
 
 
+#: What ``make study`` compares: the parameter server, DDP, and the gossip methods.
+DEFAULT_ALGORITHMS: tuple[str, ...] = ("sync_ps", "ddp", "sgp", "osgp", "dpsgd", "adpsgd")
+
+
 @dataclass(frozen=True)
 class StudySpec:
-    algorithms: tuple[str, ...] = ("sync_ps", "ddp")
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     workers: tuple[int, ...] = field(default_factory=default_workers)
     base: dict[str, Any] = field(default_factory=lambda: dict(SCALING_BASE))
     csv: str = "results/scaling/runs.csv"
@@ -68,6 +72,8 @@ class StudySpec:
             for workers in self.workers:
                 config = TrainConfig.from_dict({**self.base, "algorithm": algorithm})
                 size = ALGORITHMS[algorithm].world_size_for(config.options, workers)
+                # e.g. adpsgd on an odd number of ranks: refuse before launching anything
+                ALGORITHMS[algorithm].check_world(config.options, size)
                 out += [(config, size, r) for r in range(self.repeats)]
         return out
 
