@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from conftest import downpour, explain
+from conftest import downpour, explain, mpi_python
 
 from downpour_lib import TrainConfig, Trainer
 from downpour_lib.algorithms import ALGORITHMS
@@ -132,3 +132,11 @@ def test_averaging_thread_closes_cleanly_with_nothing_to_do():
     averaging.start()
     averaging.close()  # no round released: the thread ends without talking to anyone
     assert threading.active_count() == before
+
+
+def test_a_failing_rank_ends_an_adpsgd_job_with_its_averaging_threads():
+    # rank 1 raises mid-training; its peers' averaging threads are blocked on it. The job must
+    # end (the subprocess timeout is the guard against a hang) and name the rank that failed.
+    proc = mpi_python(4, "failing_rank.py", "adpsgd", timeout=180)
+    assert proc.returncode != 0, explain(proc)
+    assert "rank 1 of 4 failed: RuntimeError: injected failure for the test" in proc.stderr

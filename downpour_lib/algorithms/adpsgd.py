@@ -42,7 +42,7 @@ from ..comm.gossip import destroy_group, exchange, new_group
 from ..errors import ConfigError
 from ..topology import Topology
 from .base import AlgorithmOptions
-from .decentralized import Decentralized
+from .decentralized import Decentralized, unwinding
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,15 @@ class PairwiseAveraging:
         self._thread = None
         self._raise_if_failed()
 
+    def abandon(self) -> None:
+        """Stop without waiting: the thread ends after its current exchange (or with the
+        process, being a daemon, if that exchange never completes because a peer died)."""
+        with self._cond:
+            self._closing = True
+            self.requested = self.done  # release nothing more
+            self._cond.notify_all()
+        self._thread = None
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"the AD-PSGD averaging thread of rank {self.rank} failed: "
@@ -125,9 +134,9 @@ class PairwiseAveraging:
             r = 0
             while True:
                 with self._cond:
-                    while self.requested == r and not self._closing:
+                    while self.requested <= r and not self._closing:
                         self._cond.wait()
-                    if self.requested == r:  # closing, and every released round is done
+                    if self.requested <= r:  # closing, and every released round is done
                         return
                     snapshot = self.vector.clone()
                 peers = self.topology.out_peers(self.rank, r)
@@ -209,6 +218,10 @@ class ADPSGD(Decentralized):
 
     def close(self) -> None:
         if self.averaging is None:
+            return
+        if unwinding():  # training failed: stop the thread, wait for no one
+            self.averaging.abandon()
+            self.averaging = None
             return
         self.averaging.close()
         with torch.no_grad():

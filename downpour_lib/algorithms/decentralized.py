@@ -12,6 +12,7 @@ which vector is its rank's model (``local_vector``).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -23,6 +24,13 @@ from ..comm.gossip import consensus_distance
 from ..errors import ConfigError
 from ..topology import Topology, make_topology
 from .base import Algorithm
+
+
+def unwinding() -> bool:
+    """True inside ``close()`` when the engine calls it while an exception propagates (its
+    ``finally``). Then a rank must not wait for its peers: the job is being taken down
+    (``runtime.abort_on_error``), and peers waiting for this rank would make it wait in turn."""
+    return sys.exc_info()[0] is not None
 
 
 class Decentralized(Algorithm):

@@ -23,6 +23,13 @@ reproducible; larger bounds absorb early when the network is fast. ``close`` (an
 absorb everything still in flight, so at the end the ranks' numerators again sum to the initial
 mass. The ``staleness`` column is the mean lag, in steps, of the messages absorbed in that step.
 A synchronous variant (lag 0) is not an option: that is ``sgp``.
+
+What is evaluated (``eval_parameters``, and the consensus distance) is the de-biased model with the
+messages already sent to this rank included (``landed``), as the SGP authors' code completes the
+gossip in flight before it evaluates; otherwise rank 0 would be judged on the half of its model
+that has not mixed yet. ``landed`` waits for those messages but absorbs nothing, so with
+``max_lag=1`` evaluation does not change training; with a larger bound a message waited for at an
+evaluation point counts as arrived and is absorbed at the next step.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from torch._utils import _unflatten_dense_tensors
 from ..comm.collectives import flatten
 from ..comm.gossip import Exchange
 from ..errors import ConfigError
+from .decentralized import unwinding
 from .sgp import PushSumAlgorithm, PushSumOptions
 
 
@@ -136,4 +144,5 @@ class OSGP(PushSumAlgorithm):
         return super().state_dict()
 
     def close(self) -> None:
-        self.drain()
+        if not unwinding():
+            self.drain()
