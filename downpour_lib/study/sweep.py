@@ -27,6 +27,9 @@ from ..config import TrainConfig
 from ..errors import ConfigError, DownpourError
 
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm.
+#: The algorithms the study compares unless told otherwise.
+DEFAULT_ALGORITHMS: tuple[str, ...] = ("sync_ps", "ddp", "sgp", "osgp", "dpsgd", "adpsgd")
+
 SCALING_BASE: dict[str, Any] = {
     "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 25,
     "warmup_steps": 5, "eval_every": 0, "threads": 1, "lr": 0.05, "momentum": 0.9, "seed": 0,
@@ -41,10 +44,6 @@ def default_workers() -> tuple[int, ...]:
         counts.append(n)
         n *= 2
     return tuple(counts)
-
-
-#: What ``make study`` compares: the parameter server, DDP, and the gossip methods.
-DEFAULT_ALGORITHMS: tuple[str, ...] = ("sync_ps", "ddp", "sgp", "osgp", "dpsgd", "adpsgd")
 
 
 @dataclass(frozen=True)
