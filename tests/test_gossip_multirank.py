@@ -21,7 +21,7 @@ def cases():
     return {c["case"]: c for c in out}
 
 
-MIXING = ["sgp exponential", "sgp ring", "sgp complete", "osgp exponential lag 1",
+MIXING = ["sgp exponential", "sgp exponential 2 peers", "sgp ring", "sgp complete", "osgp exponential lag 1",
           "osgp exponential lag 2", "dpsgd ring", "dpsgd complete", "adpsgd bipartite"]
 
 

@@ -104,6 +104,7 @@ def mixing_case(ctx, name: str, options: dict, steps: int) -> dict:
 
 MIXING = [
     ("sgp exponential", "sgp", {"topology": "exponential"}, 6),
+    ("sgp exponential 2 peers", "sgp", {"topology": "exponential", "peers_per_step": 2}, 4),
     ("sgp ring", "sgp", {"topology": "ring"}, 6),
     ("sgp complete", "sgp", {"topology": "complete"}, 1),
     ("osgp exponential lag 1", "osgp", {"topology": "exponential", "max_lag": 1}, 12),
