@@ -29,14 +29,14 @@ def _flag(name: str) -> str:
 
 
 def _option_fields() -> dict[str, str]:
-    """Every algorithm option, with its help text prefixed by the algorithms that take it."""
-    owners: dict[str, list[str]] = {}
-    helps: dict[str, str] = {}
+    """Every algorithm option, with its help text prefixed by the algorithms that take it (an
+    option several algorithms share with different meanings, e.g. topology, lists each)."""
+    helps: dict[str, dict[str, list[str]]] = {}  # option -> help text -> algorithms
     for name, cls in ALGORITHMS.items():
         for f in dataclasses.fields(cls.Options):
-            owners.setdefault(f.name, []).append(name)
-            helps[f.name] = f.metadata.get("help", "")
-    return {k: f"[{', '.join(owners[k])}] {helps[k]}" for k in owners}
+            helps.setdefault(f.name, {}).setdefault(f.metadata.get("help", ""), []).append(name)
+    return {k: "; ".join(f"[{', '.join(owners)}] {text}" for text, owners in v.items())
+            for k, v in helps.items()}
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:

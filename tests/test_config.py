@@ -10,7 +10,7 @@ from downpour_lib.errors import ConfigError
 
 
 @pytest.mark.parametrize("changes, field, hint", [
-    ({"algorithm": "nope"}, "algorithm", "ddp, downpour, local, sync_ps"),
+    ({"algorithm": "nope"}, "algorithm", "dpsgd, local, osgp, sgp, sync_ps"),
     ({"model": "alexnet"}, "model", "lenet"),
     ({"dataset": "imagenet"}, "dataset", "synthetic-imagenet"),
     ({"batch_size": 0}, "batch_size", ">= 1"),

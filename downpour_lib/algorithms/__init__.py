@@ -7,15 +7,19 @@ from typing import Any
 from ..comm.collectives import Comm
 from ..comm.runtime import DistContext
 from ..errors import unknown_name
+from .adpsgd import ADPSGD
 from .allreduce import AllReduce
 from .base import Algorithm, AlgorithmOptions, Roles
 from .ddp import DDP
 from .downpour import Downpour
+from .dpsgd import DPSGD
 from .local import Local
+from .osgp import OSGP
+from .sgp import SGP
 from .sync_ps import SyncPS
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce, Downpour)}
+    cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce, Downpour, SGP, OSGP, DPSGD, ADPSGD)}
 
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:

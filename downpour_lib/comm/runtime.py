@@ -43,6 +43,7 @@ class DistContext:
     backend: str | None  # None when there is no process group (world size 1)
     launcher: str
     hosts: tuple[str, ...] = field(default=())  # host name of every rank, by rank
+    timeout_s: float = 300.0  # the default group's timeout; groups made later get the same
 
     @property
     def distributed(self) -> bool:
@@ -141,7 +142,8 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     hosts: list = [None] * placement.world_size
     dist.all_gather_object(hosts, socket.gethostname())
     _CONTEXT = DistContext(placement.rank, placement.world_size, placement.local_rank,
-                           placement.local_world_size, dev, name, placement.launcher, tuple(hosts))
+                           placement.local_world_size, dev, name, placement.launcher, tuple(hosts),
+                           timeout_s)
     return _CONTEXT
 
 

@@ -28,7 +28,8 @@ from ..errors import ConfigError, DownpourError
 
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm.
 #: The algorithms the study compares unless told otherwise.
-DEFAULT_ALGORITHMS: tuple[str, ...] = ("sync_ps", "ddp", "allreduce")
+DEFAULT_ALGORITHMS: tuple[str, ...] = (
+    "sync_ps", "ddp", "allreduce", "downpour", "sgp", "osgp", "dpsgd", "adpsgd")
 
 SCALING_BASE: dict[str, Any] = {
     "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 25,
@@ -71,6 +72,8 @@ class StudySpec:
             for workers in self.workers:
                 config = TrainConfig.from_dict({**self.base, "algorithm": algorithm})
                 size = ALGORITHMS[algorithm].world_size_for(config.options, workers)
+                # e.g. adpsgd on an odd number of ranks: refuse before launching anything
+                ALGORITHMS[algorithm].check_world(config.options, size)
                 out += [(config, size, r) for r in range(self.repeats)]
         return out
 

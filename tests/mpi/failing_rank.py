@@ -1,4 +1,8 @@
-"""Under mpiexec -n 3: rank 1 raises in the middle of training; the whole job must end promptly."""
+"""Under mpiexec: rank 1 raises in the middle of training; the whole job must end promptly.
+
+The algorithm is the first argument (default sync_ps)."""
+
+import sys
 
 from downpour_lib import TrainConfig, Trainer, runtime
 
@@ -9,6 +13,7 @@ with runtime.abort_on_error():
         if ctx.rank == 1 and record.step == 3:
             raise RuntimeError("injected failure for the test")
 
-    config = TrainConfig(algorithm="sync_ps", model="mlp", dataset="digits", steps=100_000,
+    algorithm = sys.argv[1] if len(sys.argv) > 1 else "sync_ps"
+    config = TrainConfig(algorithm=algorithm, model="mlp", dataset="digits", steps=100_000,
                          warmup_steps=1, threads=1)
     Trainer(config, ctx, callbacks=[fail_on_rank_1]).run()

@@ -1,0 +1,79 @@
+"""What the gossip algorithms (sgp, osgp, dpsgd, adpsgd) share: a graph and a consensus measure.
+
+Decentralized training in the sense of Lian et al. (NeurIPS 2017) and Assran et al. (ICML 2019):
+every rank is a worker with its own copy of the model, and copies agree only through gossip with a
+few peers per step. Each rank's model therefore differs; the engine evaluates rank 0's (as the SGP
+paper does), and ``eval_metrics`` adds ``consensus_distance``, the mean over ranks of
+||x_i - x_bar||, x_bar the ranks' average, computed on every rank at every evaluation point.
+
+This module holds behaviour, not switches: the subclass says which graph (``topology_for``) and
+which vector is its rank's model (``local_vector``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, ClassVar
+
+import pandas as pd
+import torch
+from torch import nn
+
+from ..comm.collectives import flatten
+from ..comm.gossip import consensus_distance
+from ..errors import ConfigError
+from ..topology import Topology, make_topology
+from .base import Algorithm
+
+
+def unwinding() -> bool:
+    """True inside ``close()`` when the engine calls it while an exception propagates (its
+    ``finally``). Then a rank must not wait for its peers: the job is being taken down
+    (``runtime.abort_on_error``), and peers waiting for this rank would make it wait in turn."""
+    return sys.exc_info()[0] is not None
+
+
+class Decentralized(Algorithm):
+    """Base of the gossip algorithms: checks the graph fits the world, measures consensus."""
+
+    #: Whether the algorithm's averaging needs an undirected graph (out-peers == in-peers).
+    needs_symmetric: ClassVar[bool] = False
+
+    @classmethod
+    def topology_for(cls, options: Any, world_size: int) -> Topology:
+        topology = make_topology(options.topology, world_size, cls.peers_per_step(options))
+        if cls.needs_symmetric and not topology.symmetric:
+            raise ConfigError("topology", options.topology,
+                              f"{cls.name} averages symmetrically and needs an undirected graph")
+        return topology
+
+    @classmethod
+    def peers_per_step(cls, options: Any) -> int:
+        return 1
+
+    @classmethod
+    def check_world(cls, options: Any, world_size: int) -> None:
+        cls.topology_for(options, world_size)  # raises ConfigError (field, value, fix) if unfit
+
+    def setup_graph(self, model: nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.is_floating_point()]
+        self.topology = self.topology_for(self.options, self.world_size)
+
+    def local_vector(self, model: nn.Module) -> torch.Tensor:
+        """This rank's model as one flat vector (de-biased, for push-sum)."""
+        return flatten([p.detach() for p in model.parameters()])
+
+    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
+        # Collective: the engine calls this on every rank at the same steps.
+        return {"consensus_distance": consensus_distance(self.comm, self.local_vector(model))}
+
+    @classmethod
+    def summarize(cls, steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
+        out: dict[str, Any] = {"final_consensus_distance": float("nan")}
+        if "consensus_distance" in evals and len(evals):
+            out["final_consensus_distance"] = float(
+                evals.sort_values(["step", "time_s"]).consensus_distance.iloc[-1])
+        if "staleness" in steps and len(steps):
+            out["staleness_mean"] = float(steps.staleness.mean())
+            out["staleness_max"] = float(steps.staleness.max())
+        return out
