@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 import sys
@@ -27,10 +28,16 @@ def git_sha() -> str:
 
 
 def mpi_version() -> str:
-    """The MPI library, if this process already uses MPI (never initializes it just to ask)."""
-    if "mpi4py.MPI" not in sys.modules:
+    """The MPI library, if this process runs under an MPI launcher or already uses MPI (a 1-rank
+    mpiexec launch and a 1-rank job on MPI cluster engines record the same), else ''."""
+    from .comm.launch_env import discover
+
+    if "mpi4py.MPI" not in sys.modules and discover(os.environ).launcher != "mpi":
         return ""
-    from mpi4py import MPI
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return ""
 
     return MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00")
 

@@ -20,12 +20,14 @@ removes that link again, only if it is still ours).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -61,6 +63,19 @@ def pmix_available() -> bool:
     except OSError:
         return False
     return True
+
+
+def _traversable_by_all(path: Path) -> bool:
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
+
+
+def _socket_dir(directory: Path) -> Path:
+    """munged wants every directory above its socket to be traversable by all users; when the
+    sandbox lives under a private directory (pytest's tmp_path is 0700), the socket goes to /tmp."""
+    if _traversable_by_all(directory.parent):
+        return directory / "munge-socket"
+    tag = hashlib.sha1(str(directory).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"downpour-munge-{tag}"
 
 
 def _free_port() -> int:
@@ -182,7 +197,7 @@ class SlurmSandbox:
         self.link_system_conf = link_system_conf
         self.conf = self.dir / "slurm.conf"
         self.munge_dir = self.dir / "munge"  # key, seed, pid, log: root only
-        self.socket = self.dir / "munge-socket" / "munge.socket"  # munged needs o+x on its dir
+        self.socket = _socket_dir(self.dir) / "munge.socket"
         self.run_dir, self.log_dir = self.dir / "run", self.dir / "log"
         self.state_dir, self.spool_dir = self.dir / "state", self.dir / "spool"
         self.pidfiles = {"munged": self.munge_dir / "munged.pid",
@@ -295,8 +310,9 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
         return self.status()
 
     def _prepare(self) -> None:
-        if self.dir.exists() and self.dir.stat().st_uid != os.geteuid():
-            raise SandboxError(f"{self.dir} belongs to another user; choose another --dir")
+        for path in (self.dir, self.socket.parent):
+            if path.exists() and path.stat().st_uid != os.geteuid():
+                raise SandboxError(f"{path} belongs to another user; choose another --dir")
         for path in (self.state_dir, self.spool_dir):  # a fresh cluster: job ids from 1, no stale nodes
             shutil.rmtree(path, ignore_errors=True)
         # munged refuses a socket whose directories are not traversable by all, and a key that is
@@ -368,6 +384,8 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
         munged = self._pid("munged")
         if munged:
             _terminate([munged], timeout_s)
+        if not self.socket.parent.is_relative_to(self.dir):
+            shutil.rmtree(self.socket.parent, ignore_errors=True)
         if self._linked():
             SYSTEM_CONF.unlink()
         return self.status()
