@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 
 from .checkpoint import atomic_write_text
 from .errors import ConfigError, DownpourError
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # IPython colours its tracebacks
 
 
 class NotebookError(DownpourError):
@@ -96,7 +99,7 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
     try:
         client.execute(env=kernel_env)
     except CellExecutionError as exc:
-        raise NotebookError(f"{path.name} failed:\n{exc}") from None
+        raise NotebookError(f"{path.name} failed:\n" + ANSI.sub("", str(exc))) from None
     finally:
         if output is not None:
             atomic_write_text(output, nbformat.writes(nb))

@@ -46,6 +46,16 @@ def test_parameters_are_injected_after_the_parameters_cell_and_checked():
         inject_parameters(nb, {"stepz": 7})
 
 
+@pytest.fixture(autouse=True)
+def no_cluster_left():
+    """A notebook that fails half-way must not leave its engines running: its kernel's exit stops
+    the cluster, and whatever a killed kernel left in the profile is stopped here."""
+    yield
+    from downpour_lib.cluster import stop_clusters
+
+    stop_clusters("local-mpi")
+
+
 def outputs(nb, contains: str) -> str:
     """The text output of the first code cell whose source contains ``contains``."""
     cell = next(c for c in nb.cells if c.cell_type == "code" and contains in c.source)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT, explain, launch_env, read_json
+from conftest import BIN, ROOT, downpour, explain, launch_env, read_json
 
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
@@ -77,6 +77,8 @@ def test_up_is_idempotent_and_the_node_is_idle(sandbox):
     conf = sandbox.conf.read_text()
     for line in ("ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"):
         assert line in conf.splitlines()
+    status = downpour("sandbox", "slurm", "status", "--dir", str(sandbox.dir))
+    assert status.returncode == 0 and f"export SLURM_CONF={sandbox.conf}" in status.stdout, explain(status)
 
 
 def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference):
