@@ -26,3 +26,13 @@ def sleep_on_rank(rank: int, seconds: float) -> int:
     if me == rank:
         time.sleep(seconds)
     return me
+
+
+def fail_or_sleep(bad_rank: int, seconds: float) -> int:
+    """``bad_rank`` raises; the others wait on something that is not a collective, so nothing tells
+    them their peer is gone."""
+    me = whoami()["rank"]
+    if me == bad_rank:
+        raise ValueError(f"rank {me} gives up")
+    time.sleep(seconds)
+    return me

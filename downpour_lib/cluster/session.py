@@ -54,11 +54,13 @@ class EngineFailure:
 
 
 class ClusterRunError(DownpourError):
-    """A job failed on one or more engines; ``failures`` holds each one's rank and traceback."""
+    """A job failed on one or more engines; ``failures`` holds each one's rank and traceback, in
+    the order they failed (the first is usually the cause; later ones are often peers that lost it)."""
 
     def __init__(self, what: str, failures: list[EngineFailure], stuck: list[int], restarted: bool):
         self.failures, self.stuck, self.restarted = failures, stuck, restarted
-        lines = [f"{what} failed on rank(s) {', '.join(str(f.rank) for f in failures)}:"]
+        lines = [f"{what} failed on rank(s) {', '.join(str(f.rank) for f in failures)} "
+                 f"(first: rank {failures[0].rank}):"]
         lines += [str(f) for f in failures]
         if stuck:
             lines.append(f"rank(s) {', '.join(map(str, stuck))} were still waiting on the failed "
@@ -70,8 +72,23 @@ class ClusterTimeout(DownpourError):
     """A job ran past its time limit; the engines were restarted."""
 
 
-def _strip(text: str) -> str:
-    return ANSI.sub("", text or "")
+def _clean_traceback(text: str) -> str:
+    """The engine's traceback without colour codes and without ipyparallel's own frames (the
+    ``do_apply`` frame and the ``<string>`` call it executes): it starts at the job's function."""
+    lines = ANSI.sub("", text or "").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("File <string>:")]
+    if starts:
+        rest = lines[starts[0] + 1:]
+        first = next((i for i, line in enumerate(rest) if line.startswith("File ")), None)
+        if first is not None:
+            lines = lines[:2] + rest[first:]  # keep the "----" rule and the exception header
+    return "\n".join(lines)
+
+
+def _finished_at(future) -> float:
+    """When the engine finished the task (its own clock), for ordering failures."""
+    completed = (getattr(future, "metadata", None) or {}).get("completed")
+    return completed.timestamp() if completed is not None else float("inf")
 
 
 def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -164,9 +181,8 @@ class ClusterSession:
         first_failure = None
         try:
             while futures:
-                for rank in list(futures):
-                    if not futures[rank].ready():
-                        continue
+                ready = [rank for rank in futures if futures[rank].ready()]
+                for rank in sorted(ready, key=lambda r: _finished_at(futures[r])):
                     failure = self._collect(rank, futures.pop(rank), results)
                     if failure is not None:
                         failures.append(failure)
@@ -190,7 +206,7 @@ class ClusterSession:
             stuck = sorted(futures)
             if stuck:
                 self.restart_engines()
-            raise ClusterRunError(what, sorted(failures, key=lambda f: f.rank), stuck, bool(stuck))
+            raise ClusterRunError(what, failures, stuck, bool(stuck))
         return dict(sorted(results.items()))
 
     def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
@@ -202,7 +218,7 @@ class ClusterSession:
             return None
         except RemoteError as exc:
             return EngineFailure(rank, engine["engine_id"], engine["host"],
-                                 f"{exc.ename}: {exc.evalue}", _strip(exc.traceback))
+                                 f"{exc.ename}: {exc.evalue}", _clean_traceback(exc.traceback))
         except Exception as exc:  # noqa: BLE001 -- e.g. the engine died: still name the rank
             return EngineFailure(rank, engine["engine_id"], engine["host"],
                                  f"{type(exc).__name__}: {exc}", "")
