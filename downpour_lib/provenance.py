@@ -15,12 +15,14 @@ import torch
 
 @lru_cache(maxsize=1)
 def git_sha() -> str:
-    """The commit of the checkout downpour_lib was imported from ('+dirty' if it has edits)."""
+    """The commit of the checkout downpour_lib was imported from ('+dirty' if its code has edits)."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        # results/ is what a study writes, not code: regenerating it must not mark the runs dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ":(top)", ":(top,exclude)results"], cwd=here,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
