@@ -142,19 +142,33 @@ def test_srun_with_slurm_pmix(env, reference, tmp_path):
     assert matches(s, reference), (s, reference)
 
 
+def job_state(env, job_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True,
+                         text=True, timeout=30).stdout
+    return next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+
+
 def test_multinode_sbatch_script(env, reference, tmp_path):
     jobs = {}
-    for launcher in ("srun", "mpiexec"):
+    for launcher in ("srun", "mpiexec"):  # both at once: the node has room for two 2-task jobs
         job_env = {**env, "DOWNPOUR_LAUNCHER": launcher, "DOWNPOUR_ARGS": " ".join(FLAGS),
                    "DOWNPOUR_SUMMARY": str(tmp_path / f"{launcher}.json")}
-        jobs[launcher] = subprocess.Popen(
-            ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", f"--output={tmp_path}/{launcher}.out",
-             str(ROOT / "cluster_profiles" / "launch_multinode.sbatch")],
-            env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for launcher, job in jobs.items():
-        output, _ = job.communicate(timeout=300)
+        script = ROOT / "cluster_profiles" / "launch_multinode.sbatch"
+        submit = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2",
+                                 f"--output={tmp_path}/{launcher}.out", str(script)],
+                                env=job_env, capture_output=True, text=True, timeout=60)
+        assert submit.returncode == 0, explain(submit)
+        jobs[launcher] = submit.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 300
+    states = {}
+    while time.monotonic() < deadline:
+        states = {launcher: job_state(env, job) for launcher, job in jobs.items()}
+        if all(state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for state in states.values()):
+            break
+        time.sleep(0.5)
+    for launcher in jobs:
         log = (tmp_path / f"{launcher}.out").read_text()
-        assert job.returncode == 0, output + log
+        assert states[launcher] == "COMPLETED", log
         assert f"2 ranks on {os.uname().nodename.split('.')[0]}, launcher {launcher}" in log
         s = read_json(tmp_path / f"{launcher}.json")
         assert (s["launcher"], s["world_size"]) == ({"srun": "slurm", "mpiexec": "mpi"}[launcher], 2)
