@@ -13,10 +13,10 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: study test venv lint figures clean
 
-study: $(STAMP)  ## the main job: scaling sweep into results/scaling/runs.csv, then the figures
-	$(BIN)/downpour study --csv results/scaling/runs.csv --figures results/figures
+study: $(STAMP)  ## the main job: notebook 02 headless -> results/scaling/runs.csv + results/figures/*.png
+	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
 
-test: $(STAMP)   ## the whole test suite (unit, multi-rank under mpiexec, CLI)
+test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 figures: $(STAMP)

@@ -1,4 +1,5 @@
-"""The ``downpour`` command: train | evaluate | models | datasets | study | plot | bench.
+"""The ``downpour`` command: train | evaluate | models | datasets | study | plot | bench | profiles |
+notebook | sandbox.
 
 ``downpour train`` runs under ``mpiexec -n N``, ``srun`` or ``torchrun`` (or alone). Its flags are
 generated from ``TrainConfig`` and the algorithms' option dataclasses, so the help text and the
@@ -176,10 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_models)
     sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)
     from .bench.cli import add_bench_parser
+    from .cluster.cli import add_cluster_parsers
+    from .sandbox.cli import add_sandbox_parser
     from .study.cli import add_study_parsers
 
     add_study_parsers(sub)
     add_bench_parser(sub)
+    add_cluster_parsers(sub)
+    add_sandbox_parser(sub)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 import sys
@@ -14,12 +15,14 @@ import torch
 
 @lru_cache(maxsize=1)
 def git_sha() -> str:
-    """The commit of the checkout downpour_lib was imported from ('+dirty' if it has edits)."""
+    """The commit of the checkout downpour_lib was imported from ('+dirty' if its code has edits)."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        # results/ is what a study writes, not code: regenerating it must not mark the runs dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ":(top)", ":(top,exclude)results"], cwd=here,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -27,10 +30,16 @@ def git_sha() -> str:
 
 
 def mpi_version() -> str:
-    """The MPI library, if this process already uses MPI (never initializes it just to ask)."""
-    if "mpi4py.MPI" not in sys.modules:
+    """The MPI library, if this process runs under an MPI launcher or already uses MPI (a 1-rank
+    mpiexec launch and a 1-rank job on MPI cluster engines record the same), else ''."""
+    from .comm.launch_env import discover
+
+    if "mpi4py.MPI" not in sys.modules and discover(os.environ).launcher != "mpi":
         return ""
-    from mpi4py import MPI
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return ""
 
     return MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00")
 

@@ -55,3 +55,38 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_ipython_dir(tmp_path_factory):
+    """Profiles and cluster files go to a fresh IPython directory, never the user's ~/.ipython;
+    every cluster still recorded there at the end of the session is stopped."""
+    path = tmp_path_factory.mktemp("ipython")
+    old = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(path)
+    yield path
+    from downpour_lib.cluster import stop_clusters
+
+    for profile in ("local-mpi", "slurm-mpi"):
+        stop_clusters(profile)
+    if old is None:
+        os.environ.pop("IPYTHONDIR", None)
+    else:
+        os.environ["IPYTHONDIR"] = old
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    """A 2-engine local-mpi cluster for a test module; stopped even when a test fails. The engines
+    can import the jobs in tests/cluster_jobs.py."""
+    from downpour_lib.cluster import start_cluster, stop_clusters
+
+    session = start_cluster("local-mpi", n=2, activate=False, timeout_s=300,
+                            engine_env={"PYTHONPATH": str(Path(__file__).parent)})
+    try:
+        yield session
+    finally:
+        try:
+            session.stop()
+        finally:
+            stop_clusters("local-mpi")

@@ -66,3 +66,14 @@ def test_algorithm_that_cannot_run_on_this_world_fails_before_rendezvous():
     proc = mpiexec(2, str(BIN / "downpour"), "train", "--algorithm", "local", timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("runs in one process, but this launch has 2 ranks") == 1, explain(proc)
+
+
+def test_runtime_on_sub_worlds_of_one_mpi_job_one_job_after_another():
+    proc = mpi_python(3, "subworld.py")
+    assert proc.returncode == 0, explain(proc)
+    seen = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                  key=lambda s: s["world_rank"])
+    # [rank, world size, local rank, local world size, allreduce of rank + 1, backend]
+    assert [s["job1"] for s in seen] == [[0, 2, 0, 2, 3.0, "gloo"], [1, 2, 1, 2, 3.0, "gloo"],
+                                         [0, 1, 0, 1, 1.0, None]]
+    assert [s["job2"] for s in seen] == [[r, 3, r, 3, 6.0, "gloo"] for r in range(3)]

@@ -30,7 +30,8 @@ def test_sweep_writes_one_row_per_run_and_resumes(tmp_path):
     assert csv.read_text() == before and all(line.startswith("skip") for line in log)
 
     figures = make_figures(csv, tmp_path / "figures")
-    assert [f.name for f in figures] == ["throughput.png", "efficiency.png"]
+    assert [f.name for f in figures] == ["throughput.png", "speedup.png", "efficiency.png",
+                                         "breakdown.png"]
     assert all(f.read_bytes()[:4] == b"\x89PNG" for f in figures)
 
 

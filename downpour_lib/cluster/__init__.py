@@ -1,0 +1,21 @@
+"""ipyparallel clusters whose engines are MPI ranks: profiles, start/connect, run a config on all engines.
+
+    from downpour_lib.cluster import start_cluster
+    with start_cluster("local-mpi", n=3) as cluster:      # or connect("slurm-mpi")
+        result = cluster.train(TrainConfig(algorithm="sync_ps", steps=50))   # rank 0's RunResult
+"""
+
+from .profiles import ensure_profile, install_profiles
+from .session import (
+    ClusterError,
+    ClusterRunError,
+    ClusterSession,
+    ClusterTimeout,
+    EngineFailure,
+    connect,
+    start_cluster,
+    stop_clusters,
+)
+
+__all__ = ["ClusterError", "ClusterRunError", "ClusterSession", "ClusterTimeout", "EngineFailure",
+           "connect", "ensure_profile", "install_profiles", "start_cluster", "stop_clusters"]

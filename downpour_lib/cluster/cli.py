@@ -1,0 +1,69 @@
+"""``downpour profiles install|list`` and ``downpour notebook run``."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+
+
+def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profiles", help="install the ipyparallel profiles (local-mpi, slurm-mpi)")
+    p.add_argument("action", choices=("install", "list"))
+    p.add_argument("names", nargs="*", help="profiles to install (default: all)")
+    p.add_argument("--force", action="store_true",
+                   help="replace files you changed in an installed profile")
+    p.add_argument("--ipython-dir", help="IPython's directory (default: $IPYTHONDIR or ~/.ipython)")
+    p.set_defaults(func=cmd_profiles)
+
+    p = sub.add_parser("notebook", help="execute a notebook headless (what `make study` does)")
+    p.add_argument("action", choices=("run",))
+    p.add_argument("notebook")
+    p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a name of the notebook's `parameters` cell (a Python literal, "
+                        "else a string); repeatable")
+    p.add_argument("--output", help="also save the executed notebook here")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per cell (default: 1800)")
+    p.set_defaults(func=cmd_notebook)
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from .profiles import bundled_profiles, install_profiles, profile_dir
+
+    if args.action == "list":
+        for name, source in bundled_profiles().items():
+            dest = profile_dir(name, args.ipython_dir)
+            state = "installed" if (dest / "ipcluster_config.py").exists() else "not installed"
+            print(f"{name:<10} {source} -> {dest} ({state})")
+        return 0
+    for action in install_profiles(args.names or None, args.ipython_dir, args.force):
+        print(action)
+    print(f"profiles are in {profile_dir('NAME', args.ipython_dir)}; start one with "
+          "`ipcluster start --profile=NAME -n N`")
+    return 0
+
+
+def parse_parameter(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=VALUE, e.g. steps=10")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
+def cmd_notebook(args: argparse.Namespace) -> int:
+    from ..notebooks import NotebookError, run_notebook
+
+    try:
+        params = dict(parse_parameter(p) for p in args.parameter)
+    except argparse.ArgumentTypeError as exc:
+        print(f"downpour notebook: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run_notebook(args.notebook, params, output=args.output, timeout_s=args.timeout, echo=True)
+    except NotebookError as exc:
+        print(f"downpour notebook: {exc}", file=sys.stderr)
+        return 1
+    return 0

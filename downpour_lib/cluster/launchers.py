@@ -1,0 +1,110 @@
+"""The ipyparallel engine launcher of the ``slurm-mpi`` profile: all engines in ONE sbatch job.
+
+ipyparallel's own ``SlurmEngineSetLauncher`` runs ``srun ipengine`` without MPI, so engines would not
+be MPI ranks. Here the job's one step is ``mpiexec -n N ipengine --mpi`` (or ``srun --mpi=pmix``), so
+engine rank = MPI rank = torch rank, and the runtime's rendezvous goes over that MPI world.
+
+Every site setting is a configurable trait, set in the profile's ``ipcluster_config.py`` and
+overridable on the command line, e.g.
+``ipcluster start --profile=slurm-mpi -n 16 --SlurmMPIEngineSetLauncher.partition=gpu
+--SlurmMPIEngineSetLauncher.gpus_per_node=4 --SlurmMPIEngineSetLauncher.mpi_launcher=srun``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
+from traitlets import Enum, Integer, List, Unicode, default, observe
+
+from ..comm.mpiexec import MPIExecNotFound, find_mpiexec
+
+TEMPLATE = """#!/bin/bash
+# ipyparallel engines for downpour: one job of {n} MPI ranks (engine rank = MPI rank = torch rank).
+#SBATCH --job-name=ipengine-{cluster_id}
+#SBATCH --ntasks={n}
+#SBATCH --output={output_file}
+#SBATCH --export=ALL
+{sbatch_lines}
+{setup_lines}
+{launch} {program_and_args}
+"""
+
+
+class SlurmMPIEngineSetLauncher(SlurmEngineSetLauncher):
+    """Engines submitted as one sbatch job whose tasks are the ranks of one MPI world."""
+
+    entrypoint_name = "slurm-mpi"
+
+    partition = Unicode("", config=True, help="Slurm partition (sbatch --partition); '' = the default")
+    gpus_per_node = Integer(0, config=True, help="GPUs per node (sbatch --gpus-per-node); 0 = none")
+    tasks_per_node = Integer(0, config=True,
+                             help="engines per node (sbatch --ntasks-per-node); 0 = gpus_per_node "
+                                  "when GPUs are asked for, else Slurm's choice")
+    cpus_per_task = Integer(0, config=True, help="cores per engine (sbatch --cpus-per-task); 0 = 1")
+    sbatch_args = List(Unicode(), config=True,
+                       help="more sbatch options, one per #SBATCH line, e.g. ['--constraint=a100']")
+    setup = List(Unicode(), config=True,
+                 help="shell lines run in the job before the engines start: module loads, "
+                      "conda or venv activation, exports")
+    mpi_launcher = Enum(["mpiexec", "srun"], "mpiexec", config=True,
+                        help="start the engines with mpiexec (any MPI) or srun (needs Slurm's PMIx "
+                             "plugin and an MPI built with PMIx)")
+    mpiexec = List(Unicode(), config=True, help="the mpiexec command (default: the one next to this "
+                                                "Python, else mpiexec on PATH in the job)")
+    mpiexec_args = List(Unicode(), ["--bind-to", "none"], config=True,
+                        help="mpiexec options (the count comes from -n)")
+    srun_args = List(Unicode(), ["--mpi=pmix"], config=True, help="srun options")
+
+    @default("mpiexec")
+    def _default_mpiexec(self):
+        try:
+            return [find_mpiexec()]
+        except MPIExecNotFound:
+            return ["mpiexec"]
+
+    @default("batch_template")
+    def _default_batch_template(self):
+        return TEMPLATE
+
+    @observe("partition")
+    def _partition_changed(self, change):
+        self.queue = change["new"]  # ipyparallel calls it queue
+
+    @default("program")
+    def _default_program(self):
+        return self.engine_cmd + ["--mpi"]  # the engine takes its id from its MPI rank
+
+    @observe("engine_cmd")
+    def _engine_cmd_changed(self, change):
+        self.program = self._default_program()
+
+    def sbatch_lines(self) -> list[str]:
+        options = []
+        for flag, value in (("--partition", self.partition or self.queue), ("--account", self.account),
+                            ("--qos", self.qos), ("--time", self.timelimit)):
+            if value:
+                options.append(f"{flag}={value}")
+        tasks_per_node = self.tasks_per_node or self.gpus_per_node
+        if self.gpus_per_node:
+            options.append(f"--gpus-per-node={self.gpus_per_node}")
+        if tasks_per_node:
+            options.append(f"--ntasks-per-node={tasks_per_node}")
+        if self.cpus_per_task:
+            options.append(f"--cpus-per-task={self.cpus_per_task}")
+        return [f"#SBATCH {o}" for o in options + list(self.sbatch_args)]
+
+    def launch_command(self, n: int) -> str:
+        if self.mpi_launcher == "srun":
+            return shlex.join(["srun", *self.srun_args])
+        return shlex.join([*self.mpiexec, "-n", str(n), *self.mpiexec_args])
+
+    def write_batch_script(self, n=1):
+        # Next to the profile (not in the working directory), one per cluster: read it to see
+        # exactly what was submitted.
+        suffix = f"-{self.cluster_id}" if self.cluster_id else ""
+        self.batch_file = os.path.join(self.profile_dir, f"slurm_engine{suffix}.sbatch")
+        self.context.update(sbatch_lines="\n".join(self.sbatch_lines()),
+                            setup_lines="\n".join(self.setup), launch=self.launch_command(n))
+        return super().write_batch_script(n)

@@ -1,0 +1,83 @@
+"""What runs on the engines. Every function here executes inside an ipyparallel engine that is an MPI
+rank (``ipengine --mpi`` under mpiexec or srun), called on every engine at once by ``ClusterSession``.
+
+A job on ``world_size`` of the engines splits ``MPI.COMM_WORLD``: ranks below ``world_size`` form
+the job's communicator (its rank order is COMM_WORLD's, so engine rank = MPI rank = torch rank) and
+the others return at once. The split is collective, so all engines must be called, busy or not.
+``runtime.init(comm=...)`` builds the process group over that communicator and ``runtime.shutdown()``
+tears it down after each job, so the next job, of any size, can start.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..comm import runtime
+
+
+def mpi_comm_world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def whoami() -> dict[str, Any]:
+    """This engine's MPI rank, the MPI world's size, its host and process id."""
+    world = mpi_comm_world()
+    return {"rank": world.Get_rank(), "size": world.Get_size(), "host": socket.gethostname(),
+            "pid": os.getpid()}
+
+
+def hello() -> str:
+    me = whoami()
+    return f"hello from rank {me['rank']} of {me['size']} on {me['host']} (pid {me['pid']})"
+
+
+@contextmanager
+def job_world(world_size: int, backend: str = "auto", device: str = "auto",
+              timeout_s: float = 300.0) -> Iterator[runtime.DistContext | None]:
+    """The process group of a job on MPI ranks 0..world_size-1; None on the ranks outside it."""
+    from mpi4py import MPI
+
+    world = mpi_comm_world()
+    member = world.Get_rank() < world_size
+    sub = world.Split(0 if member else MPI.UNDEFINED, world.Get_rank())
+    if not member:
+        yield None
+        return
+    runtime.shutdown()  # a job starts clean, even after an interactive %px runtime.init()
+    try:
+        with runtime.session(backend, device, timeout_s, comm=sub) as ctx:
+            yield ctx
+    finally:
+        sub.Free()
+
+
+def train(config: dict[str, Any], world_size: int):
+    """Train ``config`` on ranks 0..world_size-1; rank 0 returns the ``RunResult``, others None."""
+    from ..config import TrainConfig
+    from ..engine import Trainer
+
+    cfg = TrainConfig.from_dict(config)
+    with job_world(world_size, cfg.backend, cfg.device, cfg.timeout_s) as ctx:
+        return None if ctx is None else Trainer(cfg, ctx).run()
+
+
+def allreduce_ranks(world_size: int) -> dict[str, Any] | None:
+    """Each rank contributes ``rank + 1``; returns what this rank sent and what the sum came back as."""
+    import torch
+
+    from ..comm.collectives import Comm
+
+    with job_world(world_size, "gloo", "cpu") as ctx:
+        if ctx is None:
+            return None
+        tensor = torch.tensor([float(ctx.rank + 1)])
+        Comm(ctx).all_reduce(tensor)
+        return {"rank": ctx.rank, "host": socket.gethostname(), "sent": float(ctx.rank + 1),
+                "received": float(tensor.item()), "backend": ctx.backend}
+

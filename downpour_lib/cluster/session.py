@@ -1,0 +1,363 @@
+"""Start or connect to a profile's ipyparallel cluster whose engines are MPI ranks, and run jobs on it.
+
+``start_cluster(profile, n)`` starts a controller and ``n`` engines with the profile's launcher
+(``local-mpi``: mpiexec on this machine; ``slurm-mpi``: one sbatch job); ``connect(profile)`` attaches
+to a cluster that ``ipcluster start --profile=NAME`` already runs. Both return a ``ClusterSession``:
+
+- ``ranks`` maps engine ids to MPI ranks, asked from every engine, never assumed equal (ipyparallel
+  numbers engines by registration, and a restart renumbers them);
+- ``run(fn, ...)`` calls ``fn`` on every engine and returns ``{rank: value}``. An exception on any
+  engine reaches the caller as ``ClusterRunError`` naming the rank, its host and its traceback. The
+  other ranks get ``grace_s`` to notice (a dead peer usually breaks their collectives at once); ranks
+  still blocked after that, a run past its timeout, and a run interrupted from the notebook (Ctrl-C,
+  "interrupt kernel") get the engines restarted, so the next cell runs on fresh engines and the
+  notebook kernel never needs a restart;
+- ``train(config)`` runs a ``TrainConfig`` on the first ``world_size`` ranks and returns rank 0's
+  ``RunResult``; ``launch`` is the same as a launcher for ``study.sweep.run_study``;
+- ``activate()`` registers ``%px`` and ``%%px`` for interactive cells on all engines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from ..errors import ConfigError, DownpourError
+from . import remote
+from .profiles import ensure_profile, profile_dir
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class ClusterError(DownpourError):
+    """The cluster did not start, or its engines are not one MPI world."""
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    rank: int
+    engine_id: int
+    host: str
+    error: str  # "RuntimeError: what went wrong"
+    traceback: str
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} (engine {self.engine_id} on {self.host}) failed: {self.error}\n" \
+               f"{self.traceback}"
+
+
+class ClusterRunError(DownpourError):
+    """A job failed on one or more engines; ``failures`` holds each one's rank and traceback, in
+    the order they failed (the first is usually the cause; later ones are often peers that lost it)."""
+
+    def __init__(self, what: str, failures: list[EngineFailure], stuck: list[int], restarted: bool):
+        self.failures, self.stuck, self.restarted = failures, stuck, restarted
+        lines = [f"{what} failed on rank(s) {', '.join(str(f.rank) for f in failures)} "
+                 f"(first: rank {failures[0].rank}):"]
+        lines += [str(f) for f in failures]
+        if stuck:
+            lines.append(f"rank(s) {', '.join(map(str, stuck))} were still waiting on the failed "
+                         "rank(s)" + ("; the engines were restarted" if restarted else ""))
+        super().__init__("\n".join(lines))
+
+
+class ClusterTimeout(DownpourError):
+    """A job ran past its time limit; the engines were restarted."""
+
+
+def _clean_traceback(text: str) -> str:
+    """The engine's traceback without colour codes and without ipyparallel's own frames (the
+    ``do_apply`` frame and the ``<string>`` call it executes): it starts at the job's function."""
+    lines = ANSI.sub("", text or "").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("File <string>:")]
+    if starts:
+        rest = lines[starts[0] + 1:]
+        first = next((i for i, line in enumerate(rest) if line.startswith("File ")), None)
+        if first is not None:
+            lines = lines[:2] + rest[first:]  # keep the "----" rule and the exception header
+    return "\n".join(lines)
+
+
+def _finished_at(future) -> float:
+    """When the engine finished the task (its own clock), for ordering failures."""
+    completed = (getattr(future, "metadata", None) or {}).get("completed")
+    return completed.timestamp() if completed is not None else float("inf")
+
+
+def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """rank -> {engine_id, host, pid}, from what each engine said about itself (``remote.whoami``,
+    keyed by engine id). The engines must be ranks 0..n-1 of one MPI world of n."""
+    sizes = {me["size"] for me in seen.values()}
+    ranks = sorted(me["rank"] for me in seen.values())
+    if sizes != {len(seen)} or ranks != list(range(len(seen))):
+        raise ClusterError(
+            f"the {len(seen)} engines are not one MPI world (ranks {ranks}, world sizes "
+            f"{sorted(sizes)}): start them with one mpiexec or srun, as the local-mpi and "
+            "slurm-mpi profiles do, or start a fresh cluster")
+    return {me["rank"]: {"engine_id": eid, "host": me["host"], "pid": me["pid"]}
+            for eid, me in sorted(seen.items(), key=lambda item: item[1]["rank"])}
+
+
+class ClusterSession:
+    """A connected ipyparallel cluster whose engines form one MPI world (see the module docstring)."""
+
+    def __init__(self, cluster, client, owned: bool, timeout_s: float = 120.0,
+                 grace_s: float = 10.0) -> None:
+        self.cluster, self.client, self.owned = cluster, client, owned
+        self.timeout_s, self.grace_s = timeout_s, grace_s
+        self.size = 0
+        self.engines: dict[int, dict[str, Any]] = {}  # rank -> {engine_id, host, pid}
+        self._view = None
+
+    # -- the engines -----------------------------------------------------------------------------
+
+    def _ask(self, ids: list[int], timeout_s: float) -> dict[int, dict[str, Any]]:
+        futures = {eid: self.client[eid].apply_async(remote.whoami) for eid in ids}
+        return {eid: f.get(timeout=timeout_s) for eid, f in futures.items()}
+
+    def _map_ranks(self, seen: dict[int, dict[str, Any]]) -> None:
+        self.engines = rank_map(seen)
+        self.size = len(seen)
+
+    @property
+    def ranks(self) -> dict[int, int]:
+        """engine id -> MPI rank."""
+        return {e["engine_id"]: rank for rank, e in self.engines.items()}
+
+    def table(self) -> pd.DataFrame:
+        """One row per engine: its MPI rank, engine id, host and process id."""
+        return pd.DataFrame([{"rank": r, **e} for r, e in sorted(self.engines.items())])
+
+    def wait_for_engines(self, n: int, stale_pids: set[int] = frozenset(),
+                         timeout_s: float | None = None) -> None:
+        """Wait until ``n`` live engines are registered, none of them one of ``stale_pids`` (the
+        engines before a restart, which the hub may still list and whose ids the new ones reuse),
+        then map their ranks."""
+        timeout_s = timeout_s or self.timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ids = sorted(self.client.ids)
+            if len(ids) == n:
+                try:  # the first call imports torch on the engines: give it the time left
+                    seen = self._ask(ids, timeout_s=max(1.0, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 -- an engine that is going away: ask again
+                    seen = {}
+                if len(seen) == n and not {me["pid"] for me in seen.values()} & set(stale_pids):
+                    self._map_ranks(seen)
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{len(ids)} of {n} engines registered within {timeout_s:.0f} s; "
+                                   f"see the engine logs in {self.cluster.profile_dir}/log")
+            time.sleep(0.25)
+
+    def activate(self) -> None:
+        """Register %px / %%px in this IPython session, on all engines (also after a restart)."""
+        from IPython import get_ipython
+
+        if get_ipython() is None:
+            return
+        self._view = self.client.direct_view("all")
+        self._view.block = True
+        self._view.activate()
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
+            what: str | None = None, **kwargs: Any) -> dict[int, Any]:
+        """Call ``fn(*args, **kwargs)`` on every engine; returns ``{rank: value}``."""
+        what = what or getattr(fn, "__name__", "the job")
+        futures = {rank: self.client[e["engine_id"]].apply_async(fn, *args, **kwargs)
+                   for rank, e in self.engines.items()}
+        results: dict[int, Any] = {}
+        failures: list[EngineFailure] = []
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        first_failure = None
+        try:
+            while futures:
+                ready = [rank for rank in futures if futures[rank].ready()]
+                for rank in sorted(ready, key=lambda r: _finished_at(futures[r])):
+                    failure = self._collect(rank, futures.pop(rank), results)
+                    if failure is not None:
+                        failures.append(failure)
+                        first_failure = first_failure or time.monotonic()
+                if not futures:
+                    break
+                now = time.monotonic()
+                if first_failure is not None and now - first_failure > self.grace_s:
+                    break
+                if deadline is not None and now > deadline:
+                    self.restart_engines()
+                    raise ClusterTimeout(f"{what} ran past {timeout_s:.0f} s on rank(s) "
+                                         f"{', '.join(map(str, sorted(futures)))}; the engines "
+                                         "were restarted")
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            # Whatever the engines are blocked in (a collective, C code), a restart frees them.
+            self.restart_engines()
+            raise
+        if failures:
+            stuck = sorted(futures)
+            if stuck:
+                self.restart_engines()
+            raise ClusterRunError(what, failures, stuck, bool(stuck))
+        return dict(sorted(results.items()))
+
+    def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
+        from ipyparallel.error import RemoteError
+
+        engine = self.engines[rank]
+        try:
+            results[rank] = future.get(0)
+            return None
+        except RemoteError as exc:
+            return EngineFailure(rank, engine["engine_id"], engine["host"],
+                                 f"{exc.ename}: {exc.evalue}", _clean_traceback(exc.traceback))
+        except Exception as exc:  # noqa: BLE001 -- e.g. the engine died: still name the rank
+            return EngineFailure(rank, engine["engine_id"], engine["host"],
+                                 f"{type(exc).__name__}: {exc}", "")
+
+    def train(self, config, world_size: int | None = None, timeout_s: float | None = None):
+        """Train ``config`` (a TrainConfig or a mapping) on ranks 0..world_size-1 (default: all);
+        returns rank 0's ``RunResult``. Bad settings fail here, before any engine is busy."""
+        from ..config import TrainConfig
+        from ..data import load_dataset
+        from ..engine import plan_run
+
+        if isinstance(config, Mapping):
+            config = TrainConfig.from_dict(dict(config))
+        world_size = world_size or self.size
+        if world_size > self.size:
+            raise ConfigError("world_size", world_size,
+                              f"this cluster has {self.size} engines; start one with at least "
+                              f"{world_size} (start_cluster(profile, n={world_size}))")
+        plan_run(config, world_size, load_dataset(config.dataset, config.data_dir).train)
+        results = self.run(remote.train, config.to_dict(), world_size, timeout_s=timeout_s,
+                           what=f"{config.algorithm} on {world_size} rank(s)")
+        return results[0]
+
+    def launch(self, config, world_size: int, timeout_s: float) -> dict[str, Any]:
+        """A ``run_study`` launcher: the run's summary row, exactly as ``downpour train
+        --summary-json`` writes it (so both launchers give the same CSV)."""
+        summary = self.train(config, world_size, timeout_s).summary
+        return json.loads(json.dumps(summary, default=str))
+
+    def allreduce(self, world_size: int | None = None) -> pd.DataFrame:
+        """A torch.distributed allreduce across the engines: each rank sends rank + 1."""
+        rows = self.run(remote.allreduce_ranks, world_size or self.size, timeout_s=self.timeout_s)
+        return pd.DataFrame([r for r in rows.values() if r is not None])
+
+    def hello(self) -> dict[int, str]:
+        return self.run(remote.hello, timeout_s=self.timeout_s)
+
+    # -- restart and stop ------------------------------------------------------------------------
+
+    def restart_engines(self) -> None:
+        """Stop the engines (whatever they are doing) and start them again with the same launcher."""
+        stale = {e["pid"] for e in self.engines.values()}
+        self.cluster.restart_engines_sync()
+        self.wait_for_engines(self.size, stale_pids=stale)
+        if self._view is not None:
+            self._view = None
+            self.activate()
+
+    def stop(self) -> None:
+        """Stop the cluster if this session started it; otherwise just disconnect."""
+        try:
+            self.client.close()
+        finally:
+            if self.owned:
+                # mpiexec ends with status 1 when its engines are stopped, and ipyparallel then
+                # logs every engine's output as a warning; a planned stop is not a failure.
+                log = self.cluster.log
+                level = log.level
+                log.setLevel(logging.ERROR)
+                try:
+                    self.cluster.stop_cluster_sync()
+                finally:
+                    log.setLevel(level)
+
+    def __enter__(self) -> ClusterSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (f"<ClusterSession {self.cluster.profile_dir} cluster_id={self.cluster.cluster_id!r} "
+                f"{self.size} engines on {sorted({e['host'] for e in self.engines.values()})}>")
+
+
+def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping[str, str] = (),
+                  timeout_s: float = 120.0, activate: bool = True, **cluster_kwargs) -> ClusterSession:
+    """Start a controller and ``n`` engines from the profile (installing a bundled profile first
+    if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``."""
+    import ipyparallel as ipp
+
+    if n < 1:
+        raise ConfigError("n", n, "start at least 1 engine")
+    ensure_profile(profile)
+    cluster_kwargs.setdefault("log_level", logging.WARNING)  # ipyparallel's INFO lines drown a notebook
+    cluster = ipp.Cluster(profile=profile, n=n, engine_timeout=int(timeout_s), **cluster_kwargs)
+    if engine_env:
+        name = cluster.engine_launcher_class.__name__
+        env = dict(cluster.config[name].get("environment", {}))
+        cluster.config[name].environment = {**env, **dict(engine_env)}
+    client = None
+    try:
+        cluster.start_cluster_sync(n)
+        client = cluster.connect_client_sync()
+        session = ClusterSession(cluster, client, owned=True, timeout_s=timeout_s)
+        session.wait_for_engines(n)
+    except BaseException:
+        if client is not None:
+            client.close()
+        cluster.stop_cluster_sync()
+        raise
+    if activate:
+        session.activate()
+    return session
+
+
+def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None = None,
+            timeout_s: float = 120.0, activate: bool = True) -> ClusterSession:
+    """Attach to the cluster that ``ipcluster start --profile=NAME`` runs, waiting for its engines
+    (a Slurm job may sit in the queue for a while: raise ``timeout_s``)."""
+    import ipyparallel as ipp
+
+    try:
+        cluster = ipp.Cluster.from_file(profile_dir=str(profile_dir(profile)), cluster_id=cluster_id)
+    except FileNotFoundError:
+        raise ClusterError(f"no running cluster for profile {profile!r}"
+                           + (f" with id {cluster_id!r}" if cluster_id else "")
+                           + f": start one with `ipcluster start --profile={profile} -n N "
+                             "--daemonize`, or use start_cluster()") from None
+    n = n or sum(es.n for es in cluster.engines.values())
+    client = cluster.connect_client_sync()
+    session = ClusterSession(cluster, client, owned=False, timeout_s=timeout_s)
+    try:
+        session.wait_for_engines(n)
+    except BaseException:
+        client.close()
+        raise
+    if activate:
+        session.activate()
+    return session
+
+
+def stop_clusters(profile: str, ipython: str | None = None) -> int:
+    """Stop every cluster recorded in the profile (what a test's teardown calls); returns how many."""
+    import ipyparallel as ipp
+
+    stopped = 0
+    for cluster in ipp.ClusterManager().load_clusters(
+            profile_dirs=[str(profile_dir(profile, ipython))]).values():
+        cluster.stop_cluster_sync()
+        stopped += 1
+    return stopped

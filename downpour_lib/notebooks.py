@@ -1,0 +1,106 @@
+"""Execute a notebook headless, with its ``parameters`` cell overridden (papermill's convention).
+
+The notebook's cell tagged ``parameters`` holds its defaults. ``run_notebook`` inserts a cell tagged
+``injected-parameters`` right after it that assigns the overrides, then runs every cell in a fresh
+kernel (nbclient) with the notebook's directory as the working directory, the way Jupyter would.
+An override whose name is not assigned in the ``parameters`` cell is an error, not silently ignored.
+The notebook on disk is never modified: an executed copy is written only where ``output`` says.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import atomic_write_text
+from .errors import ConfigError, DownpourError
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # IPython colours its tracebacks
+
+
+class NotebookError(DownpourError):
+    """A cell raised; the message holds the notebook, the cell and the traceback."""
+
+
+def parameters_cell(nb) -> int:
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            return index
+    raise ConfigError("notebook", nb.metadata.get("title", "?"),
+                      "it needs a code cell tagged `parameters` holding its defaults")
+
+
+def parameter_names(source: str) -> list[str]:
+    names = []
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def inject_parameters(nb, parameters: Mapping[str, Any]):
+    """A copy of ``nb`` with a cell assigning ``parameters`` after its ``parameters`` cell."""
+    import copy
+
+    import nbformat
+
+    nb = copy.deepcopy(nb)
+    index = parameters_cell(nb)
+    known = parameter_names(nb.cells[index].source)
+    for name in parameters:
+        if name not in known:
+            raise ConfigError("parameter", name, "the notebook's parameters are " + ", ".join(known))
+    if parameters:
+        lines = ["# Parameters injected by downpour_lib.notebooks.run_notebook"]
+        lines += [f"{name} = {value!r}" for name, value in parameters.items()]
+        cell = nbformat.v4.new_code_cell("\n".join(lines))
+        cell.metadata["tags"] = ["injected-parameters"]
+        nb.cells.insert(index + 1, cell)
+    return nb
+
+
+def _client_class(echo: bool):
+    from nbclient import NotebookClient
+
+    class Client(NotebookClient):
+        """Echoes the cells' printed output as it arrives (a long study shows its progress)."""
+
+        def output(self, outs, msg, display_id, cell_index):
+            if echo and msg["msg_type"] == "stream":
+                stream = sys.stderr if msg["content"]["name"] == "stderr" else sys.stdout
+                stream.write(msg["content"]["text"])
+                stream.flush()
+            return super().output(outs, msg, display_id, cell_index)
+
+    return Client
+
+
+def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None = None, *,
+                 output: str | os.PathLike | None = None, timeout_s: float = 1800.0,
+                 echo: bool = False, env: Mapping[str, str] | None = None):
+    """Execute the notebook at ``path`` with ``parameters``; returns the executed notebook."""
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    path = Path(path).resolve()
+    nb = inject_parameters(nbformat.read(path, as_version=4), parameters or {})
+    # The kernel is this Python's ipykernel; its kernelspec says just "python", so put this
+    # environment's bin first on PATH (mpiexec and ipengine come from there too).
+    kernel_env = dict(os.environ if env is None else env)
+    kernel_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), kernel_env.get("PATH", "")])
+    client = _client_class(echo)(nb, timeout=int(timeout_s), kernel_name="python3",
+                                 resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute(env=kernel_env)
+    except CellExecutionError as exc:
+        raise NotebookError(f"{path.name} failed:\n" + ANSI.sub("", str(exc))) from None
+    finally:
+        if output is not None:
+            atomic_write_text(output, nbformat.writes(nb))
+    return nb

@@ -1,0 +1,398 @@
+"""A real one-node Slurm (munge, slurmctld, slurmd) under a private directory, for tests and demos.
+
+``up`` writes a fresh munge key and a ``slurm.conf`` for this host into the sandbox directory
+(NodeName = ``hostname -s``, state, spool, pid and log files all inside it, ports chosen free), starts
+``munged``, ``slurmctld`` and ``slurmd`` as root with ``SLURM_CONF`` pointing at that file, and waits
+until the node is idle. The plugins are the ones that work in a container without systemd or
+cgroups (proctrack/linuxproc, task/none, no accounting). The node advertises at least
+``MIN_CPUS`` CPUs so that an ipyparallel engine job and a training step fit side by side on a
+2-core machine: the sandbox oversubscribes the real cores on purpose, it tests launching, not speed.
+
+``down`` cancels every job, stops the daemons and then kills, by process id, whatever is left of
+their process trees (slurmstepd and job processes), so nothing keeps running. Both are idempotent.
+
+Slurm's client commands (sbatch, srun, squeue) read ``SLURM_CONF``; so that a plain
+``ipcluster start --profile=slurm-mpi`` finds the sandbox too, ``up`` links
+``/etc/slurm/slurm.conf`` to the sandbox's file when no slurm.conf exists there (and ``down``
+removes that link again, only if it is still ours).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checkpoint import atomic_write_bytes, atomic_write_text
+from ..errors import DownpourError
+
+DEFAULT_DIR = Path(os.environ.get("DOWNPOUR_SLURM_DIR", "/tmp/downpour-slurm"))
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+MIN_CPUS = 8
+REQUIRED = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scancel")
+READY_STATES = ("idle", "mixed", "allocated", "completing")
+
+
+class SandboxError(DownpourError):
+    """The sandbox cannot start here, or a daemon failed (the message holds its log's tail)."""
+
+
+def missing_requirements() -> list[str]:
+    """What this machine lacks to run the sandbox (empty when it can)."""
+    missing = [f"`{exe}` (apt-get install slurm-wlm munge)" for exe in REQUIRED
+               if shutil.which(exe) is None]
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        missing.append("root: slurmd and the munge key are run and owned by root")
+    return missing
+
+
+def pmix_available() -> bool:
+    """Can Slurm's mpi/pmix plugin load libpmix (Debian: apt-get install libpmix-dev)?"""
+    try:
+        ctypes.CDLL("libpmix.so")
+    except OSError:
+        return False
+    return True
+
+
+def _traversable_by_all(path: Path) -> bool:
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
+
+
+def _socket_dir(directory: Path) -> Path:
+    """munged wants every directory above its socket to be traversable by all users; when the
+    sandbox lives under a private directory (pytest's tmp_path is 0700), the socket goes to /tmp."""
+    if _traversable_by_all(directory.parent):
+        return directory / "munge-socket"
+    tag = hashlib.sha1(str(directory).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"downpour-munge-{tag}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- processes, by id ----------------------------------------------------------------------------
+
+def _proc_state(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state letter) of a live process, None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+    return int(fields[1]), fields[0]
+
+
+def _alive(pid: int | None) -> bool:
+    state = _proc_state(pid) if pid else None
+    return state is not None and state[1] not in ("Z", "X")  # a zombie runs nothing
+
+
+def _environ_has(pid: int, entry: bytes) -> bool:
+    try:
+        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            state = _proc_state(int(entry.name))
+            if state is not None:
+                children.setdefault(state[0], []).append(int(entry.name))
+    return children
+
+
+def _descendants(roots: Iterable[int]) -> list[int]:
+    children, out, todo = _children_map(), [], list(roots)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _protected() -> set[int]:
+    """This process and its ancestors: never signalled, whatever their environment says."""
+    pids, pid = {1}, os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        state = _proc_state(pid)
+        pid = state[0] if state else 1
+    return pids
+
+
+def _terminate(pids: Iterable[int], timeout_s: float) -> None:
+    """SIGTERM, wait, then SIGKILL what is still alive."""
+    pids = [p for p in dict.fromkeys(pids) if p not in _protected() and _alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        pids = [p for p in pids if _alive(p)]
+        if not pids:
+            return
+
+
+# -- the sandbox ---------------------------------------------------------------------------------
+
+@dataclass
+class SandboxStatus:
+    directory: Path
+    conf: Path
+    daemons: dict[str, int | None]  # name -> pid when running
+    node: str = ""  # e.g. "vm idle"
+    jobs: list[str] = field(default_factory=list)
+    pmix: bool = False
+    system_link: bool = False
+
+    @property
+    def running(self) -> bool:
+        return all(self.daemons.values())
+
+    @property
+    def stopped(self) -> bool:
+        return not any(self.daemons.values())
+
+    def __str__(self) -> str:
+        lines = [f"slurm sandbox in {self.directory}: "
+                 + ("up" if self.running else "down" if self.stopped else "partly up")]
+        lines += [f"  {name:<10} " + (f"pid {pid}" if pid else "not running")
+                  for name, pid in self.daemons.items()]
+        if self.running:
+            lines.append(f"  node       {self.node}")
+            lines.append(f"  jobs       {len(self.jobs)}" + "".join(f"\n    {j}" for j in self.jobs))
+            lines.append("  srun --mpi=pmix " + ("works" if self.pmix else
+                                                 "unavailable (apt-get install libpmix-dev)"))
+            link = f" (also linked from {SYSTEM_CONF})" if self.system_link else ""
+            lines.append(f"  export SLURM_CONF={self.conf}{link}")
+        return "\n".join(lines)
+
+
+class SlurmSandbox:
+    """One-node Slurm under ``directory``; see the module docstring."""
+
+    def __init__(self, directory: str | os.PathLike = DEFAULT_DIR, link_system_conf: bool = True):
+        self.dir = Path(directory).resolve()
+        self.link_system_conf = link_system_conf
+        self.conf = self.dir / "slurm.conf"
+        self.munge_dir = self.dir / "munge"  # key, seed, pid, log: root only
+        self.socket = _socket_dir(self.dir) / "munge.socket"
+        self.run_dir, self.log_dir = self.dir / "run", self.dir / "log"
+        self.state_dir, self.spool_dir = self.dir / "state", self.dir / "spool"
+        self.pidfiles = {"munged": self.munge_dir / "munged.pid",
+                         "slurmctld": self.run_dir / "slurmctld.pid",
+                         "slurmd": self.run_dir / "slurmd.pid"}
+
+    # -- environment and configuration -----------------------------------------------------------
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment whose Slurm commands talk to this sandbox."""
+        return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf)}
+
+    def slurm_conf(self, ctld_port: int, slurmd_port: int) -> str:
+        host = socket.gethostname().split(".")[0]
+        cpus = max(MIN_CPUS, os.cpu_count() or 1)
+        return f"""\
+# Generated by `downpour sandbox slurm up`: a one-node Slurm for tests, everything under {self.dir}.
+ClusterName=downpour-sandbox
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.socket}
+StateSaveLocation={self.state_dir}
+SlurmdSpoolDir={self.spool_dir}
+SlurmctldPidFile={self.pidfiles['slurmctld']}
+SlurmdPidFile={self.pidfiles['slurmd']}
+SlurmctldLogFile={self.log_dir / 'slurmctld.log'}
+SlurmdLogFile={self.log_dir / 'slurmd.log'}
+# Containers: no systemd, no cgroups. Track processes through /proc, bind nothing.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SwitchType=switch/none
+MpiDefault=none
+MailProg=/bin/true
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+# The node advertises {cpus} CPUs whatever the hardware has, so small jobs fit side by side.
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmdTimeout=60
+KillWait=5
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def _pid(self, name: str) -> int | None:
+        """The daemon's pid if it is running and is ours (not a recycled pid, not another Slurm)."""
+        try:
+            pid = int(self.pidfiles[name].read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if not _alive(pid):
+            return None
+        if name == "munged":
+            try:
+                ours = str(self.socket).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                return None
+        else:
+            ours = _environ_has(pid, f"SLURM_CONF={self.conf}".encode())
+        return pid if ours else None
+
+    def _slurm(self, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), env=self.env(), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def status(self) -> SandboxStatus:
+        status = SandboxStatus(self.dir, self.conf, {n: self._pid(n) for n in self.pidfiles},
+                               pmix=pmix_available(), system_link=self._linked())
+        if status.running:
+            node = self._slurm("sinfo", "-h", "-N", "-o", "%N %T")
+            status.node = node.stdout.strip() or node.stderr.strip()
+            jobs = self._slurm("squeue", "-h", "-o", "%i %j %T %M")
+            status.jobs = [j.strip() for j in jobs.stdout.splitlines() if j.strip()]
+        return status
+
+    def _linked(self) -> bool:
+        return SYSTEM_CONF.is_symlink() and os.readlink(SYSTEM_CONF) == str(self.conf)
+
+    # -- up --------------------------------------------------------------------------------------
+
+    def up(self, timeout_s: float = 60.0) -> SandboxStatus:
+        """Start the sandbox (nothing happens if it is already up) and wait until the node is idle."""
+        missing = missing_requirements()
+        if missing:
+            raise SandboxError("the Slurm sandbox needs " + "; ".join(missing))
+        status = self.status()
+        if status.running:
+            return status
+        self.down()  # whatever a half-started sandbox left behind
+        self._prepare()
+        self._start(["munged", f"--socket={self.socket}", f"--key-file={self.munge_dir / 'munge.key'}",
+                     f"--pid-file={self.pidfiles['munged']}", f"--log-file={self.munge_dir / 'munged.log'}",
+                     f"--seed-file={self.munge_dir / 'munged.seed'}"], "munged", timeout_s)
+        self._start(["slurmctld"], "slurmctld", timeout_s)
+        self._start(["slurmd"], "slurmd", timeout_s)
+        self._wait_for_node(timeout_s)
+        if self.link_system_conf and not os.path.lexists(SYSTEM_CONF):
+            SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
+            SYSTEM_CONF.symlink_to(self.conf)
+        return self.status()
+
+    def _prepare(self) -> None:
+        for path in (self.dir, self.socket.parent):
+            if path.exists() and path.stat().st_uid != os.geteuid():
+                raise SandboxError(f"{path} belongs to another user; choose another --dir")
+        for path in (self.state_dir, self.spool_dir):  # a fresh cluster: job ids from 1, no stale nodes
+            shutil.rmtree(path, ignore_errors=True)
+        # munged refuses a socket whose directories are not traversable by all, and a key that is
+        for path, mode in ((self.dir, 0o755), (self.socket.parent, 0o755), (self.munge_dir, 0o700),
+                           (self.run_dir, 0o755), (self.log_dir, 0o755), (self.state_dir, 0o700),
+                           (self.spool_dir, 0o755)):
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(mode)
+        key = self.munge_dir / "munge.key"
+        if key.exists():
+            key.chmod(0o600)
+        atomic_write_bytes(key, secrets.token_bytes(1024))
+        key.chmod(0o400)
+        atomic_write_text(self.conf, self.slurm_conf(_free_port(), _free_port()))
+
+    def _start(self, cmd: list[str], name: str, timeout_s: float) -> None:
+        """Run a daemon (it forks into the background) and wait for its pid file."""
+        err = self.log_dir / f"{name}.stderr"
+        with open(err, "w") as stderr:
+            proc = subprocess.run(cmd, env=self.env(), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=stderr, timeout=timeout_s,
+                                  start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while proc.returncode == 0 and time.monotonic() < deadline:
+            if self._pid(name):
+                return
+            time.sleep(0.1)
+        self._fail(f"{name} did not start (exit {proc.returncode})")
+
+    def _wait_for_node(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        state = ""
+        while time.monotonic() < deadline:
+            out = self._slurm("sinfo", "-h", "-N", "-o", "%T")
+            state = out.stdout.strip()
+            if out.returncode == 0 and state in READY_STATES:
+                return
+            time.sleep(0.3)
+        self._fail(f"the node did not become idle within {timeout_s:.0f} s (state {state!r})")
+
+    def _fail(self, message: str) -> None:
+        tails = []
+        for log in (self.munge_dir / "munged.log", self.log_dir / "slurmctld.log",
+                    self.log_dir / "slurmd.log", *sorted(self.log_dir.glob("*.stderr"))):
+            if log.exists() and log.stat().st_size:
+                tails.append(f"--- {log}\n" + "\n".join(log.read_text().splitlines()[-8:]))
+        self.down()
+        raise SandboxError(message + "\n" + "\n".join(tails))
+
+    # -- down ------------------------------------------------------------------------------------
+
+    def down(self, timeout_s: float = 15.0) -> SandboxStatus:
+        """Cancel every job, stop the daemons, kill what is left of their process trees."""
+        if self._pid("slurmctld"):
+            jobs = self._slurm("squeue", "-h", "-o", "%i").stdout.split()
+            if jobs:
+                self._slurm("scancel", *jobs)
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline and self._slurm("squeue", "-h").stdout.strip():
+                    time.sleep(0.2)
+        marker = f"SLURM_CONF={self.conf}".encode()
+        # slurmd, slurmctld and every slurmstepd they started carry our SLURM_CONF; job processes
+        # descend from a slurmstepd. Collect the trees before anything exits and re-parents.
+        roots = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                 if _environ_has(pid, marker) and _comm(pid) in ("slurmd", "slurmctld", "slurmstepd")]
+        tree = _descendants(roots)
+        _terminate([p for p in roots if _comm(p) in ("slurmd", "slurmctld")], timeout_s)
+        _terminate(tree, 2.0)
+        munged = self._pid("munged")
+        if munged:
+            _terminate([munged], timeout_s)
+        if not self.socket.parent.is_relative_to(self.dir):
+            shutil.rmtree(self.socket.parent, ignore_errors=True)
+        if self._linked():
+            SYSTEM_CONF.unlink()
+        return self.status()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,38 @@
+"""Jobs the cluster tests send to the engines (importable there: the test cluster puts tests/ on
+the engines' PYTHONPATH)."""
+
+import time
+
+import torch
+
+from downpour_lib.cluster.remote import job_world, whoami
+from downpour_lib.comm.collectives import Comm
+
+
+def fail_on_rank(bad_rank: int, world_size: int):
+    """Every rank joins an allreduce, except ``bad_rank``, which raises instead."""
+    with job_world(world_size, "gloo", "cpu", timeout_s=60) as ctx:
+        if ctx is None:
+            return None
+        if ctx.rank == bad_rank:
+            raise RuntimeError(f"injected failure on rank {bad_rank}")
+        tensor = torch.ones(1)
+        Comm(ctx).all_reduce(tensor)
+        return float(tensor.item())
+
+
+def sleep_on_rank(rank: int, seconds: float) -> int:
+    me = whoami()["rank"]
+    if me == rank:
+        time.sleep(seconds)
+    return me
+
+
+def fail_or_sleep(bad_rank: int, seconds: float) -> int:
+    """``bad_rank`` raises; the others wait on something that is not a collective, so nothing tells
+    them their peer is gone."""
+    me = whoami()["rank"]
+    if me == bad_rank:
+        raise ValueError(f"rank {me} gives up")
+    time.sleep(seconds)
+    return me

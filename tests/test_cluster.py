@@ -1,0 +1,153 @@
+"""The cluster helpers on a real 2-engine local-mpi cluster (ipcontroller + mpiexec'd ipengines).
+
+References: training through the cluster equals the same config under `mpiexec downpour train`; the
+study's CSV is the same whichever launcher filled it; a failure names its rank and traceback; a hang
+or an interrupt leaves fresh engines behind.
+"""
+
+import os
+import signal
+import threading
+
+import cluster_jobs
+import pandas as pd
+import pytest
+from conftest import BIN, explain, mpiexec, read_json
+
+from downpour_lib import TrainConfig
+from downpour_lib.cluster import ClusterError, ClusterRunError, ClusterTimeout, remote
+from downpour_lib.cluster.session import rank_map
+from downpour_lib.errors import ConfigError
+from downpour_lib.study.sweep import StudySpec, run_study
+
+TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
+        "threads": 1, "eval_every": 6, "warmup_steps": 2}
+
+
+def test_rank_map_comes_from_the_engines_not_their_ids():
+    seen = {7: {"rank": 1, "size": 2, "host": "b", "pid": 11},
+            3: {"rank": 0, "size": 2, "host": "a", "pid": 10}}
+    engines = rank_map(seen)
+    assert engines == {0: {"engine_id": 3, "host": "a", "pid": 10},
+                       1: {"engine_id": 7, "host": "b", "pid": 11}}
+    with pytest.raises(ClusterError, match="not one MPI world"):  # two separate mpiexec launches
+        rank_map({0: {"rank": 0, "size": 1, "host": "a", "pid": 1},
+                  1: {"rank": 0, "size": 1, "host": "a", "pid": 2}})
+
+
+def test_every_engine_is_an_mpi_rank_and_jobs_come_back_by_rank(local_cluster):
+    cluster = local_cluster
+    assert cluster.size == 2 and sorted(cluster.engines) == [0, 1]
+    for engine_id, rank in cluster.ranks.items():  # ask each engine directly
+        assert cluster.client[engine_id].apply_sync(remote.whoami)["rank"] == rank
+    hello = cluster.hello()
+    assert [hello[r].split(" on ")[0] for r in (0, 1)] == ["hello from rank 0 of 2",
+                                                          "hello from rank 1 of 2"]
+    table = cluster.allreduce()
+    assert table["received"].tolist() == [3.0, 3.0] and table["sent"].tolist() == [1.0, 2.0]
+
+
+def test_training_through_the_cluster_equals_the_same_run_under_mpiexec(local_cluster, tmp_path):
+    result = local_cluster.train(TrainConfig(**TINY))
+    s = result.summary
+    assert (s["world_size"], s["num_workers"], s["launcher"]) == (2, 1, "mpi")
+    assert set(result.steps["rank"]) == {0, 1} and len(result.evals) == 2
+
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    proc = mpiexec(2, str(BIN / "downpour"), "train", *flags, "--summary-json", str(tmp_path / "m.json"))
+    assert proc.returncode == 0, explain(proc)
+    reference = read_json(tmp_path / "m.json")
+    # same seed, data and world: the same training, step for step
+    assert abs(s["final_train_loss"] - reference["final_train_loss"]) < 1e-6
+    assert s["test_accuracy"] == reference["test_accuracy"]
+
+    one = local_cluster.train(TrainConfig(**{**TINY, "algorithm": "ddp"}), world_size=1)
+    assert (one.summary["world_size"], one.summary["backend"]) == (1, "none")  # a world of one
+
+
+def test_bad_settings_fail_in_the_notebook_before_any_engine_works(local_cluster):
+    with pytest.raises(ConfigError, match="world_size=3"):
+        local_cluster.train(TrainConfig(**TINY), world_size=3)
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        local_cluster.train(TrainConfig(**{**TINY, "warmup_steps": 50}))
+
+
+def test_an_exception_on_one_rank_reaches_the_caller_with_rank_and_traceback(local_cluster):
+    with pytest.raises(ClusterRunError) as caught:
+        local_cluster.run(cluster_jobs.fail_on_rank, 1, 2, timeout_s=120)
+    error = caught.value
+    failure = error.failures[0]  # the cause comes first; rank 0 may follow, its allreduce broken
+    assert (failure.rank, failure.error) == (1, "RuntimeError: injected failure on rank 1")
+    assert "cluster_jobs.py" in failure.traceback and "fail_on_rank" in failure.traceback
+    assert "ipyparallel" not in failure.traceback  # the job's frames, not the engine's machinery
+    assert "(first: rank 1)" in str(error) and "rank 1 (engine" in str(error)
+    # whatever rank 0 was left doing, the cluster is usable again
+    assert local_cluster.run(remote.whoami, timeout_s=120)[1]["rank"] == 1
+
+
+def test_ranks_left_waiting_on_a_failed_rank_are_restarted(local_cluster, monkeypatch):
+    monkeypatch.setattr(local_cluster, "grace_s", 2.0)
+    before = {e["pid"] for e in local_cluster.engines.values()}
+    with pytest.raises(ClusterRunError) as caught:
+        local_cluster.run(cluster_jobs.fail_or_sleep, 0, 600, timeout_s=300)
+    error = caught.value
+    assert [(f.rank, f.error) for f in error.failures] == [(0, "ValueError: rank 0 gives up")]
+    assert (error.stuck, error.restarted) == ([1], True)
+    assert "rank(s) 1 were still waiting" in str(error)
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
+
+
+def test_a_hung_run_times_out_and_leaves_fresh_engines(local_cluster):
+    before = {r: e["pid"] for r, e in local_cluster.engines.items()}
+    with pytest.raises(ClusterTimeout, match=r"ran past 3 s on rank\(s\) 1; the engines were restarted"):
+        local_cluster.run(cluster_jobs.sleep_on_rank, 1, 600, timeout_s=3)
+    after = {r: e["pid"] for r, e in local_cluster.engines.items()}
+    assert sorted(after) == [0, 1] and not set(after.values()) & set(before.values())
+    assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
+
+
+def test_interrupting_a_run_restarts_the_engines_and_keeps_the_caller(local_cluster):
+    before = {e["pid"] for e in local_cluster.engines.values()}
+    # what "interrupt kernel" does to a notebook: SIGINT to the process waiting on the engines
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            local_cluster.run(cluster_jobs.sleep_on_rank, 0, 600)
+    finally:
+        timer.cancel()
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
+    assert local_cluster.train(TrainConfig(**TINY)).summary["world_size"] == 2
+
+
+def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
+    base = {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
+            "warmup_steps": 2, "eval_every": 0, "threads": 1}
+    specs = {name: StudySpec(algorithms=("ddp", "sync_ps"), workers=(1,), base=base,
+                             csv=str(tmp_path / f"{name}.csv")) for name in ("mpiexec", "cluster")}
+    by_mpiexec = run_study(specs["mpiexec"], log=lambda _: None)
+    by_cluster = run_study(specs["cluster"], log=lambda _: None, launch=local_cluster.launch)
+    assert list(by_cluster.columns) == list(by_mpiexec.columns)
+    assert by_cluster.run_id.tolist() == by_mpiexec.run_id.tolist()
+    assert by_cluster.world_size.tolist() == [1, 2]
+    measured = {"samples_per_s", "step_s", "data_s", "compute_s", "comm_s", "wait_s", "update_s",
+                "wall_s", "timestamp", "final_train_loss", "test_loss", "test_accuracy"}
+    same = [c for c in by_mpiexec.columns if c not in measured]
+    pd.testing.assert_frame_equal(by_cluster[same], by_mpiexec[same])
+    for column in ("final_train_loss", "test_loss"):  # the same training, whoever launched it
+        assert (by_cluster[column] - by_mpiexec[column]).abs().max() < 1e-6
+
+    # resuming the mpiexec CSV through the cluster runs nothing
+    before = (tmp_path / "mpiexec.csv").read_text()
+    log = []
+    run_study(specs["mpiexec"], log=log.append, launch=local_cluster.launch)
+    assert (tmp_path / "mpiexec.csv").read_text() == before
+    assert all(line.startswith("skip") for line in log) and len(log) == 2
+
+
+def test_connect_without_a_running_cluster_says_how_to_start_one():
+    with pytest.raises(ClusterError, match="ipcluster start --profile=local-mpi"):
+        from downpour_lib.cluster import connect
+
+        connect("local-mpi", cluster_id="nonexistent")
+

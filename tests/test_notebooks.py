@@ -1,0 +1,104 @@
+"""The notebooks: committed clean (no outputs, a `parameters` cell, no logic), and every one executed
+headless on a 2-engine local-mpi cluster with tiny parameters, its results checked."""
+
+import ast
+
+import nbformat
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+from downpour_lib.errors import ConfigError
+from downpour_lib.notebooks import inject_parameters, parameter_names, run_notebook
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+LOGIC = (ast.FunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.Try, ast.Lambda,
+         ast.ListComp, ast.DictComp, ast.GeneratorExp)
+
+
+def test_the_suite_is_there():
+    assert [nb.name for nb in NOTEBOOKS] == ["00_cluster_quickstart.ipynb", "01_train_sync_ps.ipynb",
+                                             "02_scaling_study.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_without_outputs_with_parameters_and_no_logic(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code), "strip the outputs"
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and parameter_names(tagged[0].source)
+    for cell in code:
+        python = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+        found = [type(n).__name__ for n in ast.walk(ast.parse(python)) if isinstance(n, LOGIC)]
+        assert not found, f"logic belongs in downpour_lib, not in a notebook cell: {found}\n{cell.source}"
+
+
+def test_parameters_are_injected_after_the_parameters_cell_and_checked():
+    nb = nbformat.read(ROOT / "notebooks" / "01_train_sync_ps.ipynb", as_version=4)
+    injected = inject_parameters(nb, {"steps": 7, "model": "mlp"})
+    index = next(i for i, c in enumerate(injected.cells) if "parameters" in c.metadata.get("tags", []))
+    assert injected.cells[index + 1].metadata["tags"] == ["injected-parameters"]
+    assert "steps = 7\nmodel = 'mlp'" in injected.cells[index + 1].source
+    assert len(injected.cells) == len(nb.cells) + 1  # the original is untouched
+    with pytest.raises(ConfigError, match="parameter='stepz'"):
+        inject_parameters(nb, {"stepz": 7})
+
+
+@pytest.fixture(autouse=True)
+def no_cluster_left():
+    """A notebook that fails half-way must not leave its engines running: its kernel's exit stops
+    the cluster, and whatever a killed kernel left in the profile is stopped here."""
+    yield
+    from downpour_lib.cluster import stop_clusters
+
+    stop_clusters("local-mpi")
+
+
+def outputs(nb, contains: str) -> str:
+    """The text output of the first code cell whose source contains ``contains``."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and contains in c.source)
+    return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+
+
+def images(nb) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
+               for o in c.outputs)
+
+
+def test_00_cluster_quickstart():
+    nb = run_notebook(ROOT / "notebooks" / "00_cluster_quickstart.ipynb", {"engines": 2})
+    hello = outputs(nb, "remote.hello()")
+    assert "hello from rank 0 of 2" in hello and "hello from rank 1 of 2" in hello
+    allreduce = outputs(nb, "cluster.allreduce()")
+    assert allreduce.count("3.0") == 2, allreduce  # 1 + 2 on both ranks
+
+
+def test_01_train_sync_ps():
+    nb = run_notebook(ROOT / "notebooks" / "01_train_sync_ps.ipynb",
+                      {"engines": 2, "model": "mlp", "steps": 10, "eval_every": 5})
+    summary = outputs(nb, "result = cluster.train(config)")
+    assert "sync_ps" in summary and "world_size" in summary
+    assert images(nb) == 2  # the curves and the breakdown
+
+
+def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
+    params = {"engines": 2, "workers": [1, 2], "csv": str(tmp_path / "runs.csv"),
+              "figures": str(tmp_path / "figures"),
+              "overrides": {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
+                            "warmup_steps": 2},
+              "options": {"sync_ps": {"server": "colocated"}}}  # 1 and 2 ranks for both: 2 engines
+    nb = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    pairs = sorted(zip(runs.algorithm, runs.world_size, strict=True))
+    assert pairs == [("ddp", 1), ("ddp", 2), ("sync_ps", 1), ("sync_ps", 2)]
+    assert (runs.samples_per_s > 0).all() and (runs["options.server"].dropna() == "colocated").all()
+    figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figures == ["breakdown.png", "efficiency.png", "speedup.png", "throughput.png"]
+    assert images(nb) == 4
+
+    before = (tmp_path / "runs.csv").read_text()
+    again = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
+    assert "all 4 runs are already in" in outputs(again, "runs = run_study_on_cluster")
+    assert (tmp_path / "runs.csv").read_text() == before

@@ -1,0 +1,94 @@
+"""`downpour profiles install`: idempotent, never overwrites the user's edits without --force, and the
+installed profiles are the ones ipyparallel loads."""
+
+import stat
+
+import pytest
+from conftest import downpour, explain
+
+from downpour_lib.cluster.launchers import SlurmMPIEngineSetLauncher
+from downpour_lib.cluster.profiles import BUNDLED, install_profiles
+from downpour_lib.errors import ConfigError
+
+
+def actions(result):
+    return {(a.profile, a.file): a.what.split(" ")[0] for a in result}
+
+
+def test_install_is_idempotent_and_keeps_user_edits(tmp_path):
+    first = actions(install_profiles(ipython=tmp_path))
+    assert set(first) >= {("local-mpi", "ipcluster_config.py"), ("slurm-mpi", "ipcluster_config.py"),
+                          ("slurm-mpi", "ipcontroller_config.py")}
+    assert set(first.values()) == {"installed"}
+    for (profile, name) in first:
+        assert (tmp_path / f"profile_{profile}" / name).read_bytes() == \
+            (BUNDLED / f"profile_{profile}" / name).read_bytes()
+    assert set(actions(install_profiles(ipython=tmp_path)).values()) == {"unchanged"}
+
+    mine = tmp_path / "profile_slurm-mpi" / "ipcluster_config.py"
+    mine.write_text(mine.read_text() + '\nc.SlurmMPIEngineSetLauncher.partition = "gpu"\n')
+    again = actions(install_profiles(ipython=tmp_path))
+    assert again[("slurm-mpi", "ipcluster_config.py")] == "kept"
+    assert 'partition = "gpu"' in mine.read_text()
+    forced = actions(install_profiles(["slurm-mpi"], ipython=tmp_path, force=True))
+    assert forced[("slurm-mpi", "ipcluster_config.py")] == "overwritten"
+    assert 'partition = "gpu"' not in mine.read_text()
+
+
+def test_a_newer_bundled_file_updates_an_unedited_install(tmp_path):
+    source = tmp_path / "source"
+    (source / "profile_demo").mkdir(parents=True)
+    bundled = source / "profile_demo" / "ipcluster_config.py"
+    bundled.write_text("c = get_config()\n")
+    ipython = tmp_path / "ipython"
+    install_profiles(ipython=ipython, source=source)
+    bundled.write_text("c = get_config()\nc.Cluster.n = 4\n")  # a new version of downpour
+    assert actions(install_profiles(ipython=ipython, source=source)) == {
+        ("demo", "ipcluster_config.py"): "updated"}
+    assert (ipython / "profile_demo" / "ipcluster_config.py").read_text() == bundled.read_text()
+
+
+def test_unknown_profile_names_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match="profile='nope'.*local-mpi, slurm-mpi"):
+        install_profiles(["nope"], ipython=tmp_path)
+
+
+def test_cli_installs_where_ipcluster_looks(tmp_path):
+    proc = downpour("profiles", "install", "--ipython-dir", str(tmp_path))
+    assert proc.returncode == 0 and "installed" in proc.stdout, explain(proc)
+    assert "unchanged" in downpour("profiles", "install", "--ipython-dir", str(tmp_path)).stdout
+
+    from ipyparallel import Cluster
+
+    # what `ipcluster start --profile=slurm-mpi` loads: our launcher, CurveZMQ, all interfaces
+    cluster = Cluster(profile_dir=str(tmp_path / "profile_slurm-mpi"))
+    assert cluster.engine_launcher_class is SlurmMPIEngineSetLauncher
+    assert cluster.controller_ip == "0.0.0.0"
+    controller = (tmp_path / "profile_slurm-mpi" / "ipcontroller_config.py").read_text()
+    assert "c.IPController.enable_curve = True" in controller
+    local = Cluster(profile_dir=str(tmp_path / "profile_local-mpi"))
+    assert local.engine_launcher_class.__name__ == "MPIEngineSetLauncher"
+    assert local.controller_ip == "127.0.0.1"
+
+
+def test_the_engine_job_script_carries_the_site_settings(tmp_path):
+    launcher = SlurmMPIEngineSetLauncher(profile_dir=str(tmp_path), cluster_id="t")
+    launcher.partition, launcher.account, launcher.timelimit = "gpu", "proj1", "02:00:00"
+    launcher.gpus_per_node = 4
+    launcher.setup = ["module load openmpi/5"]
+    launcher.engine_cmd = ["python", "-m", "ipyparallel.engine"]
+    launcher.write_batch_script(8)
+    script = (tmp_path / "slurm_engine-t.sbatch").read_text()
+    for line in ("#SBATCH --ntasks=8", "#SBATCH --partition=gpu", "#SBATCH --account=proj1",
+                 "#SBATCH --time=02:00:00", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4",
+                 "module load openmpi/5"):
+        assert line in script.splitlines(), script
+    launch = script.splitlines()[-1].split()
+    assert launch[1:5] == ["-n", "8", "--bind-to", "none"] and launch[-4:] == [
+        "python", "-m", "ipyparallel.engine", "--mpi"]
+    assert stat.S_IMODE((tmp_path / "slurm_engine-t.sbatch").stat().st_mode) == 0o700
+
+    launcher.mpi_launcher = "srun"
+    launcher.write_batch_script(8)
+    last = (tmp_path / "slurm_engine-t.sbatch").read_text().splitlines()[-1]
+    assert last.startswith("srun --mpi=pmix python -m ipyparallel.engine --mpi")
