@@ -84,7 +84,8 @@ def test_01_train_sync_ps():
 
 
 def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
-    params = {"engines": 2, "workers": [1, 2], "csv": str(tmp_path / "runs.csv"),
+    params = {"algorithms": ["sync_ps", "ddp"], "engines": 2, "workers": [1, 2],
+              "csv": str(tmp_path / "runs.csv"),
               "figures": str(tmp_path / "figures"),
               "overrides": {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
                             "warmup_steps": 2},
