@@ -32,7 +32,7 @@ from ..checkpoint import atomic_write_text
 from ..config import TrainConfig
 from ..errors import ConfigError, DownpourError
 from ..provenance import environment
-from ..study.sweep import StudyError, launch
+from ..study.sweep import StudyError, mpiexec_launch
 
 FIELDS = ("algorithm", "backend", "model", "world_size", "samples_per_s", "scaling_efficiency",
           "exposed_comm_s")
@@ -127,7 +127,7 @@ def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
     for config, backend, workers, ranks in plan(args):
         summaries = []
         for _ in range(args.repeats):
-            summaries.append(launch(config, ranks, args.timeout))
+            summaries.append(mpiexec_launch(config, ranks, args.timeout))
             log(f"  {config.algorithm:<10} {backend:<5} {ranks} rank(s): "
                 f"{summaries[-1]['samples_per_s']:.1f} samples/s")
         rate = statistics.median(s["samples_per_s"] for s in summaries)
