@@ -1,14 +1,22 @@
-"""Under mpiexec -n 3: rank 1 raises in the middle of training; the whole job must end promptly."""
+"""Under mpiexec -n 3: rank 1 raises in the middle of training; the whole job must end promptly.
+
+The backend is the first argument (gloo by default): with ``mpi`` the other ranks are blocked inside
+MPI collectives, which have no timeout, so only aborting the MPI job can end them.
+"""
+
+import sys
 
 from downpour_lib import TrainConfig, Trainer, runtime
 
+backend = sys.argv[1] if len(sys.argv) > 1 else "gloo"
 with runtime.abort_on_error():
-    ctx = runtime.init(backend="gloo", device="cpu", timeout_s=120)
+    ctx = runtime.init(backend=backend, device="cpu", timeout_s=120)
+    assert ctx.backend == backend, ctx
 
     def fail_on_rank_1(record):
         if ctx.rank == 1 and record.step == 3:
             raise RuntimeError("injected failure for the test")
 
     config = TrainConfig(algorithm="sync_ps", model="mlp", dataset="digits", steps=100_000,
-                         warmup_steps=1, threads=1)
+                         warmup_steps=1, threads=1, backend=backend)
     Trainer(config, ctx, callbacks=[fail_on_rank_1]).run()
