@@ -21,9 +21,11 @@ def json_lines(proc):
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n):
-    proc = mpi_python(n, "mpi_vs_gloo.py", timeout=400)
+@pytest.mark.parametrize("n, args", [(2, []), (3, ["--shm-min-bytes", "4096"]),
+                                     (4, ["--shm-min-bytes", "4096"])])
+def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, args):
+    """n = 3, 4 also send allreduces from 4 KB up through the shared-memory path."""
+    proc = mpi_python(n, "mpi_vs_gloo.py", *args, timeout=400)
     assert proc.returncode == 0, explain(proc)
     (summary,) = json_lines(proc)
     assert summary["failures"] == [] and summary["failure_count"] == 0, summary

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .mpi_shm import ShmAllreduce
 from .mpi_types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .mpi_work import EXECUTOR, DoneWork, RequestWork
 
@@ -91,6 +92,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._comm, self._r, self._n = comm, comm.Get_rank(), comm.Get_size()
         self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
         self._on_shutdown = on_shutdown
+        self._shm = ShmAllreduce(comm)  # large single-node allreduces (set up on first use)
         self._open = True
 
     def getBackendName(self) -> str:
@@ -117,12 +119,15 @@ class MPIProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
         x = Operand(t, True, self._direct(red.python))
-        comm, n = self._comm, self._n
+        comm, n, shm = self._comm, self._n, self._shm
 
         def run() -> None:
-            comm.Allreduce(MPI.IN_PLACE, x.spec(), red.op)
-            if red.average:
-                x.local.div_(n)
+            if shm.takes(x.local, red.kernel):
+                shm.allreduce(x.local, red.kernel, red.average)
+            else:
+                comm.Allreduce(MPI.IN_PLACE, x.spec(), red.op)
+                if red.average:
+                    x.local.div_(n)
             x.finish()
 
         return self._issue("allreduce", run, tensors, opts.asyncOp)
@@ -378,6 +383,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         try:
             EXECUTOR.release()
         finally:
+            self._shm.close()
             if not MPI.Is_finalized():
                 self._comm.Free()
             if self._on_shutdown is not None:

@@ -52,12 +52,14 @@ _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 
 
 class Reduction:
-    """An MPI operator for one (torch op, dtype) pair, and whether to divide afterwards (AVG)."""
+    """An MPI operator for one (torch op, dtype) pair, whether to divide afterwards (AVG), whether
+    the operator runs Python (so reads host memory), and the torch kernel that does the same
+    (``kernel(a, b, out=c)``, for the shared-memory path) or None."""
 
-    __slots__ = ("op", "average", "python")
+    __slots__ = ("op", "average", "python", "kernel")
 
-    def __init__(self, op: MPI.Op, average: bool, python: bool) -> None:
-        self.op, self.average, self.python = op, average, python
+    def __init__(self, op: MPI.Op, average: bool, python: bool, kernel=None) -> None:
+        self.op, self.average, self.python, self.kernel = op, average, python, kernel
 
 
 # dtype -> RedOpType value -> Reduction: plain ints hash several times faster than pybind enums,
@@ -92,11 +94,12 @@ def _make_reduction(kind: RedOpType, dtype: torch.dtype) -> Reduction:
     if kind == RedOpType.AVG and not floating:
         raise ValueError(f"mpi backend: {name} on {dtype} tensors is refused (as gloo refuses it): "
                          "an integer average would have to round; use SUM and divide explicitly")
+    kernel = _KERNELS.get(kind)  # on bool tensors add is OR and mul is AND, as _BOOL has it
     if dtype == torch.bool:
-        return Reduction(_BOOL[kind], False, False)
+        return Reduction(_BOOL[kind], False, False, kernel)
     if dtype in _HALF:
-        return Reduction(_torch_operator(_KERNELS[kind], dtype), kind == RedOpType.AVG, True)
-    return Reduction(_NATIVE[kind], kind == RedOpType.AVG, False)
+        return Reduction(_torch_operator(kernel, dtype), kind == RedOpType.AVG, True, kernel)
+    return Reduction(_NATIVE[kind], kind == RedOpType.AVG, False, kernel)
 
 
 def _torch_operator(kernel, dtype: torch.dtype) -> MPI.Op:

@@ -5,18 +5,27 @@ a gloo and an mpi subgroup over ranks 1..N-1 (so group ranks differ from global 
 the same operation on the same inputs (seeded by case and rank) in a gloo group and in its mpi twin
 and compares this rank's outputs bit for bit (inputs are small integers, so every dtype sums exactly).
 Then point-to-point, async work handles, non-contiguous tensors, refusals, and DDP. Rank 0 prints one
-JSON line per part; the exit status is non-zero if any rank saw a difference.
+JSON summary line; the exit status is non-zero if any rank saw a difference.
+
+``--shm-min-bytes B`` lowers the size from which allreduces take the shared-memory path (mpi_shm.py),
+so that small and odd sizes go through it too; all_reduce also runs on 300001 elements (more than one
+1 MB chunk per rank for 4-byte dtypes).
 """
 
 import copy
 import json
+import os
 import sys
+
+if "--shm-min-bytes" in sys.argv:  # before downpour_lib reads it
+    os.environ["DOWNPOUR_MPI_SHM_MIN_BYTES"] = sys.argv[sys.argv.index("--shm-min-bytes") + 1]
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 from downpour_lib import runtime
+from downpour_lib.comm.mpi_group import MPIProcessGroup
 
 R = dist.ReduceOp
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32,
@@ -192,7 +201,7 @@ def collectives(groups, check, case=0):
             for dt in DTYPES:
                 if refused(op_name, dt):
                     continue
-                for k in SIZES:
+                for k in SIZES + ([300001] if op_name.startswith("all_reduce") else []):
                     case += 1
                     want, got = op(gloo, dt, k, case), op(mpi, dt, k, case)
                     check.check(f"{gname} {op_name} {dt} n={k}", same(want, got))
@@ -352,6 +361,9 @@ def main() -> int:
         before = check.cases
         extra = fn()
         parts[part] = {"cases": check.cases - before, **(extra if isinstance(extra, dict) else {})}
+    # the large allreduces went through shared memory (not a silent fallback to MPI's allreduce)
+    shm_used = [g._shm._ready for _, g in groups.values() if isinstance(g, MPIProcessGroup)]
+    check.check("shared-memory allreduce used", shm_used and all(shm_used), str(shm_used))
     failures = MPI.COMM_WORLD.gather(check.failures, root=0)
     cases = MPI.COMM_WORLD.reduce(check.cases, root=0)
     if ctx.rank == 0:
