@@ -119,15 +119,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
         x = Operand(t, True, self._direct(red.python))
-        comm, n, shm = self._comm, self._n, self._shm
 
         def run() -> None:
-            if shm.takes(x.local, red.kernel):
-                shm.allreduce(x.local, red.kernel, red.average)
-            else:
-                comm.Allreduce(MPI.IN_PLACE, x.spec(), red.op)
-                if red.average:
-                    x.local.div_(n)
+            self._allreduce_in_place(x.local, red)
             x.finish()
 
         return self._issue("allreduce", run, tensors, opts.asyncOp)
@@ -138,18 +132,23 @@ class MPIProcessGroup(dist.ProcessGroup):
             if t.dtype != tensors[0].dtype:
                 raise TypeError("mpi backend: allreduce_coalesced needs tensors of one dtype")
         red = reduction(opts.reduceOp, tensors[0].dtype)
-        direct = self._direct(red.python)
         counts = [t.numel() for t in tensors]
-        flat = _concat(tensors, counts, direct)
-        comm, n = self._comm, self._n
+        flat = _concat(tensors, counts, self._direct(red.python))
 
         def run() -> None:
-            comm.Allreduce(MPI.IN_PLACE, spec(flat), red.op)
-            if red.average:
-                flat.div_(n)
+            self._allreduce_in_place(flat, red)
             _split_into(flat, counts, tensors)
 
         return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp)
+
+    def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
+        """On the executing thread: large single-node buffers through shared memory, else MPI."""
+        if self._shm.takes(local, red.kernel):
+            self._shm.allreduce(local, red.kernel, red.average)
+        else:
+            self._comm.Allreduce(MPI.IN_PLACE, spec(local), red.op)
+            if red.average:
+                local.div_(self._n)
 
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")

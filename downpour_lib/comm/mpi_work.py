@@ -218,6 +218,11 @@ class Executor:
 
     def run_now(self, fn: Callable[[], None], timeout_s: float) -> None:
         """Run ``fn`` on this thread once every queued operation is done."""
+        if threading.current_thread() is self._thread:
+            # Issued by a future's callback, which runs on the executor's thread (a DDP comm hook
+            # may chain collectives): everything issued before it has run; waiting would deadlock.
+            fn()
+            return
         with self._lock:
             self._drain(timeout_s)
             fn()

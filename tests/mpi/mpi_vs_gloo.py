@@ -65,6 +65,12 @@ def all_reduce(op):
     return run
 
 
+def all_reduce_coalesced(g, dt, k, case, async_op=False):
+    ts = [make(dt, k + i, seed_of(case, g, i)) for i in range(3)]
+    dist.all_reduce_coalesced(ts, group=g)
+    return ts
+
+
 def broadcast(g, dt, k, case, async_op=False):
     t = make(dt, k, seed_of(case, g))
     work = dist.broadcast(t, group=g, group_src=gsize(g) - 1, async_op=async_op)
@@ -159,7 +165,7 @@ def barrier(g, dt, k, case, async_op=False):
 
 OPS = {f"all_reduce {op}": all_reduce(getattr(R, op))
        for op in ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "BAND", "BOR", "BXOR"]}
-OPS.update({"broadcast": broadcast, "reduce SUM": reduce(R.SUM), "reduce MAX": reduce(R.MAX),
+OPS.update({"all_reduce_coalesced": all_reduce_coalesced, "broadcast": broadcast, "reduce SUM": reduce(R.SUM), "reduce MAX": reduce(R.MAX),
             "reduce AVG": reduce(R.AVG), "all_gather": all_gather,
             "all_gather_into_tensor": all_gather_into_tensor, "gather": gather, "scatter": scatter,
             "reduce_scatter_tensor SUM": reduce_scatter_tensor(R.SUM),
