@@ -8,15 +8,16 @@ done through a buffer every rank of the node maps (a file in /dev/shm, created b
 rank and unlinked as soon as every rank has mapped it, so nothing is left behind even if the job
 dies), in chunks small enough to stay in the last-level cache. Per chunk:
 
-1. every rank copies its chunk into its own slot of the buffer;
+1. rank r owns the r-th 1/n of the chunk; it copies the other parts into its own slot;
 2. barrier;
-3. rank r reduces the r-th 1/n of the chunk across all n slots into the result area (torch kernels,
-   slots summed in rank order, so every rank's result is the same bits);
+3. rank r reduces its part in place in its tensor, with the other ranks' slots (torch kernels;
+   dividing by n for AVG), and copies the result into the result area;
 4. barrier;
-5. every rank copies the whole result chunk back into its tensor (dividing by n for AVG).
+5. every rank copies the other parts of the result area into its tensor.
 
-Each element of the user's tensor is read once and written once, as in a memcpy; the slots and the
-result area stay in cache. Two sets of slots and result areas alternate between chunks, which makes
+Each part is reduced by one rank only, so every rank ends with the same bits. Each element of the
+user's tensor is read and written about once, as in a memcpy; the slots and the result area stay in
+cache. Two sets of slots and result areas alternate between chunks, which makes
 two barriers per chunk enough: a set is written again only after every rank has passed the barriers
 that follow its last reads. The barriers are MPI's, over the node; an MPI barrier is a full memory
 barrier on every platform MPI runs on, which orders the plain stores around it.
@@ -113,20 +114,22 @@ class ShmAllreduce:
             slots, result = sets[self._phase]
             self._phase ^= 1
             mine = flat[start:start + k]
-            slots[r][:k].copy_(mine)
-            node.Barrier()
             part = -(-k // n)
             lo, hi = min(k, r * part), min(k, (r + 1) * part)
-            if hi > lo:
-                out = result[lo:hi]
-                kernel(slots[0][lo:hi], slots[1][lo:hi], out=out)
-                for j in range(2, n):
-                    kernel(out, slots[j][lo:hi], out=out)
+            # The parts others reduce go to this rank's slot; its own part it reduces in place.
+            slots[r][:lo].copy_(mine[:lo])
+            slots[r][hi:k].copy_(mine[hi:k])
             node.Barrier()
+            own = mine[lo:hi]
+            for j in range(n):
+                if j != r:
+                    kernel(own, slots[j][lo:hi], out=own)
             if average:
-                torch.div(result[:k], n, out=mine)
-            else:
-                mine.copy_(result[:k])
+                own.div_(n)
+            result[lo:hi].copy_(own)
+            node.Barrier()
+            mine[:lo].copy_(result[:lo])
+            mine[hi:k].copy_(result[hi:k])
 
     def close(self) -> None:
         self._views.clear()
