@@ -24,7 +24,9 @@ end the job, and a rank that raises aborts it (``mpi_backend`` installs that hoo
 
 from __future__ import annotations
 
+import atexit
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -181,6 +183,7 @@ class Executor:
         self._error: BaseException | None = None
         self._error_seen = False
         self._users = 0
+        self._exit_hook = False
 
     @property
     def running(self) -> bool:
@@ -203,6 +206,17 @@ class Executor:
             # A daemon thread: a job torn down by MPI_Abort must not wait for it at exit.
             self._thread = threading.Thread(target=self._loop, name="downpour-mpi", daemon=True)
             self._thread.start()
+            if not self._exit_hook:
+                # Registered after mpi4py's own exit handler, so it runs first: queued operations
+                # finish before MPI_Finalize, even if the program never destroyed its groups.
+                atexit.register(self._at_exit)
+                self._exit_hook = True
+
+    def _at_exit(self) -> None:
+        try:
+            self.close()
+        except RuntimeError as exc:  # too late to raise to anyone: say it
+            sys.stderr.write(f"{exc}: {exc.__cause__!r}\n")
 
     def close(self) -> None:
         """Finish what is queued, stop the thread, and raise a queued error nobody has seen."""
