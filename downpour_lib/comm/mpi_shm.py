@@ -119,19 +119,26 @@ class ShmAllreduce:
             part = -(-k // n)
             lo, hi = min(k, r * part), min(k, (r + 1) * part)
             # The parts others reduce go to this rank's slot; its own part it reduces in place.
-            slots[r][:lo].copy_(mine[:lo])
-            slots[r][hi:k].copy_(mine[hi:k])
+            # (Empty slices are skipped: each torch call costs about a microsecond.)
+            slot = slots[r]
+            if lo:
+                slot[:lo].copy_(mine[:lo])
+            if hi < k:
+                slot[hi:k].copy_(mine[hi:k])
             node.Barrier()
-            own = mine[lo:hi]
-            for j in range(n):
-                if j != r:
-                    kernel(own, slots[j][lo:hi], out=own)
-            if average:
-                own.div_(n)
-            result[lo:hi].copy_(own)
+            if hi > lo:
+                own = mine[lo:hi]
+                for j in range(n):
+                    if j != r:
+                        kernel(own, slots[j][lo:hi], out=own)
+                if average:
+                    own.div_(n)
+                result[lo:hi].copy_(own)
             node.Barrier()
-            mine[:lo].copy_(result[:lo])
-            mine[hi:k].copy_(result[hi:k])
+            if lo:
+                mine[:lo].copy_(result[:lo])
+            if hi < k:
+                mine[hi:k].copy_(result[hi:k])
 
     def close(self) -> None:
         self._views.clear()

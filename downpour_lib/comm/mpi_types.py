@@ -75,7 +75,9 @@ def check_dtype(dtype: torch.dtype, what: str) -> None:
 def reduction(op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
     """The MPI operator for ``op`` on ``dtype`` tensors (cached), or a ValueError that says why not."""
     kind = op.op if isinstance(op, dist.ReduceOp) else op
-    per_dtype = _REDUCTIONS.setdefault(dtype, {})
+    per_dtype = _REDUCTIONS.get(dtype)
+    if per_dtype is None:
+        per_dtype = _REDUCTIONS[dtype] = {}
     found = per_dtype.get(kind.value)
     if found is None:
         found = per_dtype[kind.value] = _make_reduction(kind, dtype)

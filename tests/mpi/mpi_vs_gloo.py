@@ -165,7 +165,8 @@ def barrier(g, dt, k, case, async_op=False):
 
 OPS = {f"all_reduce {op}": all_reduce(getattr(R, op))
        for op in ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "BAND", "BOR", "BXOR"]}
-OPS.update({"all_reduce_coalesced": all_reduce_coalesced, "broadcast": broadcast, "reduce SUM": reduce(R.SUM), "reduce MAX": reduce(R.MAX),
+OPS.update({"all_reduce_coalesced": all_reduce_coalesced, "broadcast": broadcast,
+            "reduce SUM": reduce(R.SUM), "reduce MAX": reduce(R.MAX),
             "reduce AVG": reduce(R.AVG), "all_gather": all_gather,
             "all_gather_into_tensor": all_gather_into_tensor, "gather": gather, "scatter": scatter,
             "reduce_scatter_tensor SUM": reduce_scatter_tensor(R.SUM),
