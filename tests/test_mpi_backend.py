@@ -35,6 +35,8 @@ def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, arg
     assert summary["cases"] >= n * 1050, summary  # all ranks, all parts (and the subgroup for n > 2)
     assert parts["point_to_point"]["cases"] >= 27 and parts["ddp"]["cases"] == 3, parts
     assert parts["ddp"]["max_grad_diff"] < 1e-6 and parts["ddp"]["moved"] > 1e-2, parts
+    # a default group on a split of COMM_WORLD (mpi_backend.use_world), from n = 3 on
+    assert parts["sub_world"]["cases"] == (2 if n > 2 else 0), parts
 
 
 def test_runtime_auto_picks_mpi_and_training_on_it_equals_one_process():

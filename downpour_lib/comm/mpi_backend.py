@@ -24,7 +24,8 @@ Rendezvous
     be MPI's ranks (they are under ``mpiexec`` and ``srun --mpi=pmix``; a mismatch is an error). As
     with torch's native MPI backend, the default group has no store, so ``new_group(backend="gloo")``
     under an ``mpi`` default group is not possible; the reverse (a gloo default group and ``mpi``
-    subgroups) is.
+    subgroups) is. ``use_world(comm)`` makes a sub-communicator (e.g. ``COMM_WORLD.Split``) the
+    world instead of ``MPI_COMM_WORLD``; ``comm.runtime`` sets it to the communicator it runs on.
 
 Operations (``mpi_group``), dtypes and staging (``mpi_types``), async work (``mpi_work``)
     all_reduce (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), broadcast, reduce, all_gather,
@@ -63,6 +64,7 @@ from .launch_env import discover
 _CREATE_TAG = 0x1D0  # MPI_Comm_create_group's tag (members create groups in program order)
 _registered = False
 _abort_on_uncaught = False
+_world = None  # the mpi4py communicator whose ranks are torch's ranks; None: MPI_COMM_WORLD
 
 
 def register() -> bool:
@@ -75,6 +77,15 @@ def register() -> bool:
                                       devices=["cpu", "cuda"])
         _registered = True
     return True
+
+
+def use_world(comm) -> None:
+    """Make ``comm`` (an mpi4py intracommunicator) torch's world for groups created from now on:
+    the default group duplicates it and subgroups are made within it. For MPI processes that run
+    jobs on a subset of themselves (``COMM_WORLD.Split``); ``None`` restores ``MPI_COMM_WORLD``.
+    """
+    global _world
+    _world = comm
 
 
 def _mpi():
@@ -97,11 +108,12 @@ def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
 
     timeout_s = opts.timeout.total_seconds() if isinstance(opts.timeout, datetime.timedelta) \
         else 1800.0
-    world = MPI.COMM_WORLD
+    world = _world if _world is not None else MPI.COMM_WORLD
     ranks = list(opts.global_ranks_in_group)
     EXECUTOR.drain(timeout_s)  # creating a communicator is collective: after the queued work
     if not ranks:
-        _check_launch(world.Get_size())
+        if _world is None:  # a plain init_process_group("mpi"): MPI must see the whole launch
+            _check_launch(world.Get_size())
         comm = world.Dup()
     else:
         _check_same_ranks(world.Get_rank(), world.Get_size())

@@ -138,6 +138,8 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
                     "timeout": timeout}
     if dev.type == "cuda":
         kwargs["device_id"] = dev
+    if mpi_world:
+        mpi_backend.use_world(comm)  # mpi groups (default or not) are made within this communicator
     if name == "mpi":
         # MPI assigns ranks itself and needs no store (torch ignores rank/world_size for it).
         mpi_backend.register()
@@ -166,6 +168,7 @@ def shutdown() -> None:
     global _CONTEXT
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    mpi_backend.use_world(None)
     _CONTEXT = None
 
 

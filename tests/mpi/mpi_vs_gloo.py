@@ -25,6 +25,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from downpour_lib import runtime
+from downpour_lib.comm import mpi_backend
 from downpour_lib.comm.mpi_group import MPIProcessGroup
 
 R = dist.ReduceOp
@@ -371,14 +372,40 @@ def main() -> int:
     # the large allreduces went through shared memory (not a silent fallback to MPI's allreduce)
     shm_used = [g._shm._ready for _, g in groups.values() if isinstance(g, MPIProcessGroup)]
     check.check("shared-memory allreduce used", shm_used and all(shm_used), str(shm_used))
+    runtime.shutdown()
+    before = check.cases
+    sub_world(check)
+    parts["sub_world"] = {"cases": check.cases - before}
     failures = MPI.COMM_WORLD.gather(check.failures, root=0)
     cases = MPI.COMM_WORLD.reduce(check.cases, root=0)
     if ctx.rank == 0:
         flat = [f for per_rank in failures for f in per_rank]
         print(json.dumps({"world_size": n, "cases": cases, "parts": parts, "failures": flat[:30],
                           "failure_count": len(flat)}), flush=True)
-    runtime.shutdown()
     return 1 if check.failures else 0
+
+
+def sub_world(check):
+    """A job on some of the MPI processes (as ipyparallel engines run one): every rank but 1 makes
+    the default group on a split of COMM_WORLD, with an mpi subgroup inside it."""
+    world = MPI.COMM_WORLD
+    sub = world.Split(int(world.Get_rank() == 1), key=world.Get_rank())
+    members = [r for r in range(world.Get_size()) if r != 1]
+    if world.Get_rank() != 1 and len(members) > 1:
+        mpi_backend.use_world(sub)
+        dist.init_process_group("mpi")
+        t = torch.full((5,), float(world.Get_rank()))
+        dist.all_reduce(t)
+        check.check("sub-world default group", (dist.get_rank(), dist.get_world_size()) ==
+                    (sub.Get_rank(), sub.Get_size()) and torch.all(t == sum(members)).item())
+        pair = dist.new_group([0, 1], backend="mpi")
+        if dist.get_rank() < 2:
+            t = torch.ones(3)
+            dist.all_reduce(t, group=pair)
+            check.check("sub-world subgroup", torch.all(t == 2).item())
+        dist.destroy_process_group()
+        mpi_backend.use_world(None)
+    sub.Free()
 
 
 if __name__ == "__main__":
