@@ -24,7 +24,7 @@ from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
 
 Optimizer = Literal["sgd", "adam", "adagrad"]
-Backend = Literal["auto", "gloo", "nccl"]
+Backend = Literal["auto", "gloo", "nccl", "mpi"]
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -60,8 +60,8 @@ class TrainConfig:
                             default=0)
     eval_batch_size: int = _help("batch size for evaluation", default=512)
     seed: int = _help("seed for model initialization and data order", default=0)
-    backend: Backend = _help("torch.distributed backend; auto = nccl on CUDA, else gloo",
-                             default="auto")
+    backend: Backend = _help("torch.distributed backend; auto = nccl on CUDA, else mpi under an "
+                             "MPI launch (mpiexec, srun --mpi=pmix), else gloo", default="auto")
     device: Device = _help("device; auto = cuda:<local rank> when CUDA is there, else cpu",
                            default="auto")
     threads: int = _help("torch threads per rank; 0 = the node's cores divided by its ranks",

@@ -23,7 +23,7 @@ from downpour_lib.errors import ConfigError
     ({"epochs": 0}, "epochs", "> 0"),
     ({"steps": 5, "warmup_steps": 5}, "warmup_steps", "less than steps=5"),
     ({"optimizer": "lbfgs"}, "optimizer", "sgd, adam, adagrad"),
-    ({"backend": "mpi"}, "backend", "auto, gloo, nccl"),
+    ({"backend": "ucc"}, "backend", "auto, gloo, nccl, mpi"),
     ({"eval_every": -1}, "eval_every", ">= 0"),
     ({"timeout_s": 0}, "timeout_s", "> 0"),
     ({"algorithm": "sync_ps", "options": {"server": "remote"}}, "server", "dedicated"),

@@ -2,8 +2,11 @@
 
 ``init()`` discovers the placement (``launch_env.discover``), agrees on a rendezvous without the user
 setting MASTER_ADDR (rank 0 opens a TCPStore on a free port and broadcasts it over MPI; under srun
-without MPI the first node of the step and a port derived from the job id; torchrun brings its own),
-picks the device and backend, and creates the default process group with an explicit timeout.
+without MPI the first node of the step and a port derived from the job id; torchrun brings its own;
+the ``mpi`` backend needs none: MPI itself knows the ranks), picks the device and backend, and
+creates the default process group with an explicit timeout. Backend ``auto`` is ``nccl`` on CUDA,
+else ``mpi`` when this is an MPI launch that mpi4py can see (``comm/mpi_backend.py`` provides it on
+the stock torch wheel), else ``gloo``.
 Degrades to one process: at world size 1 no process group is created and every collective in
 ``comm`` is a no-op, so algorithms and the engine run in plain unit tests.
 
@@ -28,10 +31,11 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from . import mpi_backend
 from .launch_env import Placement, discover, slurm_rendezvous
 
-Backend = Literal["auto", "gloo", "nccl"]
-BACKENDS = ("auto", "gloo", "nccl")
+Backend = Literal["auto", "gloo", "nccl", "mpi"]
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 
 
@@ -85,13 +89,17 @@ def pick_device(choice: DeviceChoice, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def pick_backend(choice: Backend, device: torch.device) -> str:
+def pick_backend(choice: Backend, device: torch.device, mpi_world: bool = False) -> str:
+    """The backend to use; ``mpi_world``: MPI is initialized here and spans the whole launch."""
     if choice not in BACKENDS:
         raise ConfigError("backend", choice, "choose one of " + ", ".join(BACKENDS))
     if choice == "nccl" and device.type != "cuda":
         raise ConfigError("backend", choice, "nccl needs CUDA devices; use 'gloo' or 'auto' on CPU")
+    if choice == "mpi" and not mpi_world:
+        raise ConfigError("backend", choice, "mpi needs an MPI launch that mpi4py can see (mpiexec, "
+                          "or srun --mpi=pmix) and `pip install downpour[mpi]`; use 'gloo' or 'auto'")
     if choice == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
+        return "nccl" if device.type == "cuda" else ("mpi" if mpi_world else "gloo")
     return choice
 
 
@@ -147,15 +155,22 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     if placement.world_size == 1:
         _CONTEXT = DistContext(0, 1, 0, 1, dev, None, placement.launcher, (socket.gethostname(),))
         return _CONTEXT
-    name = pick_backend(backend, dev)
     timeout = datetime.timedelta(seconds=timeout_s)
     if comm is None and placement.launcher == "mpi":
         comm = mpi_comm_world()
+    mpi_world = comm is not None and comm.Get_size() == placement.world_size
+    name = pick_backend(backend, dev, mpi_world)
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
                     "timeout": timeout}
     if dev.type == "cuda":
         kwargs["device_id"] = dev
-    if comm is not None and comm.Get_size() == placement.world_size:
+    if mpi_world:
+        mpi_backend.use_world(comm)  # mpi groups (default or not) are made within this communicator
+    if name == "mpi":
+        # MPI assigns ranks itself and needs no store (torch ignores rank/world_size for it).
+        mpi_backend.register()
+        kwargs = {"backend": name, "timeout": timeout}
+    elif mpi_world:
         kwargs["store"] = _rendezvous_store(placement, comm, timeout)
     elif placement.launcher in ("mpi", "slurm"):
         # srun without a usable MPI: the first node of the step hosts the store.
@@ -164,6 +179,9 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     else:
         kwargs["init_method"] = "env://"  # torchrun and RANK/WORLD_SIZE/MASTER_ADDR launches
     dist.init_process_group(**kwargs)
+    if dist.get_rank() != placement.rank:
+        raise RuntimeError(f"backend {name} made this process rank {dist.get_rank()}, but the "
+                           f"launcher says {placement.rank}")
     hosts: list = [None] * placement.world_size
     dist.all_gather_object(hosts, socket.gethostname())
     _CONTEXT = DistContext(placement.rank, placement.world_size, placement.local_rank,
@@ -177,6 +195,7 @@ def shutdown() -> None:
     global _CONTEXT
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    mpi_backend.use_world(None)
     _CONTEXT = None
 
 

@@ -1,0 +1,247 @@
+"""``downpour bench collectives``: latency and bandwidth of collectives, per torch.distributed backend.
+
+Run it under ``mpiexec -n N`` (or ``srun --mpi=pmix``; ``torchrun`` for gloo and nccl only). The
+default group is gloo (it is also the rendezvous); each other backend gets ``new_group`` over all
+ranks, so every backend runs in the same processes on the same buffers. For each backend, operation
+and size: warm-up iterations, then repetitions, each started right after a barrier; a repetition
+takes as long as its slowest rank. Enough repetitions are run to fill ``--min-time`` seconds (at least
+``--min-reps``) so the median is stable; the table and the JSON rows give the median (p50) and 95th
+percentile.
+
+Bandwidths as nccl-tests defines them (its doc/PERFORMANCE.md): ``bytes`` is the size of the whole
+buffer (for allgather the gathered output, for reduce_scatter and alltoall the input), algbw =
+bytes / time, busbw = algbw x a factor that makes it comparable to the hardware's link bandwidth:
+2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast and reduce.
+The host's memcpy bandwidth for the same sizes (one thread of rank 0, while the other ranks wait) is
+the physical ceiling on one node and is reported as backend ``memcpy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import atomic_write_text
+from ..comm import runtime
+from ..comm.launch_env import discover
+from ..errors import ConfigError
+
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    "allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
+}
+BACKENDS = ("gloo", "mpi", "nccl")
+# torch 2.14 renamed all_gather_into_tensor / reduce_scatter_tensor (the old names warn)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16}
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30,
+          "GB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``4K`` -> 4096, ``64M`` -> 67108864 (binary units, as nccl-tests uses)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", text.upper())
+    if not match:
+        raise ConfigError("sizes", text, "sizes are bytes with an optional K, M or G suffix, "
+                          "e.g. 4K,64K,1M")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_list(field: str, text: str, choices: tuple[str, ...] | None = None) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise ConfigError(field, text, "give a comma-separated list")
+    for item in items:
+        if choices is not None and item not in choices:
+            raise ConfigError(field, item, "choose from " + ", ".join(choices))
+    return items
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collectives", help="collective latency/bandwidth per backend "
+                       "(run under mpiexec -n N)", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backends", default="gloo,mpi", help="comma list of gloo, mpi, nccl")
+    p.add_argument("--ops", default="allreduce,broadcast,allgather",
+                   help="comma list of " + ", ".join(BUS_FACTOR))
+    p.add_argument("--sizes", default="4K,64K,1M,4M,64M", help="buffer sizes in bytes (K, M, G)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per case")
+    p.add_argument("--min-reps", type=int, default=20, help="fewest timed repetitions per case")
+    p.add_argument("--max-reps", type=int, default=2000, help="most timed repetitions per case")
+    p.add_argument("--min-time", type=float, default=0.5, help="seconds of timed repetitions per case")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank (1: a rank's copies and reductions use one core)")
+    p.add_argument("--json", help="rank 0 writes the rows here (a JSON list)")
+    p.set_defaults(func=cmd_collectives)
+
+
+class Case:
+    """One (backend, op, size): the buffers and a callable that runs the collective once."""
+
+    def __init__(self, op: str, group, nbytes: int, dtype: torch.dtype, device: torch.device) -> None:
+        n, elem = dist.get_world_size(group), torch.empty(0, dtype=dtype).element_size()
+        per_rank = op in ("allgather", "reduce_scatter", "alltoall")
+        count = max(1, nbytes // (elem * n)) if per_rank else max(1, nbytes // elem)
+        zeros = lambda k: torch.zeros(k, dtype=dtype, device=device)  # noqa: E731 -- no overflow
+        if op == "allreduce":
+            t = zeros(count)
+            self.run = lambda: dist.all_reduce(t, group=group)
+        elif op == "broadcast":
+            t = zeros(count)
+            self.run = lambda: dist.broadcast(t, group=group, group_src=0)
+        elif op == "reduce":
+            t = zeros(count)
+            self.run = lambda: dist.reduce(t, group=group, group_dst=0)
+        elif op == "allgather":
+            x, out = zeros(count), zeros(count * n)
+            self.run = lambda: _all_gather_single(out, x, group=group)
+        elif op == "reduce_scatter":
+            x, out = zeros(count * n), zeros(count)
+            self.run = lambda: _reduce_scatter_single(out, x, group=group)
+        else:  # alltoall
+            x, out = zeros(count * n), zeros(count * n)
+            self.run = lambda: dist.all_to_all_single(out, x, group=group)
+        self.bytes = count * elem * (n if per_rank else 1)
+        if device.type == "cuda":
+            inner = self.run
+            self.run = lambda: (inner(), torch.cuda.synchronize(device))
+
+
+class Sync:
+    """Barriers and cross-rank reductions of timings: through MPI when there is one (a barrier's exit
+    skew there is microseconds), else through the gloo default group."""
+
+    def __init__(self) -> None:
+        self.comm = runtime.mpi_comm_world()
+
+    def barrier(self) -> None:
+        if self.comm is not None:
+            self.comm.Barrier()
+        else:
+            dist.barrier()
+
+    def slowest(self, times: list[float]) -> list[float]:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def agree(self, value: int) -> int:
+        t = torch.tensor([value])
+        dist.broadcast(t, 0)
+        return int(t)
+
+
+def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> list[float]:
+    """Per-repetition times (the slowest rank's), after warm-up; rank 0 picks the repetitions."""
+    for _ in range(args.warmup):
+        run()
+    sync.barrier()
+    start = time.perf_counter()
+    run()
+    estimate = sync.slowest([time.perf_counter() - start])[0]
+    reps = sync.agree(min(args.max_reps, max(args.min_reps, int(args.min_time / max(estimate, 1e-7)))))
+    times = []
+    for _ in range(reps):
+        sync.barrier()
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return sync.slowest(times)
+
+
+def row(backend: str, op: str, nbytes: int, n: int, times: list[float]) -> dict:
+    p50 = statistics.median(times)
+    p95 = sorted(times)[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
+    algbw = nbytes / p50 / 1e9
+    factor = 1.0 if op == "memcpy" else BUS_FACTOR[op](n)
+    return {"backend": backend, "op": op, "bytes": nbytes, "world_size": n, "p50_s": p50,
+            "p95_s": p95, "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "reps": len(times)}
+
+
+def memcpy_rows(sizes: list[int], dtype: torch.dtype, sync: Sync, args) -> list[dict]:
+    """Rank 0 copies buffers of each size while the others wait: one core's memcpy bandwidth."""
+    rows = []
+    elem = torch.empty(0, dtype=dtype).element_size()
+    for nbytes in sizes:
+        count = max(1, nbytes // elem)
+        times: list[float] = []
+        if dist.get_rank() == 0:
+            src, dst = torch.zeros(count, dtype=dtype), torch.empty(count, dtype=dtype)
+            for _ in range(args.warmup):
+                dst.copy_(src)
+            deadline = time.perf_counter() + args.min_time
+            while len(times) < args.min_reps or (time.perf_counter() < deadline
+                                                 and len(times) < args.max_reps):
+                start = time.perf_counter()
+                dst.copy_(src)
+                times.append(time.perf_counter() - start)
+            rows.append(row("memcpy", "memcpy", count * elem, 1, times))
+        sync.barrier()
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    """The rows, each with its time over memcpy's for the nearest size, then speedups over gloo."""
+    memcpy = [r for r in rows if r["backend"] == "memcpy"]
+    print(f"{'backend':8} {'op':15} {'bytes':>10} {'ranks':>5} {'p50 ms':>10} {'p95 ms':>10} "
+          f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'x memcpy':>9}")
+    for r in rows:
+        near = min(memcpy, key=lambda m: abs(m["bytes"] - r["bytes"])) if memcpy else None
+        ratio = f"{r['p50_s'] / near['p50_s']:9.2f}" if near else f"{'-':>9}"
+        print(f"{r['backend']:8} {r['op']:15} {r['bytes']:>10} {r['world_size']:>5} "
+              f"{r['p50_s'] * 1e3:>10.4f} {r['p95_s'] * 1e3:>10.4f} {r['algbw_GBps']:>10.3f} "
+              f"{r['busbw_GBps']:>10.3f} {ratio}")
+    by_key = {(r["backend"], r["op"], r["bytes"]): r for r in rows}
+    for (backend, op, nbytes), r in by_key.items():
+        gloo = by_key.get(("gloo", op, nbytes))
+        if backend != "gloo" and gloo is not None:
+            print(f"{backend} {op} {nbytes} B: {r['algbw_GBps'] / gloo['algbw_GBps']:.1f}x gloo's algbw")
+    sys.stdout.flush()
+
+
+def cmd_collectives(args: argparse.Namespace) -> int:
+    placement = discover(os.environ)
+    backends = parse_list("backends", args.backends, BACKENDS)
+    ops = parse_list("ops", args.ops, tuple(BUS_FACTOR))
+    sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
+    if placement.world_size < 2:
+        raise ConfigError("world size", placement.world_size,
+                          "run under a launcher with 2 or more ranks, e.g. mpiexec -n 2 downpour bench ...")
+    if "mpi" in backends and placement.launcher != "mpi":
+        raise ConfigError("backends", "mpi", f"mpi needs an MPI launch (mpiexec, srun --mpi=pmix), "
+                          f"this is a {placement.launcher} launch; use gloo")
+    if "nccl" in backends and not torch.cuda.is_available():
+        raise ConfigError("backends", "nccl", "nccl needs CUDA devices; use gloo,mpi on CPU")
+    torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if "nccl" in backends else "cpu")
+    with runtime.abort_on_error():
+        ctx = runtime.init(backend="gloo", device=device.type, timeout_s=600)
+        groups = {name: dist.group.WORLD if name == "gloo" else dist.new_group(backend=name)
+                  for name in backends}
+        sync, rows = Sync(), []
+        rows += memcpy_rows(sizes, DTYPES[args.dtype], sync, args)
+        for backend in backends:
+            dev = ctx.device if backend == "nccl" else torch.device("cpu")
+            for op in ops:
+                for nbytes in sizes:
+                    case = Case(op, groups[backend], nbytes, DTYPES[args.dtype], dev)
+                    rows.append(row(backend, op, case.bytes, ctx.world_size,
+                                    measure(case.run, sync, args)))
+        if ctx.rank == 0:
+            print_table(rows)
+            if args.json:
+                atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
+        runtime.shutdown()
+    return 0

@@ -1,0 +1,222 @@
+"""The ``mpi`` backend for torch.distributed with the stock PyPI torch wheel, written on mpi4py.
+
+PyPI's torch is built without MPI (``dist.is_mpi_available()`` is False), so
+``init_process_group("mpi")`` fails with "Distributed package doesn't have MPI built in". On one node,
+MPI's shared-memory transport is an order of magnitude faster than gloo's TCP loopback, and on a
+cluster MPI is what the job launcher already set up. This module makes ``"mpi"`` work anyway.
+
+How ``"mpi"`` comes to mean this backend
+    torch 2.14 creates every backend through a plugin table, ``Backend._plugins``, which it fills
+    lazily from the ``torch.distributed.backends`` entry points the first time a name is used (torch's
+    own wheel declares ``mpi`` there, pointing at the native creator that raises). ``register()``
+    calls torch's public extension API, ``Backend.register_backend("mpi", creator, extended_api=True,
+    devices=["cpu", "cuda"])``, before that first use: the name then resolves to our creator and the
+    entry point is never consulted. Nothing in torch is patched. Where torch was built with MPI,
+    ``register()`` does nothing, so the native backend is never replaced. Importing this module
+    registers (``import downpour_lib`` does, through ``comm.runtime``); ``register()`` is idempotent.
+    ``dist.is_mpi_available()`` keeps reporting torch's own build.
+
+Rendezvous
+    ``init_process_group("mpi")`` takes torch's MPI branch: rank and world size come from MPI (any
+    ``rank``/``world_size`` given are ignored, with torch's warning), and no store is needed, so no
+    TCPStore and no MASTER_ADDR. The default group duplicates ``MPI_COMM_WORLD``; ``new_group(...,
+    backend="mpi")`` creates ``MPI_Comm_create_group`` over its members, which requires torch's ranks to
+    be MPI's ranks (they are under ``mpiexec`` and ``srun --mpi=pmix``; a mismatch is an error). As
+    with torch's native MPI backend, the default group has no store, so ``new_group(backend="gloo")``
+    under an ``mpi`` default group is not possible; the reverse (a gloo default group and ``mpi``
+    subgroups) is. ``use_world(comm)`` makes a sub-communicator (e.g. ``COMM_WORLD.Split``) the
+    world instead of ``MPI_COMM_WORLD``; ``comm.runtime`` sets it to the communicator it runs on.
+
+Operations (``mpi_group``), dtypes and staging (``mpi_types``), async work (``mpi_work``)
+    all_reduce (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), broadcast, reduce, all_gather,
+    all_gather_into_tensor, gather, scatter, reduce_scatter, reduce_scatter_tensor, all_to_all,
+    all_to_all_single, barrier, send/recv/isend/irecv (with any source), ``async_op=True``.
+    float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8, bool.
+
+CUDA
+    When the MPI library is CUDA-aware (Open MPI's ``MPIX_Query_cuda_support()``, MPICH's
+    ``MPIX_GPU_query_support()``, or ``DOWNPOUR_MPI_CUDA_AWARE=1``), CUDA tensors go to MPI directly
+    after the current stream is synchronized. Otherwise each operation stages its CUDA tensors through
+    host memory: a device-to-host copy before, a host-to-device copy of the outputs after. That is
+    correct but slow; on GPUs use ``nccl`` (which ``backend="auto"`` picks).
+
+Failure
+    Blocking MPI calls have no timeout, so a rank that dies of an uncaught exception while its peers
+    wait in a collective would leave them waiting forever. When this backend creates the default
+    group, an uncaught exception on any rank prints ``rank R of N failed: ...`` and calls
+    ``MPI_Abort``, which ends every rank (what ``python -m mpi4py`` does). A peer process that dies is
+    noticed by ``mpiexec``/``srun``, which end the job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from .launch_env import discover
+
+_CREATE_TAG = 0x1D0  # MPI_Comm_create_group's tag (members create groups in program order)
+_registered = False
+_abort_on_uncaught = False
+_world = None  # the mpi4py communicator whose ranks are torch's ranks; None: MPI_COMM_WORLD
+
+
+def register() -> bool:
+    """Make ``"mpi"`` mean this backend unless torch has MPI built in. True when ours is in use."""
+    global _registered
+    if dist.is_mpi_available():
+        return False
+    if not _registered:
+        dist.Backend.register_backend("mpi", _create_group, extended_api=True,
+                                      devices=["cpu", "cuda"])
+        _registered = True
+    return True
+
+
+def use_world(comm) -> None:
+    """Make ``comm`` (an mpi4py intracommunicator) torch's world for groups created from now on:
+    the default group duplicates it and subgroups are made within it. For MPI processes that run
+    jobs on a subset of themselves (``COMM_WORLD.Split``); ``None`` restores ``MPI_COMM_WORLD``.
+    """
+    global _world
+    _world = comm
+
+
+def _mpi():
+    """mpi4py's MPI module: importing it initializes MPI (with mpi4py's default, THREAD_MULTIPLE)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise RuntimeError("the mpi backend needs mpi4py and an MPI library: "
+                           "pip install 'downpour[mpi]' (or mpi4py built against your cluster's MPI)"
+                           ) from exc
+    return MPI
+
+
+def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
+                  backend_options: object | None) -> dist.ProcessGroup:
+    """torch's creator hook: the default group (empty rank list) or a subgroup of MPI's world."""
+    MPI = _mpi()
+    from .mpi_group import MPIProcessGroup
+    from .mpi_work import EXECUTOR
+
+    timeout_s = opts.timeout.total_seconds() if isinstance(opts.timeout, datetime.timedelta) \
+        else 1800.0
+    world = _world if _world is not None else MPI.COMM_WORLD
+    ranks = list(opts.global_ranks_in_group)
+    EXECUTOR.drain(timeout_s)  # creating a communicator is collective: after the queued work
+    if not ranks:
+        if _world is None:  # a plain init_process_group("mpi"): MPI must see the whole launch
+            _check_launch(world.Get_size())
+        comm = world.Dup()
+    else:
+        _check_same_ranks(world.Get_rank(), world.Get_size())
+        world_group = world.Get_group()
+        members = world_group.Incl(ranks)
+        comm = world.Create_group(members, _CREATE_TAG)
+        members.Free()
+        world_group.Free()
+        if comm.Get_rank() != opts.group_rank:
+            raise RuntimeError(f"mpi backend: group rank {comm.Get_rank()} differs from torch's "
+                               f"{opts.group_rank} for ranks {ranks}")
+    default = not ranks
+    group = MPIProcessGroup(comm, timeout_s, torch.cuda.is_available() and cuda_aware(),
+                            on_shutdown=_stop_aborting if default else None)
+    EXECUTOR.acquire()
+    if default and comm.Get_size() > 1:
+        _abort_on_uncaught_exception(comm.Get_rank(), comm.Get_size())
+    return group
+
+
+def _check_launch(mpi_size: int) -> None:
+    placement = discover(os.environ)
+    if placement.world_size != mpi_size:
+        raise RuntimeError(
+            f"mpi backend: MPI sees {mpi_size} process(es), but this {placement.launcher} launch has "
+            f"{placement.world_size}. Launch with mpiexec, or under Slurm with srun --mpi=pmix "
+            "(see `srun --mpi=list`); torchrun launches need backend gloo or nccl")
+
+
+def _check_same_ranks(mpi_rank: int, mpi_size: int) -> None:
+    if (dist.get_rank(), dist.get_world_size()) != (mpi_rank, mpi_size):
+        raise RuntimeError(
+            f"mpi backend: new_group(backend='mpi') needs torch's ranks to be MPI's, but this is torch "
+            f"rank {dist.get_rank()} of {dist.get_world_size()} and MPI rank {mpi_rank} of "
+            f"{mpi_size}; launch with mpiexec (or srun --mpi=pmix) and let the launcher set ranks")
+
+
+def _abort_on_uncaught_exception(rank: int, size: int) -> None:
+    """An uncaught exception on this rank ends the MPI job instead of leaving peers blocked."""
+    global _abort_on_uncaught
+    if _abort_on_uncaught:
+        return
+    _abort_on_uncaught = True
+    previous = sys.excepthook
+
+    def abort_job(exc_type, exc, tb) -> None:
+        if not _abort_on_uncaught:
+            return previous(exc_type, exc, tb)
+        # torch wraps this hook and redirects sys.stderr to a buffer around it: write to the real one.
+        err = sys.__stderr__ or sys.stderr
+        err.write(f"downpour: rank {rank} of {size} failed: {exc_type.__name__}: {exc}\n")
+        traceback.print_exception(exc_type, exc, tb, file=err)
+        err.flush()
+        _mpi().COMM_WORLD.Abort(130 if issubclass(exc_type, KeyboardInterrupt) else 1)
+
+    sys.excepthook = abort_job
+
+
+def _stop_aborting() -> None:
+    """After the default group is destroyed, an exception no longer needs to end the job."""
+    global _abort_on_uncaught
+    _abort_on_uncaught = False
+
+
+_cuda_aware: bool | None = None
+
+
+def cuda_aware() -> bool:
+    """Is the MPI library CUDA-aware? (``DOWNPOUR_MPI_CUDA_AWARE=0/1`` overrides the query.)"""
+    global _cuda_aware
+    if _cuda_aware is None:
+        forced = os.environ.get("DOWNPOUR_MPI_CUDA_AWARE")
+        _cuda_aware = forced == "1" if forced in ("0", "1") else _query_cuda_support()
+    return _cuda_aware
+
+
+def _query_cuda_support() -> bool:
+    lib = _loaded_libmpi()
+    if lib is None:
+        return False
+    query = getattr(lib, "MPIX_Query_cuda_support", None)  # Open MPI (mpi-ext.h)
+    if query is not None:
+        query.restype = ctypes.c_int
+        return bool(query())
+    query = getattr(lib, "MPIX_GPU_query_support", None)  # MPICH >= 4: (MPIX_GPU_SUPPORT_CUDA=0, int*)
+    if query is not None:
+        flag = ctypes.c_int(0)
+        return query(0, ctypes.byref(flag)) == 0 and bool(flag.value)
+    return False
+
+
+def _loaded_libmpi() -> ctypes.CDLL | None:
+    """The MPI library mpi4py loaded into this process (from the process's memory map)."""
+    _mpi()
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith("libmpi."):
+            return ctypes.CDLL(path)
+    return None
+
+
+register()

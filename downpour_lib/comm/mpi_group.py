@@ -1,0 +1,393 @@
+"""``MPIProcessGroup``: a torch.distributed process group whose collectives are MPI's, through mpi4py.
+
+A Python subclass of ``torch.distributed.ProcessGroup`` (the extension point torch's own
+``test/distributed/test_c10d_pypg.py`` exercises): torch calls these methods for ``dist.all_reduce``
+and friends, for DDP's reducer, and for object collectives. Each method checks its arguments on the
+calling thread (so errors surface where the user called), builds a closure of blocking MPI calls,
+and hands it to ``mpi_work.EXECUTOR`` (at once for synchronous calls, queued for ``async_op=True``).
+Ranks are group ranks, as torch passes them. Buffers and dtypes: ``mpi_types``.
+
+One communicator per group: the default group duplicates ``MPI_COMM_WORLD`` (so our traffic never
+matches the user's); a ``new_group`` is ``MPI_Comm_create_group`` over its members, which only they
+call, exactly as torch only calls the backend's creator on members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from .mpi_shm import ShmAllreduce
+from .mpi_types import Operand, check_dtype, reduction, scratch, spec, vspec
+from .mpi_work import EXECUTOR, DoneWork, RequestWork
+
+_CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
+
+
+def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise ValueError(f"mpi backend: {what} takes exactly one tensor per rank, got {len(tensors)}")
+    check_dtype(tensors[0].dtype, what)
+    return tensors[0]
+
+
+def _same(tensors: list[torch.Tensor], like: torch.Tensor, n: int, what: str) -> list[int]:
+    """Element counts of ``tensors`` (one per rank), which must share ``like``'s dtype."""
+    if len(tensors) != n:
+        raise ValueError(f"mpi backend: {what} needs a list of {n} tensors (one per rank), "
+                         f"got {len(tensors)}")
+    for t in tensors:
+        if t.dtype != like.dtype:
+            raise TypeError(f"mpi backend: {what} mixes {t.dtype} and {like.dtype} tensors")
+    return [t.numel() for t in tensors]
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a.numel() > 0 and b.numel() > 0 and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
+def _ready(t: torch.Tensor) -> torch.Tensor:
+    """MPI reads ``t`` next: finish the CUDA kernels that wrote it."""
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()
+    return t
+
+
+def _concat(tensors: list[torch.Tensor], counts: list[int], direct: bool) -> torch.Tensor:
+    flat = scratch(sum(counts), tensors[0], direct)
+    for piece, t in zip(flat.split(counts), tensors, strict=True):
+        piece.copy_(t.reshape(-1))
+    return _ready(flat)
+
+
+def _split_into(flat: torch.Tensor, counts: list[int], outputs: list[torch.Tensor]) -> None:
+    for piece, out in zip(flat.split(counts), outputs, strict=True):
+        out.copy_(piece.view(out.shape))
+
+
+def _counts(t: torch.Tensor, splits: list[int], n: int, what: str) -> list[int]:
+    """Elements per rank for all_to_all_single's split sizes (rows of dim 0); none = equal parts."""
+    if not splits:
+        if t.numel() % n:
+            raise ValueError(f"mpi backend: {what} of {t.numel()} elements does not split into "
+                             f"{n} equal parts; give split sizes")
+        return [t.numel() // n] * n
+    row = t.numel() // t.shape[0] if t.dim() and t.shape[0] else 0
+    if len(splits) != n or sum(splits) != (t.shape[0] if t.dim() else 1):
+        raise ValueError(f"mpi backend: {what} split sizes {list(splits)} do not cover dim 0 "
+                         f"({t.shape[0] if t.dim() else 1}) in {n} parts")
+    return [s * row for s in splits]
+
+
+class MPIProcessGroup(dist.ProcessGroup):
+    """All ranks of one MPI communicator, as a torch process group."""
+
+    def __init__(self, comm: MPI.Intracomm, timeout_s: float, cuda_aware: bool,
+                 on_shutdown: Callable[[], None] | None = None) -> None:
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self._comm, self._r, self._n = comm, comm.Get_rank(), comm.Get_size()
+        self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
+        self._on_shutdown = on_shutdown
+        self._shm = ShmAllreduce(comm)  # large single-node allreduces (set up on first use)
+        self._open = True
+
+    def getBackendName(self) -> str:
+        return "mpi"
+
+    def __repr__(self) -> str:
+        return f"MPIProcessGroup(rank={self._r}, size={self._n})"
+
+    def _issue(self, name: str, fn, result: list, async_op: bool) -> dist._Work:
+        if not self._open:
+            raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")
+        if async_op:
+            return EXECUTOR.submit(name, fn, result, self._timeout_s)
+        EXECUTOR.run_now(fn, self._timeout_s)
+        return DoneWork(result)
+
+    def _direct(self, python_kernel: bool = False) -> bool:
+        """May CUDA memory go to MPI as is? (A Python reduction kernel reads host memory.)"""
+        return self._cuda_aware and not python_kernel
+
+    # -- reductions ---------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        t = _one(tensors, "allreduce")
+        red = reduction(opts.reduceOp, t.dtype)
+        x = Operand(t, True, self._direct(red.python))
+
+        def run() -> None:
+            self._allreduce_in_place(x.local, red)
+            x.finish()
+
+        return self._issue("allreduce", run, tensors, opts.asyncOp)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        for t in tensors:
+            if t.dtype != tensors[0].dtype:
+                raise TypeError("mpi backend: allreduce_coalesced needs tensors of one dtype")
+        red = reduction(opts.reduceOp, tensors[0].dtype)
+        counts = [t.numel() for t in tensors]
+        flat = _concat(tensors, counts, self._direct(red.python))
+
+        def run() -> None:
+            self._allreduce_in_place(flat, red)
+            _split_into(flat, counts, tensors)
+
+        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp)
+
+    def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
+        """On the executing thread: large single-node buffers through shared memory, else MPI."""
+        if self._shm.takes(local, red.kernel):
+            self._shm.allreduce(local, red.kernel, red.average)
+        else:
+            self._comm.Allreduce(MPI.IN_PLACE, spec(local), red.op)
+            if red.average:
+                local.div_(self._n)
+
+    def reduce(self, tensors, opts):
+        t = _one(tensors, "reduce")
+        red = reduction(opts.reduceOp, t.dtype)
+        root, comm, n = opts.rootRank, self._comm, self._n
+        x = Operand(t, self._r == root, self._direct(red.python))
+
+        def run() -> None:
+            if x.write:  # the root
+                comm.Reduce(MPI.IN_PLACE, x.spec(), red.op, root)
+                if red.average:
+                    x.local.div_(n)
+                x.finish()
+            else:
+                comm.Reduce(x.spec(), None, red.op, root)
+
+        return self._issue("reduce", run, tensors, opts.asyncOp)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts):
+        y = _one(output_tensors, "reduce_scatter")
+        inputs = input_tensors[0] if len(input_tensors) == 1 else []
+        counts = _same(inputs, y, self._n, "reduce_scatter")
+        if counts[self._r] != y.numel():
+            raise ValueError(f"mpi backend: reduce_scatter output has {y.numel()} elements, "
+                             f"but this rank's input has {counts[self._r]}")
+        red = reduction(opts.reduceOp, y.dtype)
+        direct = self._direct(red.python)
+        flat, out = _concat(inputs, counts, direct), Operand(y, True, direct)
+        return self._issue("reduce_scatter", self._reduce_scatter(flat, out, counts, red),
+                           output_tensors, opts.asyncOp)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._issue("reduce_scatter_tensor", self._reduce_scatter_into(output, input, opts),
+                           [output], opts.asyncOp)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        runs = [self._reduce_scatter_into(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._issue("reduce_scatter_tensor_coalesced", lambda: [r() for r in runs], outputs,
+                           opts.asyncOp)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, opts):
+        check_dtype(input.dtype, "reduce_scatter_tensor")
+        if input.dtype != output.dtype or input.numel() != self._n * output.numel():
+            raise ValueError(f"mpi backend: reduce_scatter_tensor needs an input of {self._n} x the "
+                             f"output's elements and dtype; got {input.numel()} {input.dtype} for "
+                             f"{output.numel()} {output.dtype}")
+        red = reduction(opts.reduceOp, input.dtype)
+        direct = self._direct(red.python)
+        x, y = Operand(input, False, direct), Operand(output, True, direct)
+        flat = x.local.clone() if _overlaps(x.local, y.local) else x.local  # MPI forbids aliasing
+        return self._reduce_scatter(flat, y, [output.numel()] * self._n, red)
+
+    def _reduce_scatter(self, flat: torch.Tensor, out: Operand, counts: list[int], red):
+        comm, n = self._comm, self._n
+
+        def run() -> None:
+            if len(set(counts)) == 1:
+                comm.Reduce_scatter_block(spec(flat, counts[0]), out.spec(), red.op)
+            else:
+                comm.Reduce_scatter(spec(flat), out.spec(), counts, red.op)
+            if red.average:
+                out.local.div_(n)
+            out.finish()
+
+        return run
+
+    # -- data movement ------------------------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        t = _one(tensors, "broadcast")
+        root, comm = opts.rootRank, self._comm
+        x = Operand(t, self._r != root, self._direct())
+
+        def run() -> None:
+            comm.Bcast(x.spec(), root)
+            x.finish()
+
+        return self._issue("broadcast", run, tensors, opts.asyncOp)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        t = _one(input_tensors, "all_gather")
+        outputs = output_tensors[0] if len(output_tensors) == 1 else []
+        counts = _same(outputs, t, self._n, "all_gather")
+        if counts[self._r] != t.numel():
+            raise ValueError(f"mpi backend: all_gather input has {t.numel()} elements, but this "
+                             f"rank's output slot has {counts[self._r]}")
+        direct, comm = self._direct(), self._comm
+        x, flat = Operand(t, False, direct), scratch(sum(counts), t, direct)
+
+        def run() -> None:
+            if len(set(counts)) == 1:
+                comm.Allgather(x.spec(), spec(flat, counts[0]))
+            else:
+                comm.Allgatherv(x.spec(), vspec(flat, counts))
+            _split_into(flat, counts, outputs)
+
+        return self._issue("all_gather", run, output_tensors, _async(opts))
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
+                           _async(opts))
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        runs = [self._all_gather_into(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._issue("all_gather_into_tensor_coalesced", lambda: [r() for r in runs], outputs,
+                           _async(opts))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _all_gather_into(self, output: torch.Tensor, input: torch.Tensor):
+        check_dtype(input.dtype, "all_gather_into_tensor")
+        if input.dtype != output.dtype or output.numel() != self._n * input.numel():
+            raise ValueError(f"mpi backend: all_gather_into_tensor needs an output of {self._n} x the "
+                             f"input's elements and dtype; got {output.numel()} {output.dtype} for "
+                             f"{input.numel()} {input.dtype}")
+        direct, comm, count = self._direct(), self._comm, input.numel()
+        x, y = Operand(input, False, direct), Operand(output, True, direct)
+        if _overlaps(x.local, y.local):  # e.g. the input is this rank's chunk of the output
+            x = Operand(x.local.clone(), False, direct)
+
+        def run() -> None:
+            comm.Allgather(x.spec(), y.spec(count))
+            y.finish()
+
+        return run
+
+    def gather(self, output_tensors, input_tensors, opts):
+        t = _one(input_tensors, "gather")
+        root, comm, direct = opts.rootRank, self._comm, self._direct()
+        x = Operand(t, False, direct)
+        if self._r != root:
+            return self._issue("gather", lambda: comm.Gatherv(x.spec(), None, root), [],
+                               opts.asyncOp)
+        outputs = output_tensors[0] if len(output_tensors) == 1 else []
+        counts = _same(outputs, t, self._n, "gather")
+        flat = scratch(sum(counts), t, direct)
+
+        def run() -> None:
+            comm.Gatherv(x.spec(), vspec(flat, counts), root)
+            _split_into(flat, counts, outputs)
+
+        return self._issue("gather", run, output_tensors, opts.asyncOp)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        y = _one(output_tensors, "scatter")
+        root, comm, direct = opts.rootRank, self._comm, self._direct()
+        out = Operand(y, True, direct)
+        send = None
+        if self._r == root:
+            inputs = input_tensors[0] if len(input_tensors) == 1 else []
+            counts = _same(inputs, y, self._n, "scatter")
+            flat = _concat(inputs, counts, direct)
+            send = vspec(flat, counts)
+
+        def run() -> None:
+            comm.Scatterv(send, out.spec(), root)
+            out.finish()
+
+        return self._issue("scatter", run, output_tensors, opts.asyncOp)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        check_dtype(input.dtype, "all_to_all_single")
+        if input.dtype != output.dtype:
+            raise TypeError(f"mpi backend: all_to_all_single mixes {input.dtype} and {output.dtype}")
+        send_counts = _counts(input, list(input_split_sizes), self._n, "all_to_all_single input")
+        recv_counts = _counts(output, list(output_split_sizes), self._n, "all_to_all_single output")
+        direct, comm = self._direct(), self._comm
+        x, y = Operand(input, False, direct), Operand(output, True, direct)
+        if _overlaps(x.local, y.local):
+            x = Operand(x.local.clone(), False, direct)
+
+        def run() -> None:
+            comm.Alltoallv(vspec(x.local, send_counts), vspec(y.local, recv_counts))
+            y.finish()
+
+        return self._issue("all_to_all_single", run, [output], _async(opts))
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if not input_tensors:
+            raise ValueError("mpi backend: all_to_all needs one input tensor per rank")
+        send_counts = _same(input_tensors, input_tensors[0], self._n, "all_to_all input")
+        recv_counts = _same(output_tensors, input_tensors[0], self._n, "all_to_all output")
+        direct, comm = self._direct(), self._comm
+        flat_in = _concat(input_tensors, send_counts, direct)
+        flat_out = scratch(sum(recv_counts), input_tensors[0], direct)
+
+        def run() -> None:
+            comm.Alltoallv(vspec(flat_in, send_counts), vspec(flat_out, recv_counts))
+            _split_into(flat_out, recv_counts, output_tensors)
+
+        return self._issue("all_to_all", run, output_tensors, _async(opts))
+
+    def barrier(self, opts=None):
+        return self._issue("barrier", self._comm.Barrier, [], _async(opts))
+
+    # -- point to point -----------------------------------------------------------------------
+    def send(self, tensors, dstRank, tag):
+        t = _one(tensors, "send")
+        x = Operand(t, False, self._direct())
+        EXECUTOR.check()
+        return RequestWork(self._comm.Isend(x.spec(), dstRank, tag), tensors, keep=x.local)
+
+    def recv(self, tensors, srcRank, tag):
+        return self._recv(tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors, tag):
+        return self._recv(tensors, MPI.ANY_SOURCE, tag)
+
+    def _recv(self, tensors, source: int, tag: int):
+        t = _one(tensors, "recv")
+        y = Operand(t, True, self._direct())
+        EXECUTOR.check()
+        return RequestWork(self._comm.Irecv(y.spec(), source, tag), tensors, finish=y.finish)
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Finish queued work and free the communicator (``destroy_process_group`` calls this)."""
+        if not self._open:
+            return
+        self._open = False
+        try:
+            EXECUTOR.release()
+        finally:
+            self._shm.close()
+            if not MPI.Is_finalized():
+                self._comm.Free()
+            if self._on_shutdown is not None:
+                self._on_shutdown()
+
+
+def _async(opts) -> bool:
+    return True if opts is None else opts.asyncOp

@@ -1,0 +1,133 @@
+"""The mpi backend (comm/mpi_backend.py) on the stock torch wheel, in real mpiexec jobs, against gloo.
+
+Each multi-rank script runs many cases in one launch (a launch costs seconds of imports).
+"""
+
+import json
+import sys
+import time
+
+import pytest
+import torch
+from conftest import BIN, explain, mpi_python, mpiexec, read_json
+
+from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
+from downpour_lib.comm import mpi_backend
+from downpour_lib.comm.runtime import pick_backend
+from downpour_lib.errors import ConfigError
+
+
+def json_lines(proc):
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("n, args", [(2, []), (3, ["--shm-min-bytes", "4096"]),
+                                     (4, ["--shm-min-bytes", "4096"])])
+def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, args):
+    """n = 3, 4 also send allreduces from 4 KB up through the shared-memory path."""
+    proc = mpi_python(n, "mpi_vs_gloo.py", *args, timeout=400)
+    assert proc.returncode == 0, explain(proc)
+    (summary,) = json_lines(proc)
+    assert summary["failures"] == [] and summary["failure_count"] == 0, summary
+    parts = summary["parts"]
+    # rank 0: 24 operations x 9 dtypes x 5 sizes, less the refused combinations, plus async repeats
+    assert parts["collectives"]["cases"] >= 1000, parts
+    assert summary["cases"] >= n * 1050, summary  # all ranks, all parts (and the subgroup for n > 2)
+    assert parts["point_to_point"]["cases"] >= 27 and parts["ddp"]["cases"] == 3, parts
+    assert parts["ddp"]["max_grad_diff"] < 1e-6 and parts["ddp"]["moved"] > 1e-2, parts
+    # a default group on a split of COMM_WORLD (mpi_backend.use_world), from n = 3 on
+    assert parts["sub_world"]["cases"] == (2 if n > 2 else 0), parts
+
+
+def test_runtime_auto_picks_mpi_and_training_on_it_equals_one_process():
+    proc = mpi_python(2, "runtime_mpi.py")
+    assert proc.returncode == 0, explain(proc)
+    cases = json_lines(proc)
+    assert [c["case"] for c in cases] == ["ddp", "sync_ps colocated"]
+    for case in cases:
+        assert case["backend"] == "mpi" and case["max_abs_diff"] < 1e-5, case
+        assert case["reference_moved"] > 1e-2, case
+
+
+@pytest.mark.parametrize("script, args", [("failing_rank.py", ["sync_ps", "mpi"]),
+                                          ("failing_rank_raw.py", [])],
+                         ids=["runtime.abort_on_error", "plain init_process_group"])
+def test_a_failing_rank_on_mpi_ends_the_job_and_is_named(script, args):
+    start = time.monotonic()
+    proc = mpi_python(3, script, *args, timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, explain(proc)
+    assert "rank 1 of 3 failed: RuntimeError: injected failure for the test" in proc.stderr, \
+        explain(proc)
+    assert "MPI_ABORT was invoked on rank 1" in proc.stderr, explain(proc)
+    assert elapsed < 60, f"took {elapsed:.0f} s"
+
+
+def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
+    out = tmp_path / "c.json"
+    proc = mpiexec(2, str(BIN / "downpour"), "bench", "collectives", "--backends", "gloo,mpi",
+                   "--ops", "allreduce,broadcast,allgather", "--sizes", "4K,65537",
+                   "--warmup", "1", "--min-reps", "3", "--min-time", "0.01", "--json", str(out))
+    assert proc.returncode == 0, explain(proc)
+    rows = read_json(out)
+    keys = {"backend", "op", "bytes", "world_size", "p50_s", "p95_s", "algbw_GBps", "busbw_GBps"}
+    seen = {(r["backend"], r["op"]) for r in rows}
+    assert seen == {("memcpy", "memcpy")} | {(b, o) for b in ("gloo", "mpi")
+                                               for o in ("allreduce", "broadcast", "allgather")}
+    for r in rows:
+        assert keys <= set(r), r
+        assert 0 < r["p50_s"] <= r["p95_s"] and r["reps"] >= 3, r
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["p50_s"] / 1e9), r
+        factor = 1.0 if r["op"] == "memcpy" else BUS_FACTOR[r["op"]](r["world_size"])
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor), r
+        if r["backend"] != "memcpy":
+            assert r["world_size"] == 2 and r["bytes"] in (4096, 65536), r  # 65537 B: whole floats
+    assert {"allreduce": 1.0, "allgather": 0.5, "broadcast": 1.0} == {
+        op: BUS_FACTOR[op](2) for op in ("allreduce", "allgather", "broadcast")}
+    assert "x gloo's algbw" in proc.stdout and "busbw GB/s" in proc.stdout
+
+
+def test_bench_collectives_refuses_bad_input_before_starting():
+    import subprocess
+
+    from conftest import ROOT, launch_env
+    proc = subprocess.run([str(BIN / "downpour"), "bench", "collectives", "--sizes", "4Q"],
+                          env=launch_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "sizes='4Q' is not valid" in proc.stderr, explain(proc)
+    proc = subprocess.run([str(BIN / "downpour"), "bench", "collectives"], env=launch_env(),
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "mpiexec -n 2" in proc.stderr, explain(proc)
+
+
+def test_parse_size_uses_binary_units():
+    assert [parse_size(s) for s in ("4K", "64k", "1M", "4MB", "2G", "100")] == [
+        4096, 65536, 1 << 20, 4 << 20, 2 << 30, 100]
+
+
+def test_backend_choice():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert pick_backend("auto", cpu, mpi_world=True) == "mpi"
+    assert pick_backend("auto", cpu, mpi_world=False) == "gloo"
+    assert pick_backend("auto", cuda, mpi_world=True) == "nccl"
+    assert pick_backend("mpi", cpu, mpi_world=True) == "mpi"
+    with pytest.raises(ConfigError, match="mpi needs an MPI launch"):
+        pick_backend("mpi", cpu, mpi_world=False)
+
+
+def test_mpi_name_resolves_to_our_backend_on_the_stock_wheel():
+    import torch.distributed as dist
+
+    assert not dist.is_mpi_available()  # PyPI's torch: what this backend exists for
+    assert mpi_backend.register() is True
+    plugin = dist.Backend._plugins["MPI"]
+    assert plugin.creator_fn is mpi_backend._create_group and plugin.extended_api
+    assert dist.Backend.backend_capability["mpi"] == ["cpu", "cuda"]
+
+
+def test_importing_registers_without_initializing_mpi():
+    import subprocess
+
+    code = ("import sys, downpour_lib, torch.distributed as dist; "
+            "print(dist.Backend._plugins['MPI'].creator_fn.__module__, 'mpi4py.MPI' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["downpour_lib.comm.mpi_backend", "False"], explain(proc)
