@@ -8,7 +8,8 @@ Gloo's point-to-point sends are rendezvous (a send completes once the receiver h
 matching receive) and its receives can only be waited on, not polled. So a server blocks in
 ``recv_any`` (no CPU spent while idle), and a client posts the receives for a reply before sending
 the request, so that a server never waits on a busy client. The messages go over a gloo group even
-when the default group is NCCL (CUDA tensors are staged through host memory).
+when the default group is NCCL (CUDA tensors are staged through host memory), and over an MPI
+communicator of their own when the default group is ``mpi``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ def header(*values: int) -> torch.Tensor:
 
 
 def gloo_group(ctx: DistContext):
-    """The group messages travel on: the default one when it is gloo, else a new gloo group.
+    """The group messages travel on: the default one when it is gloo; under the ``mpi`` backend a
+    communicator of their own (torch cannot add a gloo group to an MPI default group, which has no
+    store); under NCCL a gloo group (NCCL has no receive from any source).
     Collective: every rank must call it, in the same order."""
     if ctx.world_size == 1 or ctx.backend == "gloo":
         return None
+    if ctx.backend == "mpi":
+        return dist.new_group(backend="mpi")
     return dist.new_group(backend="gloo")
 
 
