@@ -22,9 +22,9 @@ def json_lines(proc):
 
 
 @pytest.mark.parametrize("n, args", [(2, []), (3, ["--shm-min-bytes", "4096"]),
-                                     (4, ["--shm-min-bytes", "4096"])])
+                                     (4, ["--shm-min-bytes", str(1 << 40)])])
 def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, args):
-    """n = 3, 4 also send allreduces from 4 KB up through the shared-memory path."""
+    """Allreduces take the shared-memory path from 16 KB (n = 2), from 4 KB (n = 3), never (n = 4)."""
     proc = mpi_python(n, "mpi_vs_gloo.py", *args, timeout=400)
     assert proc.returncode == 0, explain(proc)
     (summary,) = json_lines(proc)
