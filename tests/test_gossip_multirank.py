@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from conftest import explain, mpi_python
+from conftest import BIN, explain, mpi_python, mpiexec, read_json
 
 from downpour_lib.data import load_dataset
 from downpour_lib.models import build_model, parameter_count
@@ -105,3 +105,16 @@ def test_bytes_per_step_do_not_grow_with_the_graph_for_one_peer(cases):
     c = cases["train adpsgd"]
     assert c["bytes_sent_per_step"] == c["bytes_received_per_step"] == model_bytes, c
     assert not math.isnan(cases["train osgp"]["staleness_mean"])
+
+
+@pytest.mark.parametrize("algorithm", ["sgp", "osgp", "dpsgd", "adpsgd"])
+def test_gossip_runs_on_the_mpi_backend(tmp_path, algorithm):
+    """The scripts above pin gloo; `auto` under mpiexec is the mpi backend, which has no batched
+    point-to-point and no per-group destroy: the gossip paths must not need either."""
+    out = tmp_path / "s.json"
+    proc = mpiexec(4, str(BIN / "downpour"), "train", "--algorithm", algorithm, "--model", "mlp",
+                   "--dataset", "digits", "--steps", "20", "--eval-every", "10", "--threads", "1",
+                   "--summary-json", str(out), timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    summary = read_json(out)
+    assert summary["backend"] == "mpi" and summary["test_accuracy"] > 0.2, summary

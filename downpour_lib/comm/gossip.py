@@ -58,7 +58,12 @@ def exchange(message: torch.Tensor, to: Sequence[int], receive_from: Sequence[in
     ops = [dist.P2POp(dist.irecv, buf, src, group=group, tag=tag)
            for buf, src in zip(received, receive_from, strict=True)]
     ops += [dist.P2POp(dist.isend, message, dst, group=group, tag=tag) for dst in to]
-    return Exchange(dist.batch_isend_irecv(ops), [message], received)
+    if dist.get_backend(group) == "nccl":  # NCCL needs the batch to coalesce its sends and receives
+        return Exchange(dist.batch_isend_irecv(ops), [message], received)
+    # gloo and the mpi backend run each as an independent non-blocking operation (receives posted
+    # first), which cannot deadlock; the Python mpi backend has no batch (coalescing) support
+    return Exchange([op.op(op.tensor, op.peer, group=op.group, tag=op.tag) for op in ops],
+                    [message], received)
 
 
 class Gossip:
@@ -99,7 +104,10 @@ def destroy_group(group: dist.ProcessGroup | None) -> None:
     (a gloo pair closed early would fail a peer's pending receive)."""
     if group is not None and dist.is_initialized():
         dist.barrier(group=group)
-        dist.destroy_process_group(group)
+        # The Python mpi backend's subgroups carry no torch group name, so torch cannot destroy them
+        # one by one; they are released with the default group at shutdown (and MPI frees them).
+        if dist.get_backend(group) != "mpi":
+            dist.destroy_process_group(group)
 
 
 def consensus_distance(comm: Comm, flat: torch.Tensor) -> float:
