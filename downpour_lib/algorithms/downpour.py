@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from ..comm.p2p import HEADER, Link, gloo_group, header
+from ..comm.p2p import HEADER, Link, header, message_group
 from ..errors import ConfigError
 from ..records import Meter
 from . import ps_placement
@@ -133,7 +133,7 @@ class Downpour(Algorithm):
         roles = self.roles(self.options, self.world_size)
         self.servers, self.workers, self.evaluator = roles.servers, roles.workers, roles.evaluator
         self.layout = model_layout(model, len(self.servers))
-        self.group = gloo_group(self.comm.ctx)  # collective: on every rank, before any message
+        self.group = message_group(self.comm.ctx)  # collective: on every rank, before any message
         self.lr = optimizer.param_groups[0]["lr"]
         self.shards = [self._shard_tensors(s) for s in range(len(self.servers))]
         self.server: ShardServer | None = None

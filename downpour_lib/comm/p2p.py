@@ -32,7 +32,7 @@ def header(*values: int) -> torch.Tensor:
     return out
 
 
-def gloo_group(ctx: DistContext):
+def message_group(ctx: DistContext):
     """The group messages travel on: the default one when it is gloo; under the ``mpi`` backend a
     communicator of their own (torch cannot add a gloo group to an MPI default group, which has no
     store); under NCCL a gloo group (NCCL has no receive from any source).
