@@ -15,6 +15,7 @@ call, exactly as torch only calls the backend's creator on members.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -92,7 +93,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._comm, self._r, self._n = comm, comm.Get_rank(), comm.Get_size()
         self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
         self._on_shutdown = on_shutdown
-        self._shm = ShmAllreduce(comm)  # large single-node allreduces (set up on first use)
+        self._shm = ShmAllreduce(comm, timeout_s)  # large single-node allreduces (set up on first use)
         self._open = True
 
     def getBackendName(self) -> str:
@@ -118,6 +119,14 @@ class MPIProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllreduceOptions()
         t = _one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
+        if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
+            if not self._open:
+                raise RuntimeError("mpi backend: allreduce on a process group that was shut down")
+            if opts.asyncOp:
+                return EXECUTOR.submit("allreduce", partial(self._allreduce_in_place, t, red),
+                                       tensors, self._timeout_s)
+            EXECUTOR.run_now(self._allreduce_in_place, self._timeout_s, t, red)
+            return DoneWork(tensors)
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:

