@@ -104,10 +104,7 @@ def destroy_group(group: dist.ProcessGroup | None) -> None:
     (a gloo pair closed early would fail a peer's pending receive)."""
     if group is not None and dist.is_initialized():
         dist.barrier(group=group)
-        # The Python mpi backend's subgroups carry no torch group name, so torch cannot destroy them
-        # one by one; they are released with the default group at shutdown (and MPI frees them).
-        if dist.get_backend(group) != "mpi":
-            dist.destroy_process_group(group)
+        dist.destroy_process_group(group)
 
 
 def consensus_distance(comm: Comm, flat: torch.Tensor) -> float:

@@ -95,9 +95,20 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._shm = ShmAllreduce(comm, timeout_s)  # large single-node allreduces (set up on first use)
         self._open = True
+        self._group_name = ""
 
     def getBackendName(self) -> str:
         return "mpi"
+
+    # torch keeps a group's name in its C++ backends, and this group has none (it is its own
+    # backend), so ProcessGroup.group_name would raise "ProcessGroup name not set" -- which
+    # destroy_process_group(group) reads. torch names every group through _set_group_name.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
 
     def __repr__(self) -> str:
         return f"MPIProcessGroup(rank={self._r}, size={self._n})"

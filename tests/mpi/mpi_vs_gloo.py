@@ -374,6 +374,12 @@ def main() -> int:
     shm_used = [g._shm._ready is True for _, g in groups.values() if isinstance(g, MPIProcessGroup)]
     check.check("shared-memory allreduce used as expected", shm_used == [expected] * len(shm_used),
                 f"{shm_used}, expected {expected}")
+    subgroups = [g for pair in groups.values() for g in pair
+                 if g is not dist.group.WORLD and g is not dist.GroupMember.NON_GROUP_MEMBER]
+    for group in subgroups:  # one by one, before the default group (mpi ones too)
+        dist.destroy_process_group(group)
+    left = [g for g in subgroups if g in dist.distributed_c10d._world.pg_map]
+    check.check("subgroups destroyed one by one", not left, f"{left} left")
     runtime.shutdown()
     before = check.cases
     sub_world(check)
