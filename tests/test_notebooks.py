@@ -18,7 +18,7 @@ LOGIC = (ast.FunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.Try, ast
 
 def test_the_suite_is_there():
     assert [nb.name for nb in NOTEBOOKS] == ["00_cluster_quickstart.ipynb", "01_train_sync_ps.ipynb",
-                                             "02_scaling_study.ipynb"]
+                                             "02_scaling_study.ipynb", "03_downpour_staleness.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -103,3 +103,30 @@ def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
     again = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
     assert "all 4 runs are already in" in outputs(again, "runs = run_study_on_cluster")
     assert (tmp_path / "runs.csv").read_text() == before
+
+
+def test_03_downpour_staleness(tmp_path):
+    colocated = {"server": "colocated", "warmstart": 0}  # every run on the 2 engines, 2 workers each
+    params = {"engines": 2, "workers": 2, "model": "mlp", "steps": 20, "batch_size": 16,
+              "eval_every": 5, "sync_ps": {"server": "colocated"},
+              "variants": [{"servers": 1, "n_fetch": 1, "n_push": 1, **colocated},
+                           {"servers": 2, "n_fetch": 2, "n_push": 2, **colocated}],
+              "out_dir": str(tmp_path)}
+    nb = run_notebook(ROOT / "notebooks" / "03_downpour_staleness.ipynb", params)
+    runs = pd.read_csv(tmp_path / "runs.csv").set_index("label")
+    downpour = ["downpour S=1 fetch=1 push=1 colocated", "downpour S=2 fetch=2 push=2 colocated"]
+    assert list(runs.index) == ["sync_ps colocated", *downpour]
+    assert (runs.world_size == 2).all() and (runs.workers == 2).all() and list(runs.servers) == [1, 1, 2]
+    assert (runs.samples_per_s > 0).all() and (runs.test_accuracy > 0.1).all()
+    assert runs.loc[downpour, ["staleness_mean", "staleness_max"]].notna().all().all()
+    assert runs.loc["sync_ps colocated", ["staleness_mean", "staleness_max"]].isna().all()
+    staleness = pd.read_csv(tmp_path / "staleness.csv")
+    updates = staleness.groupby("label", sort=False).updates.sum()
+    # every push is applied and recorded: 2 workers x 20 pushes; 2 workers x 10 pushes x 2 shards
+    assert list(updates.index) == downpour and list(updates) == [40, 40]
+    evals = pd.read_csv(tmp_path / "evals.csv")
+    assert set(evals.label) == set(runs.index) and (evals.groupby("label").size() == 4).all()
+    assert "downpour S=2 fetch=2 push=2 colocated" in outputs(nb, "study.table()")
+    assert images(nb) == 3  # accuracy against time, throughput, staleness
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["accuracy_vs_time.png", "staleness.png",
+                                                              "throughput.png"]
