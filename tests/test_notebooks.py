@@ -18,7 +18,8 @@ LOGIC = (ast.FunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.Try, ast
 
 def test_the_suite_is_there():
     assert [nb.name for nb in NOTEBOOKS] == ["00_cluster_quickstart.ipynb", "01_train_sync_ps.ipynb",
-                                             "02_scaling_study.ipynb", "03_downpour_staleness.ipynb"]
+                                             "02_scaling_study.ipynb", "03_downpour_staleness.ipynb",
+                                             "04_gossip_consensus.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -130,3 +131,26 @@ def test_03_downpour_staleness(tmp_path):
     assert images(nb) == 3  # accuracy against time, throughput, staleness
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["accuracy_vs_time.png", "staleness.png",
                                                               "throughput.png"]
+
+
+def test_04_gossip_consensus(tmp_path):
+    topologies = ["exponential", "ring", "complete"]
+    algorithms = ["sgp", "osgp", "dpsgd", "adpsgd", "allreduce"]
+    nb = run_notebook(ROOT / "notebooks" / "04_gossip_consensus.ipynb",
+                      {"engines": 2, "model": "mlp", "steps": 20, "eval_every": 5, "world_sizes": [1, 2],
+                       "algorithms": algorithms, "topologies": topologies, "save_dir": str(tmp_path)})
+    runs, evals = pd.read_csv(tmp_path / "runs.csv"), pd.read_csv(tmp_path / "evals.csv")
+    for topology in topologies:  # a consensus-distance curve per graph, at every evaluation
+        curve = evals[(evals.algorithm == "sgp") & (evals.topology == topology) & (evals.world_size == 2)]
+        assert list(curve.step) == [4, 9, 14, 19], topology
+        assert curve.consensus_distance.notna().all() and (curve.consensus_distance >= 0).all()
+    # a row per algorithm (on its default graph) at each world size, plus sgp on the other graphs
+    assert sorted(zip(runs.algorithm, runs.world_size, strict=True)) == sorted(
+        [(a, n) for a in algorithms for n in (1, 2)] + [("sgp", 2)] * 2)
+    assert (runs.test_accuracy > 0.3).all()  # 20 steps of mlp on digits: well above chance (0.1)
+    at_two = runs[runs.world_size == 2].set_index("algorithm")
+    assert (at_two.loc[["sgp", "osgp", "dpsgd", "adpsgd"]].bytes_sent_per_step > 0).all()
+    assert (runs[runs.world_size == 1].bytes_sent_per_step == 0).all()  # nobody to talk to
+    table = outputs(nb, "summary_table(everything)")
+    assert all(a in table for a in algorithms) and "final_consensus_distance" in table
+    assert images(nb) == 3  # consensus, accuracy against time, bytes per step
