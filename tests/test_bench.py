@@ -14,16 +14,25 @@ def test_bench_train_runs_1_and_2_ranks_and_writes_rows(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "train", "--model", "mlp", "--dataset", "synthetic-mnist",
                  "--algorithms", "allreduce", "--backends", "gloo", "--steps", "8",
-                 "--warmup-steps", "3", "--json", str(out)]) == 0, capsys.readouterr()
+                 "--warmup-steps", "3", "--repeats", "2", "--json", str(out)]) == 0, capsys.readouterr()
     rows = json.loads(out.read_text())
     assert [(r["algorithm"], r["backend"], r["world_size"]) for r in rows] == [
-        ("allreduce", "gloo", 1), ("allreduce", "gloo", 2)]
-    one, two = rows
+        ("allreduce", "gloo", 1), ("allreduce", "gloo", 2), ("independent", "none", 1),
+        ("independent", "none", 2)]
+    one, two, solo, pair = rows
+    # the ceiling: two copies of `local` at once, never communicating
+    assert pair["scaling_efficiency"] == pytest.approx(pair["samples_per_s"] / (2 * solo["samples_per_s"]))
+    assert pair["exposed_comm_s"] == 0.0 and pair["bytes_sent_per_step"] == 0.0
     assert FIELDS <= set(one) and one["model"] == "mlp"
     assert one["scaling_efficiency"] == 1.0 and one["exposed_comm_s"] == 0.0
     assert two["scaling_efficiency"] == pytest.approx(two["samples_per_s"] / (2 * one["samples_per_s"]))
     assert two["exposed_comm_s"] > 0 and two["bytes_sent_per_step"] > 0
-    assert "allreduce  gloo" in capsys.readouterr().out
+    for row in rows:  # two rounds, each point the median of its runs
+        assert len(row["samples_per_s_runs"]) == 2 and row["repeats"] == 2, row
+        assert row["samples_per_s"] == pytest.approx(sum(row["samples_per_s_runs"]) / 2), row
+    out = capsys.readouterr().out
+    assert "allreduce    gloo" in out and "independent  none" in out
+    assert out.index("[1/2] independent none  2 process(es)") < out.index("[2/2] allreduce   gloo  1 rank(s)")
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -31,6 +40,7 @@ def test_bench_train_runs_1_and_2_ranks_and_writes_rows(tmp_path, capsys):
                                       "'nonesuch' backend; use one of gloo"),
     (["--algorithms", "allreduce,nope"], "algorithms='nope'"),
     (["--workers", "1"], "give worker counts >= 2"),
+    (["--algorithms", "local"], "algorithms='local'"),
     (["--model", "nope"], "model='nope'"),
 ])
 def test_bench_train_refuses_bad_input_before_launching(capsys, args, expected):

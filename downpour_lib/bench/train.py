@@ -13,15 +13,26 @@ Each (algorithm, backend) runs the same configuration once on 1 rank and once un
 The table also shows each run's throughput relative to DDP on gloo at the same size, when that
 pair is in the run. Backends are checked before anything starts: one this build does not have
 is refused with the list of those it does.
+
+The ceiling: on a machine whose cores all compute, N processes are slower than one even when they
+never communicate (they share memory bandwidth, caches and the operating system's attention). So
+every round also runs ``local`` alone and N copies of it at once, as independent processes; that
+row (algorithm ``independent``, backend ``none``) is the best scaling efficiency any algorithm can
+show on this machine, as ``bench collectives`` reports memcpy beside the collectives.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import typing
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +44,9 @@ from ..config import TrainConfig
 from ..errors import ConfigError, DownpourError
 from ..provenance import environment
 from ..study.sweep import StudyError, mpiexec_launch
+
+INDEPENDENT = "independent"  # the ceiling's rows: N copies of `local` that never communicate
+
 
 FIELDS = ("algorithm", "backend", "model", "world_size", "samples_per_s", "scaling_efficiency",
           "exposed_comm_s")
@@ -64,8 +78,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-steps", type=int, default=10,
                    help="first steps left out of throughput (default: 10)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs per point; the median throughput is reported (default: 1)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds of every run; each point reports its median throughput (default: 3)")
+    p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                   help="leave out the independent-processes rows (the machine's ceiling)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default: 900)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
     p.set_defaults(func=cmd_bench_train)
@@ -97,8 +113,33 @@ def _usable(name: str) -> bool:
     return True  # other registered backends say for themselves when they start
 
 
-def plan(args: argparse.Namespace) -> list[tuple[TrainConfig, str, int, int]]:
-    """(config, backend, workers, ranks) of every run, validated before anything is launched."""
+@dataclass(frozen=True)
+class Run:
+    """One point of the benchmark: ``config`` with ``workers`` workers on ``ranks`` ranks, launched
+    by mpiexec, or (``backend`` "none") as that many independent processes."""
+
+    config: TrainConfig
+    backend: str
+    workers: int
+    ranks: int
+
+    @property
+    def independent(self) -> bool:
+        return self.config.algorithm == "local"
+
+    @property
+    def algorithm(self) -> str:
+        return INDEPENDENT if self.independent else self.config.algorithm
+
+    def launch(self, timeout_s: float) -> dict[str, Any]:
+        if not self.independent:
+            return mpiexec_launch(self.config, self.ranks, timeout_s)
+        runs = independent_launch(self.config, self.workers, timeout_s)
+        return {**runs[0], "samples_per_s": sum(r["samples_per_s"] for r in runs)}
+
+
+def plan(args: argparse.Namespace) -> list[Run]:
+    """Every run, validated before anything is launched."""
     for backend in args.backends:
         check_backend(backend)
     if not args.workers or min(args.workers) < 2:
@@ -107,38 +148,75 @@ def plan(args: argparse.Namespace) -> list[tuple[TrainConfig, str, int, int]]:
         raise ConfigError("repeats", args.repeats, "must be >= 1")
     runs = []
     for algorithm in args.algorithms:
-        if algorithm not in ALGORITHMS:
-            raise ConfigError("algorithms", algorithm, "choose from " + ", ".join(ALGORITHMS))
-        for backend in args.backends:
-            config = TrainConfig.from_dict({
-                "algorithm": algorithm, "backend": backend, "model": args.model,
-                "dataset": args.dataset, "batch_size": args.batch_size, "steps": args.steps,
-                "warmup_steps": args.warmup_steps, "threads": args.threads, "device": "cpu",
-                "eval_every": 0, "eval_batch_size": 64, "seed": 0})
-            cls = ALGORITHMS[algorithm]
-            for workers in (1, *args.workers):
-                runs.append((config, backend, workers, cls.world_size_for(config.options, workers)))
+        if algorithm not in ALGORITHMS or algorithm == "local":
+            raise ConfigError("algorithms", algorithm, "choose from " + ", ".join(
+                a for a in ALGORITHMS if a != "local"))
+    for algorithm, backend in [(a, b) for a in args.algorithms for b in args.backends] \
+            + ([("local", "none")] if args.ceiling else []):
+        config = TrainConfig.from_dict({
+            "algorithm": algorithm, "backend": "gloo" if backend == "none" else backend,
+            "model": args.model, "dataset": args.dataset, "batch_size": args.batch_size,
+            "steps": args.steps, "warmup_steps": args.warmup_steps, "threads": args.threads,
+            "device": "cpu", "eval_every": 0, "eval_batch_size": 64, "seed": 0})
+        cls = ALGORITHMS[algorithm]
+        for workers in (1, *args.workers):
+            ranks = workers if algorithm == "local" else cls.world_size_for(config.options, workers)
+            runs.append(Run(config, backend, workers, ranks))
     return runs
 
 
+def independent_launch(config: TrainConfig, n: int, timeout_s: float) -> list[dict[str, Any]]:
+    """``n`` single-process runs of ``config`` at the same time; their summaries."""
+    with tempfile.TemporaryDirectory(prefix="downpour-independent-") as tmp:
+        cfg = Path(tmp) / "config.json"
+        cfg.write_text(json.dumps(config.to_dict(), default=str))
+        outs = [Path(tmp) / f"summary{i}.json" for i in range(n)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+        procs = [subprocess.Popen([sys.executable, "-m", "downpour_lib", "train", "--config",
+                                   str(cfg), "--summary-json", str(out)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for out in outs]
+        failed = []
+        for proc in procs:
+            try:
+                _, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if proc.returncode != 0:
+                failed.append(f"exit {proc.returncode}: " + "\n".join(err.splitlines()[-10:]))
+        if failed:
+            raise StudyError(f"{n} independent run(s) of local failed: {failed[0]}")
+        return [json.loads(out.read_text()) for out in outs]
+
+
 def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
+    """Every run of the plan, ``repeats`` rounds of them: a round launches each run once, so a slow
+    spell of a shared machine lands on every point alike instead of on one; each point reports the
+    median of its rounds."""
+    runs = plan(args)
+    summaries: list[list[dict[str, Any]]] = [[] for _ in runs]
+    for round_ in range(args.repeats):
+        for run, seen in zip(runs, summaries, strict=True):
+            seen.append(run.launch(args.timeout))
+            log(f"  [{round_ + 1}/{args.repeats}] {run.algorithm:<11} {run.backend:<5} {run.ranks} "
+                f"{'process(es)' if run.independent else 'rank(s)'}: "
+                f"{seen[-1]['samples_per_s']:.1f} samples/s")
     rows: list[dict[str, Any]] = []
     base: dict[tuple[str, str], float] = {}
-    for config, backend, workers, ranks in plan(args):
-        summaries = []
-        for _ in range(args.repeats):
-            summaries.append(mpiexec_launch(config, ranks, args.timeout))
-            log(f"  {config.algorithm:<10} {backend:<5} {ranks} rank(s): "
-                f"{summaries[-1]['samples_per_s']:.1f} samples/s")
-        rate = statistics.median(s["samples_per_s"] for s in summaries)
-        pick = min(summaries, key=lambda s: abs(s["samples_per_s"] - rate))
+    for run, seen in zip(runs, summaries, strict=True):
+        config, workers = run.config, run.workers
+        rate = statistics.median(s["samples_per_s"] for s in seen)
+        pick = min(seen, key=lambda s: abs(s["samples_per_s"] - rate))
         if workers == 1:
-            base[(config.algorithm, backend)] = rate
+            base[(run.algorithm, run.backend)] = rate
+        communicates = run.ranks > 1 and not run.independent
         rows.append({
-            "algorithm": config.algorithm, "backend": backend, "model": config.model,
-            "world_size": ranks, "num_workers": workers, "samples_per_s": rate,
-            "scaling_efficiency": rate / (workers * base[(config.algorithm, backend)]),
-            "exposed_comm_s": pick["comm_s"] + pick["wait_s"] if ranks > 1 else 0.0,
+            "algorithm": run.algorithm, "backend": run.backend, "model": config.model,
+            "world_size": run.ranks, "num_workers": workers, "samples_per_s": rate,
+            "samples_per_s_runs": [s["samples_per_s"] for s in seen],
+            "scaling_efficiency": rate / (workers * base[(run.algorithm, run.backend)]),
+            "exposed_comm_s": pick["comm_s"] + pick["wait_s"] if communicates else 0.0,
             "step_s": pick["step_s"], "compute_s": pick["compute_s"],
             "bytes_sent_per_step": pick["bytes_sent_per_step"], "batch_size": config.batch_size,
             "steps": config.steps, "warmup_steps": config.warmup_steps, "threads": config.threads,
@@ -168,7 +246,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def cmd_bench_train(args: argparse.Namespace) -> int:
     try:
         runs = plan(args)  # every check before the first launch
-        print(f"downpour bench train: {len(runs) * args.repeats} run(s) of {args.model} on "
+        print(f"downpour bench train: {len(runs) * args.repeats} launch(es) of {args.model} on "
               f"{args.dataset}, batch {args.batch_size} per worker", flush=True)
         rows = run_bench(args, log=lambda line: print(line, flush=True))
     except ConfigError as exc:
