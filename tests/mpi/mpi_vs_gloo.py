@@ -219,36 +219,6 @@ def collectives(groups, check, case=0):
     return case
 
 
-def shared_buffers(groups, check, case=5000):
-    """Buffers from MPIProcessGroup.shared_zeros (the gradient buckets' path: every rank maps every
-    rank's buffer, no copies in or out) allreduce as gloo does, again and again, sync and async."""
-    for gname, (gloo, mpi) in groups.items():
-        if gloo == dist.GroupMember.NON_GROUP_MEMBER:
-            continue
-        for op_name in ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BOR"):
-            for dt in DTYPES:
-                if refused(f"all_reduce {op_name}", dt):
-                    continue
-                for k in (1, 7, 1000, 65537):
-                    t = mpi.shared_zeros(k, dt)
-                    shared = t is not None and mpi._shm._shared_arrays(t) is not None
-                    check.check(f"{gname} shared_zeros {dt} n={k}", shared and not t.any())
-                    for async_op in (False, True):  # the second round reuses the buffer
-                        case += 1
-                        op = getattr(R, op_name)
-                        want = make(dt, k, seed_of(case, gloo), small=op == R.PRODUCT)
-                        t.copy_(want)
-                        dist.all_reduce(want, op=op, group=gloo)
-                        work = dist.all_reduce(t, op=op, group=mpi, async_op=async_op)
-                        if async_op:
-                            work.wait()
-                        check.check(f"{gname} shared all_reduce {op_name} {dt} n={k} async={async_op}",
-                                    torch.equal(want, t))
-                    mpi.release_shared(t)
-                    check.check(f"{gname} released", mpi._shm._shared_arrays(t) is None)
-    return case
-
-
 def point_to_point(gloo, mpi, check):
     n, me = dist.get_world_size(), dist.get_rank()
     for dt in DTYPES:
@@ -404,9 +374,6 @@ def main() -> int:
     shm_used = [g._shm._ready is True for _, g in groups.values() if isinstance(g, MPIProcessGroup)]
     check.check("shared-memory allreduce used as expected", shm_used == [expected] * len(shm_used),
                 f"{shm_used}, expected {expected}")
-    before = check.cases  # after the check above: shared buffers set shared memory up whatever the size
-    shared_buffers(groups, check)
-    parts["shared_buffers"] = {"cases": check.cases - before}
     subgroups = [g for pair in groups.values() for g in pair
                  if g is not dist.group.WORLD and g is not dist.GroupMember.NON_GROUP_MEMBER]
     for group in subgroups:  # one by one, before the default group (mpi ones too)
