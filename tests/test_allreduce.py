@@ -21,9 +21,9 @@ CASES = ["collectives", "groups", "synchronize_parameters", "allreduce sgd = one
 HIERARCHIES = {2: ["aa", "ab"], 3: ["aab", "aba"], 4: ["aabb", "aaab", "abab"]}
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_collectives_groups_and_allreduce_sgd_under_mpiexec(n):
-    proc = mpi_python(n, "collectives.py")
+@pytest.mark.parametrize("n, backend", [(2, "gloo"), (3, "gloo"), (4, "gloo"), (3, "mpi")])
+def test_collectives_groups_and_allreduce_sgd_under_mpiexec(n, backend):
+    proc = mpi_python(n, "collectives.py", backend)
     assert proc.returncode == 0, explain(proc)
     cases = {c["case"]: c for c in map(json.loads, (x for x in proc.stdout.splitlines()
                                                     if x.startswith("{")))}
