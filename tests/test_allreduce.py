@@ -141,17 +141,3 @@ def test_buckets_follow_the_order_backward_produces_gradients():
     assert after[:2] == ["late.bias", "late.weight"] or after[:2] == ["late.weight", "late.bias"]
     assert len(buckets.buckets) > 1
     buckets.close()
-
-
-def test_buckets_are_cut_from_the_end_and_the_last_to_fill_is_small():
-    """The bucket whose allreduce starts after backward (the last to fill) holds about 1 MB; the others
-    about bucket_bytes. Eight 0.5 MB parameters in backward order p0..p7, 2 MB buckets."""
-    from downpour_lib.comm.buckets import LAST_BUCKET_BYTES, GradientBuckets
-    from downpour_lib.records import Meter
-
-    assert LAST_BUCKET_BYTES == 1 << 20
-    params = [(f"p{i}", nn.Parameter(torch.zeros(1 << 17))) for i in range(8)]
-    buckets = GradientBuckets(params, comm.Communicator((0,), None, 0), Meter(), bucket_bytes=2 << 20)
-    assert buckets._groups(list(range(8))) == [[0, 1], [2, 3, 4, 5], [6, 7]]
-    small = GradientBuckets(params, comm.Communicator((0,), None, 0), Meter(), bucket_bytes=1 << 19)
-    assert small._groups(list(range(8))) == [[i] for i in range(8)]  # smaller than 1 MB: as asked

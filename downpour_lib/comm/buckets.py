@@ -6,10 +6,8 @@ learning in TensorFlow") with the scheduling of PyTorch DDP's reducer (Li et al.
 Distributed: Experiences on Accelerating Data Parallel Training"):
 
 - Parameters are packed into buckets of about ``bucket_bytes`` each, in the order backward produces
-  their gradients, except the last one to fill, which holds about 1 MB (DDP makes its first bucket
-  small to start early; on CPU ranks what costs is the end, where nothing is left to overlap).
-  That order is recorded on the first window and agreed on (rank 0's order is broadcast), then the
-  buckets are rebuilt; before that the reverse registration order stands in.
+  their gradients. That order is recorded on the first window and agreed on (rank 0's order is
+  broadcast), then the buckets are rebuilt; before that the reverse registration order stands in.
 - ``Tensor.register_post_accumulate_grad_hook`` fires as each gradient is ready. The hook scales the
   gradient by 1/(ranks x micro-batches) straight into its slot of the bucket (one pass: copy and
   scale together) and frees ``.grad``. When a bucket is full its allreduce starts asynchronously
@@ -38,8 +36,6 @@ from ..records import Meter
 from .collectives import nbytes
 from .communicator import Communicator
 from .handles import Handle
-
-LAST_BUCKET_BYTES = 1 << 20  # the last bucket to fill: its allreduce is what stays exposed
 
 
 @dataclass
@@ -98,25 +94,16 @@ class GradientBuckets:
                           f"inside an accumulation window of {self.k}; make the number of steps a "
                           "multiple of accumulation_steps", stacklevel=2)
 
-    def _groups(self, order: Sequence[int]) -> list[list[int]]:
-        """``order`` cut into buckets of about ``bucket_bytes``, counted from its end, where the last
-        bucket holds only about ``LAST_BUCKET_BYTES``: that bucket's allreduce starts after backward
-        has finished, so it is the one backward cannot hide (the bucket before it overlaps with the
-        early layers' backward, which on images is the costly part)."""
+    def _build(self, order: Sequence[int]) -> None:
         groups: list[list[int]] = []
-        size, cap = 0, min(self.bucket_bytes, LAST_BUCKET_BYTES)
-        for i in reversed(order):
+        size = 0
+        for i in order:
             p = self.params[i]
-            if not groups or size >= cap or p.dtype != self.params[groups[-1][0]].dtype:
-                cap = cap if not groups else self.bucket_bytes
+            if not groups or size >= self.bucket_bytes or p.dtype != self.params[groups[-1][0]].dtype:
                 groups.append([])
                 size = 0
             groups[-1].append(i)
             size += nbytes(p)
-        return [group[::-1] for group in reversed(groups)]
-
-    def _build(self, order: Sequence[int]) -> None:
-        groups = self._groups(order)
         self.order = list(order)
         self.buckets, self.bucket_of, self.views = [], [0] * len(self.params), [None] * len(self.params)
         for b, group in enumerate(groups):
