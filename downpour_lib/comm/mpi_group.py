@@ -131,13 +131,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
-            if not self._open:
-                raise RuntimeError("mpi backend: allreduce on a process group that was shut down")
-            if opts.asyncOp:
-                return EXECUTOR.submit("allreduce", partial(self._allreduce_in_place, t, red),
-                                       tensors, self._timeout_s)
-            EXECUTOR.run_now(self._allreduce_in_place, self._timeout_s, t, red)
-            return DoneWork(tensors)
+            return self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
+                               opts.asyncOp)
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:

@@ -68,7 +68,7 @@ import torch
 from mpi4py import MPI
 
 BUDGET_BYTES = 16 << 20  # the whole buffer: 2 sets x (n slots + 1 result area), in cache
-MAX_CHUNK_BYTES = int(os.environ.get("DOWNPOUR_MPI_SHM_CHUNK", 2 << 20))
+MAX_CHUNK_BYTES = 2 << 20
 SMALL_BYTES = 256 << 10  # up to this (over n - 1 from 3 ranks on), the one-barrier algorithm
 CONTROL_BYTES = 4096  # the start of the buffer: one semaphore per rank, a cache line apart
 SEM_STRIDE = 64

@@ -239,7 +239,7 @@ class Executor:
             return
         with self._lock:
             last = self._last
-            if last is not None and not last._done.is_set() or self._error is not None:
+            if (last is not None and not last._done.is_set()) or self._error is not None:
                 self._drain(timeout_s)
             fn(*args)
 
