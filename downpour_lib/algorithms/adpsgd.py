@@ -32,34 +32,25 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, nbytes, unflatten_into
 from ..comm.gossip import destroy_group, exchange, new_group
-from ..errors import ConfigError
 from ..topology import Topology
-from .base import AlgorithmOptions
-from .decentralized import Decentralized, unwinding
+from .decentralized import BoundedLagOptions, Decentralized, unwinding
 
 
 @dataclass(frozen=True)
-class ADPSGDOptions(AlgorithmOptions):
+class ADPSGDOptions(BoundedLagOptions):
+    lag_bounds: ClassVar[str] = "the averaging thread may fall that many steps behind"
+    without_lag: ClassVar[str] = "for lock-step neighbour averaging use --algorithm dpsgd"
+
     topology: Literal["bipartite_exponential"] = field(default="bipartite_exponential", metadata={
         "help": "gossip graph: bipartite_exponential (odd ranks pair with even ones; needs an "
                 "even number of ranks)"})
-    max_lag: int = field(default=1, metadata={
-        "help": "gossip started at step t is folded into the model by step t + max_lag at the "
-                "latest (>= 1)"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.max_lag < 1:
-            raise ConfigError("max_lag", self.max_lag,
-                              "must be a whole number >= 1 (the averaging thread may fall that many "
-                              "steps behind); for lock-step neighbour averaging use --algorithm dpsgd")
 
 
 class PairwiseAveraging:

@@ -13,6 +13,7 @@ which vector is its rank's model (``local_vector``).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -23,7 +24,26 @@ from ..comm.collectives import flatten
 from ..comm.gossip import consensus_distance
 from ..errors import ConfigError
 from ..topology import Topology, make_topology
-from .base import Algorithm
+from .base import Algorithm, AlgorithmOptions
+
+
+@dataclass(frozen=True)
+class BoundedLagOptions(AlgorithmOptions):
+    """``max_lag`` of the gossip algorithms that keep communicating while they compute (osgp,
+    adpsgd). A subclass says what the lag bounds and which algorithm has none."""
+
+    lag_bounds: ClassVar[str] = ""  # e.g. "messages stay in flight for at most that many steps"
+    without_lag: ClassVar[str] = ""  # e.g. "for synchronous push-sum use --algorithm sgp"
+
+    max_lag: int = field(default=1, metadata={
+        "help": "gossip started at step t is folded into the model by step t + max_lag at the "
+                "latest (>= 1)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_lag < 1:
+            raise ConfigError("max_lag", self.max_lag,
+                              f"must be a whole number >= 1 ({self.lag_bounds}); {self.without_lag}")
 
 
 def unwinding() -> bool:

@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -46,23 +46,14 @@ from torch._utils import _unflatten_dense_tensors
 
 from ..comm.collectives import flatten
 from ..comm.gossip import Exchange
-from ..errors import ConfigError
-from .decentralized import unwinding
+from .decentralized import BoundedLagOptions, unwinding
 from .sgp import PushSumAlgorithm, PushSumOptions
 
 
 @dataclass(frozen=True)
-class OSGPOptions(PushSumOptions):
-    max_lag: int = field(default=1, metadata={
-        "help": "gossip started at step t is folded into the model by step t + max_lag at the "
-                "latest (>= 1)"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.max_lag < 1:
-            raise ConfigError("max_lag", self.max_lag,
-                              "must be a whole number >= 1 (messages stay in flight for at most "
-                              "that many steps); for synchronous push-sum use --algorithm sgp")
+class OSGPOptions(BoundedLagOptions, PushSumOptions):
+    lag_bounds: ClassVar[str] = "messages stay in flight for at most that many steps"
+    without_lag: ClassVar[str] = "for synchronous push-sum use --algorithm sgp"
 
 
 class OSGP(PushSumAlgorithm):
