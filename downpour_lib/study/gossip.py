@@ -31,6 +31,7 @@ import pandas as pd
 from ..algorithms import ALGORITHMS
 from ..config import TrainConfig, check_world
 from ..errors import ConfigError
+from .plots import figure_row
 
 NO_TOPOLOGY = "-"
 RUN = ["algorithm", "topology", "world_size"]
@@ -205,13 +206,6 @@ class GossipStudy:
 # -- figures and the table --------------------------------------------------------------------------
 
 
-def _figure(ncols: int, width: float):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, 3.8), dpi=110)
-    return fig, fig.subplots(1, ncols, squeeze=False)[0]
-
-
 def _label(algorithm: str, topology: str) -> str:
     return algorithm if topology == NO_TOPOLOGY else f"{algorithm} ({topology})"
 
@@ -242,7 +236,7 @@ def consensus_figure(runs: GossipRuns):
     """Left: consensus distance (mean over ranks of ||x_i - x_bar||) at each evaluation, one curve
     per graph. Right: rank 0's test accuracy at the same points. Log scale when every distance is
     positive (one step on the complete graph is the exact average: ~0)."""
-    fig, (dist_ax, acc_ax) = _figure(2, 11)
+    fig, (dist_ax, acc_ax) = figure_row(2, 11)
     evals = runs.evals.dropna(subset=["consensus_distance"])
     for style, (algorithm, topology, n), part in _curves(evals, RUN):
         label = f"{_label(algorithm, topology)}, {n} ranks"
@@ -264,7 +258,7 @@ def consensus_figure(runs: GossipRuns):
 def accuracy_time_figure(runs: GossipRuns):
     """Test accuracy against seconds since the run's common start (left) and against steps
     (right), one curve per algorithm: what each step costs, and what each step is worth."""
-    fig, (time_ax, step_ax) = _figure(2, 11)
+    fig, (time_ax, step_ax) = figure_row(2, 11)
     for style, (algorithm, topology, n), part in _curves(runs.evals, RUN):
         label = f"{_label(algorithm, topology)}, {n} ranks"
         time_ax.plot(part.time_s, part.accuracy, label=label, **style)
@@ -298,7 +292,7 @@ def bytes_figure(runs: GossipRuns, model_bytes: int | None = None):
     """Measured bytes each rank sends per step (the records' logical traffic, mean over ranks and
     post-warm-up steps) against the number of ranks, one line per algorithm and graph. With
     ``model_bytes``, a dashed line marks one copy of the model (computed, not measured)."""
-    fig, (ax,) = _figure(1, 7)
+    fig, (ax,) = figure_row(1, 7)
     table = runs.summary.sort_values("world_size")
     for i, ((algorithm, topology), part) in enumerate(table.groupby(["algorithm", "topology"])):
         ax.plot(part.world_size, part.bytes_sent_per_step / 1e3, label=_label(algorithm, topology),

@@ -21,6 +21,20 @@ GROUP = ["algorithm", "model", "dataset", "batch_size"]
 FIGURES = ("throughput", "speedup", "efficiency", "breakdown")
 
 
+def figure_grid(nrows: int, ncols: int, width: float, height: float = 3.8):
+    """A pyplot-free ``Figure`` and its axes as an nrows x ncols array (every study figure's start)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def figure_row(ncols: int, width: float):
+    """``figure_grid`` with one row: the figure and its ``ncols`` axes."""
+    fig, axes = figure_grid(1, ncols, width)
+    return fig, axes[0]
+
+
 def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Median throughput and step-time parts per algorithm and worker count, with speedup and
     efficiency against ideal linear scaling."""

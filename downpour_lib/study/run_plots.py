@@ -6,13 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..records import TIME_PARTS, RunResult
-
-
-def _figure(ncols: int, width: float):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, 3.8), dpi=110)
-    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+from .plots import figure_row
 
 
 def _title(result: RunResult) -> str:
@@ -23,7 +17,7 @@ def _title(result: RunResult) -> str:
 
 def curves_figure(result: RunResult):
     """Training loss per step (mean over workers) and test loss / accuracy at each evaluation."""
-    fig, (loss_ax, acc_ax) = _figure(2, 10)
+    fig, (loss_ax, acc_ax) = figure_row(2, 10)
     workers = result.steps[result.steps.role == "worker"]
     train = workers.groupby("step").loss.mean()
     loss_ax.plot(train.index, train.values, label="train (mean over workers)")
@@ -50,7 +44,7 @@ def step_parts(steps: pd.DataFrame) -> pd.DataFrame:
 def step_breakdown_figure(result: RunResult):
     """Left: each step's time split into its parts (mean over workers). Right: per rank, the mean
     step, workers and servers, after the warm-up steps."""
-    fig, (steps_ax, ranks_ax) = _figure(2, 11)
+    fig, (steps_ax, ranks_ax) = figure_row(2, 11)
     per_step = step_parts(result.steps)
     steps_ax.stackplot(per_step.index, *[per_step[p] for p in TIME_PARTS],
                        labels=[p.removesuffix("_s") for p in TIME_PARTS],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .plots import save_figure
+from .plots import figure_grid, save_figure
 from .staleness import StalenessStudy
 
 #: Runs of these algorithms get this colour; the others C0, C1, ... in plan order.
@@ -36,17 +36,10 @@ def _subtitle(study: StalenessStudy) -> str:
             f"{r.steps} steps, seed {r.seed}")
 
 
-def _figure(nrows: int, ncols: int, width: float, height: float):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=110)
-    return fig, fig.subplots(nrows, ncols, squeeze=False)
-
-
 def accuracy_vs_time_figure(study: StalenessStudy):
     """Test accuracy (left) and test loss (right) of every run against seconds since its start;
     the dotted line is the study's target accuracy."""
-    fig, ((acc_ax, loss_ax),) = _figure(1, 2, 11, 4.2)
+    fig, ((acc_ax, loss_ax),) = figure_grid(1, 2, 11, 4.2)
     colors = run_colors(study)
     for label in study.labels:
         run = study.evals[study.evals.label == label]
@@ -71,7 +64,7 @@ def throughput_figure(study: StalenessStudy):
     with the ranks it ran on."""
     table = study.runs
     colors = run_colors(study)
-    fig, ((ax,),) = _figure(1, 1, 8, max(2.5, 0.55 * len(table) + 1.5))
+    fig, ((ax,),) = figure_grid(1, 1, 8, max(2.5, 0.55 * len(table) + 1.5))
     y = list(range(len(table)))[::-1]  # the first run on top
     ax.barh(y, table.samples_per_s, color=[colors[label] for label in table.label])
     ax.set_yticks(y, table.label)
@@ -94,13 +87,13 @@ def staleness_figure(study: StalenessStudy, ncols: int = 3):
     hist = study.staleness
     labels = [label for label in study.labels if label in set(hist.label)]
     if not labels:
-        fig, ((ax,),) = _figure(1, 1, 6, 2)
+        fig, ((ax,),) = figure_grid(1, 1, 6, 2)
         ax.text(0.5, 0.5, "no downpour run recorded staleness", ha="center", va="center")
         ax.set_axis_off()
         return fig
     ncols = min(ncols, len(labels))
     nrows = math.ceil(len(labels) / ncols)
-    fig, axes = _figure(nrows, ncols, 4 * ncols + 1, 3.2 * nrows + 0.6)
+    fig, axes = figure_grid(nrows, ncols, 4 * ncols + 1, 3.2 * nrows + 0.6)
     colors = run_colors(study)
     runs = study.runs.set_index("label")
     top = int(hist.staleness.max())
