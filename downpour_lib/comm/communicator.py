@@ -3,7 +3,8 @@
 This is the TorchMPI-style API (Tran et al. 2016, TorchMPI: "MPI for Torch"): a ``Communicator``
 (the world, or any group made in ``comm.groups``) offers allreduce, broadcast, reduce, allgather and
 reduce_scatter. Each takes a tensor or a list of tensors; a list travels as one flat buffer (one
-message instead of many) and is copied back into its tensors when the collective is done. With
+message instead of many) and is copied back into its tensors when the collective is done (an
+allreduce on the ``mpi`` backend skips the flat buffer: it gathers the tensors itself). With
 ``async_op=True`` a call returns a ``Handle`` at once; ``handle.wait()`` finishes it and returns what
 the synchronous call would have returned. In a world (or group) of one every collective is a no-op,
 so code written against this API runs unchanged in a single process.
@@ -122,9 +123,26 @@ class Communicator:
         red = reduce_op(op)
         if not self._begin(x, op):
             return self._done(x, async_op)
+        if not isinstance(x, torch.Tensor) and self.gathers_lists:
+            tensors = check_tensors(x)
+            opts = dist.AllreduceCoalescedOptions()
+            opts.reduceOp = dist.ReduceOp.AVG if op == "mean" else red
+            opts.asyncOp = True
+            work = self._process_group().allreduce_coalesced(tensors, opts)
+            return self._complete(Handle([work], None, x), async_op)
         buf, write_back = pack(x)
         work = dist.all_reduce(buf, op=red, group=self.group, async_op=True)
         return self._finish([work], buf, write_back, x, op, async_op)
+
+    @property
+    def gathers_lists(self) -> bool:
+        """Whether the backend reduces a list of tensors where they lie, with no flat copy first
+        (the ``mpi`` backend of ``comm.mpi_backend`` gathers them into its shared memory itself);
+        elsewhere a list is packed into one buffer and copied back."""
+        return self.active and getattr(self._process_group(), "gathers_lists", False)
+
+    def _process_group(self) -> dist.ProcessGroup:
+        return self.group if self.group is not None else dist.distributed_c10d._get_default_group()
 
     def broadcast(self, x: Tensors, root: int = 0, async_op: bool = False) -> Any:
         """Copy ``x`` from member ``root`` into ``x`` on every member; returns ``x``."""

@@ -87,6 +87,10 @@ def _counts(t: torch.Tensor, splits: list[int], n: int, what: str) -> list[int]:
 class MPIProcessGroup(dist.ProcessGroup):
     """All ranks of one MPI communicator, as a torch process group."""
 
+    # allreduce_coalesced takes the tensors where they lie (no flat copy): Communicator.allreduce
+    # hands lists straight to it
+    gathers_lists = True
+
     def __init__(self, comm: MPI.Intracomm, timeout_s: float, cuda_aware: bool,
                  on_shutdown: Callable[[], None] | None = None) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
@@ -148,6 +152,16 @@ class MPIProcessGroup(dist.ProcessGroup):
                 raise TypeError("mpi backend: allreduce_coalesced needs tensors of one dtype")
         red = reduction(opts.reduceOp, tensors[0].dtype)
         counts = [t.numel() for t in tensors]
+        if self._shm.takes_many(tensors, red.kernel):  # no packing: the slots are the buffer
+            local = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+
+            def run_many() -> None:
+                self._shm.allreduce_many(local, red.kernel, red.average)
+                for t, x in zip(tensors, local, strict=True):
+                    if x is not t:
+                        t.copy_(x)
+
+            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp)
         flat = _concat(tensors, counts, self._direct(red.python))
 
         def run() -> None:

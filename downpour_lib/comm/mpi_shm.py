@@ -31,6 +31,13 @@ allgather (Rabenseifner, "Optimization of Collective Reduction Operations", ICCS
 4. barrier;
 5. every rank copies the other parts of the result area into its tensor.
 
+A list of tensors (``allreduce_coalesced``) takes the same two barriers a chunk, over the
+concatenation of the tensors without ever making it: every rank copies the pieces of the chunk into
+its slot, rank r reduces the r-th part of all slots into the result area, and every rank copies the
+result area back into the pieces. Packing into a new flat buffer and copying back instead cost five
+times as long for ResNet-18's 62 gradients (45 MB, 2 ranks: 33 ms against 6.6 ms), most of it the
+page faults of a fresh 45 MB allocation (10,900 a call).
+
 Each part is reduced by one rank only, so every rank ends with the same bits; each element of the
 user's tensor is read and written about once, as in a memcpy. The two sets of slots and result
 areas alternate between steps, which makes these barriers enough: a set is written again only after
@@ -163,15 +170,25 @@ class ShmAllreduce:
         self._views: dict[torch.dtype, list[tuple[list[torch.Tensor], torch.Tensor]]] = {}
         self._phase = 0
 
-    def takes(self, tensor: torch.Tensor, kernel) -> bool:
-        """Whether this allreduce goes through shared memory. The same answer on every rank: it
-        depends only on what all ranks share (size, dtype, op, device type) and on a collective setup.
+    def takes(self, tensor: torch.Tensor, kernel, nbytes: int | None = None) -> bool:
+        """Whether this allreduce (of ``nbytes``, by default the tensor's) goes through shared
+        memory. The same answer on every rank: it depends only on what all ranks share (size, dtype,
+        op, device type) and on a collective setup.
         """
-        if self._ready is False or kernel is None or not tensor.is_cpu or tensor.nbytes < MIN_BYTES:
+        nbytes = tensor.nbytes if nbytes is None else nbytes
+        if self._ready is False or kernel is None or not tensor.is_cpu or nbytes < MIN_BYTES:
             return False
         if self._ready is None:
             self._ready = self._setup()
         return self._ready
+
+    def takes_many(self, tensors: list[torch.Tensor], kernel) -> bool:
+        """Whether ``allreduce_many`` takes these tensors: CPU, and together more than the
+        one-barrier size (smaller lists are packed and take the one-barrier path)."""
+        total = sum(t.nbytes for t in tensors)
+        if total <= self._small or not all(t.is_cpu for t in tensors):
+            return False
+        return self.takes(tensors[0], kernel, total)
 
     def _setup(self) -> bool:
         comm = self._comm
@@ -234,6 +251,59 @@ class ShmAllreduce:
             self._allreduce_small(flat, sets, average, *ops)
         else:
             self._allreduce_chunks(flat, sets, tensor.element_size(), average, *ops)
+
+    def allreduce_many(self, tensors: list[torch.Tensor], kernel, average: bool) -> None:
+        """Reduce contiguous CPU ``tensors`` of one dtype in place, as if they were one buffer, with
+        no buffer: each chunk of their concatenation is gathered straight into this rank's slot and
+        the result scattered straight back (``allreduce_coalesced``, and so ``synchronize_gradients``
+        on a model's ``.grad`` tensors as they lie)."""
+        sets = self._sets(tensors[0].dtype)
+        if tensors[0].dtype in _NUMPY_DTYPES:
+            flats = [t.numpy().reshape(-1) for t in tensors if t.numel()]
+            ops = (_NUMPY_KERNELS[kernel], np.copyto, np.divide)
+        else:
+            flats = [t.view(-1) for t in tensors if t.numel()]
+            ops = (kernel, torch.Tensor.copy_, torch.div)
+        if flats:
+            self._allreduce_pieces(flats, sets, tensors[0].element_size(), average, *ops)
+
+    def _allreduce_pieces(self, flats, sets, element_size: int, average: bool, kernel, copy,
+                          divide) -> None:
+        """Two barriers a chunk of the concatenation of ``flats``: every rank copies the whole chunk
+        into its slot; rank r reduces the r-th part of the slots into the result area; every rank
+        copies the result area back into the pieces."""
+        n, r, barrier = self._comm.Get_size(), self._comm.Get_rank(), self._barrier
+        per_chunk = self._chunk // element_size
+        pieces: list[tuple[object, int, int]] = []  # (piece of a tensor, its place in the chunk)
+        index, offset, k = 0, 0, 0
+        while index < len(flats):
+            flat = flats[index]
+            take = min(flat.shape[0] - offset, per_chunk - k)
+            pieces.append((flat[offset:offset + take], k, k + take))
+            k, offset = k + take, offset + take
+            if offset == flat.shape[0]:
+                index, offset = index + 1, 0
+            if k < per_chunk and index < len(flats):
+                continue
+            slots, result = sets[self._phase]
+            self._phase ^= 1
+            slot = slots[r]
+            for piece, a, b in pieces:
+                copy(slot[a:b], piece)
+            barrier.wait()
+            part = -(-k // n)
+            lo, hi = min(k, r * part), min(k, (r + 1) * part)
+            if hi > lo:
+                out = result[lo:hi]
+                kernel(slots[0][lo:hi], slots[1][lo:hi], out=out)  # rank order, as everywhere
+                for j in range(2, n):
+                    kernel(out, slots[j][lo:hi], out=out)
+                if average:
+                    divide(out, n, out=out)
+            barrier.wait()
+            for piece, a, b in pieces:
+                copy(piece, result[a:b])
+            pieces, k = [], 0
 
     def _allreduce_small(self, flat, sets, average: bool, kernel, copy, divide) -> None:
         """One barrier: every rank reduces every slot, in rank order."""

@@ -55,6 +55,16 @@ def case_collectives(ctx):
     checks["allreduce list round trip"] = (
         close(sync_list[0], sum(data(q, 4, 2) for q in range(n)) / n)
         and close(sync_list[1], sum(data(q + 50, 7) for q in range(n)) / n))
+    # Large enough for the mpi backend to reduce the list where it lies (its shared-memory slots,
+    # chunk by chunk): a piece that spans chunks, an empty one, a non-contiguous one.
+    def big(q):
+        return [data(q, 300, 301), data(q + 7, 0), data(q + 9, 262147), data(q + 11, 60, 50).t()]
+    big_list = big(r)
+    comm.allreduce(big_list, op="mean")
+    checks["allreduce large list, mean"] = all(
+        close(got, sum(big(q)[i] for q in range(n)) / n) for i, got in enumerate(big_list))
+    checks["allreduce large list: every rank the same bits"] = torch.equal(
+        comm.broadcast(big_list[2].clone(), root=0), big_list[2])
     t = xs[r].clone().t()  # not contiguous: reduced in a copy and written back
     comm.allreduce(t, op="max")
     checks["allreduce max, non-contiguous"] = close(t, torch.stack(xs).amax(0).t())
