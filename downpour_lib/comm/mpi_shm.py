@@ -295,7 +295,7 @@ class ShmAllreduce:
             lo, hi = min(k, r * part), min(k, (r + 1) * part)
             if hi > lo:
                 out = result[lo:hi]
-                kernel(slots[0][lo:hi], slots[1][lo:hi], out=out)  # rank order, as everywhere
+                kernel(slots[0][lo:hi], slots[1][lo:hi], out=out)  # in rank order
                 for j in range(2, n):
                     kernel(out, slots[j][lo:hi], out=out)
                 if average:
