@@ -30,6 +30,10 @@ def test_bench_train_runs_1_and_2_ranks_and_writes_rows(tmp_path, capsys):
     for row in rows:  # two rounds, each point the median of its runs
         assert len(row["samples_per_s_runs"]) == 2 and row["repeats"] == 2, row
         assert row["samples_per_s"] == pytest.approx(sum(row["samples_per_s_runs"]) / 2), row
+    # against the ceiling of the same size, round by round
+    ratios = [a / b for a, b in zip(two["samples_per_s_runs"], pair["samples_per_s_runs"], strict=True)]
+    assert two["vs_ceiling"] == pytest.approx(sum(ratios) / 2)
+    assert pair["vs_ceiling"] == pytest.approx(1.0) and solo["vs_ceiling"] == pytest.approx(1.0)
     out = capsys.readouterr().out
     assert "allreduce    gloo" in out and "independent  none" in out
     assert out.index("[1/2] independent none  2 process(es)") < out.index("[2/2] allreduce   gloo  1 rank(s)")

@@ -11,7 +11,9 @@ Each (algorithm, backend) runs the same configuration once on 1 rank and once un
   engine's comm_s + wait_s: for overlapping algorithms only the wait at the end of backward).
 
 The table also shows each run's throughput relative to DDP on gloo at the same size, when that
-pair is in the run. Backends are checked before anything starts: one this build does not have
+pair is in the run, and relative to the ceiling below (``vs_ceiling``: N workers against N
+independent processes, round by round, the median of the ratios): what the algorithm and backend
+cost, with the machine's own contention taken out. Backends are checked before anything starts: one this build does not have
 is refused with the list of those it does.
 
 The ceiling: on a machine whose cores all compute, N processes are slower than one even when they
@@ -225,19 +227,27 @@ def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
         })
     reference = {(r["num_workers"]): r["samples_per_s"] for r in rows
                  if r["algorithm"] == "ddp" and r["backend"] == "gloo"}
+    ceiling = {r["num_workers"]: r["samples_per_s_runs"] for r in rows
+               if r["algorithm"] == INDEPENDENT}
     for row in rows:
         ref = reference.get(row["num_workers"])
         row["vs_ddp_gloo"] = row["samples_per_s"] / ref if ref else None
+        # round by round, against the ceiling's run of the same round (the same spell of the
+        # machine), then the median
+        top = ceiling.get(row["num_workers"])
+        row["vs_ceiling"] = statistics.median(
+            a / b for a, b in zip(row["samples_per_s_runs"], top, strict=True)) if top else None
     return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = ("algorithm", "backend", "ranks", "samples/s", "efficiency", "exposed comm s",
-              "vs ddp/gloo")
+              "vs ddp/gloo", "of ceiling")
     cells = [header] + [
         (r["algorithm"], r["backend"], str(r["world_size"]), f"{r['samples_per_s']:.1f}",
          f"{r['scaling_efficiency']:.3f}", f"{r['exposed_comm_s']:.4f}",
-         "-" if r["vs_ddp_gloo"] is None else f"{r['vs_ddp_gloo']:.2f}x") for r in rows]
+         "-" if r["vs_ddp_gloo"] is None else f"{r['vs_ddp_gloo']:.2f}x",
+         "-" if r["vs_ceiling"] is None else f"{r['vs_ceiling']:.3f}") for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     for c in cells:
         print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
