@@ -13,8 +13,8 @@ Each (algorithm, backend) runs the same configuration once on 1 rank and once un
 The table also shows each run's throughput relative to DDP on gloo at the same size, when that
 pair is in the run, and relative to the ceiling below (``vs_ceiling``: N workers against N
 independent processes, round by round, the median of the ratios): what the algorithm and backend
-cost, with the machine's own contention taken out. Backends are checked before anything starts: one this build does not have
-is refused with the list of those it does.
+cost, with the machine's own contention taken out. Backends are checked before anything starts:
+one this build does not have is refused with the list of those it does.
 
 The ceiling: on a machine whose cores all compute, N processes are slower than one even when they
 never communicate (they share memory bandwidth, caches and the operating system's attention). So
