@@ -151,7 +151,6 @@ class MPIProcessGroup(dist.ProcessGroup):
             if t.dtype != tensors[0].dtype:
                 raise TypeError("mpi backend: allreduce_coalesced needs tensors of one dtype")
         red = reduction(opts.reduceOp, tensors[0].dtype)
-        counts = [t.numel() for t in tensors]
         if self._shm.takes_many(tensors, red.kernel):  # no packing: the slots are the buffer
             local = [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
@@ -162,6 +161,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                         t.copy_(x)
 
             return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp)
+        counts = [t.numel() for t in tensors]
         flat = _concat(tensors, counts, self._direct(red.python))
 
         def run() -> None:

@@ -242,11 +242,7 @@ class ShmAllreduce:
     def allreduce(self, tensor: torch.Tensor, kernel, average: bool) -> None:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
         (a torch function; its numpy twin where numpy has the dtype)."""
-        sets = self._sets(tensor.dtype)
-        if tensor.dtype in _NUMPY_DTYPES:
-            flat, ops = tensor.numpy().reshape(-1), (_NUMPY_KERNELS[kernel], np.copyto, np.divide)
-        else:
-            flat, ops = tensor.view(-1), (kernel, torch.Tensor.copy_, torch.div)
+        sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
         if tensor.nbytes <= self._small:
             self._allreduce_small(flat, sets, average, *ops)
         else:
@@ -257,15 +253,11 @@ class ShmAllreduce:
         no buffer: each chunk of their concatenation is gathered straight into this rank's slot and
         the result scattered straight back (``allreduce_coalesced``, and so ``synchronize_gradients``
         on a model's ``.grad`` tensors as they lie)."""
-        sets = self._sets(tensors[0].dtype)
-        if tensors[0].dtype in _NUMPY_DTYPES:
-            flats = [t.numpy().reshape(-1) for t in tensors if t.numel()]
-            ops = (_NUMPY_KERNELS[kernel], np.copyto, np.divide)
-        else:
-            flats = [t.view(-1) for t in tensors if t.numel()]
-            ops = (kernel, torch.Tensor.copy_, torch.div)
+        dtype = tensors[0].dtype
+        flats = [_flat(t) for t in tensors if t.numel()]
         if flats:
-            self._allreduce_pieces(flats, sets, tensors[0].element_size(), average, *ops)
+            self._allreduce_pieces(flats, self._sets(dtype), tensors[0].element_size(), average,
+                                   *_ops(dtype, kernel))
 
     def _allreduce_pieces(self, flats, sets, element_size: int, average: bool, kernel, copy,
                           divide) -> None:
@@ -294,12 +286,7 @@ class ShmAllreduce:
             part = -(-k // n)
             lo, hi = min(k, r * part), min(k, (r + 1) * part)
             if hi > lo:
-                out = result[lo:hi]
-                kernel(slots[0][lo:hi], slots[1][lo:hi], out=out)  # in rank order
-                for j in range(2, n):
-                    kernel(out, slots[j][lo:hi], out=out)
-                if average:
-                    divide(out, n, out=out)
+                _reduce_slots(slots, lo, hi, result[lo:hi], average, kernel, divide)
             barrier.wait()
             for piece, a, b in pieces:
                 copy(piece, result[a:b])
@@ -307,16 +294,12 @@ class ShmAllreduce:
 
     def _allreduce_small(self, flat, sets, average: bool, kernel, copy, divide) -> None:
         """One barrier: every rank reduces every slot, in rank order."""
-        n, k = self._comm.Get_size(), flat.shape[0]
+        k = flat.shape[0]
         slots = sets[self._phase][0]
         self._phase ^= 1
         copy(slots[self._comm.Get_rank()][:k], flat)
         self._barrier.wait()
-        kernel(slots[0][:k], slots[1][:k], out=flat)
-        for j in range(2, n):
-            kernel(flat, slots[j][:k], out=flat)
-        if average:
-            divide(flat, n, out=flat)
+        _reduce_slots(slots, 0, k, flat, average, kernel, divide)
 
     def _allreduce_chunks(self, flat, sets, element_size: int, average: bool, kernel, copy,
                           divide) -> None:
@@ -362,6 +345,28 @@ class ShmAllreduce:
                 self._node.Free()
         self._map = self._node = None
         self._ready = False
+
+
+def _flat(tensor: torch.Tensor):
+    """The contiguous CPU ``tensor`` as a flat array: numpy where numpy has the dtype, else torch."""
+    return tensor.numpy().reshape(-1) if tensor.dtype in _NUMPY_DTYPES else tensor.view(-1)
+
+
+def _ops(dtype: torch.dtype, kernel) -> tuple:
+    """(reduce, copy, divide) for ``_flat`` arrays of ``dtype``; ``kernel`` is the torch reduction."""
+    if dtype in _NUMPY_DTYPES:
+        return _NUMPY_KERNELS[kernel], np.copyto, np.divide
+    return kernel, torch.Tensor.copy_, torch.div
+
+
+def _reduce_slots(slots, lo: int, hi: int, out, average: bool, kernel, divide) -> None:
+    """``out`` = the reduction of ``slots[j][lo:hi]`` over all ranks j, in rank order (so whichever
+    rank computes it gets the same bits), divided by their number for AVG."""
+    kernel(slots[0][lo:hi], slots[1][lo:hi], out=out)
+    for j in range(2, len(slots)):
+        kernel(out, slots[j][lo:hi], out=out)
+    if average:
+        divide(out, len(slots), out=out)
 
 
 def _address(mapped: mmap.mmap) -> int:

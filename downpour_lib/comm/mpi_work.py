@@ -230,18 +230,18 @@ class Executor:
             raise RuntimeError("mpi backend: an asynchronous operation failed and was never "
                                "waited for") from self._error
 
-    def run_now(self, fn: Callable[..., None], timeout_s: float, *args) -> None:
-        """Run ``fn(*args)`` on this thread once every queued operation is done."""
+    def run_now(self, fn: Callable[[], None], timeout_s: float) -> None:
+        """Run ``fn`` on this thread once every queued operation is done."""
         if threading.current_thread() is self._thread:
             # Issued by a future's callback, which runs on the executor's thread (a DDP comm hook
             # may chain collectives): everything issued before it has run; waiting would deadlock.
-            fn(*args)
+            fn()
             return
         with self._lock:
             last = self._last
             if (last is not None and not last._done.is_set()) or self._error is not None:
                 self._drain(timeout_s)
-            fn(*args)
+            fn()
 
     def submit(self, name: str, fn: Callable[[], None], result: list,
                timeout_s: float) -> dist._Work:
