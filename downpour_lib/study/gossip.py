@@ -279,13 +279,14 @@ def parameter_bytes(model: str, dataset: str, data_dir: str = "data") -> int:
     """Bytes of one copy of ``model``'s parameters for ``dataset`` (built on the meta device)."""
     import torch
 
+    from ..comm.collectives import nbytes
     from ..data import load_dataset
     from ..models import build_model
 
     train = load_dataset(dataset, data_dir).train
     with torch.device("meta"):
         module = build_model(model, train.input_shape, train.num_classes)
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    return sum(nbytes(p) for p in module.parameters())
 
 
 def bytes_figure(runs: GossipRuns, model_bytes: int | None = None):
