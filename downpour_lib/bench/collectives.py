@@ -14,6 +14,10 @@ bytes / time, busbw = algbw x a factor that makes it comparable to the hardware'
 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast and reduce.
 The host's memcpy bandwidth for the same sizes (one thread of rank 0, while the other ranks wait) is
 the physical ceiling on one node and is reported as backend ``memcpy``.
+
+With ``mpi`` among the backends, the same operations also run through the MPI library itself (mpi4py
+on numpy arrays, no torch), reported as backend ``mpi4py``: the reference for the ``mpi`` backend,
+which shows what torch's dispatch and our checks add and what the shared-memory path saves.
 """
 
 from __future__ import annotations
@@ -119,6 +123,42 @@ class Case:
             self.run = lambda: (inner(), torch.cuda.synchronize(device))
 
 
+class MPICase:
+    """One (op, size) straight through mpi4py on numpy arrays: the MPI library beneath the ``mpi``
+    backend, without torch. The same buffer sizes as ``Case``."""
+
+    NUMPY = {torch.float32: "float32", torch.float64: "float64"}  # MPI has no 16-bit float type
+
+    def __init__(self, op: str, comm, nbytes: int, dtype: torch.dtype) -> None:
+        import numpy as np
+        from mpi4py import MPI
+
+        n, rank, elem = comm.Get_size(), comm.Get_rank(), torch.empty(0, dtype=dtype).element_size()
+        per_rank = op in ("allgather", "reduce_scatter", "alltoall")
+        count = max(1, nbytes // (elem * n)) if per_rank else max(1, nbytes // elem)
+        zeros = lambda k: np.zeros(k, dtype=self.NUMPY[dtype])  # noqa: E731
+        if op == "allreduce":
+            t = zeros(count)
+            self.run = lambda: comm.Allreduce(MPI.IN_PLACE, t, MPI.SUM)
+        elif op == "broadcast":
+            t = zeros(count)
+            self.run = lambda: comm.Bcast(t, root=0)
+        elif op == "reduce":
+            t = zeros(count)
+            self.run = lambda: comm.Reduce(MPI.IN_PLACE if rank == 0 else t, t if rank == 0 else None,
+                                           MPI.SUM, root=0)
+        elif op == "allgather":
+            x, out = zeros(count), zeros(count * n)
+            self.run = lambda: comm.Allgather(x, out)
+        elif op == "reduce_scatter":
+            x, out = zeros(count * n), zeros(count)
+            self.run = lambda: comm.Reduce_scatter_block(x, out, MPI.SUM)
+        else:  # alltoall
+            x, out = zeros(count * n), zeros(count * n)
+            self.run = lambda: comm.Alltoall(x, out)
+        self.bytes = count * elem * (n if per_rank else 1)
+
+
 class Sync:
     """Barriers and cross-rank reductions of timings: through MPI when there is one (a barrier's exit
     skew there is microseconds), else through the gloo default group."""
@@ -192,6 +232,16 @@ def memcpy_rows(sizes: list[int], dtype: torch.dtype, sync: Sync, args) -> list[
     return rows
 
 
+def mpi4py_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, sync: Sync, args) -> list[dict]:
+    """The operations through mpi4py itself, on a duplicate of MPI_COMM_WORLD (our own traffic)."""
+    comm = sync.comm.Dup()
+    try:
+        return [row("mpi4py", op, case.bytes, comm.Get_size(), measure(case.run, sync, args))
+                for op in ops for case in (MPICase(op, comm, nbytes, dtype) for nbytes in sizes)]
+    finally:
+        comm.Free()
+
+
 def print_table(rows: list[dict]) -> None:
     """The rows, each with its time over memcpy's for the nearest size, then speedups over gloo."""
     memcpy = [r for r in rows if r["backend"] == "memcpy"]
@@ -239,6 +289,8 @@ def cmd_collectives(args: argparse.Namespace) -> int:
                     case = Case(op, groups[backend], nbytes, DTYPES[args.dtype], dev)
                     rows.append(row(backend, op, case.bytes, ctx.world_size,
                                     measure(case.run, sync, args)))
+        if "mpi" in backends and DTYPES[args.dtype] in MPICase.NUMPY:
+            rows += mpi4py_rows(ops, sizes, DTYPES[args.dtype], sync, args)
         if ctx.rank == 0:
             print_table(rows)
             if args.json:
