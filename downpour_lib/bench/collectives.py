@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -127,11 +128,10 @@ class MPICase:
     """One (op, size) straight through mpi4py on numpy arrays: the MPI library beneath the ``mpi``
     backend, without torch. The same buffer sizes as ``Case``."""
 
-    NUMPY = {torch.float32: "float32", torch.float64: "float64"}  # MPI has no 16-bit float type
+    NUMPY = {torch.float32: "float32", torch.float64: "float64"}  # standard MPI has no 16-bit float type
 
     def __init__(self, op: str, comm, nbytes: int, dtype: torch.dtype) -> None:
-        import numpy as np
-        from mpi4py import MPI
+        from mpi4py import MPI  # only here: importing it initializes MPI
 
         n, rank, elem = comm.Get_size(), comm.Get_rank(), torch.empty(0, dtype=dtype).element_size()
         per_rank = op in ("allgather", "reduce_scatter", "alltoall")
