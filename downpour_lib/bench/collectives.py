@@ -92,13 +92,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_collectives)
 
 
+def buffer_size(op: str, nbytes: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(elements per rank's buffer, the bytes a row reports) for ``op`` asked at ``nbytes``: whole
+    elements, and for allgather, reduce_scatter and alltoall n equal parts of the whole buffer."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        count = max(1, nbytes // (elem * n))
+        return count, count * elem * n
+    count = max(1, nbytes // elem)
+    return count, count * elem
+
+
 class Case:
     """One (backend, op, size): the buffers and a callable that runs the collective once."""
 
     def __init__(self, op: str, group, nbytes: int, dtype: torch.dtype, device: torch.device) -> None:
-        n, elem = dist.get_world_size(group), torch.empty(0, dtype=dtype).element_size()
-        per_rank = op in ("allgather", "reduce_scatter", "alltoall")
-        count = max(1, nbytes // (elem * n)) if per_rank else max(1, nbytes // elem)
+        n = dist.get_world_size(group)
+        count, self.bytes = buffer_size(op, nbytes, n, dtype)
         zeros = lambda k: torch.zeros(k, dtype=dtype, device=device)  # noqa: E731 -- no overflow
         if op == "allreduce":
             t = zeros(count)
@@ -118,7 +128,6 @@ class Case:
         else:  # alltoall
             x, out = zeros(count * n), zeros(count * n)
             self.run = lambda: dist.all_to_all_single(out, x, group=group)
-        self.bytes = count * elem * (n if per_rank else 1)
         if device.type == "cuda":
             inner = self.run
             self.run = lambda: (inner(), torch.cuda.synchronize(device))
@@ -133,9 +142,8 @@ class MPICase:
     def __init__(self, op: str, comm, nbytes: int, dtype: torch.dtype) -> None:
         from mpi4py import MPI  # only here: importing it initializes MPI
 
-        n, rank, elem = comm.Get_size(), comm.Get_rank(), torch.empty(0, dtype=dtype).element_size()
-        per_rank = op in ("allgather", "reduce_scatter", "alltoall")
-        count = max(1, nbytes // (elem * n)) if per_rank else max(1, nbytes // elem)
+        n, rank = comm.Get_size(), comm.Get_rank()
+        count, self.bytes = buffer_size(op, nbytes, n, dtype)
         zeros = lambda k: np.zeros(k, dtype=self.NUMPY[dtype])  # noqa: E731
         if op == "allreduce":
             t = zeros(count)
@@ -156,7 +164,6 @@ class MPICase:
         else:  # alltoall
             x, out = zeros(count * n), zeros(count * n)
             self.run = lambda: comm.Alltoall(x, out)
-        self.bytes = count * elem * (n if per_rank else 1)
 
 
 class Sync:
