@@ -16,12 +16,12 @@ does not allow two threads to drive the same process group at once.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
+from . import runtime
 from .collectives import Bucket, Comm, nbytes
 
 #: Tags stay below 2**30 (gloo builds its slot from the tag).
@@ -93,8 +93,7 @@ def new_group(comm: Comm) -> dist.ProcessGroup | None:
     in the same order). None in a world of one."""
     if not comm.active:
         return None
-    group = dist.new_group(ranks=list(range(comm.size)),
-                           timeout=datetime.timedelta(seconds=comm.ctx.timeout_s))
+    group = runtime.new_group(ranks=list(range(comm.size)))
     dist.barrier(group=group)  # its first use involves every rank, as batch_isend_irecv requires
     return group
 

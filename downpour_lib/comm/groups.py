@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import runtime
 from .communicator import Communicator, Op, Tensors, pack, reduce_op
 
 
@@ -55,7 +56,7 @@ def new_group(ranks: Sequence[int]) -> Communicator:
         return world
     if len(members) == 1:  # nothing to communicate: no process group (same decision on every rank)
         return Communicator(members, None, me)
-    return Communicator(members, dist.new_group(list(members)), me)
+    return Communicator(members, runtime.new_group(list(members)), me)
 
 
 def split(partition: Sequence[Sequence[int]]) -> Communicator:

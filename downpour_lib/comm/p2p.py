@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..records import Meter
 from .collectives import Bucket, nbytes
-from .runtime import DistContext
+from .runtime import DistContext, new_group
 
 HEADER = 4  # int64 slots in every header
 
@@ -40,8 +40,8 @@ def message_group(ctx: DistContext):
     if ctx.world_size == 1 or ctx.backend == "gloo":
         return None
     if ctx.backend == "mpi":
-        return dist.new_group(backend="mpi")
-    return dist.new_group(backend="gloo")
+        return new_group(backend="mpi")
+    return new_group(backend="gloo")
 
 
 class Link:

@@ -51,7 +51,7 @@ class DistContext:
     backend: str | None  # None when there is no process group (world size 1)
     launcher: str
     hosts: tuple[str, ...] = field(default=())  # host name of every rank, by rank
-    timeout_s: float = 300.0  # the default group's timeout; groups made later get the same
+    timeout_s: float = 300.0  # the default group's timeout; runtime.new_group gives later groups the same
 
     @property
     def distributed(self) -> bool:
@@ -197,6 +197,16 @@ def shutdown() -> None:
         dist.destroy_process_group()
     mpi_backend.use_world(None)
     _CONTEXT = None
+
+
+def new_group(ranks=None, backend: str | None = None) -> dist.ProcessGroup:
+    """``dist.new_group`` with the job's timeout (``init``'s ``timeout_s``). torch gives a group
+    made without one its own default of 30 minutes, whatever the default group's timeout, so a rank
+    waiting on a silent peer in it would outlast ``--timeout-s`` by half an hour. Collective over
+    the world, like ``dist.new_group``."""
+    timeout_s = _CONTEXT.timeout_s if _CONTEXT is not None else DistContext.timeout_s
+    return dist.new_group(ranks=ranks, backend=backend,
+                          timeout=datetime.timedelta(seconds=timeout_s))
 
 
 @contextmanager
