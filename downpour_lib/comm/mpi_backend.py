@@ -41,11 +41,13 @@ CUDA
     correct but slow; on GPUs use ``nccl`` (which ``backend="auto"`` picks).
 
 Failure
-    Blocking MPI calls have no timeout, so a rank that dies of an uncaught exception while its peers
-    wait in a collective would leave them waiting forever. When this backend creates the default
-    group, an uncaught exception on any rank prints ``rank R of N failed: ...`` and calls
-    ``MPI_Abort``, which ends every rank (what ``python -m mpi4py`` does). A peer process that dies is
-    noticed by ``mpiexec``/``srun``, which end the job.
+    Every wait honours the group's timeout and sleeps rather than spins (``mpi_liveness``): a
+    collective enters MPI's blocking call only once every member has issued it, and a wait past the
+    timeout raises ``CommTimeout`` naming the rank that went silent (stopped, hung or gone) and the
+    operation. When this backend creates the default group, an uncaught exception on any rank prints
+    ``rank R of N failed: ...`` and calls ``MPI_Abort``, which ends every rank (what
+    ``python -m mpi4py`` does). A peer process that dies is noticed by ``mpiexec``/``srun``, which
+    end the job.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
     """torch's creator hook: the default group (empty rank list) or a subgroup of MPI's world."""
     MPI = _mpi()
     from .mpi_group import MPIProcessGroup
+    from .mpi_liveness import WATCHDOG
     from .mpi_work import EXECUTOR
 
     timeout_s = opts.timeout.total_seconds() if isinstance(opts.timeout, datetime.timedelta) \
@@ -126,8 +129,11 @@ def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
             raise RuntimeError(f"mpi backend: group rank {comm.Get_rank()} differs from torch's "
                                f"{opts.group_rank} for ranks {ranks}")
     default = not ranks
+    if default:
+        WATCHDOG.start(world, timeout_s)  # collective: watches the ranks while the group lives
+    name = "default group" if default else "group of ranks " + ", ".join(map(str, ranks))
     group = MPIProcessGroup(comm, timeout_s, torch.cuda.is_available() and cuda_aware(),
-                            on_shutdown=_stop_aborting if default else None)
+                            on_shutdown=_default_group_gone if default else None, name=name)
     EXECUTOR.acquire()
     if default and comm.Get_size() > 1:
         _abort_on_uncaught_exception(comm.Get_rank(), comm.Get_size())
@@ -172,10 +178,14 @@ def _abort_on_uncaught_exception(rank: int, size: int) -> None:
     sys.excepthook = abort_job
 
 
-def _stop_aborting() -> None:
-    """After the default group is destroyed, an exception no longer needs to end the job."""
+def _default_group_gone() -> None:
+    """After the default group is destroyed, an exception no longer needs to end the job, and
+    nobody will probe this process."""
     global _abort_on_uncaught
+    from .mpi_liveness import WATCHDOG
+
     _abort_on_uncaught = False
+    WATCHDOG.close()
 
 
 _cuda_aware: bool | None = None

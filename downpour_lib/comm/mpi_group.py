@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .mpi_liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .mpi_shm import ShmAllreduce
 from .mpi_types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .mpi_work import EXECUTOR, DoneWork, RequestWork
@@ -44,6 +45,10 @@ def _same(tensors: list[torch.Tensor], like: torch.Tensor, n: int, what: str) ->
         if t.dtype != like.dtype:
             raise TypeError(f"mpi backend: {what} mixes {t.dtype} and {like.dtype} tensors")
     return [t.numel() for t in tensors]
+
+
+def _nothing() -> None:
+    pass
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -92,9 +97,10 @@ class MPIProcessGroup(dist.ProcessGroup):
     gathers_lists = True
 
     def __init__(self, comm: MPI.Intracomm, timeout_s: float, cuda_aware: bool,
-                 on_shutdown: Callable[[], None] | None = None) -> None:
+                 on_shutdown: Callable[[], None] | None = None, name: str = "default group") -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
         self._comm, self._r, self._n = comm, comm.Get_rank(), comm.Get_size()
+        self._name = name  # for messages: "default group", "group of ranks 0, 2"
         self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
         self._on_shutdown = on_shutdown
         self._shm = ShmAllreduce(comm, timeout_s)  # large single-node allreduces (set up on first use)
@@ -117,13 +123,32 @@ class MPIProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"MPIProcessGroup(rank={self._r}, size={self._n})"
 
-    def _issue(self, name: str, fn, result: list, async_op: bool) -> dist._Work:
+    def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = True) -> dist._Work:
+        """Run ``fn`` (blocking MPI calls) now or on the executor. ``gated``: every member must have
+        issued the operation before ``fn`` starts (``mpi_liveness.gate``); the shared-memory
+        allreduce waits with a deadline of its own and decides for itself."""
         if not self._open:
             raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")
+        run = partial(self._guarded, name, fn, gated)
         if async_op:
-            return EXECUTOR.submit(name, fn, result, self._timeout_s)
-        EXECUTOR.run_now(fn, self._timeout_s)
+            return EXECUTOR.submit(name, run, result, self._timeout_s)
+        EXECUTOR.run_now(run, self._timeout_s)
         return DoneWork(result)
+
+    def _guarded(self, name: str, fn, gated: bool) -> None:
+        """``fn`` on the executing thread, watched: a wait past the timeout names the silent rank."""
+        WATCHDOG.enter(name, self._timeout_s)
+        try:
+            if gated:
+                gate(self._comm, self._timeout_s, name)
+            fn()
+        except PeerTimeout as exc:
+            raise self.explain(exc) from None
+        finally:
+            WATCHDOG.leave()
+
+    def explain(self, timeout: PeerTimeout) -> CommTimeout:
+        return explain(timeout, self._name)
 
     def _direct(self, python_kernel: bool = False) -> bool:
         """May CUDA memory go to MPI as is? (A Python reduction kernel reads host memory.)"""
@@ -136,14 +161,14 @@ class MPIProcessGroup(dist.ProcessGroup):
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
             return self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
-                               opts.asyncOp)
+                               opts.asyncOp, gated=False)
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:
             self._allreduce_in_place(x.local, red)
             x.finish()
 
-        return self._issue("allreduce", run, tensors, opts.asyncOp)
+        return self._issue("allreduce", run, tensors, opts.asyncOp, gated=False)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -160,7 +185,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                     if x is not t:
                         t.copy_(x)
 
-            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp)
+            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp, gated=False)
         counts = [t.numel() for t in tensors]
         flat = _concat(tensors, counts, self._direct(red.python))
 
@@ -168,13 +193,15 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._allreduce_in_place(flat, red)
             _split_into(flat, counts, tensors)
 
-        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp)
+        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp, gated=False)
 
     def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
-        """On the executing thread: large single-node buffers through shared memory, else MPI."""
+        """On the executing thread: large single-node buffers through shared memory (whose barrier
+        has a deadline), else MPI behind the gate."""
         if self._shm.takes(local, red.kernel):
             self._shm.allreduce(local, red.kernel, red.average)
         else:
+            gate(self._comm, self._timeout_s, "allreduce")
             self._comm.Allreduce(MPI.IN_PLACE, spec(local), red.op)
             if red.average:
                 local.div_(self._n)
@@ -381,14 +408,15 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._issue("all_to_all", run, output_tensors, _async(opts))
 
     def barrier(self, opts=None):
-        return self._issue("barrier", self._comm.Barrier, [], _async(opts))
+        return self._issue("barrier", _nothing, [], _async(opts))  # the gate is the barrier
 
     # -- point to point -----------------------------------------------------------------------
     def send(self, tensors, dstRank, tag):
         t = _one(tensors, "send")
         x = Operand(t, False, self._direct())
         EXECUTOR.check()
-        return RequestWork(self._comm.Isend(x.spec(), dstRank, tag), tensors, keep=x.local)
+        return RequestWork(self._comm.Isend(x.spec(), dstRank, tag), tensors, self._timeout_s,
+                           f"send to rank {dstRank}", self.explain, keep=x.local)
 
     def recv(self, tensors, srcRank, tag):
         return self._recv(tensors, srcRank, tag)
@@ -400,7 +428,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "recv")
         y = Operand(t, True, self._direct())
         EXECUTOR.check()
-        return RequestWork(self._comm.Irecv(y.spec(), source, tag), tensors, finish=y.finish)
+        what = "recv from any rank" if source == MPI.ANY_SOURCE else f"recv from rank {source}"
+        return RequestWork(self._comm.Irecv(y.spec(), source, tag), tensors, self._timeout_s, what,
+                           self.explain, finish=y.finish)
 
     # -- life cycle ---------------------------------------------------------------------------
     def shutdown(self) -> None:

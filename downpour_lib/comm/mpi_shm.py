@@ -74,9 +74,12 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .mpi_liveness import WATCHDOG, PeerTimeout, gate
+
 BUDGET_BYTES = 16 << 20  # the whole buffer: 2 sets x (n slots + 1 result area), in cache
 MAX_CHUNK_BYTES = 2 << 20
 SMALL_BYTES = 256 << 10  # up to this (over n - 1 from 3 ranks on), the one-barrier algorithm
+SLICE_S = 0.5  # a sleeping barrier wakes this often to see whether a rank was found silent
 CONTROL_BYTES = 4096  # the start of the buffer: one semaphore per rank, a cache line apart
 SEM_STRIDE = 64
 SPIN_S = 50e-6  # how long a rank spins in a barrier before it sleeps
@@ -117,7 +120,8 @@ class NodeBarrier:
     rank can take its (n-1)(e+1)-th post only when every rank has arrived at barrier e (a rank posts
     for barrier e + 1 only after it passed barrier e). Posting and taking a semaphore release and
     acquire memory, so stores made before a barrier are seen after it, through any chain of posts.
-    A rank spins for ``SPIN_S`` (ranks that are in step meet within microseconds), then sleeps.
+    A rank spins for ``SPIN_S`` (ranks that are in step meet within microseconds), then sleeps
+    until the group's timeout, or until the heartbeat finds a rank silent (``mpi_liveness``).
     """
 
     def __init__(self, base: int, rank: int, n: int, timeout_s: float) -> None:
@@ -144,13 +148,20 @@ class NodeBarrier:
         while clock() < spin_until:
             if trywait(sem) == 0:
                 return
-        deadline = time.time() + self._timeout_s
-        when = _Timespec(int(deadline), int((deadline % 1) * 1e9))
-        while _LIBC.sem_timedwait(sem, ctypes.byref(when)) != 0:
+        start = time.time()
+        deadline = start + self._timeout_s
+        while True:  # in slices, so that a rank the heartbeat found silent ends the wait
+            now = time.time()
+            if now >= deadline or WATCHDOG.silent:
+                raise PeerTimeout("allreduce over shared memory", now - start)
+            until = min(deadline, now + SLICE_S)
+            when = _Timespec(int(until), int((until % 1) * 1e9))
+            if _LIBC.sem_timedwait(sem, ctypes.byref(when)) == 0:
+                return
             error = ctypes.get_errno()
-            if error != 4:  # EINTR: a signal; wait on
-                raise RuntimeError(f"mpi backend: a shared-memory allreduce waited {self._timeout_s:.0f} s "
-                                   f"for a peer (errno {error}); a peer is stuck or gone")
+            if error not in (110, 4):  # ETIMEDOUT: the slice is over; EINTR: a signal
+                raise RuntimeError(f"mpi backend: sem_timedwait failed in a shared-memory "
+                                   f"allreduce: errno {error}")
 
 
 class ShmAllreduce:
@@ -192,6 +203,7 @@ class ShmAllreduce:
 
     def _setup(self) -> bool:
         comm = self._comm
+        gate(comm, self._timeout_s, "allreduce (shared-memory setup)")  # collective, blocking calls
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         if node.Get_size() != comm.Get_size():  # the group spans nodes (the same on every rank)
             node.Free()

@@ -15,11 +15,13 @@ Iallreduce+Wait 11 ms, Allreduce 0.7 ms). Hence:
   completes the work's future. This needs ``MPI_THREAD_MULTIPLE``, mpi4py's default; with a lower
   thread level every operation runs synchronously;
 * point-to-point operations are MPI nonblocking requests (``Isend``/``Irecv``), posted at once so that
-  exchanges cannot deadlock; ``wait()`` calls ``MPI_Wait``, and ``get_future()`` waits first.
+  exchanges cannot deadlock; ``wait()`` polls the request, napping (``mpi_liveness.wait_request``),
+  and ``get_future()`` waits first.
 
-Timeouts: waiting for a queued operation honours the group's timeout (a ``RuntimeError`` names the
-operation). A blocking MPI call itself cannot time out: a peer that dies makes ``mpiexec``/``srun``
-end the job, and a rank that raises aborts it (``mpi_backend`` installs that hook).
+Timeouts: every wait honours the group's timeout. A queued operation enters its blocking MPI calls
+only after the gate (``mpi_liveness``), which raises ``CommTimeout`` naming the rank that went
+silent; waiting for a queued operation allows that diagnosis its time before it gives up itself.
+A rank that raises aborts the job (``mpi_backend`` installs that hook).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from datetime import timedelta
 import torch.distributed as dist
 from mpi4py import MPI
 from torch.futures import Future
+
+from .mpi_liveness import BACKSTOP_S, WATCHDOG, CommTimeout, PeerTimeout, wait_request
 
 
 def _seconds(timeout: timedelta | None, default: float) -> float:
@@ -87,7 +91,9 @@ class QueuedWork(dist._Work):
         self._done.set()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        seconds = _seconds(timeout, self._timeout_s)
+        # The queued operation's own deadline comes first, and names the silent rank; this one is
+        # for an executor that never got to it (when no caller passed a shorter timeout).
+        seconds = _seconds(timeout, self._timeout_s + BACKSTOP_S)
         if not self._done.wait(seconds):
             raise RuntimeError(f"mpi backend: {self.name} did not complete within {seconds:.0f} s "
                                "(a peer is stuck or gone); abort the job")
@@ -115,12 +121,15 @@ class QueuedWork(dist._Work):
 
 
 class RequestWork(dist._Work):
-    """A point-to-point operation: an MPI request, and what to do once it completes."""
+    """A point-to-point operation: an MPI request, and what to do once it completes. ``wait`` naps
+    until it completes, and past ``timeout_s`` raises what ``explain`` makes of the timeout."""
 
-    def __init__(self, request: MPI.Request, result: list,
+    def __init__(self, request: MPI.Request, result: list, timeout_s: float, what: str,
+                 explain: Callable[[PeerTimeout], CommTimeout],
                  finish: Callable[[], None] | None = None, keep: object = None) -> None:
         super().__init__()
         self._request, self._result, self._finish = request, result, finish
+        self._timeout_s, self._what, self._explain = timeout_s, what, explain
         self._keep = keep  # a staged send buffer must outlive the request
         self._source = -1
         self._completed = False
@@ -134,7 +143,13 @@ class RequestWork(dist._Work):
     def wait(self, timeout: timedelta | None = None) -> bool:
         if not self._completed:
             status = MPI.Status()
-            self._request.Wait(status)
+            WATCHDOG.enter(self._what, self._timeout_s)
+            try:
+                wait_request(self._request, _seconds(timeout, self._timeout_s), self._what, status)
+            except PeerTimeout as exc:
+                raise self._explain(exc) from None
+            finally:
+                WATCHDOG.leave()
             self._complete(status)
         return True
 
@@ -263,7 +278,7 @@ class Executor:
     def _drain(self, timeout_s: float) -> None:
         """Wait for the last queued operation (so for all of them), then raise any queued error."""
         last = self._last
-        if last is not None and not last._done.wait(timeout_s):
+        if last is not None and not last._done.wait(timeout_s + BACKSTOP_S):
             raise RuntimeError(f"mpi backend: {last.name} did not complete within {timeout_s:.0f} s "
                                "(a peer is stuck or gone); abort the job")
         self._check()

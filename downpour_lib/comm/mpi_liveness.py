@@ -1,0 +1,306 @@
+"""Waiting with a deadline, and naming the rank that went silent, for the ``mpi`` backend.
+
+Open MPI's blocking calls neither time out nor sleep: a rank whose peer was stopped spins at 100% of
+a core for ever. So the backend never enters a blocking call until every peer is there, and never
+waits without a deadline:
+
+* a collective first passes a **gate**, ``MPI_Ibarrier`` on the group's communicator; once it
+  completes every member has issued the collective, so the blocking call that follows finishes in
+  the time the data takes (the shared-memory allreduce needs no gate: its own barrier waits on
+  semaphores with a deadline);
+* every wait (the gate, a point-to-point request) spins for ``SPIN_S`` (ranks in step meet within
+  microseconds), then sleeps in naps that grow with the time already waited (at most ``NAP_S``,
+  about 3% of the wait), so a waiting rank leaves its core to its own backward pass;
+* past the group's timeout the wait raises ``PeerTimeout``, and the group turns it into a
+  ``CommTimeout`` that says which rank went silent: the waiting rank asks every rank of the world
+  over a communicator of its own whether it is alive (a **liveness probe**). Each process's
+  ``Watchdog`` thread answers within ``POLL_S`` with what the process is doing; a stopped, hung or
+  dead process does not answer within ``PROBE_S``.
+
+A rank that waits on nobody cannot time out: an asynchronous Downpour worker keeps pushing to its
+server, and the server keeps serving it, while another worker is stopped. So the watchdogs also
+keep a **heartbeat** around a ring: each rank asks the next one whether it is alive every
+``BEAT_S``; one that has not answered for the group's timeout has gone silent. Its watcher tells
+every rank, and from then on every wait of the backend gives up at once (and names it), so the job
+ends within the timeout and a few seconds whatever its ranks were doing. The ring keeps the traffic
+at one small message per rank and beat, at any scale.
+
+What no gate can cover (a peer stopped in the microseconds between the gate and the blocking call,
+or inside the shared-memory setup) the watchdog covers: a thread still inside one operation
+``BACKSTOP_S`` after the group's timeout ends the job with ``MPI_Abort``, naming the operation and
+the ranks that did not answer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable
+
+from mpi4py import MPI
+
+SPIN_S = 50e-6  # how long a wait spins before it naps
+NAP_S = 1e-3  # the longest nap: how late a waiting rank may notice that its peers arrived
+POLL_S = 0.1  # how often the watchdog answers probes and checks for stuck threads
+PROBE_S = 3.0  # how long a probe waits for the answers of the living
+BACKSTOP_S = 10.0  # past the timeout, how long a thread may stay inside one operation
+BEAT_S = 1.0  # how often a rank asks the next one around the ring whether it is alive
+# Tags on the watchdog's own communicator. A ping's one byte says what it asks for: a probe's answer
+# (_PONG), a heartbeat's (_BEAT), or, from the next rank around the ring, "I am closing: stop
+# watching me".
+_PING, _PONG, _BEAT, _SILENT = 1, 2, 3, 4
+_PROBE, _HEARTBEAT, _BYE = b"?", b"h", b"x"
+_ANSWER_BYTES = 256
+
+
+class PeerTimeout(RuntimeError):
+    """A wait of the ``mpi`` backend passed its deadline (the group explains it: ``CommTimeout``)."""
+
+    def __init__(self, what: str, waited_s: float) -> None:
+        super().__init__(f"{what} waited {waited_s:.0f} s")
+        self.what, self.waited_s = what, waited_s
+
+
+class CommTimeout(RuntimeError):
+    """An operation of the ``mpi`` backend waited past its group's timeout. ``silent``: the world
+    ranks that did not answer a liveness probe (stopped, hung or gone); ``states``: what the ranks
+    that answered were doing."""
+
+    def __init__(self, message: str, rank: int, what: str, silent: list[int],
+                 states: dict[int, str]) -> None:
+        super().__init__(message)
+        self.rank, self.what, self.silent, self.states = rank, what, silent, states
+
+    def __reduce__(self):  # keeps its fields through pickling (ipyparallel, futures)
+        return (type(self), (str(self), self.rank, self.what, self.silent, self.states))
+
+
+def wait_request(request: MPI.Request, timeout_s: float, what: str,
+                 status: MPI.Status | None = None) -> None:
+    """Wait for ``request`` without spinning past ``SPIN_S``; ``PeerTimeout`` after ``timeout_s``,
+    or as soon as the heartbeat finds a rank silent. The request stays active after a timeout (the
+    job is ending)."""
+    if request.Test(status):
+        return
+    clock = time.perf_counter
+    start = clock()
+    spin_until = start + SPIN_S
+    while clock() < spin_until:
+        if request.Test(status):
+            return
+    deadline = start + timeout_s
+    while True:
+        now = clock()
+        if now >= deadline or WATCHDOG.silent:
+            raise PeerTimeout(what, now - start)
+        time.sleep(min(NAP_S, max(SPIN_S, (now - start) / 32), deadline - now))
+        if request.Test(status):
+            return
+
+
+def gate(comm: MPI.Intracomm, timeout_s: float, what: str) -> None:
+    """Return once every rank of ``comm`` has reached this point (``PeerTimeout`` after
+    ``timeout_s``): a blocking collective after it cannot wait on a missing peer."""
+    if comm.Get_size() > 1:
+        wait_request(comm.Ibarrier(), timeout_s, what)
+
+
+class Watchdog:
+    """One per process, from the default group's creation to its destruction: a thread that answers
+    liveness probes, keeps the heartbeat with the next rank around the ring, and ends the job when a
+    thread is stuck inside an operation (see the module docstring). ``start`` and ``close`` are
+    explicit; ``start`` is collective over the world."""
+
+    def __init__(self) -> None:
+        self._comm: MPI.Intracomm | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._probe_lock = threading.Lock()
+        self._busy: dict[int, tuple[str, float, float]] = {}  # thread -> (what, since, timeout)
+        self._timeout_s = 1800.0
+        self._exit_hook = False
+        # world rank -> how long it had been silent when the heartbeat gave up on it. Read by every
+        # wait of the backend (``wait_request``): once it is not empty, they all give up.
+        self.silent: dict[int, float] = {}
+
+    @property
+    def rank(self) -> int:
+        return self._comm.Get_rank() if self._comm is not None else 0
+
+    @property
+    def size(self) -> int:
+        return self._comm.Get_size() if self._comm is not None else 1
+
+    def start(self, world: MPI.Intracomm, timeout_s: float) -> None:
+        """Watch the ranks of ``world``; a rank silent for ``timeout_s`` ends the job."""
+        if self._thread is not None:
+            return
+        self._comm = world.Dup()
+        self._timeout_s = timeout_s
+        self.silent = {}
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="downpour-mpi-watchdog",
+                                        daemon=True)
+        self._thread.start()
+        if not self._exit_hook:  # after mpi4py's own exit handler, so it runs before MPI_Finalize
+            atexit.register(self.close)
+            self._exit_hook = True
+
+    def close(self) -> None:
+        """Stop watching, and tell the rank that watches this one to stop too (ranks leave the
+        job at different times: a rank that is gone must not look silent)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        if self._comm is not None:
+            if not MPI.Is_finalized():
+                if self.size > 1:
+                    bye = self._comm.Isend(_BYE, (self.rank - 1) % self.size, _PING)
+                    try:
+                        wait_request(bye, POLL_S * 5, "watchdog")
+                    except PeerTimeout:
+                        bye.Cancel()
+                self._comm.Free()
+            self._comm = None
+
+    # -- what this process is doing (cheap: called around every operation) --------------------
+    def enter(self, what: str, timeout_s: float) -> None:
+        self._busy[threading.get_ident()] = (what, time.monotonic(), timeout_s)
+
+    def leave(self) -> None:
+        self._busy.pop(threading.get_ident(), None)
+
+    def state(self) -> str:
+        now = time.monotonic()
+        doing = [f"in {what} for {now - since:.0f} s" for what, since, _ in list(self._busy.values())]
+        return "; ".join(doing) or "alive, in no operation of the mpi backend"
+
+    # -- probing --------------------------------------------------------------------------------
+    def probe(self, ranks: Iterable[int]) -> dict[int, str | None]:
+        """Ask ``ranks`` (world ranks) what they are doing; None for a rank that did not answer
+        within ``PROBE_S``."""
+        ranks = [r for r in ranks if r != self.rank]
+        comm = self._comm
+        if comm is None or not ranks:
+            return {}
+        with self._probe_lock:
+            buffers = {r: bytearray(_ANSWER_BYTES) for r in ranks}
+            recvs = {r: comm.Irecv(buffers[r], r, _PONG) for r in ranks}
+            sends = [comm.Isend(_PROBE, r, _PING) for r in ranks]
+            deadline = time.monotonic() + PROBE_S
+            pending = set(ranks)
+            while pending and time.monotonic() < deadline:
+                pending = {r for r in pending if not recvs[r].Test()}
+                if pending:
+                    time.sleep(0.01)
+            for r in pending:  # no answer: take the receive back (the job is ending anyway)
+                recvs[r].Cancel()
+                recvs[r].Free()
+            for s in sends:
+                s.Free()
+        return {r: None if r in pending else _decode(buffers[r]) for r in ranks}
+
+    # -- the thread -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        comm, me, n = self._comm, self.rank, self.size
+        watched = (me + 1) % n if n > 1 else None  # the next rank around the ring
+        ping, notice = bytearray(1), bytearray(_ANSWER_BYTES)
+        status = MPI.Status()
+        pings = comm.Irecv(ping, MPI.ANY_SOURCE, _PING)
+        notices = comm.Irecv(notice, MPI.ANY_SOURCE, _SILENT)
+        sent: list[MPI.Request] = []
+        beat, beat_answer = None, bytearray(_ANSWER_BYTES)
+        heard = next_beat = time.monotonic()
+        try:
+            while not self._stop.wait(POLL_S):
+                while pings.Test(status):  # answer probes and heartbeats
+                    source, asked = status.Get_source(), bytes(ping)
+                    if asked == _BYE:
+                        if source == watched:
+                            watched = None
+                    else:
+                        answer = json.dumps(self.state()).encode()[:_ANSWER_BYTES]
+                        sent.append(comm.Isend(answer, source,
+                                               _BEAT if asked == _HEARTBEAT else _PONG))
+                    pings = comm.Irecv(ping, MPI.ANY_SOURCE, _PING)
+                while notices.Test(status):  # another rank's watchdog found a rank silent
+                    rank, silent_s = json.loads(bytes(notice[:status.Get_count(MPI.BYTE)]))
+                    self.silent.setdefault(rank, silent_s)
+                    notices = comm.Irecv(notice, MPI.ANY_SOURCE, _SILENT)
+                now = time.monotonic()
+                if watched is not None and beat is not None and beat.Test():
+                    heard, beat = now, None
+                if watched is not None and beat is None and now >= next_beat:
+                    beat = comm.Irecv(beat_answer, watched, _BEAT)
+                    sent.append(comm.Isend(_HEARTBEAT, watched, _PING))
+                    next_beat = now + BEAT_S
+                if watched is not None and now - heard > self._timeout_s:
+                    self._found_silent(watched, now - heard, sent)
+                    watched = None
+                sent = [r for r in sent if not r.Test()]
+                self._check_stuck()
+        finally:
+            for request in (pings, notices, beat):
+                if request is not None:
+                    request.Cancel()
+                    request.Wait()
+            for r in sent:
+                r.Free()
+
+    def _found_silent(self, rank: int, silent_s: float, sent: list[MPI.Request]) -> None:
+        """``rank`` missed its heartbeats for the whole timeout: tell every rank (this one too),
+        so that every wait gives up and names it."""
+        self.silent.setdefault(rank, silent_s)
+        message = json.dumps([rank, round(silent_s, 1)]).encode()
+        sent.extend(self._comm.Isend(message, r, _SILENT)
+                    for r in range(self.size) if r not in (self.rank, rank))
+
+    def _check_stuck(self) -> None:
+        now = time.monotonic()
+        for what, since, timeout_s in list(self._busy.values()):
+            if now - since > timeout_s + BACKSTOP_S:
+                silent = [r for r, a in self.probe(range(self.size)).items() if a is None]
+                who = (f"rank(s) {', '.join(map(str, silent))} did not answer a liveness probe"
+                       if silent else "every rank answered a liveness probe")
+                err = sys.__stderr__ or sys.stderr
+                err.write(f"downpour: rank {self.rank} of {self.size} failed: mpi backend: stuck "
+                          f"in {what} for {now - since:.0f} s, past the timeout of "
+                          f"{timeout_s:.0f} s; {who}; ending the job\n")
+                err.flush()
+                self._comm.Abort(1)
+                os._exit(1)  # Abort does not return; if it ever did, the job must still end
+
+
+def _decode(buffer: bytearray) -> str:
+    try:
+        return json.loads(bytes(buffer).rstrip(b"\0").decode())
+    except ValueError:
+        return "alive"
+
+
+def explain(timeout: PeerTimeout, group: str) -> CommTimeout:
+    """The ``CommTimeout`` for ``timeout``: probe every rank of the world and name the silent ones."""
+    me, n = WATCHDOG.rank, WATCHDOG.size
+    answers = WATCHDOG.probe(range(n))
+    silent = sorted(r for r, a in answers.items() if a is None)
+    states = {r: a for r, a in sorted(answers.items()) if a is not None}
+    where = f"{timeout.what} ({group})"
+    if silent:
+        names = ("rank " if len(silent) == 1 else "ranks ") + ", ".join(map(str, silent))
+        message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}: "
+                   f"{names} went silent (no answer to a liveness probe within "
+                   f"{PROBE_S:.0f} s: stopped, hung or gone); ending the job")
+    else:
+        doing = "; ".join(f"rank {r} {a}" for r, a in states.items())
+        message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}, "
+                   f"but every rank is alive ({doing}): the ranks issued different operations, "
+                   "or one is slower than the timeout allows (raise --timeout-s)")
+    return CommTimeout(message, me, where, silent, states)
+
+
+WATCHDOG = Watchdog()

@@ -1,0 +1,89 @@
+"""A silent rank ends the job under the default (``mpi``) backend, within the timeout.
+
+A 3-rank training job under real mpiexec; once it checkpoints, rank 2 is stopped with SIGSTOP (a
+hung process: alive, silent, holding its sockets). The other ranks must give it its timeout, then
+name rank 2 and what they were waiting for, and end the whole job (MPI_Abort), which also takes the
+stopped process down; under Downpour the live worker and the server do not wait on rank 2 at all,
+and still must end. Before the fix they spun at 100% CPU for ever.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import BIN, ROOT, launch_env, mpiexec_path
+
+TIMEOUT_S = 10
+SILENT = 2
+
+
+def ranks_of(job: str) -> dict[int, int]:
+    """pid of each MPI rank of the job tagged ``job`` in its environment (Linux /proc)."""
+    ranks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(v.split("=", 1) for v in
+                       (entry / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:  # gone, or not ours to read
+            continue
+        if env.get("DOWNPOUR_TEST_JOB") == job and "OMPI_COMM_WORLD_RANK" in env:
+            ranks[int(env["OMPI_COMM_WORLD_RANK"])] = int(entry.name)
+    return ranks
+
+
+def alive(pid: int) -> bool:
+    """True unless ``pid`` is gone or a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("algorithm, extra", [("sync_ps", []), ("allreduce", []),
+                                              ("downpour", ["--servers", "1"]), ("sgp", [])])
+def test_a_stopped_rank_ends_the_job_naming_it(tmp_path, algorithm, extra):
+    job = uuid.uuid4().hex
+    ckpt = tmp_path / "ckpt"
+    cmd = [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", str(BIN / "downpour"),
+           "train", "--algorithm", algorithm, "--steps", "5000", "--timeout-s", str(TIMEOUT_S),
+           "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", *extra]
+    proc = subprocess.Popen(cmd, env={**launch_env(), "DOWNPOUR_TEST_JOB": job}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 180
+        while not list(ckpt.glob("ckpt-*.pt")):  # training is under way
+            assert proc.poll() is None, f"ended before the first checkpoint: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.05)
+        stopped = ranks_of(job)[SILENT]
+        os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        _, stderr = proc.communicate(timeout=TIMEOUT_S + 60)
+        elapsed = time.monotonic() - start
+        time.sleep(1)  # the launcher's last kills
+        stopped_alive = alive(stopped)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for pid in ranks_of(job).values():  # whatever is left of the job
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0, stderr[-4000:]
+    # e.g. "rank 0 of 3 waited 10 s in broadcast (default group): rank 2 went silent"
+    named = re.search(r"rank (\d) of 3 waited (\d+) s in (\w[^(]*) \((default group|group of "
+                      rf"ranks [\d, ]+)\): rank {SILENT} went silent", stderr)
+    assert named, stderr[-4000:]
+    assert int(named[1]) != SILENT, named[0]
+    assert "MPI_ABORT was invoked" in stderr, stderr[-4000:]
+    assert TIMEOUT_S - 2 <= elapsed <= TIMEOUT_S + 15, f"the job took {elapsed:.1f} s to end: {stderr[-4000:]}"
+    assert not stopped_alive, "the stopped rank outlived the job"
