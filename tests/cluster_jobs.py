@@ -1,6 +1,8 @@
 """Jobs the cluster tests send to the engines (importable there: the test cluster puts tests/ on
 the engines' PYTHONPATH)."""
 
+import os
+import signal
 import time
 
 import torch
@@ -36,3 +38,17 @@ def fail_or_sleep(bad_rank: int, seconds: float) -> int:
         raise ValueError(f"rank {me} gives up")
     time.sleep(seconds)
     return me
+
+
+def stop_on_rank(silent_rank: int, world_size: int, timeout_s: float):
+    """Every rank joins two allreduces on the mpi backend; between them ``silent_rank`` stops its
+    own engine (SIGSTOP: alive, silent, as a hung process is)."""
+    with job_world(world_size, "mpi", "cpu", timeout_s=timeout_s) as ctx:
+        if ctx is None:
+            return None
+        tensor = torch.ones(1)
+        Comm(ctx).all_reduce(tensor)
+        if ctx.rank == silent_rank:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        Comm(ctx).all_reduce(tensor)
+        return float(tensor.item())

@@ -106,6 +106,32 @@ def test_a_hung_run_times_out_and_leaves_fresh_engines(local_cluster):
     assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
 
 
+def test_a_stopped_engine_is_named_as_the_silent_rank_not_the_one_that_waited(local_cluster,
+                                                                            monkeypatch):
+    monkeypatch.setattr(local_cluster, "grace_s", 2.0)
+    before = {e["pid"] for e in local_cluster.engines.values()}
+    stopped = local_cluster.engines[1]["pid"]
+    with pytest.raises(ClusterTimeout) as caught:
+        local_cluster.run(cluster_jobs.stop_on_rank, 1, 2, 5, timeout_s=120)
+    error = caught.value
+    assert error.silent == [1] and [f.rank for f in error.failures] == [0], str(error)
+    assert str(error).startswith("stop_on_rank: rank(s) 1 went silent"), str(error)
+    assert "waited 5 s in allreduce" in error.failures[0].error, error.failures[0]
+    assert "the engines were restarted" in str(error)
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
+    assert not alive(stopped), "the stopped engine outlived the restart"
+    assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
+
+
+def alive(pid: int) -> bool:
+    """True unless ``pid`` is gone or a zombie (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_interrupting_a_run_restarts_the_engines_and_keeps_the_caller(local_cluster):
     before = {e["pid"] for e in local_cluster.engines.values()}
     # what "interrupt kernel" does to a notebook: SIGINT to the process waiting on the engines

@@ -11,7 +11,9 @@ to a cluster that ``ipcluster start --profile=NAME`` already runs. Both return a
   other ranks get ``grace_s`` to notice (a dead peer usually breaks their collectives at once); ranks
   still blocked after that, a run past its timeout, and a run interrupted from the notebook (Ctrl-C,
   "interrupt kernel") get the engines restarted, so the next cell runs on fresh engines and the
-  notebook kernel never needs a restart;
+  notebook kernel never needs a restart. When the other ranks time out waiting on a rank that went
+  silent (stopped or hung: the ``mpi`` backend names it), the error is ``ClusterTimeout`` naming
+  that rank;
 - ``train(config)`` runs a ``TrainConfig`` on the first ``world_size`` ranks and returns rank 0's
   ``RunResult``; ``launch`` is the same as a launcher for ``study.sweep.run_study``;
 - ``activate()`` registers ``%px`` and ``%%px`` for interactive cells on all engines.
@@ -34,6 +36,8 @@ from . import remote
 from .profiles import ensure_profile, profile_dir
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# how comm.mpi_liveness.CommTimeout names the ranks that stopped answering
+SILENT = re.compile(r"\branks? (\d+(?:, \d+)*) went silent")
 
 
 class ClusterError(DownpourError):
@@ -69,7 +73,30 @@ class ClusterRunError(DownpourError):
 
 
 class ClusterTimeout(DownpourError):
-    """A job ran past its time limit; the engines were restarted."""
+    """A job ran past its time limit, or a rank went silent (stopped, hung or gone) and the others
+    timed out waiting for it; the engines were restarted. ``silent``: the ranks that went silent
+    (empty when the job just ran too long); ``failures``: the timeouts of the ranks that waited."""
+
+    def __init__(self, message: str, silent: list[int] = (), failures: list[EngineFailure] = ()):
+        super().__init__(message)
+        self.silent, self.failures = list(silent), list(failures)
+
+    @classmethod
+    def silent_rank(cls, what: str, failures: list[EngineFailure],
+                    restarted: bool) -> ClusterTimeout | None:
+        """The timeout to raise when every failure is a rank timing out on a silent one; else None."""
+        named = [SILENT.search(f.error) if f.error.startswith("CommTimeout:") else None
+                 for f in failures]
+        if not named or not all(named):
+            return None
+        silent = sorted({int(r) for m in named for r in m[1].split(", ")})
+        waited = ", ".join(str(f.rank) for f in failures)
+        lines = [f"{what}: rank(s) {', '.join(map(str, silent))} went silent (stopped, hung or "
+                 f"gone); rank(s) {waited} timed out waiting:"]
+        lines += [f"rank {f.rank} (engine {f.engine_id} on {f.host}): {f.error}" for f in failures]
+        if restarted:
+            lines.append("the engines were restarted")
+        return cls("\n".join(lines), silent, failures)
 
 
 def _clean_traceback(text: str) -> str:
@@ -206,7 +233,8 @@ class ClusterSession:
             stuck = sorted(futures)
             if stuck:
                 self.restart_engines()
-            raise ClusterRunError(what, failures, stuck, bool(stuck))
+            raise (ClusterTimeout.silent_rank(what, failures, bool(stuck))
+                   or ClusterRunError(what, failures, stuck, bool(stuck)))
         return dict(sorted(results.items()))
 
     def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
