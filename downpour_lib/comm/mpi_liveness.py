@@ -164,7 +164,7 @@ class Watchdog:
                     try:
                         wait_request(bye, POLL_S * 5, "watchdog")
                     except PeerTimeout:
-                        bye.Cancel()
+                        bye.Free()  # a small message: it leaves without us
                 self._comm.Free()
             self._comm = None
 
