@@ -20,7 +20,8 @@ waits without a deadline:
 A rank that waits on nobody cannot time out: an asynchronous Downpour worker keeps pushing to its
 server, and the server keeps serving it, while another worker is stopped. So the watchdogs also
 keep a **heartbeat** around a ring: each rank asks the next one whether it is alive every
-``BEAT_S``; one that has not answered for the group's timeout has gone silent. Its watcher tells
+``BEAT_S``; one that has not answered for the group's timeout has gone silent (the ranks stop
+watching together, when the default group is destroyed). Its watcher tells
 every rank, and from then on every wait of the backend gives up at once (and names it), so the job
 ends within the timeout and a few seconds whatever its ranks were doing. The ring keeps the traffic
 at one small message per rank and beat, at any scale.
@@ -49,11 +50,10 @@ POLL_S = 0.1  # how often the watchdog answers probes and checks for stuck threa
 PROBE_S = 3.0  # how long a probe waits for the answers of the living
 BACKSTOP_S = 10.0  # past the timeout, how long a thread may stay inside one operation
 BEAT_S = 1.0  # how often a rank asks the next one around the ring whether it is alive
-# Tags on the watchdog's own communicator. A ping's one byte says what it asks for: a probe's answer
-# (_PONG), a heartbeat's (_BEAT), or, from the next rank around the ring, "I am closing: stop
-# watching me".
+# Tags on the watchdog's own communicator. A ping's one byte says which answer it asks for: a
+# probe's (_PONG) or a heartbeat's (_BEAT).
 _PING, _PONG, _BEAT, _SILENT = 1, 2, 3, 4
-_PROBE, _HEARTBEAT, _BYE = b"?", b"h", b"x"
+_PROBE, _HEARTBEAT = b"?", b"h"
 _ANSWER_BYTES = 256
 
 
@@ -151,20 +151,17 @@ class Watchdog:
             self._exit_hook = True
 
     def close(self) -> None:
-        """Stop watching, and tell the rank that watches this one to stop too (ranks leave the
-        job at different times: a rank that is gone must not look silent)."""
+        """Stop watching; collective over the world, like ``start``. The ranks stop together, once
+        every heartbeat has its answer: a message left unreceived on the freed communicator would
+        reach the next one MPI creates with the same context id (the next job of a cluster's
+        engines) and break it. Ranks that never close (the job is failing) leave it after the
+        timeout."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
         if self._comm is not None:
             if not MPI.Is_finalized():
-                if self.size > 1:
-                    bye = self._comm.Isend(_BYE, (self.rank - 1) % self.size, _PING)
-                    try:
-                        wait_request(bye, POLL_S * 5, "watchdog")
-                    except PeerTimeout:
-                        bye.Free()  # a small message: it leaves without us
                 self._comm.Free()
             self._comm = None
 
@@ -216,25 +213,35 @@ class Watchdog:
         sent: list[MPI.Request] = []
         beat, beat_answer = None, bytearray(_ANSWER_BYTES)
         heard = next_beat = time.monotonic()
+        closing, quiet = None, None  # when close began; the barrier of the ranks that are done
         try:
-            while not self._stop.wait(POLL_S):
-                while pings.Test(status):  # answer probes and heartbeats
-                    source, asked = status.Get_source(), bytes(ping)
-                    if asked == _BYE:
-                        if source == watched:
-                            watched = None
-                    else:
-                        answer = json.dumps(self.state()).encode()[:_ANSWER_BYTES]
-                        sent.append(comm.Isend(answer, source,
-                                               _BEAT if asked == _HEARTBEAT else _PONG))
+            while True:
+                if closing is None:
+                    self._stop.wait(POLL_S)
+                else:
+                    time.sleep(NAP_S)
+                while pings.Test(status):  # answer probes and heartbeats, until the very end
+                    asked = bytes(ping)
+                    answer = json.dumps(self.state()).encode()[:_ANSWER_BYTES]
+                    sent.append(comm.Isend(answer, status.Get_source(),
+                                           _BEAT if asked == _HEARTBEAT else _PONG))
                     pings = comm.Irecv(ping, MPI.ANY_SOURCE, _PING)
                 while notices.Test(status):  # another rank's watchdog found a rank silent
                     rank, silent_s = json.loads(bytes(notice[:status.Get_count(MPI.BYTE)]))
                     self.silent.setdefault(rank, silent_s)
                     notices = comm.Irecv(notice, MPI.ANY_SOURCE, _SILENT)
                 now = time.monotonic()
-                if watched is not None and beat is not None and beat.Test():
+                if beat is not None and beat.Test():
                     heard, beat = now, None
+                sent = [r for r in sent if not r.Test()]
+                if self._stop.is_set():  # closing: no new heartbeat; the last one answered, and
+                    closing = closing or now  # every rank there too, the ranks stop together
+                    if beat is None and quiet is None:
+                        quiet = comm.Ibarrier()
+                    if (quiet is not None and quiet.Test() and not sent) \
+                            or now - closing > self._timeout_s:
+                        return
+                    continue
                 if watched is not None and beat is None and now >= next_beat:
                     beat = comm.Irecv(beat_answer, watched, _BEAT)
                     sent.append(comm.Isend(_HEARTBEAT, watched, _PING))
@@ -242,7 +249,6 @@ class Watchdog:
                 if watched is not None and now - heard > self._timeout_s:
                     self._found_silent(watched, now - heard, sent)
                     watched = None
-                sent = [r for r in sent if not r.Test()]
                 self._check_stuck()
         finally:
             for request in (pings, notices, beat):
