@@ -85,5 +85,6 @@ def test_a_stopped_rank_ends_the_job_naming_it(tmp_path, algorithm, extra):
     assert named, stderr[-4000:]
     assert int(named[1]) != SILENT, named[0]
     assert "MPI_ABORT was invoked" in stderr, stderr[-4000:]
-    assert TIMEOUT_S - 2 <= elapsed <= TIMEOUT_S + 15, f"the job took {elapsed:.1f} s to end: {stderr[-4000:]}"
+    assert TIMEOUT_S - 2 <= elapsed <= TIMEOUT_S + 15, \
+        f"the job took {elapsed:.1f} s to end: {stderr[-4000:]}"
     assert not stopped_alive, "the stopped rank outlived the job"
