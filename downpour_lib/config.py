@@ -73,8 +73,9 @@ class TrainConfig:
     checkpoint_dir: str | None = _help("write checkpoints here (ckpt-<step>.pt, atomically) at the "
                                        "end of the run and every checkpoint_every steps",
                                        default=None)
-    checkpoint_every: int = _help("also checkpoint every this many steps; 0 = only at the end",
-                                  default=0)
+    checkpoint_every: int | None = _help("also checkpoint every this many steps; 0 = only at the "
+                                         "end; none = 0, or when resuming, the cadence of the run "
+                                         "it continues", default=None)
     resume: str | None = _help("continue the run whose checkpoints are in this directory (from its "
                                "latest complete checkpoint) or in this checkpoint file; "
                                "checkpoint_dir defaults to that directory", default=None)
@@ -97,6 +98,8 @@ class TrainConfig:
                               "choose one of " + ", ".join(typing.get_args(Optimizer)))
         if self.resume is not None and self.checkpoint_dir is None and not self.resume.endswith(".pt"):
             object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
+        if self.checkpoint_every is None and self.resume is None:
+            object.__setattr__(self, "checkpoint_every", 0)  # a resumed run's is read by plan_run
         check_choices(self)
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
         for name, value in positive.items():
@@ -119,7 +122,7 @@ class TrainConfig:
             raise ConfigError("checkpoint_every", self.checkpoint_every,
                               "checkpoints need a place: give checkpoint_dir too")
         for name in ("eval_every", "threads", "warmup_steps", "checkpoint_every"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "must be a whole number >= 0")
         if self.steps is not None and self.warmup_steps >= self.steps:
             raise ConfigError("warmup_steps", self.warmup_steps,

@@ -51,6 +51,44 @@ def test_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path, algorithm, 
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+class Stop(Exception):
+    pass
+
+
+def stop_at(step):
+    def callback(record):
+        if record.step == step:
+            raise Stop(step)
+    return callback
+
+
+def test_resumed_run_keeps_the_checkpoint_cadence(tmp_path):
+    from downpour_lib.cli import main
+
+    config = TrainConfig(**FAST, algorithm="local", steps=20, checkpoint_dir=str(tmp_path),
+                         checkpoint_every=5)
+    with pytest.raises(Stop):  # the run dies in its 11th step, after its checkpoint at 10
+        Trainer(config, DistContext.single(), callbacks=[stop_at(10)]).run()
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [5, 10]
+    # resumed as the README shows it, without repeating --checkpoint-every
+    assert main(["train", "--algorithm", "local", "--model", "mlp", "--dataset", "digits",
+                 "--seed", "2", "--threads", "1", "--warmup-steps", "1", "--steps", "20",
+                 "--resume", str(tmp_path)]) == 0
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [5, 10, 15, 20]
+    # its checkpoints pass the cadence on to the next resume
+    assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 15))["config"]["checkpoint_every"] == 5
+    # a cadence given to the resumed run wins, 0 included
+    ten = str(checkpoint.checkpoint_path(tmp_path, 10))
+    for every, expected in ((None, [15, 20]), (4, [12, 16, 20]), (0, [20])):
+        out = tmp_path / f"every-{every}"
+        train(algorithm="local", steps=20, resume=ten, checkpoint_dir=str(out),
+              checkpoint_every=every)
+        assert [s for s, _ in checkpoint.scan(out)] == expected, every
+    # a resumed run that writes no checkpoints has no cadence to keep
+    trainer, _ = train(algorithm="local", steps=20, resume=ten)
+    assert trainer.config.checkpoint_every == 0
+
+
 def test_checkpoint_contents_load_with_weights_only(tmp_path):
     trainer, result = train(algorithm="local", steps=6, checkpoint_dir=str(tmp_path))
     path = checkpoint.checkpoint_path(tmp_path, 6)
