@@ -53,7 +53,6 @@ class RunPlan:
     start_step: int = 0  # > 0 when resuming
     resume_path: str | None = None  # the checkpoint a resumed run starts from
     checkpoint_every: int = 0  # config.checkpoint_every, or the resumed run's when that is None
-    checkpoint_every: int = 0  # config.checkpoint_every, or the resumed run's when that is None
 
 
 def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPlan:
