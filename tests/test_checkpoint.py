@@ -4,6 +4,7 @@ equal to not stopping, refusals that say why, and the evaluator skipping bad fil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -122,18 +123,28 @@ def test_resume_refuses_another_run_or_world(tmp_path):
         TrainConfig(checkpoint_every=5)
 
 
-def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+@contextmanager
+def stalled_writer(directory):
+    """A real run whose checkpoint at step 10 stops halfway through its write; yields the process
+    and its STALLED line (temporary file, full size). Killed on leaving, if it still runs."""
     script = Path(__file__).parent / "scripts" / "stalled_writer.py"
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), str(directory)], stdout=subprocess.PIPE,
                             text=True, env=launch_env(), cwd=ROOT)
     try:
         line = proc.stdout.readline()  # blocks until the second write is half done
         assert line.startswith("STALLED"), line
-        proc.send_signal(signal.SIGKILL)  # a real kill, in the middle of the write
-        proc.wait(timeout=30)
+        yield proc, line
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    with stalled_writer(tmp_path) as (proc, line):
+        proc.send_signal(signal.SIGKILL)  # a real kill, in the middle of the write
+        proc.wait(timeout=30)
     _, temp, full_size = line.split()
     temp = Path(temp)
     # the half-written bytes are there, under a temporary name no reader looks at
@@ -147,6 +158,32 @@ def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
     plan = plan_run(TrainConfig(algorithm="local", model="mlp", steps=10, warmup_steps=1,
                                 resume=str(tmp_path)), 1, digits)
     assert plan.start_step == 5
+
+
+def test_next_save_removes_only_a_killed_writers_temporary_file(tmp_path):
+    with stalled_writer(tmp_path) as (proc, line):
+        temp = Path(line.split()[1])
+        # the writer is alive, in the middle of its write: a save beside it leaves its file alone
+        five = checkpoint.checkpoint_path(tmp_path, 5)
+        checkpoint.save(tmp_path, checkpoint.load(five))
+        assert temp.exists() and checkpoint.load(five)["step"] == 5
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    # other writers' temporary files and names that only look like ours are not ours to delete
+    others = [tmp_path / ".evals.csv.k2j4x9_q.tmp", tmp_path / ".steps.csv.abc12345.tmp",
+              tmp_path / "ckpt-00000010.pt.abc12345.tmp", tmp_path / ".ckpt-00000010.pt.tmp",
+              tmp_path / "notes.tmp"]
+    for other in others:
+        other.write_bytes(b"x")
+    assert temp.exists()  # the dead writer's file stays until the next save...
+    trainer = Trainer(TrainConfig(algorithm="local", model="mlp", steps=10, warmup_steps=1,
+                                  threads=1, resume=str(tmp_path)), DistContext.single())
+    assert trainer.start_step == 5
+    trainer.run()
+    assert not temp.exists()  # ...which deletes it
+    assert all(other.exists() for other in others)
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [5, 10]
+    assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 10))["final"]
 
 
 def test_torn_and_foreign_files_are_reported_and_skipped(tmp_path):
