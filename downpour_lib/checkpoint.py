@@ -159,13 +159,17 @@ def latest(directory: str | os.PathLike,
 
 # -- resuming ----------------------------------------------------------------------------------
 
-def resolve(resume: str) -> Path:
-    """The checkpoint ``resume`` names: a file, or the newest readable one in a directory."""
+def resolve(resume: str, report: Callable[[str], None]) -> Path:
+    """The checkpoint ``resume`` names: a file, or the newest readable one in a directory; each
+    newer one that does not load is reported, with why, and skipped."""
     path = Path(resume)
     if path.is_file():
         return path
     if path.is_dir():
-        found = latest(path)
+        skipped: list[str] = []
+        found = latest(path, skipped.append)
+        for message in skipped:
+            report(f"{message}; resuming from {found}" if found else message)
         if found is None:
             raise ConfigError("resume", resume, "the directory holds no readable checkpoint "
                                                 "(ckpt-<step>.pt); give a run's checkpoint_dir")

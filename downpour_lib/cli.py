@@ -72,10 +72,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .engine import Trainer, plan_run
 
     placement = discover(os.environ)
+
+    def warn(message: str) -> None:
+        if placement.rank == 0:  # every rank sees the same; one message is enough
+            print(f"downpour train: warning: {message}", file=sys.stderr, flush=True)
+
     try:
         config = config_from_args(args)
         splits = load_dataset(config.dataset, config.data_dir)
-        plan = plan_run(config, placement.world_size, splits.train)
+        plan = plan_run(config, placement.world_size, splits.train, warn)
     except (ConfigError, DataError) as exc:
         if placement.rank == 0:  # every rank fails alike; one message is enough
             print(f"downpour train: error: {exc}", file=sys.stderr)

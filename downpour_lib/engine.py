@@ -55,8 +55,19 @@ class RunPlan:
     checkpoint_every: int = 0  # config.checkpoint_every, or the resumed run's when that is None
 
 
-def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPlan:
-    """Everything about the run's shape that can be wrong, checked without talking to anyone."""
+def warn(message: str) -> None:
+    """Print a warning on stderr: what plan_run reports unless told otherwise."""
+    print(f"downpour: warning: {message}", file=sys.stderr, flush=True)
+
+
+def quiet(message: str) -> None:
+    """Report nothing: for the ranks other than the one that reports."""
+
+
+def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
+             report: Callable[[str], None] = warn) -> RunPlan:
+    """Everything about the run's shape that can be wrong, checked without talking to anyone.
+    ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load."""
     algorithm = ALGORITHMS[config.algorithm]
     algorithm.check_world(config.options, world_size)
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
@@ -72,7 +83,7 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPla
     algorithm.check_plan(config.options, world_size, model, total)
     if config.resume is None:
         return RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every)
-    path = checkpoint.resolve(config.resume)
+    path = checkpoint.resolve(config.resume, report)
     try:
         state = checkpoint.load(path, mmap=True)
     except CheckpointError as exc:
@@ -126,7 +137,8 @@ class Trainer:
                  plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = ()) -> None:
         self.ctx, self.callbacks = ctx, list(callbacks)
         self.splits = splits or load_dataset(config.dataset, config.data_dir)
-        self.plan = plan or plan_run(config, ctx.world_size, self.splits.train)
+        self.plan = plan or plan_run(config, ctx.world_size, self.splits.train,
+                                     warn if ctx.rank == 0 else quiet)
         if config.checkpoint_every != self.plan.checkpoint_every:
             # record the cadence this run keeps (a resumed run's), so its checkpoints pass it on
             with warnings.catch_warnings():  # its warnings were given when it was built

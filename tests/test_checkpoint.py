@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import ROOT, launch_env
+from conftest import ROOT, explain, launch_env, mpiexec, read_json
 
 from downpour_lib import TrainConfig, Trainer, checkpoint, plan_run
 from downpour_lib.comm.runtime import DistContext
@@ -208,6 +208,48 @@ def test_torn_and_foreign_files_are_reported_and_skipped(tmp_path):
     assert again.poll() == 0 and again.poll() == 0 and len(reports) == 6
     # the newest readable checkpoint is what a resumed run starts from
     assert checkpoint.latest(tmp_path) == checkpoint.checkpoint_path(tmp_path, 12)
+
+
+def tear(path):
+    """Cut ``path`` in half, as a disk that filled up or a copy that stopped would."""
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+
+
+RESUME = ["train", "--algorithm", "sync_ps", "--model", "mlp", "--dataset", "digits", "--seed", "2",
+          "--threads", "1", "--warmup-steps", "1"]
+
+
+def test_resume_warns_that_it_skips_a_torn_newest_checkpoint(tmp_path, capsys):
+    from downpour_lib.cli import main
+
+    train(algorithm="sync_ps", steps=12, checkpoint_dir=str(tmp_path), checkpoint_every=4)
+    newest, eight = checkpoint.checkpoint_path(tmp_path, 12), checkpoint.checkpoint_path(tmp_path, 8)
+    tear(newest)
+    capsys.readouterr()
+    out = tmp_path / "summary.json"
+    assert main([*RESUME, "--steps", "16", "--resume", str(tmp_path), "--summary-json", str(out)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"downpour train: warning: skipping {newest}: unreadable (")
+    assert warnings[0].endswith(f"; resuming from {eight}"), warnings[0]
+    assert read_json(out)["start_step"] == 8
+    # the resumed run wrote step 12 again, whole this time
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [4, 8, 12, 16]
+    assert checkpoint.load(newest)["step"] == 12
+
+
+def test_resume_under_mpiexec_warns_once(tmp_path):
+    first = mpiexec(2, sys.executable, "-m", "downpour_lib", *RESUME, "--steps", "8",
+                    "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "4")
+    assert first.returncode == 0, explain(first)
+    tear(checkpoint.checkpoint_path(tmp_path, 8))
+    resumed = mpiexec(2, sys.executable, "-m", "downpour_lib", *RESUME, "--steps", "12",
+                      "--resume", str(tmp_path))
+    assert resumed.returncode == 0, explain(resumed)
+    output = resumed.stdout + resumed.stderr
+    assert output.count("warning: skipping") == 1, explain(resumed)
+    assert f"resuming from {checkpoint.checkpoint_path(tmp_path, 4)}" in output
 
 
 def test_watch_stops_at_until_step_or_timeout(tmp_path):
