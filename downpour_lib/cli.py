@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -121,12 +122,14 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluator import run
 
-    checks = {"poll_s": args.poll_s > 0, "batch_size": args.batch_size >= 1, "threads": args.threads >= 1,
+    checks = {"poll_s": math.isfinite(args.poll_s) and args.poll_s > 0,
+              "batch_size": args.batch_size >= 1, "threads": args.threads >= 1,
               "until_step": args.until_step is None or args.until_step >= 1,
-              "timeout_s": args.timeout_s is None or args.timeout_s > 0}
+              "timeout_s": args.timeout_s is None or (math.isfinite(args.timeout_s)
+                                                      and args.timeout_s > 0)}
     for name, ok in checks.items():
         if not ok:
-            raise ConfigError(name, getattr(args, name), "must be a number > 0")
+            raise ConfigError(name, getattr(args, name), "must be a finite number > 0")
     if not args.watch and not os.path.isdir(args.checkpoint_dir):
         raise ConfigError("checkpoint_dir", args.checkpoint_dir,
                           "no such directory; give a run's checkpoint_dir (or --watch to wait "

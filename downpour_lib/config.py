@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 import warnings
@@ -105,19 +106,20 @@ class TrainConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(name, value, "must be a whole number >= 1")
-        if not self.lr > 0:
-            raise ConfigError("lr", self.lr, "must be a number > 0, e.g. 0.05")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("lr", self.lr, "must be a finite number > 0, e.g. 0.05")
         if not 0 <= self.momentum < 1:
             raise ConfigError("momentum", self.momentum, "must be in [0, 1), e.g. 0.9")
-        if self.weight_decay < 0:
-            raise ConfigError("weight_decay", self.weight_decay, "must be >= 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError("weight_decay", self.weight_decay,
+                              "must be a finite number >= 0, e.g. 0 or 1e-4")
         if self.steps is not None and self.epochs is not None:
             raise ConfigError("steps", self.steps,
                               f"give steps or epochs, not both (epochs={self.epochs})")
         if self.steps is not None and self.steps < 1:
             raise ConfigError("steps", self.steps, "must be a whole number >= 1")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ConfigError("epochs", self.epochs, "must be a number > 0")
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ConfigError("epochs", self.epochs, "must be a finite number > 0, e.g. 1 or 0.5")
         if self.checkpoint_every and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every", self.checkpoint_every,
                               "checkpoints need a place: give checkpoint_dir too")
@@ -128,8 +130,9 @@ class TrainConfig:
             raise ConfigError("warmup_steps", self.warmup_steps,
                               f"must be less than steps={self.steps}, or throughput has no "
                               "measured step")
-        if not self.timeout_s > 0:
-            raise ConfigError("timeout_s", self.timeout_s, "must be a number of seconds > 0")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError("timeout_s", self.timeout_s,
+                              "must be a finite number of seconds > 0, e.g. 300")
         if explicit_momentum and self.optimizer != "sgd" and self.momentum not in (0, 0.0):
             warnings.warn(f"momentum={self.momentum} has no effect with optimizer="
                           f"{self.optimizer!r}; it applies to 'sgd' only", stacklevel=3)

@@ -265,6 +265,8 @@ def test_watch_stops_at_until_step_or_timeout(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["--checkpoint-dir", "/nonexistent/run"], "checkpoint_dir='/nonexistent/run' is not valid"),
     (["--checkpoint-dir", ".", "--watch", "--poll-s", "0"], "poll_s=0.0 is not valid"),
+    (["--checkpoint-dir", ".", "--watch", "--poll-s", "inf"], "poll_s=inf is not valid: must be a finite"),
+    (["--checkpoint-dir", ".", "--watch", "--timeout-s", "nan"], "timeout_s=nan is not valid"),
     (["--checkpoint-dir", ".", "--until-step", "5"], "only apply with --watch"),
 ])
 def test_evaluate_cli_refuses_bad_input(capsys, args, expected):

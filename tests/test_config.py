@@ -29,6 +29,20 @@ from downpour_lib.errors import ConfigError
     ({"algorithm": "sync_ps", "options": {"server": "remote"}}, "server", "dedicated"),
     ({"algorithm": "ddp", "options": {"server": "dedicated"}}, "server", "bucket_cap_mb"),
     ({"algorithm": "ddp", "options": {"bucket_cap_mb": 0}}, "bucket_cap_mb", "> 0"),
+    # not finite: trains to a nan loss, or overflows when converted to steps, bytes or a timedelta
+    ({"lr": float("inf")}, "lr", "finite number > 0"),
+    ({"lr": float("nan")}, "lr", "finite number > 0"),
+    ({"momentum": float("nan")}, "momentum", "[0, 1)"),
+    ({"momentum": float("-inf")}, "momentum", "[0, 1)"),
+    ({"weight_decay": float("inf")}, "weight_decay", "finite number >= 0"),
+    ({"weight_decay": float("nan")}, "weight_decay", "finite number >= 0"),
+    ({"epochs": float("inf")}, "epochs", "finite number > 0"),
+    ({"epochs": float("nan")}, "epochs", "finite number > 0"),
+    ({"timeout_s": float("inf")}, "timeout_s", "finite number of seconds > 0"),
+    ({"timeout_s": float("nan")}, "timeout_s", "finite number of seconds > 0"),
+    ({"algorithm": "ddp", "options": {"bucket_cap_mb": float("inf")}}, "bucket_cap_mb", "finite"),
+    ({"algorithm": "allreduce", "options": {"bucket_cap_mb": float("nan")}}, "bucket_cap_mb",
+     "finite number of MB > 0"),
 ])
 def test_invalid_values_name_field_value_and_fix(changes, field, hint):
     with pytest.raises(ConfigError) as err:
@@ -69,6 +83,15 @@ def test_round_trip_through_yaml_and_json(tmp_path):
     assert TrainConfig.from_file(tmp_path / "c.yaml") == config
     # flags given on top of a file win
     assert TrainConfig.from_file(tmp_path / "c.yaml", steps="3").steps == 3
+
+
+def test_files_cannot_give_non_finite_numbers(tmp_path):
+    (tmp_path / "c.yaml").write_text("lr: .inf\n")
+    with pytest.raises(ConfigError, match=r"^lr=inf is not valid: must be a finite number > 0"):
+        TrainConfig.from_file(tmp_path / "c.yaml")
+    (tmp_path / "c.json").write_text('{"lr": 0.1, "weight_decay": NaN}')  # Python's json reads NaN
+    with pytest.raises(ConfigError, match=r"^weight_decay=nan is not valid: must be a finite"):
+        TrainConfig.from_file(tmp_path / "c.json")
 
 
 def test_bad_config_files(tmp_path):
