@@ -14,13 +14,14 @@ import dataclasses
 import math
 import os
 import sys
+import typing
 from collections.abc import Sequence
 from typing import Any
 
 from .algorithms import ALGORITHMS
 from .comm import runtime
 from .comm.launch_env import discover
-from .config import TrainConfig, field_help
+from .config import TrainConfig, coerce, field_help
 from .errors import ConfigError, DataError
 
 USAGE_ERROR = 2
@@ -59,10 +60,24 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def _option_hints() -> dict[str, Any]:
+    """Each algorithm option's type, to parse its flag's text. Algorithms that share an option name
+    share its type (they may differ in a Literal's choices, which the options check)."""
+    hints: dict[str, Any] = {}
+    for cls in ALGORITHMS.values():
+        types = typing.get_type_hints(cls.Options)
+        for f in dataclasses.fields(cls.Options):
+            hints.setdefault(f.name, types[f.name])
+    return hints
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    values = {k: v for k, v in vars(args).items()
+    """The flags' text parsed into each field's type, over the config file's typed values."""
+    hints, option_hints = typing.get_type_hints(TrainConfig), _option_hints()
+    values = {k: coerce(k, hints[k], v, text=True) for k, v in vars(args).items()
               if k in TrainConfig.__dataclass_fields__ and k != "options"}
     options = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("option:")}
+    options = {k: coerce(k, option_hints[k], v, text=True) for k, v in options.items()}
     if getattr(args, "config", None):
         return TrainConfig.from_file(args.config, **values, options=options)
     return TrainConfig.from_dict({**values, "options": options})

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
+import re
 import types
 import typing
 import warnings
@@ -146,7 +148,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
-        """Build from plain values (strings from a CLI are converted to each field's type)."""
+        """Build from typed values, a file's or Python's: a string is never read as a number
+        (``coerce``); the CLI parses its flags' text before it calls this."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         hints = typing.get_type_hints(cls)
         kwargs: dict[str, Any] = {}
@@ -158,15 +161,13 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        """Read a YAML or JSON file; ``overrides`` (e.g. from CLI flags) win over the file."""
+        """Read a YAML or JSON file; ``overrides`` (e.g. parsed CLI flags) win over the file."""
         path = Path(path)
         if not path.is_file():
             raise ConfigError("config", str(path), "no such file; give a .yaml, .yml or .json file")
         text = path.read_text()
         if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(text) or {}
+            values = read_yaml(text) or {}
         elif path.suffix == ".json":
             values = json.loads(text)
         else:
@@ -204,40 +205,79 @@ def build_options(algorithm: str, options: Any) -> AlgorithmOptions:
     return cls(**{k: coerce(k, hints[k], v) for k, v in options.items()})
 
 
-def coerce(name: str, hint: Any, value: Any) -> Any:
-    """Convert ``value`` (often a string from a flag) to the type ``hint``; explain failures."""
+#: What a field of each type must be, in words.
+KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def coerce(name: str, hint: Any, value: Any, text: bool = False) -> Any:
+    """``value`` as the type ``hint``, or a ConfigError that says what the field needs.
+
+    ``text``: the value is a string typed on a command line, parsed into the type ("none" for an
+    optional field). Otherwise the value is typed already (a file's, Python's): a string is never
+    read as a number or a bool, and only what loses nothing is converted (10.0 to 10, 1 to 1.0).
+    """
     if value is None:
         return None
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         kinds = [a for a in typing.get_args(hint) if a is not type(None)]
-        if isinstance(value, str) and value.lower() in ("none", "null", ""):
+        if text and value.lower() in ("none", "null", ""):
             return None
-        return coerce(name, kinds[0], value)
+        return coerce(name, kinds[0], value, text)
     if origin is Literal:
         choices = typing.get_args(hint)
-        return coerce(name, type(choices[0]), value) if choices else value
-    try:
-        if hint is bool:
-            if isinstance(value, str):
-                lowered = value.lower()
-                if lowered in ("true", "yes", "1", "on"):
-                    return True
-                if lowered in ("false", "no", "0", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if hint is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
+        return coerce(name, type(choices[0]), value, text) if choices else value
+    if hint not in KINDS:
+        return value
+    if text:
+        return parse(name, hint, value)
+    if hint is str:
+        return str(value)  # a number where a name is wanted is refused by the name's own check
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
         if hint is float:
             return float(value)
-        if hint is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(name, value, f"must be {hint.__name__}") from None
-    return value
+        if isinstance(value, numbers.Integral) or float(value).is_integer():
+            return int(value)
+    expected = f"must be {KINDS[hint]}"
+    if isinstance(value, str):
+        expected += ", not a string"
+        try:
+            if math.isfinite(parse(name, hint, value)):
+                expected += f": write {value} without quotes"
+        except ConfigError:
+            pass
+    raise ConfigError(name, value, expected)
+
+
+def parse(name: str, hint: type, text: str) -> Any:
+    """The value of a flag's ``text`` as ``hint`` (int, float, bool or str)."""
+    if hint is bool:
+        if text.lower() in ("true", "yes", "1", "on"):
+            return True
+        if text.lower() in ("false", "no", "0", "off"):
+            return False
+    else:
+        try:
+            return hint(text)
+        except ValueError:
+            pass
+    raise ConfigError(name, text, f"must be {KINDS[hint]}")
+
+
+def read_yaml(text: str) -> Any:
+    """YAML, with numbers such as 1e-3 read as numbers (YAML 1.2 does; PyYAML's YAML 1.1 wants
+    1.0e-3 and reads 1e-3 as a string, which a number field here refuses)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                 list("-+.0123456789"))
+    return yaml.load(text, Loader=Loader)  # a SafeLoader: plain data only
 
 
 def field_help(cls: type) -> dict[str, str]:
