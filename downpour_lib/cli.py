@@ -83,6 +83,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig.from_dict({**values, "options": options})
 
 
+def _refuse(exc: Exception, speak: bool) -> int:
+    """Exit status 2 for bad input, with its message from the ranks that ``speak``."""
+    if speak:
+        print(f"downpour train: error: {exc}", file=sys.stderr, flush=True)
+    return USAGE_ERROR
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
     from .engine import Trainer, plan_run
@@ -97,10 +104,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         splits = load_dataset(config.dataset, config.data_dir)
         plan = plan_run(config, placement.world_size, splits.train, warn)
-    except (ConfigError, DataError) as exc:
-        if placement.rank == 0:  # every rank fails alike; one message is enough
-            print(f"downpour train: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+    except (ConfigError, DataError) as exc:  # every rank fails alike; one message is enough
+        return _refuse(exc, placement.rank == 0)
+    try:
+        runtime.check_device(config.backend, config.device, placement.local_rank)
+    except ConfigError as exc:  # a node's devices: its first rank speaks for it
+        return _refuse(exc, placement.local_rank == 0)
     with runtime.abort_on_error():
         ctx = runtime.init(config.backend, config.device, config.timeout_s)
         result = Trainer(config, ctx, splits, plan).run()

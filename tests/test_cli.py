@@ -4,7 +4,7 @@ import typing
 from typing import Literal
 
 import pytest
-from conftest import downpour, explain, read_json
+from conftest import BIN, downpour, explain, mpiexec, read_json
 
 from downpour_lib.algorithms import ALGORITHMS
 from downpour_lib.cli import build_parser, config_from_args, main
@@ -65,6 +65,22 @@ def test_a_config_file_with_a_number_in_quotes_exits_2(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "run.json")]) == 2
     assert ("steps='10' is not valid: must be an integer, not a string: write 10 without quotes"
             in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("flag, expected", [
+    (["--device", "cuda"], "device='cuda' is not valid: CUDA is not available on "),
+    (["--backend", "nccl"], "backend='nccl' is not valid: nccl needs CUDA devices and CUDA is not "
+                            "available on "),
+])
+def test_no_cuda_for_cuda_or_nccl_exits_2_with_one_message(monkeypatch, ranks, flag, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no CUDA, even on a machine that has some
+    args = ["train", "--algorithm", "sync_ps", "--steps", "5", "--threads", "1", *flag]
+    proc = downpour(*args) if ranks == 1 else mpiexec(ranks, str(BIN / "downpour"), *args)
+    assert proc.returncode == 2, explain(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("downpour train: error:") == 1 and output.count(expected) == 1, explain(proc)
+    assert "Traceback" not in output, explain(proc)
 
 
 def test_unknown_flag_is_a_usage_error(capsys):
