@@ -2,11 +2,14 @@
 
 Every file is written to a temporary name, fsynced and renamed into place (``atomic_write_bytes``):
 a reader, such as ``downpour evaluate --watch``, sees the old file or the new one, never a torn one,
-even if the writer dies mid-write. A checkpoint is one file, ``ckpt-<step>.pt``, written by one rank:
-for synchronous algorithms rank 0 gathers every rank's state at the same step; for asynchronous
-ones the evaluator asks the parameter servers for theirs by message. One file per checkpoint means
-there is never a set of shard files of which some are missing (no manifest or two-phase commit),
-at the price of moving every shard to one rank, which is small next to a step's traffic.
+even if the writer dies mid-write. A killed writer's temporary file is deleted by the next save in
+its directory, unless a live writer still holds its lock on it (two runs writing one directory).
+
+A checkpoint is one file, ``ckpt-<step>.pt``, written by one rank: for synchronous algorithms
+rank 0 gathers every rank's state at the same step; for asynchronous ones the evaluator asks the
+parameter servers for theirs by message. One file per checkpoint means there is never a set of
+shard files of which some are missing (no manifest or two-phase commit), at the price of moving
+every shard to one rank, which is small next to a step's traffic.
 
 A checkpoint holds: ``step`` (steps completed), ``final``, ``config``, ``world_size``, ``model`` (the
 parameters to evaluate), and ``ranks``: each rank's optimizer, algorithm and RNG state, and its
@@ -16,6 +19,7 @@ loading works.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import random
@@ -32,6 +36,8 @@ from .errors import CheckpointError, ConfigError
 
 FORMAT = "downpour-checkpoint-1"
 NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+#: The temporary name atomic_write_bytes gives a checkpoint while writing it (mkstemp's letters).
+TEMP = re.compile(r"^\.ckpt-\d+\.pt\.[a-z0-9_]+\.tmp$")
 #: Fields a resumed run must share with the run that wrote the checkpoint.
 SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer")
 
@@ -41,12 +47,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        _try_lock(fd)  # held until the rename: tells remove_stale_temps this write is alive
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide results from other readers
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -62,6 +69,39 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def _try_lock(fd: int) -> bool:
+    """An exclusive lock on the open file ``fd`` without waiting; False if another process holds
+    one or the file system has no locks. The kernel drops it when its holder dies."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that killed checkpoint writers left in ``directory``; the
+    deleted paths. A write in progress (another process writing here) holds a lock on its file,
+    so only files nobody holds are deleted; where the file system cannot lock, none are."""
+    directory, removed = Path(directory), []
+    if not directory.is_dir():
+        return removed
+    for path in directory.iterdir():
+        if not TEMP.match(path.name):
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR)  # NFS locks a file exclusively only if open for writing
+        except OSError:  # renamed into place meanwhile, or not ours to open
+            continue
+        try:
+            if _try_lock(fd):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
 # -- files -------------------------------------------------------------------------------------
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
@@ -69,7 +109,9 @@ def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
 
 
 def save(directory: str | os.PathLike, state: dict[str, Any]) -> Path:
-    """Write ``state`` as the checkpoint of its step, atomically; its path."""
+    """Write ``state`` as the checkpoint of its step, atomically; its path. Temporary files that
+    killed writers left in ``directory`` are deleted first."""
+    remove_stale_temps(directory)
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buffer)
     path = checkpoint_path(directory, int(state["step"]))
@@ -117,13 +159,17 @@ def latest(directory: str | os.PathLike,
 
 # -- resuming ----------------------------------------------------------------------------------
 
-def resolve(resume: str) -> Path:
-    """The checkpoint ``resume`` names: a file, or the newest readable one in a directory."""
+def resolve(resume: str, report: Callable[[str], None]) -> Path:
+    """The checkpoint ``resume`` names: a file, or the newest readable one in a directory; each
+    newer one that does not load is reported, with why, and skipped."""
     path = Path(resume)
     if path.is_file():
         return path
     if path.is_dir():
-        found = latest(path)
+        skipped: list[str] = []
+        found = latest(path, skipped.append)
+        for message in skipped:
+            report(f"{message}; resuming from {found}" if found else message)
         if found is None:
             raise ConfigError("resume", resume, "the directory holds no readable checkpoint "
                                                 "(ckpt-<step>.pt); give a run's checkpoint_dir")

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
+import typing
 from collections.abc import Sequence
 from typing import Any
 
 from .algorithms import ALGORITHMS
 from .comm import runtime
 from .comm.launch_env import discover
-from .config import TrainConfig, field_help
+from .config import TrainConfig, coerce, field_help
 from .errors import ConfigError, DataError
 
 USAGE_ERROR = 2
@@ -58,13 +60,34 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def _option_hints() -> dict[str, Any]:
+    """Each algorithm option's type, to parse its flag's text. Algorithms that share an option name
+    share its type (they may differ in a Literal's choices, which the options check)."""
+    hints: dict[str, Any] = {}
+    for cls in ALGORITHMS.values():
+        types = typing.get_type_hints(cls.Options)
+        for f in dataclasses.fields(cls.Options):
+            hints.setdefault(f.name, types[f.name])
+    return hints
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    values = {k: v for k, v in vars(args).items()
+    """The flags' text parsed into each field's type, over the config file's typed values."""
+    hints, option_hints = typing.get_type_hints(TrainConfig), _option_hints()
+    values = {k: coerce(k, hints[k], v, text=True) for k, v in vars(args).items()
               if k in TrainConfig.__dataclass_fields__ and k != "options"}
     options = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("option:")}
+    options = {k: coerce(k, option_hints[k], v, text=True) for k, v in options.items()}
     if getattr(args, "config", None):
         return TrainConfig.from_file(args.config, **values, options=options)
     return TrainConfig.from_dict({**values, "options": options})
+
+
+def _refuse(exc: Exception, speak: bool) -> int:
+    """Exit status 2 for bad input, with its message from the ranks that ``speak``."""
+    if speak:
+        print(f"downpour train: error: {exc}", file=sys.stderr, flush=True)
+    return USAGE_ERROR
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -72,14 +95,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .engine import Trainer, plan_run
 
     placement = discover(os.environ)
+
+    def warn(message: str) -> None:
+        if placement.rank == 0:  # every rank sees the same; one message is enough
+            print(f"downpour train: warning: {message}", file=sys.stderr, flush=True)
+
     try:
         config = config_from_args(args)
         splits = load_dataset(config.dataset, config.data_dir)
-        plan = plan_run(config, placement.world_size, splits.train)
-    except (ConfigError, DataError) as exc:
-        if placement.rank == 0:  # every rank fails alike; one message is enough
-            print(f"downpour train: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+        plan = plan_run(config, placement.world_size, splits.train, warn)
+    except (ConfigError, DataError) as exc:  # every rank fails alike; one message is enough
+        return _refuse(exc, placement.rank == 0)
+    try:
+        runtime.check_device(config.backend, config.device, placement.local_rank)
+    except ConfigError as exc:  # a node's devices: its first rank speaks for it
+        return _refuse(exc, placement.local_rank == 0)
     with runtime.abort_on_error():
         ctx = runtime.init(config.backend, config.device, config.timeout_s)
         result = Trainer(config, ctx, splits, plan).run()
@@ -116,12 +146,14 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluator import run
 
-    checks = {"poll_s": args.poll_s > 0, "batch_size": args.batch_size >= 1, "threads": args.threads >= 1,
+    checks = {"poll_s": math.isfinite(args.poll_s) and args.poll_s > 0,
+              "batch_size": args.batch_size >= 1, "threads": args.threads >= 1,
               "until_step": args.until_step is None or args.until_step >= 1,
-              "timeout_s": args.timeout_s is None or args.timeout_s > 0}
+              "timeout_s": args.timeout_s is None or (math.isfinite(args.timeout_s)
+                                                      and args.timeout_s > 0)}
     for name, ok in checks.items():
         if not ok:
-            raise ConfigError(name, getattr(args, name), "must be a number > 0")
+            raise ConfigError(name, getattr(args, name), "must be a finite number > 0")
     if not args.watch and not os.path.isdir(args.checkpoint_dir):
         raise ConfigError("checkpoint_dir", args.checkpoint_dir,
                           "no such directory; give a run's checkpoint_dir (or --watch to wait "

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
+import re
 import types
 import typing
 import warnings
@@ -73,8 +76,9 @@ class TrainConfig:
     checkpoint_dir: str | None = _help("write checkpoints here (ckpt-<step>.pt, atomically) at the "
                                        "end of the run and every checkpoint_every steps",
                                        default=None)
-    checkpoint_every: int = _help("also checkpoint every this many steps; 0 = only at the end",
-                                  default=0)
+    checkpoint_every: int | None = _help("also checkpoint every this many steps; 0 = only at the "
+                                         "end; none = 0, or when resuming, the cadence of the run "
+                                         "it continues", default=None)
     resume: str | None = _help("continue the run whose checkpoints are in this directory (from its "
                                "latest complete checkpoint) or in this checkpoint file; "
                                "checkpoint_dir defaults to that directory", default=None)
@@ -97,36 +101,40 @@ class TrainConfig:
                               "choose one of " + ", ".join(typing.get_args(Optimizer)))
         if self.resume is not None and self.checkpoint_dir is None and not self.resume.endswith(".pt"):
             object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
+        if self.checkpoint_every is None and self.resume is None:
+            object.__setattr__(self, "checkpoint_every", 0)  # a resumed run's is read by plan_run
         check_choices(self)
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(name, value, "must be a whole number >= 1")
-        if not self.lr > 0:
-            raise ConfigError("lr", self.lr, "must be a number > 0, e.g. 0.05")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("lr", self.lr, "must be a finite number > 0, e.g. 0.05")
         if not 0 <= self.momentum < 1:
             raise ConfigError("momentum", self.momentum, "must be in [0, 1), e.g. 0.9")
-        if self.weight_decay < 0:
-            raise ConfigError("weight_decay", self.weight_decay, "must be >= 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError("weight_decay", self.weight_decay,
+                              "must be a finite number >= 0, e.g. 0 or 1e-4")
         if self.steps is not None and self.epochs is not None:
             raise ConfigError("steps", self.steps,
                               f"give steps or epochs, not both (epochs={self.epochs})")
         if self.steps is not None and self.steps < 1:
             raise ConfigError("steps", self.steps, "must be a whole number >= 1")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ConfigError("epochs", self.epochs, "must be a number > 0")
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ConfigError("epochs", self.epochs, "must be a finite number > 0, e.g. 1 or 0.5")
         if self.checkpoint_every and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every", self.checkpoint_every,
                               "checkpoints need a place: give checkpoint_dir too")
         for name in ("eval_every", "threads", "warmup_steps", "checkpoint_every"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "must be a whole number >= 0")
         if self.steps is not None and self.warmup_steps >= self.steps:
             raise ConfigError("warmup_steps", self.warmup_steps,
                               f"must be less than steps={self.steps}, or throughput has no "
                               "measured step")
-        if not self.timeout_s > 0:
-            raise ConfigError("timeout_s", self.timeout_s, "must be a number of seconds > 0")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError("timeout_s", self.timeout_s,
+                              "must be a finite number of seconds > 0, e.g. 300")
         if explicit_momentum and self.optimizer != "sgd" and self.momentum not in (0, 0.0):
             warnings.warn(f"momentum={self.momentum} has no effect with optimizer="
                           f"{self.optimizer!r}; it applies to 'sgd' only", stacklevel=3)
@@ -140,7 +148,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
-        """Build from plain values (strings from a CLI are converted to each field's type)."""
+        """Build from typed values, a file's or Python's: a string is never read as a number
+        (``coerce``); the CLI parses its flags' text before it calls this."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         hints = typing.get_type_hints(cls)
         kwargs: dict[str, Any] = {}
@@ -152,15 +161,13 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        """Read a YAML or JSON file; ``overrides`` (e.g. from CLI flags) win over the file."""
+        """Read a YAML or JSON file; ``overrides`` (e.g. parsed CLI flags) win over the file."""
         path = Path(path)
         if not path.is_file():
             raise ConfigError("config", str(path), "no such file; give a .yaml, .yml or .json file")
         text = path.read_text()
         if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(text) or {}
+            values = read_yaml(text) or {}
         elif path.suffix == ".json":
             values = json.loads(text)
         else:
@@ -198,40 +205,79 @@ def build_options(algorithm: str, options: Any) -> AlgorithmOptions:
     return cls(**{k: coerce(k, hints[k], v) for k, v in options.items()})
 
 
-def coerce(name: str, hint: Any, value: Any) -> Any:
-    """Convert ``value`` (often a string from a flag) to the type ``hint``; explain failures."""
+#: What a field of each type must be, in words.
+KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def coerce(name: str, hint: Any, value: Any, text: bool = False) -> Any:
+    """``value`` as the type ``hint``, or a ConfigError that says what the field needs.
+
+    ``text``: the value is a string typed on a command line, parsed into the type ("none" for an
+    optional field). Otherwise the value is typed already (a file's, Python's): a string is never
+    read as a number or a bool, and only what loses nothing is converted (10.0 to 10, 1 to 1.0).
+    """
     if value is None:
         return None
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         kinds = [a for a in typing.get_args(hint) if a is not type(None)]
-        if isinstance(value, str) and value.lower() in ("none", "null", ""):
+        if text and value.lower() in ("none", "null", ""):
             return None
-        return coerce(name, kinds[0], value)
+        return coerce(name, kinds[0], value, text)
     if origin is Literal:
         choices = typing.get_args(hint)
-        return coerce(name, type(choices[0]), value) if choices else value
-    try:
-        if hint is bool:
-            if isinstance(value, str):
-                lowered = value.lower()
-                if lowered in ("true", "yes", "1", "on"):
-                    return True
-                if lowered in ("false", "no", "0", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if hint is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
+        return coerce(name, type(choices[0]), value, text) if choices else value
+    if hint not in KINDS:
+        return value
+    if text:
+        return parse(name, hint, value)
+    if hint is str:
+        return str(value)  # a number where a name is wanted is refused by the name's own check
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
         if hint is float:
             return float(value)
-        if hint is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(name, value, f"must be {hint.__name__}") from None
-    return value
+        if isinstance(value, numbers.Integral) or float(value).is_integer():
+            return int(value)
+    expected = f"must be {KINDS[hint]}"
+    if isinstance(value, str):
+        expected += ", not a string"
+        try:
+            if math.isfinite(parse(name, hint, value)):
+                expected += f": write {value} without quotes"
+        except ConfigError:
+            pass
+    raise ConfigError(name, value, expected)
+
+
+def parse(name: str, hint: type, text: str) -> Any:
+    """The value of a flag's ``text`` as ``hint`` (int, float, bool or str)."""
+    if hint is bool:
+        if text.lower() in ("true", "yes", "1", "on"):
+            return True
+        if text.lower() in ("false", "no", "0", "off"):
+            return False
+    else:
+        try:
+            return hint(text)
+        except ValueError:
+            pass
+    raise ConfigError(name, text, f"must be {KINDS[hint]}")
+
+
+def read_yaml(text: str) -> Any:
+    """YAML, with numbers such as 1e-3 read as numbers (YAML 1.2 does; PyYAML's YAML 1.1 wants
+    1.0e-3 and reads 1e-3 as a string, which a number field here refuses)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                 list("-+.0123456789"))
+    return yaml.load(text, Loader=Loader)  # a SafeLoader: plain data only
 
 
 def field_help(cls: type) -> dict[str, str]:

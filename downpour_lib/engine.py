@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +52,22 @@ class RunPlan:
     total_steps: int
     start_step: int = 0  # > 0 when resuming
     resume_path: str | None = None  # the checkpoint a resumed run starts from
+    checkpoint_every: int = 0  # config.checkpoint_every, or the resumed run's when that is None
 
 
-def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPlan:
-    """Everything about the run's shape that can be wrong, checked without talking to anyone."""
+def warn(message: str) -> None:
+    """Print a warning on stderr: what plan_run reports unless told otherwise."""
+    print(f"downpour: warning: {message}", file=sys.stderr, flush=True)
+
+
+def quiet(message: str) -> None:
+    """Report nothing: for the ranks other than the one that reports."""
+
+
+def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
+             report: Callable[[str], None] = warn) -> RunPlan:
+    """Everything about the run's shape that can be wrong, checked without talking to anyone.
+    ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load."""
     algorithm = ALGORITHMS[config.algorithm]
     algorithm.check_world(config.options, world_size)
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
@@ -69,14 +82,17 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource) -> RunPla
                           f"({spe} steps per epoch), or throughput has no measured step")
     algorithm.check_plan(config.options, world_size, model, total)
     if config.resume is None:
-        return RunPlan(roles, spe, total)
-    path = checkpoint.resolve(config.resume)
+        return RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every)
+    path = checkpoint.resolve(config.resume, report)
     try:
         state = checkpoint.load(path, mmap=True)
     except CheckpointError as exc:
         raise ConfigError("resume", config.resume, f"{exc}; give another checkpoint") from None
     start = checkpoint.check_resume(state, path, config.to_dict(), world_size, total)
-    return RunPlan(roles, spe, total, start, str(path))
+    every = config.checkpoint_every
+    if every is None:  # not given: keep the cadence of the run this one continues
+        every = (state["config"].get("checkpoint_every") or 0) if config.checkpoint_dir else 0
+    return RunPlan(roles, spe, total, start, str(path), every)
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -119,9 +135,16 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, ctx: DistContext, splits: Splits | None = None,
                  plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = ()) -> None:
-        self.config, self.ctx, self.callbacks = config, ctx, list(callbacks)
+        self.ctx, self.callbacks = ctx, list(callbacks)
         self.splits = splits or load_dataset(config.dataset, config.data_dir)
-        self.plan = plan or plan_run(config, ctx.world_size, self.splits.train)
+        self.plan = plan or plan_run(config, ctx.world_size, self.splits.train,
+                                     warn if ctx.rank == 0 else quiet)
+        if config.checkpoint_every != self.plan.checkpoint_every:
+            # record the cadence this run keeps (a resumed run's), so its checkpoints pass it on
+            with warnings.catch_warnings():  # its warnings were given when it was built
+                warnings.simplefilter("ignore")
+                config = dataclasses.replace(config, checkpoint_every=self.plan.checkpoint_every)
+        self.config = config
         torch.set_num_threads(config.threads or default_threads(ctx))
         self.meter = Meter(ctx.device)
         self.comm = Comm(ctx, self.meter)

@@ -4,12 +4,13 @@ equal to not stopping, refusals that say why, and the evaluator skipping bad fil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from conftest import ROOT, launch_env
+from conftest import ROOT, explain, launch_env, mpiexec, read_json
 
 from downpour_lib import TrainConfig, Trainer, checkpoint, plan_run
 from downpour_lib.comm.runtime import DistContext
@@ -51,6 +52,44 @@ def test_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path, algorithm, 
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+class Stop(Exception):
+    pass
+
+
+def stop_at(step):
+    def callback(record):
+        if record.step == step:
+            raise Stop(step)
+    return callback
+
+
+def test_resumed_run_keeps_the_checkpoint_cadence(tmp_path):
+    from downpour_lib.cli import main
+
+    config = TrainConfig(**FAST, algorithm="local", steps=20, checkpoint_dir=str(tmp_path),
+                         checkpoint_every=5)
+    with pytest.raises(Stop):  # the run dies in its 11th step, after its checkpoint at 10
+        Trainer(config, DistContext.single(), callbacks=[stop_at(10)]).run()
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [5, 10]
+    # resumed as the README shows it, without repeating --checkpoint-every
+    assert main(["train", "--algorithm", "local", "--model", "mlp", "--dataset", "digits",
+                 "--seed", "2", "--threads", "1", "--warmup-steps", "1", "--steps", "20",
+                 "--resume", str(tmp_path)]) == 0
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [5, 10, 15, 20]
+    # its checkpoints pass the cadence on to the next resume
+    assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 15))["config"]["checkpoint_every"] == 5
+    # a cadence given to the resumed run wins, 0 included
+    ten = str(checkpoint.checkpoint_path(tmp_path, 10))
+    for every, expected in ((None, [15, 20]), (4, [12, 16, 20]), (0, [20])):
+        out = tmp_path / f"every-{every}"
+        train(algorithm="local", steps=20, resume=ten, checkpoint_dir=str(out),
+              checkpoint_every=every)
+        assert [s for s, _ in checkpoint.scan(out)] == expected, every
+    # a resumed run that writes no checkpoints has no cadence to keep
+    trainer, _ = train(algorithm="local", steps=20, resume=ten)
+    assert trainer.config.checkpoint_every == 0
+
+
 def test_checkpoint_contents_load_with_weights_only(tmp_path):
     trainer, result = train(algorithm="local", steps=6, checkpoint_dir=str(tmp_path))
     path = checkpoint.checkpoint_path(tmp_path, 6)
@@ -84,18 +123,28 @@ def test_resume_refuses_another_run_or_world(tmp_path):
         TrainConfig(checkpoint_every=5)
 
 
-def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+@contextmanager
+def stalled_writer(directory):
+    """A real run whose checkpoint at step 10 stops halfway through its write; yields the process
+    and its STALLED line (temporary file, full size). Killed on leaving, if it still runs."""
     script = Path(__file__).parent / "scripts" / "stalled_writer.py"
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), str(directory)], stdout=subprocess.PIPE,
                             text=True, env=launch_env(), cwd=ROOT)
     try:
         line = proc.stdout.readline()  # blocks until the second write is half done
         assert line.startswith("STALLED"), line
-        proc.send_signal(signal.SIGKILL)  # a real kill, in the middle of the write
-        proc.wait(timeout=30)
+        yield proc, line
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    with stalled_writer(tmp_path) as (proc, line):
+        proc.send_signal(signal.SIGKILL)  # a real kill, in the middle of the write
+        proc.wait(timeout=30)
     _, temp, full_size = line.split()
     temp = Path(temp)
     # the half-written bytes are there, under a temporary name no reader looks at
@@ -109,6 +158,32 @@ def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
     plan = plan_run(TrainConfig(algorithm="local", model="mlp", steps=10, warmup_steps=1,
                                 resume=str(tmp_path)), 1, digits)
     assert plan.start_step == 5
+
+
+def test_next_save_removes_only_a_killed_writers_temporary_file(tmp_path):
+    with stalled_writer(tmp_path) as (proc, line):
+        temp = Path(line.split()[1])
+        # the writer is alive, in the middle of its write: a save beside it leaves its file alone
+        five = checkpoint.checkpoint_path(tmp_path, 5)
+        checkpoint.save(tmp_path, checkpoint.load(five))
+        assert temp.exists() and checkpoint.load(five)["step"] == 5
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    # other writers' temporary files and names that only look like ours are not ours to delete
+    others = [tmp_path / ".evals.csv.k2j4x9_q.tmp", tmp_path / ".steps.csv.abc12345.tmp",
+              tmp_path / "ckpt-00000010.pt.abc12345.tmp", tmp_path / ".ckpt-00000010.pt.tmp",
+              tmp_path / "notes.tmp"]
+    for other in others:
+        other.write_bytes(b"x")
+    assert temp.exists()  # the dead writer's file stays until the next save...
+    trainer = Trainer(TrainConfig(algorithm="local", model="mlp", steps=10, warmup_steps=1,
+                                  threads=1, resume=str(tmp_path)), DistContext.single())
+    assert trainer.start_step == 5
+    trainer.run()
+    assert not temp.exists()  # ...which deletes it
+    assert all(other.exists() for other in others)
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [5, 10]
+    assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 10))["final"]
 
 
 def test_torn_and_foreign_files_are_reported_and_skipped(tmp_path):
@@ -135,6 +210,48 @@ def test_torn_and_foreign_files_are_reported_and_skipped(tmp_path):
     assert checkpoint.latest(tmp_path) == checkpoint.checkpoint_path(tmp_path, 12)
 
 
+def tear(path):
+    """Cut ``path`` in half, as a disk that filled up or a copy that stopped would."""
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+
+
+RESUME = ["train", "--algorithm", "sync_ps", "--model", "mlp", "--dataset", "digits", "--seed", "2",
+          "--threads", "1", "--warmup-steps", "1"]
+
+
+def test_resume_warns_that_it_skips_a_torn_newest_checkpoint(tmp_path, capsys):
+    from downpour_lib.cli import main
+
+    train(algorithm="sync_ps", steps=12, checkpoint_dir=str(tmp_path), checkpoint_every=4)
+    newest, eight = checkpoint.checkpoint_path(tmp_path, 12), checkpoint.checkpoint_path(tmp_path, 8)
+    tear(newest)
+    capsys.readouterr()
+    out = tmp_path / "summary.json"
+    assert main([*RESUME, "--steps", "16", "--resume", str(tmp_path), "--summary-json", str(out)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"downpour train: warning: skipping {newest}: unreadable (")
+    assert warnings[0].endswith(f"; resuming from {eight}"), warnings[0]
+    assert read_json(out)["start_step"] == 8
+    # the resumed run wrote step 12 again, whole this time
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [4, 8, 12, 16]
+    assert checkpoint.load(newest)["step"] == 12
+
+
+def test_resume_under_mpiexec_warns_once(tmp_path):
+    first = mpiexec(2, sys.executable, "-m", "downpour_lib", *RESUME, "--steps", "8",
+                    "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "4")
+    assert first.returncode == 0, explain(first)
+    tear(checkpoint.checkpoint_path(tmp_path, 8))
+    resumed = mpiexec(2, sys.executable, "-m", "downpour_lib", *RESUME, "--steps", "12",
+                      "--resume", str(tmp_path))
+    assert resumed.returncode == 0, explain(resumed)
+    output = resumed.stdout + resumed.stderr
+    assert output.count("warning: skipping") == 1, explain(resumed)
+    assert f"resuming from {checkpoint.checkpoint_path(tmp_path, 4)}" in output
+
+
 def test_watch_stops_at_until_step_or_timeout(tmp_path):
     empty = Evaluator(tmp_path / "nothing-yet", tmp_path / "e.csv", log=print, report=print)
     assert empty.watch(poll_s=0.01, timeout_s=0.2) == "timeout"
@@ -148,6 +265,8 @@ def test_watch_stops_at_until_step_or_timeout(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["--checkpoint-dir", "/nonexistent/run"], "checkpoint_dir='/nonexistent/run' is not valid"),
     (["--checkpoint-dir", ".", "--watch", "--poll-s", "0"], "poll_s=0.0 is not valid"),
+    (["--checkpoint-dir", ".", "--watch", "--poll-s", "inf"], "poll_s=inf is not valid: must be a finite"),
+    (["--checkpoint-dir", ".", "--watch", "--timeout-s", "nan"], "timeout_s=nan is not valid"),
     (["--checkpoint-dir", ".", "--until-step", "5"], "only apply with --watch"),
 ])
 def test_evaluate_cli_refuses_bad_input(capsys, args, expected):

@@ -1,10 +1,13 @@
 """The command line: bad input exits 2 naming field, value and fix; good input trains."""
 
+import typing
+from typing import Literal
+
 import pytest
-from conftest import downpour, explain, read_json
+from conftest import BIN, downpour, explain, mpiexec, read_json
 
 from downpour_lib.algorithms import ALGORITHMS
-from downpour_lib.cli import main
+from downpour_lib.cli import build_parser, config_from_args, main
 
 ALGORITHM_NAMES = ", ".join(sorted(ALGORITHMS))  # every registered one, as the error lists them
 
@@ -13,6 +16,10 @@ ALGORITHM_NAMES = ", ".join(sorted(ALGORITHMS))  # every registered one, as the 
     (["--algorithm", "nope"], f"algorithm='nope' is not valid: choose one of {ALGORITHM_NAMES}"),
     (["--batch-size", "0"], "batch_size=0"),
     (["--lr", "-1"], "lr=-1.0"),
+    (["--lr", "inf"], "lr=inf is not valid: must be a finite number > 0"),
+    (["--lr", "nan"], "lr=nan is not valid: must be a finite number > 0"),
+    (["--weight-decay", "inf"], "weight_decay=inf is not valid: must be a finite number >= 0"),
+    (["--algorithm", "allreduce", "--bucket-cap-mb", "inf"], "bucket_cap_mb=inf is not valid"),
     (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both"),
     (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8"),
     (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks"),
@@ -23,6 +30,57 @@ ALGORITHM_NAMES = ", ".join(sorted(ALGORITHMS))  # every registered one, as the 
 def test_bad_input_exits_2_with_a_useful_message(capsys, args, expected):
     assert main(["train", *args]) == 2
     assert expected in capsys.readouterr().err
+
+
+def test_flags_text_is_parsed_into_each_fields_type(tmp_path):
+    args = build_parser().parse_args(
+        ["train", "--algorithm", "sync_ps", "--batch-size", "64", "--lr", "0.1", "--steps", "7",
+         "--epochs", "none", "--momentum", "0", "--servers", "1", "--server", "colocated"])
+    config = config_from_args(args)
+    assert (config.batch_size, config.lr, config.steps, config.epochs) == (64, 0.1, 7, None)
+    assert (config.momentum, config.options.servers, config.options.server) == (0.0, 1, "colocated")
+    # and win over a config file's values
+    (tmp_path / "run.json").write_text('{"algorithm": "sync_ps", "steps": 50, "lr": 0.5}')
+    config = config_from_args(build_parser().parse_args(
+        ["train", "--config", str(tmp_path / "run.json"), "--steps", "3"]))
+    assert (config.steps, config.lr) == (3, 0.5)
+    study = build_parser().parse_args(["study", "--steps", "7", "--batch-size", "16"])
+    assert (study.steps, study.batch_size) == (7, 16)
+
+
+def test_options_that_share_a_name_share_a_type():
+    from dataclasses import fields
+
+    kinds = {}
+    for cls in ALGORITHMS.values():
+        hints = typing.get_type_hints(cls.Options)
+        for f in fields(cls.Options):
+            hint = hints[f.name]
+            kind = type(typing.get_args(hint)[0]) if typing.get_origin(hint) is Literal else hint
+            assert kinds.setdefault(f.name, kind) is kind, (cls.name, f.name)
+
+
+def test_a_config_file_with_a_number_in_quotes_exits_2(tmp_path, capsys):
+    (tmp_path / "run.json").write_text('{"algorithm": "local", "steps": "10"}')
+    assert main(["train", "--config", str(tmp_path / "run.json")]) == 2
+    assert ("steps='10' is not valid: must be an integer, not a string: write 10 without quotes"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("flag, expected", [
+    (["--device", "cuda"], "device='cuda' is not valid: CUDA is not available on "),
+    (["--backend", "nccl"], "backend='nccl' is not valid: nccl needs CUDA devices and CUDA is not "
+                            "available on "),
+])
+def test_no_cuda_for_cuda_or_nccl_exits_2_with_one_message(monkeypatch, ranks, flag, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no CUDA, even on a machine that has some
+    args = ["train", "--algorithm", "sync_ps", "--steps", "5", "--threads", "1", *flag]
+    proc = downpour(*args) if ranks == 1 else mpiexec(ranks, str(BIN / "downpour"), *args)
+    assert proc.returncode == 2, explain(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("downpour train: error:") == 1 and output.count(expected) == 1, explain(proc)
+    assert "Traceback" not in output, explain(proc)
 
 
 def test_unknown_flag_is_a_usage_error(capsys):

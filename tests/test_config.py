@@ -29,6 +29,20 @@ from downpour_lib.errors import ConfigError
     ({"algorithm": "sync_ps", "options": {"server": "remote"}}, "server", "dedicated"),
     ({"algorithm": "ddp", "options": {"server": "dedicated"}}, "server", "bucket_cap_mb"),
     ({"algorithm": "ddp", "options": {"bucket_cap_mb": 0}}, "bucket_cap_mb", "> 0"),
+    # not finite: trains to a nan loss, or overflows when converted to steps, bytes or a timedelta
+    ({"lr": float("inf")}, "lr", "finite number > 0"),
+    ({"lr": float("nan")}, "lr", "finite number > 0"),
+    ({"momentum": float("nan")}, "momentum", "[0, 1)"),
+    ({"momentum": float("-inf")}, "momentum", "[0, 1)"),
+    ({"weight_decay": float("inf")}, "weight_decay", "finite number >= 0"),
+    ({"weight_decay": float("nan")}, "weight_decay", "finite number >= 0"),
+    ({"epochs": float("inf")}, "epochs", "finite number > 0"),
+    ({"epochs": float("nan")}, "epochs", "finite number > 0"),
+    ({"timeout_s": float("inf")}, "timeout_s", "finite number of seconds > 0"),
+    ({"timeout_s": float("nan")}, "timeout_s", "finite number of seconds > 0"),
+    ({"algorithm": "ddp", "options": {"bucket_cap_mb": float("inf")}}, "bucket_cap_mb", "finite"),
+    ({"algorithm": "allreduce", "options": {"bucket_cap_mb": float("nan")}}, "bucket_cap_mb",
+     "finite number of MB > 0"),
 ])
 def test_invalid_values_name_field_value_and_fix(changes, field, hint):
     with pytest.raises(ConfigError) as err:
@@ -45,19 +59,46 @@ def test_defaults_are_valid_and_frozen():
     assert config.options.server == "auto"
 
 
-def test_from_dict_coerces_cli_strings():
-    config = TrainConfig.from_dict({"algorithm": "sync_ps", "batch_size": "64", "lr": "0.1",
-                                    "steps": "7", "epochs": "none",
-                                    "options": {"server": "colocated"}})
-    assert (config.batch_size, config.lr, config.steps, config.epochs) == (64, 0.1, 7, None)
-    assert config.options.server == "colocated"
+def test_from_dict_converts_only_what_loses_nothing():
+    config = TrainConfig.from_dict({"algorithm": "sync_ps", "batch_size": 64.0, "lr": 1,
+                                    "steps": 7, "epochs": None, "options": {"servers": 1.0}})
+    assert (config.batch_size, config.lr, config.steps, config.epochs) == (64, 1.0, 7, None)
+    assert type(config.batch_size) is int and type(config.lr) is float
+    assert config.options.servers == 1 and type(config.options.servers) is int
 
 
 def test_from_dict_rejects_unknown_fields_and_bad_types():
     with pytest.raises(ConfigError, match="choose one of .*batch_size"):
         TrainConfig.from_dict({"batchsize": 3})
-    with pytest.raises(ConfigError, match="batch_size='many'.*must be int"):
+    with pytest.raises(ConfigError, match="batch_size='many'.*must be an integer, not a string$"):
         TrainConfig.from_dict({"batch_size": "many"})
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"steps": "10"}, "steps='10' is not valid: must be an integer, not a string: write 10 without "
+                      "quotes"),
+    ({"steps": 10.5}, "steps=10.5 is not valid: must be an integer"),
+    ({"steps": True}, "steps=True is not valid: must be an integer"),
+    ({"lr": "0.1"}, "lr='0.1' is not valid: must be a number, not a string: write 0.1 without quotes"),
+    ({"lr": "inf"}, "lr='inf' is not valid: must be a number, not a string"),
+    ({"epochs": "none"}, "epochs='none' is not valid: must be a number, not a string"),
+    ({"algorithm": "sync_ps", "options": {"servers": "2"}},
+     "servers='2' is not valid: must be an integer, not a string: write 2 without quotes"),
+])
+def test_config_files_give_numbers_not_strings(tmp_path, values, message):
+    (tmp_path / "c.json").write_text(json.dumps(values))
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_file(tmp_path / "c.json")
+    assert str(err.value) == message
+
+
+def test_yaml_reads_exponents_as_numbers(tmp_path):
+    (tmp_path / "c.yaml").write_text("lr: 1e-3\nweight_decay: 5E-4\nsteps: 1e2\n")
+    config = TrainConfig.from_file(tmp_path / "c.yaml")  # PyYAML alone reads 1e-3 as a string
+    assert (config.lr, config.weight_decay, config.steps) == (0.001, 0.0005, 100)
+    (tmp_path / "d.yaml").write_text("steps: '10'\n")
+    with pytest.raises(ConfigError, match="steps='10' is not valid: must be an integer, not a str"):
+        TrainConfig.from_file(tmp_path / "d.yaml")
 
 
 def test_round_trip_through_yaml_and_json(tmp_path):
@@ -68,7 +109,16 @@ def test_round_trip_through_yaml_and_json(tmp_path):
                                      "options: {server: dedicated}\n")
     assert TrainConfig.from_file(tmp_path / "c.yaml") == config
     # flags given on top of a file win
-    assert TrainConfig.from_file(tmp_path / "c.yaml", steps="3").steps == 3
+    assert TrainConfig.from_file(tmp_path / "c.yaml", steps=3).steps == 3
+
+
+def test_files_cannot_give_non_finite_numbers(tmp_path):
+    (tmp_path / "c.yaml").write_text("lr: .inf\n")
+    with pytest.raises(ConfigError, match=r"^lr=inf is not valid: must be a finite number > 0"):
+        TrainConfig.from_file(tmp_path / "c.yaml")
+    (tmp_path / "c.json").write_text('{"lr": 0.1, "weight_decay": NaN}')  # Python's json reads NaN
+    with pytest.raises(ConfigError, match=r"^weight_decay=nan is not valid: must be a finite"):
+        TrainConfig.from_file(tmp_path / "c.json")
 
 
 def test_bad_config_files(tmp_path):

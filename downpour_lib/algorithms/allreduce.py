@@ -16,6 +16,7 @@ installed at all. Buffers (batch-norm statistics) stay per rank, as in Horovod.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,8 +50,9 @@ class AllReduceOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.bucket_cap_mb > 0:
-            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb, "must be a number of MB > 0")
+        if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
+            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb,
+                              "must be a finite number of MB > 0, e.g. 25")
         if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
             raise ConfigError("accumulation_steps", self.accumulation_steps,
                               "must be a whole number >= 1 (1 = no accumulation)")

@@ -6,6 +6,7 @@ counts only the part of it that backward did not hide (see ``comm.ddp``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -22,8 +23,9 @@ class DDPOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.bucket_cap_mb > 0:
-            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb, "must be a number of MB > 0")
+        if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
+            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb,
+                              "must be a finite number of MB > 0, e.g. 25")
 
 
 class DDP(Algorithm):

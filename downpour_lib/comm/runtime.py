@@ -85,8 +85,21 @@ def pick_device(choice: DeviceChoice, local_rank: int) -> torch.device:
         # More ranks than GPUs on a node share them round-robin rather than failing.
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     if choice == "cuda":
-        raise ConfigError("device", choice, "CUDA is not available here; use device 'cpu' or 'auto'")
+        raise ConfigError("device", choice, f"CUDA is not available on {socket.gethostname()}; "
+                                            "use device 'cpu' or 'auto'")
     return torch.device("cpu")
+
+
+def check_device(backend: Backend, device: DeviceChoice, local_rank: int) -> None:
+    """Refuse a device or a backend that this machine cannot give (device 'cuda' or backend
+    'nccl' without CUDA) before init, where it would fail on every rank with a traceback. At any
+    world size: a launch that cannot run on N ranks should not seem to work on one."""
+    dev = pick_device(device, local_rank)
+    if backend == "nccl" and dev.type != "cuda":
+        why = (f"device {device!r} is not CUDA" if torch.cuda.is_available()
+               else f"CUDA is not available on {socket.gethostname()}")
+        raise ConfigError("backend", backend,
+                          f"nccl needs CUDA devices and {why}; use backend 'gloo' or 'auto'")
 
 
 def pick_backend(choice: Backend, device: torch.device, mpi_world: bool = False) -> str:

@@ -30,7 +30,7 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated worker counts (default: 1,2,... up to the cores here)")
     for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):
         p.add_argument("--" + key.replace("_", "-"), dest=key, default=SCALING_BASE[key],
-                       help=f"(default: {SCALING_BASE[key]})")
+                       type=type(SCALING_BASE[key]), help=f"(default: {SCALING_BASE[key]})")
     p.add_argument("--repeats", type=int, default=1, help="runs per point (default: 1)")
     p.add_argument("--csv", default="results/scaling/runs.csv", help="the study's tidy CSV")
     p.add_argument("--figures", default="results/figures", help="where the figures go")
