@@ -38,6 +38,9 @@ def test_rank_map_comes_from_the_engines_not_their_ids():
 def test_every_engine_is_an_mpi_rank_and_jobs_come_back_by_rank(local_cluster):
     cluster = local_cluster
     assert cluster.size == 2 and sorted(cluster.engines) == [0, 1]
+    import downpour_lib  # the engines run the code under test, not another checkout's
+
+    assert cluster.run(cluster_jobs.library_file) == {0: downpour_lib.__file__, 1: downpour_lib.__file__}
     for engine_id, rank in cluster.ranks.items():  # ask each engine directly
         assert cluster.client[engine_id].apply_sync(remote.whoami)["rank"] == rank
     hello = cluster.hello()
