@@ -11,11 +11,13 @@ import threading
 
 import cluster_jobs
 import pandas as pd
+import psutil
 import pytest
 from conftest import BIN, explain, mpiexec, read_json
 
 from downpour_lib import TrainConfig
 from downpour_lib.cluster import ClusterError, ClusterRunError, ClusterTimeout, remote
+from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
 from downpour_lib.study.sweep import StudySpec, run_study
@@ -180,3 +182,24 @@ def test_connect_without_a_running_cluster_says_how_to_start_one():
 
         connect("local-mpi", cluster_id="nonexistent")
 
+
+
+def test_stop_returns_once_every_process_of_the_cluster_is_gone():
+    """Each engine has a nanny child (its own session) that, left alone, outlives the engine by
+    15-20 s; stop() must not return before the engines, their nannies and mpiexec are gone."""
+    from downpour_lib.cluster import start_cluster
+
+    # a profile of its own, so that this test does not need the module's cluster stopped
+    install_profile("reap-test", BUNDLED / "profile_local-mpi")
+    cluster = start_cluster("reap-test", n=2, activate=False, timeout_s=300)
+    try:
+        engines = [psutil.Process(e["pid"]) for e in cluster.engines.values()]
+        nannies = [c for e in engines for c in e.children(recursive=True)]
+        assert len(nannies) == 2 and all("ipyparallel.engine.nanny" in " ".join(n.cmdline())
+                                         for n in nannies), nannies
+        mpiexecs = {e.parent() for e in engines}
+        assert len(mpiexecs) == 1, mpiexecs  # one mpiexec (prterun) started both engines
+    finally:
+        cluster.stop()
+    left = [(p.pid, " ".join(p.cmdline())) for p in [*engines, *nannies, *mpiexecs] if alive(p.pid)]
+    assert not left, f"still running after stop(): {left}"

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -132,6 +134,25 @@ def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]
             for eid, me in sorted(seen.items(), key=lambda item: item[1]["rank"])}
 
 
+def _wait_gone(processes, timeout_s: float) -> list:
+    """Wait up to ``timeout_s`` for the psutil ``processes`` to exit; returns those still alive. A
+    zombie counts as gone (an orphan's zombie waits for a PID 1 that may never reap it)."""
+    import psutil
+
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in processes if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if alive(p)]
+    return left
+
+
 class ClusterSession:
     """A connected ipyparallel cluster whose engines form one MPI world (see the module docstring)."""
 
@@ -142,6 +163,9 @@ class ClusterSession:
         self.size = 0
         self.engines: dict[int, dict[str, Any]] = {}  # rank -> {engine_id, host, pid}
         self._view = None
+        # pid -> psutil.Process: this machine's processes of a cluster we started (controller,
+        # mpiexec, engines, their nannies), all of which stop() waits for
+        self._processes: dict[int, Any] = {}
 
     # -- the engines -----------------------------------------------------------------------------
 
@@ -152,6 +176,29 @@ class ClusterSession:
     def _map_ranks(self, seen: dict[int, dict[str, Any]]) -> None:
         self.engines = rank_map(seen)
         self.size = len(seen)
+        if self.owned:
+            self._record_processes()
+
+    def _record_processes(self) -> None:
+        """Remember the cluster's processes on this machine: the launchers' (controller, mpiexec)
+        and the engines', each with its descendants. Each engine has a nanny child in a session of
+        its own, which outlives the engine by 15-20 s unless stop() ends it."""
+        import psutil
+
+        launchers = [self.cluster.controller, *self.cluster.engines.values()]
+        pids = [launcher.process.pid for launcher in launchers
+                if isinstance(getattr(launcher, "process", None), psutil.Process)]
+        here = socket.gethostname()
+        pids += [e["pid"] for e in self.engines.values() if e["host"] == here]
+        for pid in pids:
+            try:
+                process = psutil.Process(pid)
+                family = [process, *process.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for p in family:
+                if p.pid != os.getpid():
+                    self._processes.setdefault(p.pid, p)
 
     @property
     def ranks(self) -> dict[int, int]:
@@ -295,8 +342,10 @@ class ClusterSession:
             self._view = None
             self.activate()
 
-    def stop(self) -> None:
-        """Stop the cluster if this session started it; otherwise just disconnect."""
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stop the cluster if this session started it; otherwise just disconnect. Returns once
+        every process of the cluster on this machine (controller, mpiexec, engines and their
+        nannies) has exited: those still there ``grace_s`` after the stop get SIGTERM, then SIGKILL."""
         try:
             self.client.close()
         finally:
@@ -310,6 +359,23 @@ class ClusterSession:
                     self.cluster.stop_cluster_sync()
                 finally:
                     log.setLevel(level)
+                    self._reap(grace_s)
+
+    def _reap(self, grace_s: float) -> None:
+        import psutil
+
+        alive = _wait_gone(self._processes.values(), grace_s)
+        for signal_them in ("terminate", "kill"):
+            for process in alive:
+                try:
+                    getattr(process, signal_them)()
+                except psutil.NoSuchProcess:
+                    pass
+            alive = _wait_gone(alive, 3.0)
+        self._processes = {p.pid: p for p in alive}
+        if alive:
+            logging.getLogger(__name__).warning("cluster processes %s survived SIGKILL",
+                                                sorted(p.pid for p in alive))
 
     def __enter__(self) -> ClusterSession:
         return self
