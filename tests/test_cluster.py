@@ -7,16 +7,27 @@ or an interrupt leaves fresh engines behind.
 
 import os
 import signal
+import subprocess
 import threading
+import time
 
 import cluster_jobs
 import pandas as pd
 import psutil
 import pytest
-from conftest import BIN, explain, mpiexec, read_json
+from conftest import BIN, explain, launch_env, mpiexec, read_json
 
 from downpour_lib import TrainConfig
-from downpour_lib.cluster import ClusterError, ClusterRunError, ClusterTimeout, remote
+from downpour_lib.cluster import (
+    ClusterError,
+    ClusterRunError,
+    ClusterTimeout,
+    connect,
+    remote,
+    running_clusters,
+    start_cluster,
+    stop_clusters,
+)
 from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
@@ -176,10 +187,49 @@ def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
     assert all(line.startswith("skip") for line in log) and len(log) == 2
 
 
+def test_start_cluster_on_a_profile_that_runs_one_refuses_and_says_how_to_use_it(local_cluster):
+    cluster_id = local_cluster.cluster.cluster_id
+    with pytest.raises(ClusterError, match="already runs 1 cluster") as caught:
+        start_cluster("local-mpi", n=3, activate=False, timeout_s=300)
+    message = str(caught.value)
+    assert f"connect('local-mpi', cluster_id={cluster_id!r})" in message, message
+    assert f"`ipcluster stop --profile=local-mpi --cluster-id={cluster_id}`" in message, message
+    assert [c.cluster_id for c in running_clusters("local-mpi")] == [cluster_id]  # no second one
+    # what the message offers works, and leaves the first session's cluster running
+    other = connect("local-mpi", cluster_id=cluster_id, activate=False)
+    try:
+        assert other.ranks == local_cluster.ranks
+    finally:
+        other.stop()
+    assert sorted(local_cluster.hello()) == [0, 1]
+
+
+def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():
+    install_profile("daemon-test", BUNDLED / "profile_local-mpi")
+    ipcluster = [str(BIN / "ipcluster")]
+    try:
+        proc = subprocess.run([*ipcluster, "start", "--profile=daemon-test", "-n", "1", "--daemonize"],
+                              env=launch_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, explain(proc)
+        deadline = time.monotonic() + 60
+        while not running_clusters("daemon-test"):
+            assert time.monotonic() < deadline, "ipcluster start --daemonize started no controller"
+            time.sleep(0.5)
+        with pytest.raises(ClusterError) as caught:
+            start_cluster("daemon-test", n=1, activate=False)
+        message = str(caught.value)
+        assert "use it with connect('daemon-test')" in message, message
+        assert "`ipcluster stop --profile=daemon-test`" in message, message
+        proc = subprocess.run([*ipcluster, "stop", "--profile=daemon-test"], env=launch_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, explain(proc)
+        assert not running_clusters("daemon-test")
+    finally:
+        stop_clusters("daemon-test")
+
+
 def test_connect_without_a_running_cluster_says_how_to_start_one():
     with pytest.raises(ClusterError, match="ipcluster start --profile=local-mpi"):
-        from downpour_lib.cluster import connect
-
         connect("local-mpi", cluster_id="nonexistent")
 
 
@@ -187,8 +237,6 @@ def test_connect_without_a_running_cluster_says_how_to_start_one():
 def test_stop_returns_once_every_process_of_the_cluster_is_gone():
     """Each engine has a nanny child (its own session) that, left alone, outlives the engine by
     15-20 s; stop() must not return before the engines, their nannies and mpiexec are gone."""
-    from downpour_lib.cluster import start_cluster
-
     # a profile of its own, so that this test does not need the module's cluster stopped
     install_profile("reap-test", BUNDLED / "profile_local-mpi")
     cluster = start_cluster("reap-test", n=2, activate=False, timeout_s=300)

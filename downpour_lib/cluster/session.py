@@ -388,15 +388,52 @@ class ClusterSession:
                 f"{self.size} engines on {sorted({e['host'] for e in self.engines.values()})}>")
 
 
+def running_clusters(profile: str, ipython: str | None = None) -> list:
+    """The ipyparallel clusters of the profile whose controller is alive (from the cluster files in
+    the profile's security directory; loading them removes the files of clusters long gone)."""
+    import ipyparallel as ipp
+
+    clusters = ipp.ClusterManager().load_clusters(profile_dirs=[str(profile_dir(profile, ipython))])
+    for cluster in clusters.values():
+        # a look, not a takeover: these copies watch the processes too, and must never rewrite
+        # the owner's cluster file when one of them stops
+        cluster.cluster_file = ""
+    return [c for c in clusters.values() if c.controller is not None and c.controller.running]
+
+
+def _already_running(profile: str, clusters: list) -> str:
+    lines = [f"profile {profile!r} already runs {len(clusters)} cluster(s); start_cluster does not "
+             "start another beside it, whose engines would compete with its engines:"]
+    for c in clusters:
+        engines = sum(es.n or 0 for es in c.engines.values())
+        pid = getattr(getattr(c.controller, "process", None), "pid", "?")
+        cid = f", cluster_id={c.cluster_id!r}" if c.cluster_id else ""
+        stop = f" --cluster-id={c.cluster_id}" if c.cluster_id else ""
+        lines.append(f"- cluster id {c.cluster_id!r} ({engines} engines, controller pid {pid}): "
+                     f"use it with connect({profile!r}{cid}), or stop it with `ipcluster stop "
+                     f"--profile={profile}{stop}` (or cluster.stop() on the session that started it)")
+    if len(clusters) > 1:
+        lines.append(f"`ipcluster stop --profile={profile} --all` stops them all")
+    return "\n".join(lines)
+
+
 def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping[str, str] = (),
                   timeout_s: float = 120.0, activate: bool = True, **cluster_kwargs) -> ClusterSession:
     """Start a controller and ``n`` engines from the profile (installing a bundled profile first
-    if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``."""
+    if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``.
+
+    One cluster per profile: if the profile already runs one (``ipcluster start``, or an earlier
+    ``start_cluster`` not yet stopped, e.g. a notebook cell run twice), this raises ``ClusterError``
+    naming it and saying how to use it (``connect(profile)``) or stop it
+    (``ipcluster stop --profile=NAME``), instead of starting a second set of engines beside it."""
     import ipyparallel as ipp
 
     if n < 1:
         raise ConfigError("n", n, "start at least 1 engine")
     ensure_profile(profile)
+    running = running_clusters(profile)
+    if running:
+        raise ClusterError(_already_running(profile, running))
     cluster_kwargs.setdefault("log_level", logging.WARNING)  # ipyparallel's INFO lines drown a notebook
     cluster = ipp.Cluster(profile=profile, n=n, engine_timeout=int(timeout_s), **cluster_kwargs)
     if engine_env:
