@@ -228,6 +228,22 @@ def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():
         stop_clusters("daemon-test")
 
 
+def test_after_an_engine_dies_the_next_run_says_to_restart_the_engines(local_cluster):
+    killed = local_cluster.engines[1]["pid"]
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 30  # the engine's nanny tells the controller at once
+    while local_cluster.engines[1]["engine_id"] in local_cluster.client.ids:
+        assert time.monotonic() < deadline, "the controller never noticed the engine died"
+        time.sleep(0.1)
+    # mpiexec takes the other rank down with it, so rank 0 may be gone too by now
+    with pytest.raises(ClusterError, match=r"rank\(s\) (0, )?1 of 2 are gone .* call "
+                                           r"cluster\.restart_engines\(\)"):
+        local_cluster.hello()
+    local_cluster.restart_engines()
+    assert killed not in {e["pid"] for e in local_cluster.engines.values()}
+    assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
+
+
 def test_connect_without_a_running_cluster_says_how_to_start_one():
     with pytest.raises(ClusterError, match="ipcluster start --profile=local-mpi"):
         connect("local-mpi", cluster_id="nonexistent")

@@ -247,6 +247,7 @@ class ClusterSession:
             what: str | None = None, **kwargs: Any) -> dict[int, Any]:
         """Call ``fn(*args, **kwargs)`` on every engine; returns ``{rank: value}``."""
         what = what or getattr(fn, "__name__", "the job")
+        self._check_engines(what)
         futures = {rank: self.client[e["engine_id"]].apply_async(fn, *args, **kwargs)
                    for rank, e in self.engines.items()}
         results: dict[int, Any] = {}
@@ -283,6 +284,17 @@ class ClusterSession:
             raise (ClusterTimeout.silent_rank(what, failures, bool(stuck))
                    or ClusterRunError(what, failures, stuck, bool(stuck)))
         return dict(sorted(results.items()))
+
+    def _check_engines(self, what: str) -> None:
+        """Raise a ClusterError if an engine of the world has gone (killed, crashed, or its node
+        lost; under mpiexec the other ranks go with it): the job could not run."""
+        registered = set(self.client.ids)
+        gone = [rank for rank, e in self.engines.items() if e["engine_id"] not in registered]
+        if gone:
+            raise ClusterError(
+                f"cannot run {what}: the engine(s) of rank(s) {', '.join(map(str, gone))} of "
+                f"{self.size} are gone (killed, crashed or their node lost); call "
+                "cluster.restart_engines() to start all the engines again, then run it again")
 
     def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
         from ipyparallel.error import RemoteError
