@@ -31,7 +31,7 @@ from downpour_lib.cluster import (
 from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
-from downpour_lib.study.sweep import StudySpec, run_study
+from downpour_lib.study.sweep import StudySpec, run_study, run_study_on_cluster
 
 TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
         "threads": 1, "eval_every": 6, "warmup_steps": 2}
@@ -202,6 +202,20 @@ def test_start_cluster_on_a_profile_that_runs_one_refuses_and_says_how_to_use_it
     finally:
         other.stop()
     assert sorted(local_cluster.hello()) == [0, 1]
+
+
+def test_a_study_on_a_profile_that_runs_a_cluster_uses_that_cluster_and_leaves_it_running(
+        local_cluster, tmp_path):
+    """What notebook 02 tells Slurm users: `ipcluster start --profile=slurm-mpi`, then the study."""
+    spec = StudySpec(algorithms=("ddp",), workers=(1,), csv=str(tmp_path / "runs.csv"),
+                     base={"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 4,
+                           "warmup_steps": 1, "eval_every": 0, "threads": 1})
+    log = []
+    runs = run_study_on_cluster(spec, profile="local-mpi", log=log.append)
+    assert log[0].startswith(f"using the running local-mpi cluster (id "
+                             f"{local_cluster.cluster.cluster_id!r})"), log
+    assert runs.world_size.tolist() == [1]
+    assert sorted(local_cluster.hello()) == [0, 1]  # not stopped by the study
 
 
 def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():
