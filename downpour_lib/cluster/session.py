@@ -1,8 +1,9 @@
 """Start or connect to a profile's ipyparallel cluster whose engines are MPI ranks, and run jobs on it.
 
 ``start_cluster(profile, n)`` starts a controller and ``n`` engines with the profile's launcher
-(``local-mpi``: mpiexec on this machine; ``slurm-mpi``: one sbatch job); ``connect(profile)`` attaches
-to a cluster that ``ipcluster start --profile=NAME`` already runs. Both return a ``ClusterSession``:
+(``local-mpi``: mpiexec on this machine; ``slurm-mpi``: one sbatch job), and refuses while the profile
+already runs a cluster; ``connect(profile)`` attaches to a cluster that ``ipcluster start
+--profile=NAME`` (or another session) already runs. Both return a ``ClusterSession``:
 
 - ``ranks`` maps engine ids to MPI ranks, asked from every engine, never assumed equal (ipyparallel
   numbers engines by registration, and a restart renumbers them);
@@ -346,7 +347,8 @@ class ClusterSession:
     # -- restart and stop ------------------------------------------------------------------------
 
     def restart_engines(self) -> None:
-        """Stop the engines (whatever they are doing) and start them again with the same launcher."""
+        """Stop the engines (whatever they are doing, or after one died) and start as many again
+        with the same launcher."""
         stale = {e["pid"] for e in self.engines.values()}
         self.cluster.restart_engines_sync()
         self.wait_for_engines(self.size, stale_pids=stale)
