@@ -11,6 +11,13 @@ from downpour_lib.cluster.remote import job_world, whoami
 from downpour_lib.comm.collectives import Comm
 
 
+def library_file() -> str:
+    """Where this engine imported downpour_lib from."""
+    import downpour_lib
+
+    return downpour_lib.__file__
+
+
 def fail_on_rank(bad_rank: int, world_size: int):
     """Every rank joins an allreduce, except ``bad_rank``, which raises instead."""
     with job_world(world_size, "gloo", "cpu", timeout_s=60) as ctx:

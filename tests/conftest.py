@@ -75,14 +75,24 @@ def private_ipython_dir(tmp_path_factory):
         os.environ["IPYTHONDIR"] = old
 
 
+def engine_pythonpath() -> str:
+    """The directory of the downpour_lib under test, tests/ (for cluster_jobs) and the caller's
+    PYTHONPATH, in that order."""
+    import downpour_lib
+
+    paths = [str(Path(downpour_lib.__file__).resolve().parents[1]), str(Path(__file__).parent)]
+    return os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
 @pytest.fixture(scope="module")
 def local_cluster():
     """A 2-engine local-mpi cluster for a test module; stopped even when a test fails. The engines
-    can import the jobs in tests/cluster_jobs.py."""
+    import the same downpour_lib as the tests (not whichever checkout the venv was installed from)
+    and the jobs in tests/cluster_jobs.py."""
     from downpour_lib.cluster import start_cluster, stop_clusters
 
     session = start_cluster("local-mpi", n=2, activate=False, timeout_s=300,
-                            engine_env={"PYTHONPATH": str(Path(__file__).parent)})
+                            engine_env={"PYTHONPATH": engine_pythonpath()})
     try:
         yield session
     finally:

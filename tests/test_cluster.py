@@ -7,18 +7,31 @@ or an interrupt leaves fresh engines behind.
 
 import os
 import signal
+import subprocess
 import threading
+import time
 
 import cluster_jobs
 import pandas as pd
+import psutil
 import pytest
-from conftest import BIN, explain, mpiexec, read_json
+from conftest import BIN, explain, launch_env, mpiexec, read_json
 
 from downpour_lib import TrainConfig
-from downpour_lib.cluster import ClusterError, ClusterRunError, ClusterTimeout, remote
+from downpour_lib.cluster import (
+    ClusterError,
+    ClusterRunError,
+    ClusterTimeout,
+    connect,
+    remote,
+    running_clusters,
+    start_cluster,
+    stop_clusters,
+)
+from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
-from downpour_lib.study.sweep import StudySpec, run_study
+from downpour_lib.study.sweep import StudySpec, run_study, run_study_on_cluster
 
 TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
         "threads": 1, "eval_every": 6, "warmup_steps": 2}
@@ -38,6 +51,9 @@ def test_rank_map_comes_from_the_engines_not_their_ids():
 def test_every_engine_is_an_mpi_rank_and_jobs_come_back_by_rank(local_cluster):
     cluster = local_cluster
     assert cluster.size == 2 and sorted(cluster.engines) == [0, 1]
+    import downpour_lib  # the engines run the code under test, not another checkout's
+
+    assert cluster.run(cluster_jobs.library_file) == {0: downpour_lib.__file__, 1: downpour_lib.__file__}
     for engine_id, rank in cluster.ranks.items():  # ask each engine directly
         assert cluster.client[engine_id].apply_sync(remote.whoami)["rank"] == rank
     hello = cluster.hello()
@@ -171,9 +187,97 @@ def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
     assert all(line.startswith("skip") for line in log) and len(log) == 2
 
 
+def test_start_cluster_on_a_profile_that_runs_one_refuses_and_says_how_to_use_it(local_cluster):
+    cluster_id = local_cluster.cluster.cluster_id
+    with pytest.raises(ClusterError, match="already runs 1 cluster") as caught:
+        start_cluster("local-mpi", n=3, activate=False, timeout_s=300)
+    message = str(caught.value)
+    assert f"connect('local-mpi', cluster_id={cluster_id!r})" in message, message
+    assert f"`ipcluster stop --profile=local-mpi --cluster-id={cluster_id}`" in message, message
+    assert [c.cluster_id for c in running_clusters("local-mpi")] == [cluster_id]  # no second one
+    # what the message offers works, and leaves the first session's cluster running
+    other = connect("local-mpi", cluster_id=cluster_id, activate=False)
+    try:
+        assert other.ranks == local_cluster.ranks
+    finally:
+        other.stop()
+    assert sorted(local_cluster.hello()) == [0, 1]
+
+
+def test_a_study_on_a_profile_that_runs_a_cluster_uses_that_cluster_and_leaves_it_running(
+        local_cluster, tmp_path):
+    """What notebook 02 tells Slurm users: `ipcluster start --profile=slurm-mpi`, then the study."""
+    spec = StudySpec(algorithms=("ddp",), workers=(1,), csv=str(tmp_path / "runs.csv"),
+                     base={"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 4,
+                           "warmup_steps": 1, "eval_every": 0, "threads": 1})
+    log = []
+    runs = run_study_on_cluster(spec, profile="local-mpi", log=log.append)
+    assert log[0].startswith(f"using the running local-mpi cluster (id "
+                             f"{local_cluster.cluster.cluster_id!r})"), log
+    assert runs.world_size.tolist() == [1]
+    assert sorted(local_cluster.hello()) == [0, 1]  # not stopped by the study
+
+
+def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():
+    install_profile("daemon-test", BUNDLED / "profile_local-mpi")
+    ipcluster = [str(BIN / "ipcluster")]
+    try:
+        proc = subprocess.run([*ipcluster, "start", "--profile=daemon-test", "-n", "1", "--daemonize"],
+                              env=launch_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, explain(proc)
+        deadline = time.monotonic() + 60
+        while not running_clusters("daemon-test"):
+            assert time.monotonic() < deadline, "ipcluster start --daemonize started no controller"
+            time.sleep(0.5)
+        with pytest.raises(ClusterError) as caught:
+            start_cluster("daemon-test", n=1, activate=False)
+        message = str(caught.value)
+        assert "use it with connect('daemon-test')" in message, message
+        assert "`ipcluster stop --profile=daemon-test`" in message, message
+        proc = subprocess.run([*ipcluster, "stop", "--profile=daemon-test"], env=launch_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, explain(proc)
+        assert not running_clusters("daemon-test")
+    finally:
+        stop_clusters("daemon-test")
+
+
+def test_after_an_engine_dies_the_next_run_says_to_restart_the_engines(local_cluster):
+    killed = local_cluster.engines[1]["pid"]
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 30  # the engine's nanny tells the controller at once
+    while local_cluster.engines[1]["engine_id"] in local_cluster.client.ids:
+        assert time.monotonic() < deadline, "the controller never noticed the engine died"
+        time.sleep(0.1)
+    # mpiexec takes the other rank down with it, so rank 0 may be gone too by now
+    with pytest.raises(ClusterError, match=r"rank\(s\) (0, )?1 of 2 are gone .* call "
+                                           r"cluster\.restart_engines\(\)"):
+        local_cluster.hello()
+    local_cluster.restart_engines()
+    assert killed not in {e["pid"] for e in local_cluster.engines.values()}
+    assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
+
+
 def test_connect_without_a_running_cluster_says_how_to_start_one():
     with pytest.raises(ClusterError, match="ipcluster start --profile=local-mpi"):
-        from downpour_lib.cluster import connect
-
         connect("local-mpi", cluster_id="nonexistent")
 
+
+
+def test_stop_returns_once_every_process_of_the_cluster_is_gone():
+    """Each engine has a nanny child (its own session) that, left alone, outlives the engine by
+    15-20 s; stop() must not return before the engines, their nannies and mpiexec are gone."""
+    # a profile of its own, so that this test does not need the module's cluster stopped
+    install_profile("reap-test", BUNDLED / "profile_local-mpi")
+    cluster = start_cluster("reap-test", n=2, activate=False, timeout_s=300)
+    try:
+        engines = [psutil.Process(e["pid"]) for e in cluster.engines.values()]
+        nannies = [c for e in engines for c in e.children(recursive=True)]
+        assert len(nannies) == 2 and all("ipyparallel.engine.nanny" in " ".join(n.cmdline())
+                                         for n in nannies), nannies
+        mpiexecs = {e.parent() for e in engines}
+        assert len(mpiexecs) == 1, mpiexecs  # one mpiexec (prterun) started both engines
+    finally:
+        cluster.stop()
+    left = [(p.pid, " ".join(p.cmdline())) for p in [*engines, *nannies, *mpiexecs] if alive(p.pid)]
+    assert not left, f"still running after stop(): {left}"

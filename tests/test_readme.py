@@ -1,9 +1,15 @@
-"""The README's loop diff stays true: both sides run, and the distributed side keeps ranks in sync."""
+"""The README stays true: its loop diff runs on both sides (and the distributed side keeps ranks in
+sync), and its commands are the ones an activated venv provides."""
 
+import os
 import re
+import subprocess
 import sys
 
-from conftest import ROOT, explain, mpiexec
+import pytest
+from conftest import BIN, ROOT, explain, mpiexec
+
+ACTIVATE = "source .venv/bin/activate"
 
 CHECKSUM = '\nprint("CHECKSUM", sum(float(p.double().sum()) for p in model.parameters()), flush=True)\n'
 
@@ -23,8 +29,6 @@ def side(lines: list[str], drop: str) -> str:
 def test_plain_side_runs_in_one_process(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(side(readme_diff(), drop="+"))
-    import subprocess
-
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "CHECKSUM" in proc.stdout, explain(proc)
 
@@ -36,3 +40,31 @@ def test_distributed_side_runs_under_mpiexec_and_keeps_ranks_identical(tmp_path)
     assert proc.returncode == 0, explain(proc)
     sums = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("CHECKSUM")]
     assert len(sums) == 2 and sums[0] == sums[1], proc.stdout
+
+
+def shell_blocks() -> list[tuple[int, str]]:
+    """(offset, text) of every plain ``` block: the README's shell commands."""
+    text = (ROOT / "README.md").read_text()
+    return [(m.start(), m.group(1)) for m in re.finditer(r"```\n(.*?)```", text, re.S)]
+
+
+def test_the_readme_says_once_to_activate_the_venv_and_then_uses_plain_commands():
+    text = (ROOT / "README.md").read_text()
+    assert text.count(ACTIVATE) == 1, f"say `{ACTIVATE}` once, near the top"
+    tools = re.compile(r"^(\S+ )*(downpour|mpiexec|ipcluster|torchrun|jupyter) ", re.M)
+    first = min(at for at, block in shell_blocks() if tools.search(block))
+    assert text.index(ACTIVATE) < first, "the venv is activated after the first command that needs it"
+    for _, block in shell_blocks():
+        wrong = [line for line in block.splitlines() if ".venv/bin/" in line and ACTIVATE not in line]
+        assert not wrong, f"with the venv active, write the plain command: {wrong}"
+
+
+def test_activating_the_venv_puts_the_readmes_tools_on_path():
+    """What `source .venv/bin/activate` promises, checked on the venv the tests run in."""
+    if not (BIN / "activate").exists():
+        pytest.skip(f"{BIN} is not a venv (no bin/activate), e.g. a conda environment")
+    clean = {"HOME": os.environ.get("HOME", "/"), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(["bash", "-c", f"source {BIN}/activate && command -v downpour mpiexec "
+                           "ipcluster python"], env=clean, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    assert proc.stdout.split() == [str(BIN / t) for t in ("downpour", "mpiexec", "ipcluster", "python")]

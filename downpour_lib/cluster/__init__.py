@@ -13,9 +13,11 @@ from .session import (
     ClusterTimeout,
     EngineFailure,
     connect,
+    running_clusters,
     start_cluster,
     stop_clusters,
 )
 
 __all__ = ["ClusterError", "ClusterRunError", "ClusterSession", "ClusterTimeout", "EngineFailure",
-           "connect", "ensure_profile", "install_profiles", "start_cluster", "stop_clusters"]
+           "connect", "ensure_profile", "install_profiles", "running_clusters", "start_cluster",
+           "stop_clusters"]

@@ -1,8 +1,9 @@
 """Start or connect to a profile's ipyparallel cluster whose engines are MPI ranks, and run jobs on it.
 
 ``start_cluster(profile, n)`` starts a controller and ``n`` engines with the profile's launcher
-(``local-mpi``: mpiexec on this machine; ``slurm-mpi``: one sbatch job); ``connect(profile)`` attaches
-to a cluster that ``ipcluster start --profile=NAME`` already runs. Both return a ``ClusterSession``:
+(``local-mpi``: mpiexec on this machine; ``slurm-mpi``: one sbatch job), and refuses while the profile
+already runs a cluster; ``connect(profile)`` attaches to a cluster that ``ipcluster start
+--profile=NAME`` (or another session) already runs. Both return a ``ClusterSession``:
 
 - ``ranks`` maps engine ids to MPI ranks, asked from every engine, never assumed equal (ipyparallel
   numbers engines by registration, and a restart renumbers them);
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -132,6 +135,25 @@ def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]
             for eid, me in sorted(seen.items(), key=lambda item: item[1]["rank"])}
 
 
+def _wait_gone(processes, timeout_s: float) -> list:
+    """Wait up to ``timeout_s`` for the psutil ``processes`` to exit; returns those still alive. A
+    zombie counts as gone (an orphan's zombie waits for a PID 1 that may never reap it)."""
+    import psutil
+
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in processes if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if alive(p)]
+    return left
+
+
 class ClusterSession:
     """A connected ipyparallel cluster whose engines form one MPI world (see the module docstring)."""
 
@@ -142,6 +164,9 @@ class ClusterSession:
         self.size = 0
         self.engines: dict[int, dict[str, Any]] = {}  # rank -> {engine_id, host, pid}
         self._view = None
+        # pid -> psutil.Process: this machine's processes of a cluster we started (controller,
+        # mpiexec, engines, their nannies), all of which stop() waits for
+        self._processes: dict[int, Any] = {}
 
     # -- the engines -----------------------------------------------------------------------------
 
@@ -152,6 +177,29 @@ class ClusterSession:
     def _map_ranks(self, seen: dict[int, dict[str, Any]]) -> None:
         self.engines = rank_map(seen)
         self.size = len(seen)
+        if self.owned:
+            self._record_processes()
+
+    def _record_processes(self) -> None:
+        """Remember the cluster's processes on this machine: the launchers' (controller, mpiexec)
+        and the engines', each with its descendants. Each engine has a nanny child in a session of
+        its own, which outlives the engine by 15-20 s unless stop() ends it."""
+        import psutil
+
+        launchers = [self.cluster.controller, *self.cluster.engines.values()]
+        pids = [launcher.process.pid for launcher in launchers
+                if isinstance(getattr(launcher, "process", None), psutil.Process)]
+        here = socket.gethostname()
+        pids += [e["pid"] for e in self.engines.values() if e["host"] == here]
+        for pid in pids:
+            try:
+                process = psutil.Process(pid)
+                family = [process, *process.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for p in family:
+                if p.pid != os.getpid():
+                    self._processes.setdefault(p.pid, p)
 
     @property
     def ranks(self) -> dict[int, int]:
@@ -200,6 +248,7 @@ class ClusterSession:
             what: str | None = None, **kwargs: Any) -> dict[int, Any]:
         """Call ``fn(*args, **kwargs)`` on every engine; returns ``{rank: value}``."""
         what = what or getattr(fn, "__name__", "the job")
+        self._check_engines(what)
         futures = {rank: self.client[e["engine_id"]].apply_async(fn, *args, **kwargs)
                    for rank, e in self.engines.items()}
         results: dict[int, Any] = {}
@@ -236,6 +285,17 @@ class ClusterSession:
             raise (ClusterTimeout.silent_rank(what, failures, bool(stuck))
                    or ClusterRunError(what, failures, stuck, bool(stuck)))
         return dict(sorted(results.items()))
+
+    def _check_engines(self, what: str) -> None:
+        """Raise a ClusterError if an engine of the world has gone (killed, crashed, or its node
+        lost; under mpiexec the other ranks go with it): the job could not run."""
+        registered = set(self.client.ids)
+        gone = [rank for rank, e in self.engines.items() if e["engine_id"] not in registered]
+        if gone:
+            raise ClusterError(
+                f"cannot run {what}: the engine(s) of rank(s) {', '.join(map(str, gone))} of "
+                f"{self.size} are gone (killed, crashed or their node lost); call "
+                "cluster.restart_engines() to start all the engines again, then run it again")
 
     def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
         from ipyparallel.error import RemoteError
@@ -287,7 +347,8 @@ class ClusterSession:
     # -- restart and stop ------------------------------------------------------------------------
 
     def restart_engines(self) -> None:
-        """Stop the engines (whatever they are doing) and start them again with the same launcher."""
+        """Stop the engines (whatever they are doing, or after one died) and start as many again
+        with the same launcher."""
         stale = {e["pid"] for e in self.engines.values()}
         self.cluster.restart_engines_sync()
         self.wait_for_engines(self.size, stale_pids=stale)
@@ -295,8 +356,10 @@ class ClusterSession:
             self._view = None
             self.activate()
 
-    def stop(self) -> None:
-        """Stop the cluster if this session started it; otherwise just disconnect."""
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stop the cluster if this session started it; otherwise just disconnect. Returns once
+        every process of the cluster on this machine (controller, mpiexec, engines and their
+        nannies) has exited: those still there ``grace_s`` after the stop get SIGTERM, then SIGKILL."""
         try:
             self.client.close()
         finally:
@@ -310,6 +373,23 @@ class ClusterSession:
                     self.cluster.stop_cluster_sync()
                 finally:
                     log.setLevel(level)
+                    self._reap(grace_s)
+
+    def _reap(self, grace_s: float) -> None:
+        import psutil
+
+        alive = _wait_gone(self._processes.values(), grace_s)
+        for signal_them in ("terminate", "kill"):
+            for process in alive:
+                try:
+                    getattr(process, signal_them)()
+                except psutil.NoSuchProcess:
+                    pass
+            alive = _wait_gone(alive, 3.0)
+        self._processes = {p.pid: p for p in alive}
+        if alive:
+            logging.getLogger(__name__).warning("cluster processes %s survived SIGKILL",
+                                                sorted(p.pid for p in alive))
 
     def __enter__(self) -> ClusterSession:
         return self
@@ -322,15 +402,52 @@ class ClusterSession:
                 f"{self.size} engines on {sorted({e['host'] for e in self.engines.values()})}>")
 
 
+def running_clusters(profile: str, ipython: str | None = None) -> list:
+    """The ipyparallel clusters of the profile whose controller is alive (from the cluster files in
+    the profile's security directory; loading them removes the files of clusters long gone)."""
+    import ipyparallel as ipp
+
+    clusters = ipp.ClusterManager().load_clusters(profile_dirs=[str(profile_dir(profile, ipython))])
+    for cluster in clusters.values():
+        # a look, not a takeover: these copies watch the processes too, and must never rewrite
+        # the owner's cluster file when one of them stops
+        cluster.cluster_file = ""
+    return [c for c in clusters.values() if c.controller is not None and c.controller.running]
+
+
+def _already_running(profile: str, clusters: list) -> str:
+    lines = [f"profile {profile!r} already runs {len(clusters)} cluster(s); start_cluster does not "
+             "start another beside it, whose engines would compete with its engines:"]
+    for c in clusters:
+        engines = sum(es.n or 0 for es in c.engines.values())
+        pid = getattr(getattr(c.controller, "process", None), "pid", "?")
+        cid = f", cluster_id={c.cluster_id!r}" if c.cluster_id else ""
+        stop = f" --cluster-id={c.cluster_id}" if c.cluster_id else ""
+        lines.append(f"- cluster id {c.cluster_id!r} ({engines} engines, controller pid {pid}): "
+                     f"use it with connect({profile!r}{cid}), or stop it with `ipcluster stop "
+                     f"--profile={profile}{stop}` (or cluster.stop() on the session that started it)")
+    if len(clusters) > 1:
+        lines.append(f"`ipcluster stop --profile={profile} --all` stops them all")
+    return "\n".join(lines)
+
+
 def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping[str, str] = (),
                   timeout_s: float = 120.0, activate: bool = True, **cluster_kwargs) -> ClusterSession:
     """Start a controller and ``n`` engines from the profile (installing a bundled profile first
-    if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``."""
+    if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``.
+
+    One cluster per profile: if the profile already runs one (``ipcluster start``, or an earlier
+    ``start_cluster`` not yet stopped, e.g. a notebook cell run twice), this raises ``ClusterError``
+    naming it and saying how to use it (``connect(profile)``) or stop it
+    (``ipcluster stop --profile=NAME``), instead of starting a second set of engines beside it."""
     import ipyparallel as ipp
 
     if n < 1:
         raise ConfigError("n", n, "start at least 1 engine")
     ensure_profile(profile)
+    running = running_clusters(profile)
+    if running:
+        raise ClusterError(_already_running(profile, running))
     cluster_kwargs.setdefault("log_level", logging.WARNING)  # ipyparallel's INFO lines drown a notebook
     cluster = ipp.Cluster(profile=profile, n=n, engine_timeout=int(timeout_s), **cluster_kwargs)
     if engine_env:

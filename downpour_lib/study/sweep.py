@@ -201,8 +201,9 @@ def run_study_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: i
                          fresh: bool = False, log: Callable[[str], None] = print) -> pd.DataFrame:
     """``run_study`` on the engines of one ipyparallel cluster of the profile, started for the runs
     still missing from the CSV and sized to the largest of them (or ``engines``); no cluster is
-    started when every run is already there."""
-    from ..cluster import start_cluster
+    started when every run is already there. If the profile already runs one cluster (``ipcluster
+    start --profile=NAME``), the runs use it and leave it running."""
+    from ..cluster import connect, running_clusters, start_cluster
 
     done = set() if fresh else done_run_ids(spec.csv)
     pending = [size for config, size, r in spec.runs() if run_id(config, size, r) not in done]
@@ -210,7 +211,14 @@ def run_study_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: i
         log(f"all {len(spec.runs())} runs are already in {spec.csv}; nothing to run "
             "(fresh=True starts over)")
         return pd.read_csv(spec.csv)
-    n = engines or max(pending)
-    log(f"starting a {profile} cluster of {n} engines for {len(pending)} run(s)")
-    with start_cluster(profile, n=n, activate=False) as cluster:
+    running = running_clusters(profile)
+    if len(running) == 1:
+        log(f"using the running {profile} cluster (id {running[0].cluster_id!r}) for "
+            f"{len(pending)} run(s)")
+        session = connect(profile, running[0].cluster_id, activate=False)
+    else:  # none (or several: start_cluster says which)
+        n = engines or max(pending)
+        log(f"starting a {profile} cluster of {n} engines for {len(pending)} run(s)")
+        session = start_cluster(profile, n=n, activate=False)
+    with session as cluster:  # stops only a cluster it started
         return run_study(spec, fresh=fresh, log=log, launch=cluster.launch)
