@@ -12,6 +12,8 @@ from downpour_lib import provenance
 from downpour_lib.config import TrainConfig
 from downpour_lib.errors import ConfigError
 from downpour_lib.study.plots import (
+    DODGE,
+    dodged,
     load_runs,
     make_figures,
     ranks_exceed_cores,
@@ -99,13 +101,29 @@ def test_runs_with_more_ranks_than_cores_are_flagged(study):
     assert (flagged == (runs.world_size > runs.cores)).all()  # one host here
     table = scaling_table(runs)
     ax = throughput_figure(runs).axes[0]
-    labels = ax.get_legend_handles_labels()[1]
-    assert ("ranks > cores (ranks shared cores)" in labels) == bool(table.ranks_exceed_cores.any())
+    handles, labels = ax.get_legend_handles_labels()
+    rings = [h for h, label in zip(handles, labels, strict=True) if label.startswith("ringed: ranks > cores")]
+    crowded = table[table.ranks_exceed_cores]
+    assert len(rings) == (1 if len(crowded) else 0)
+    if len(crowded):  # a ring around exactly the crowded points
+        worst = crowded.world_size.max()
+        assert f"{worst} ranks on {os.cpu_count()} cores" in labels[handles.index(rings[0])]
+        assert sorted(map(tuple, rings[0].get_offsets())) == sorted(
+            zip(dodged(table)[crowded.index], crowded.samples_per_s, strict=True))
     # the legend sits outside the axes, off the data
     fig = ax.figure
     fig.canvas.draw()
     legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert legend.x0 >= axes.x1
+
+
+def test_points_at_one_worker_count_are_dodged_apart(study):
+    _, _, runs, _ = study
+    ax = throughput_figure(runs).axes[0]
+    xs = [c.lines[0].get_xdata() for c in ax.containers if c.has_yerr]
+    for workers, at in zip(sorted(runs.num_workers.unique()), zip(*xs, strict=True), strict=True):
+        assert len(set(at)) == len(at)  # no error bar behind another's
+        assert all(abs(x - workers) <= DODGE / 2 + 1e-9 for x in at)  # still at its worker count
 
 
 def test_figures_from_the_csv(study, tmp_path):
@@ -177,3 +195,4 @@ def test_bad_study_specs():
         StudySpec(workers=(0,))
     with pytest.raises(ConfigError, match="repeats"):
         StudySpec(repeats=0)
+

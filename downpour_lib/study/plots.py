@@ -46,27 +46,32 @@ def load_runs(csv: str | Path) -> pd.DataFrame:
     return runs.reset_index(drop=True)
 
 
-def ranks_exceed_cores(runs: pd.DataFrame) -> pd.Series:
-    """True for a run with more ranks than its hosts have cores: its ranks shared cores, so its
-    throughput measures the oversubscription as much as the algorithm. (False where the CSV
-    predates the ``cores`` column.)"""
+def run_cores(runs: pd.DataFrame) -> pd.Series:
+    """The cores a run's ranks had: its host's cores times its hosts (a cluster's nodes are alike);
+    NaN where the CSV predates the ``cores`` column."""
     if "cores" not in runs:
-        return pd.Series(False, index=runs.index)
+        return pd.Series(float("nan"), index=runs.index)
     hosts = runs.hosts.astype(str).str.count(",") + 1 if "hosts" in runs else 1
-    return runs.world_size > runs.cores * hosts
+    return runs.cores * hosts
+
+
+def ranks_exceed_cores(runs: pd.DataFrame) -> pd.Series:
+    """True for a run with more ranks than cores: its ranks shared cores, so its throughput
+    measures the oversubscription as much as the algorithm (False where cores are unknown)."""
+    return runs.world_size > run_cores(runs)
 
 
 def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per algorithm and worker count: the mean throughput over repeats and its standard deviation
-    (NaN with one repeat), the mean step-time parts, whether the ranks exceeded the cores, and
+    (NaN with one repeat), the mean step-time parts, the cores and whether the ranks exceeded them, and
     speedup and efficiency against ideal linear scaling with their spread (the two throughputs'
     relative deviations added in quadrature)."""
     parts = {part: (part, "mean") for part in ("step_s", *TIME_PARTS) if part in runs}
-    table = (runs.assign(ranks_exceed_cores=ranks_exceed_cores(runs))
+    table = (runs.assign(cores=run_cores(runs), ranks_exceed_cores=ranks_exceed_cores(runs))
              .groupby(GROUP + ["num_workers"], as_index=False)
              .agg(samples_per_s=("samples_per_s", "mean"),
                   samples_per_s_std=("samples_per_s", "std"), runs=("samples_per_s", "size"),
-                  world_size=("world_size", "first"),
+                  world_size=("world_size", "first"), cores=("cores", "first"),
                   ranks_exceed_cores=("ranks_exceed_cores", "any"), **parts))
     table["relative_std"] = table.samples_per_s_std / table.samples_per_s
     base = table[table.num_workers == 1].set_index(GROUP)[["samples_per_s", "relative_std"]]
@@ -113,17 +118,36 @@ def _by_algorithm(table: pd.DataFrame):
         yield f"C{i}", name, part
 
 
+#: How far apart, in workers, the first and last algorithm's points sit at one worker count: at
+#: the same x their error bars would hide behind each other.
+DODGE = 0.24
+
+
+def dodged(table: pd.DataFrame) -> pd.Series:
+    """Each row's x: its worker count, shifted by its algorithm's place among the algorithms."""
+    names = sorted(table.algorithm.unique())
+    shift = {name: (i - (len(names) - 1) / 2) * DODGE / max(1, len(names) - 1)
+             for i, name in enumerate(names)}
+    return table.num_workers + table.algorithm.map(shift)
+
+
+def _crowded_label(crowded: pd.DataFrame) -> str:
+    """What a ring means, with this study's worst case, e.g. '3 ranks on 2 cores'."""
+    worst = crowded.loc[(crowded.world_size / crowded.cores).idxmax()]
+    return f"ringed: ranks > cores\n(e.g. {worst.world_size} ranks on {worst.cores:g} cores)"
+
+
 def _scaling_lines(ax, table: pd.DataFrame, column: str, reference: str | None = None) -> None:
-    """Each algorithm's mean with error bars from its repeats; ringed where ranks exceed cores;
-    the legend outside the axes, so it never covers a line."""
+    """Each algorithm's mean with error bars from its repeats (dodged sideways, so none hides
+    another); ringed where ranks exceed cores; the legend outside the axes, off the data."""
+    x = dodged(table)
     for color, name, part in _by_algorithm(table):
-        ax.errorbar(part.num_workers, part[column], yerr=part[f"{column}_std"], fmt="o-",
+        ax.errorbar(x[part.index], part[column], yerr=part[f"{column}_std"], fmt="o-",
                     color=color, capsize=3, label=name)
     crowded = table[table.ranks_exceed_cores]
     if len(crowded):
-        ax.scatter(crowded.num_workers, crowded[column], s=160, facecolors="none",
-                   edgecolors="black", linewidths=1.2, zorder=3,
-                   label="ranks > cores (ranks shared cores)")
+        ax.scatter(x[crowded.index], crowded[column], s=160, facecolors="none",
+                   edgecolors="black", linewidths=1.2, zorder=3, label=_crowded_label(crowded))
     if reference:
         ax.plot([], [], "--", color="black", alpha=0.6, label=reference)
     ax.set_xticks(sorted(table.num_workers.unique()))
