@@ -20,7 +20,14 @@ from downpour_lib.study.plots import (
     scaling_table,
     throughput_figure,
 )
-from downpour_lib.study.sweep import REFERENCE_DIR, StudySpec, run_id, run_study, study_dir
+from downpour_lib.study.sweep import (
+    REFERENCE_DIR,
+    SCALING_BASE,
+    StudySpec,
+    run_id,
+    run_study,
+    study_dir,
+)
 
 TINY = {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
         "warmup_steps": 2, "eval_every": 0, "final_eval": False, "threads": 1}
@@ -140,7 +147,13 @@ def test_the_committed_reference_names_its_machine_and_shows_a_small_spread():
         assert runs[column].notna().all(), column
     assert runs.git_sha.nunique() == 1 and runs.host.nunique() == 1
     table = scaling_table(runs)
-    assert (table.runs >= 3).all() and (runs.measured_steps >= 20).all()
+    assert (table.runs >= 3).all()
+    # measured with the study's settings as they are now
+    for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):
+        assert (runs[key] == SCALING_BASE[key]).all(), key
+    assert (runs.measured_steps == SCALING_BASE["steps"] - SCALING_BASE["warmup_steps"]).all()
+    # downpour's workers ran side by side (no warmstart), so their summed rates are a throughput
+    assert (runs[runs.algorithm == "downpour"]["options.warmstart"] == 0).all()
     # the repeats agree: the throughput's spread is a few percent of it at every point
     assert (table.samples_per_s_std / table.samples_per_s < 0.1).all(), table
     # measured on 2 cores: sync_ps and downpour add a server rank, so 3 ranks at 2 workers
@@ -196,3 +209,14 @@ def test_bad_study_specs():
     with pytest.raises(ConfigError, match="repeats"):
         StudySpec(repeats=0)
 
+
+def test_the_study_runs_downpour_without_warmstart_unless_told():
+    def options(spec):
+        return {config.algorithm: config.options for config, _, _ in spec.runs()}
+
+    assert options(StudySpec(algorithms=("downpour", "ddp"), workers=(2,)))["downpour"].warmstart == 0
+    told = StudySpec(algorithms=("downpour",), workers=(2,),
+                     options={"downpour": {"warmstart": 5, "servers": 2}})
+    assert options(told)["downpour"].warmstart == 5 and options(told)["downpour"].servers == 2
+    kept = StudySpec(algorithms=("downpour",), workers=(2,), options={"downpour": {"servers": 2}})
+    assert options(kept)["downpour"].warmstart == 0
