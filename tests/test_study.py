@@ -3,6 +3,7 @@ from the CSV; the committed reference names its machine and a study here never t
 
 import os
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -83,6 +84,21 @@ def test_a_study_here_keeps_the_reference_and_writes_its_own_directory(study):
             assert (root / "reference" / path.relative_to(REFERENCE)).read_bytes() == path.read_bytes()
     reference = pd.read_csv(root / "reference" / "runs.csv")
     assert not set(reference.run_id) & set(runs.run_id)
+
+
+def test_a_fresh_clone_measures_every_run_the_reference_holds(tmp_path):
+    """`make study` here, with the reference committed beside it: this machine's directory has no
+    CSV yet, so every run of the study is pending, although the reference holds each of
+    its points (same algorithm, ranks and repeat)."""
+    shutil.copytree(REFERENCE, tmp_path / "reference")
+    reference = pd.read_csv(tmp_path / "reference" / "runs.csv")
+    workers = tuple(sorted(reference.num_workers.unique()))  # a bigger machine adds 4, 8, ...
+    spec = StudySpec(workers=workers, csv=str(study_dir(root=tmp_path) / "runs.csv"))
+    plan = spec.plan()
+    points = ["algorithm", "world_size", "repeat"]
+    assert set(map(tuple, plan[points].values)) == set(map(tuple, reference[points].values))
+    assert not set(plan.run_id) & set(reference.run_id)
+    assert not Path(spec.csv).exists()  # nothing is done here: run_study runs all of it
 
 
 def test_error_bars_are_the_spread_of_the_repeats(study):
@@ -220,3 +236,4 @@ def test_the_study_runs_downpour_without_warmstart_unless_told():
     assert options(told)["downpour"].warmstart == 5 and options(told)["downpour"].servers == 2
     kept = StudySpec(algorithms=("downpour",), workers=(2,), options={"downpour": {"servers": 2}})
     assert options(kept)["downpour"].warmstart == 0
+
