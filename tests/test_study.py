@@ -27,6 +27,7 @@ from downpour_lib.study.sweep import (
     StudySpec,
     run_id,
     run_study,
+    run_study_on_cluster,
     study_dir,
 )
 
@@ -237,3 +238,13 @@ def test_the_study_runs_downpour_without_warmstart_unless_told():
     kept = StudySpec(algorithms=("downpour",), workers=(2,), options={"downpour": {"servers": 2}})
     assert options(kept)["downpour"].warmstart == 0
 
+
+def test_a_cluster_study_runs_smaller_worlds_after_larger_ones(tmp_path):
+    """make study's shape on 2 cores: a 3-rank run (sync_ps with its server at 2 workers), then
+    2-rank runs on the same engines, repeat after repeat."""
+    spec = StudySpec(algorithms=("sync_ps", "ddp"), workers=(2,), base=TINY, repeats=2,
+                     csv=str(tmp_path / "runs.csv"))
+    assert [size for _, size, _ in spec.runs()] == [3, 2, 3, 2]
+    runs = run_study_on_cluster(spec, log=lambda line: None)
+    assert sorted(zip(runs.algorithm, runs.world_size, runs["repeat"], strict=True)) == [
+        ("ddp", 2, 0), ("ddp", 2, 1), ("sync_ps", 3, 0), ("sync_ps", 3, 1)]
