@@ -13,14 +13,14 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: study test venv lint figures clean
 
-study: $(STAMP)  ## the main job: notebook 02 headless -> results/scaling/runs.csv + results/figures/*.png
+study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/runs.csv + results/<host>/figures/*.png
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
 
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-figures: $(STAMP)
-	$(BIN)/downpour plot --csv results/scaling/runs.csv --figures results/figures
+figures: $(STAMP)  ## redraw this machine's figures (results/<host>/figures) from its CSV
+	$(BIN)/downpour plot
 
 lint: $(STAMP)
 	$(BIN)/ruff check downpour_lib tests

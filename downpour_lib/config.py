@@ -62,6 +62,8 @@ class TrainConfig:
     eval_every: int = _help("evaluate every this many steps; 0 evaluates only at the end",
                             default=0)
     eval_batch_size: int = _help("batch size for evaluation", default=512)
+    final_eval: bool = _help("evaluate after the last step; false leaves it out (a throughput "
+                             "study, whose test accuracy nobody reads)", default=True)
     seed: int = _help("seed for model initialization and data order", default=0)
     backend: Backend = _help("torch.distributed backend; auto = nccl on CUDA, else mpi under an "
                              "MPI launch (mpiexec, srun --mpi=pmix), else gloo", default="auto")

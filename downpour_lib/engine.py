@@ -248,7 +248,7 @@ class Trainer:
         if not (self.algorithm.synchronous or record.role == "worker"):
             return
         step, last = record.step, record.step + 1 == self.plan.total_steps
-        if last or _every(step, self.config.eval_every):
+        if (last and self.config.final_eval) or _every(step, self.config.eval_every):
             extras = self.algorithm.eval_metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
                 self._evaluate(step, extras)

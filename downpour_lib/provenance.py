@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import socket
 import subprocess
 import sys
 from functools import lru_cache
@@ -44,8 +45,26 @@ def mpi_version() -> str:
     return MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00")
 
 
-def environment() -> dict[str, str]:
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it ('' if it does not)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def machine() -> dict[str, str | int]:
+    """The machine a result was measured on: its host name, its logical cores (all of them, not
+    this process's affinity, which a launcher may have narrowed to one core) and its CPU."""
+    return {"host": socket.gethostname(), "cores": os.cpu_count() or 1, "cpu_model": cpu_model()}
+
+
+def environment() -> dict[str, str | int]:
     return {
+        **machine(),
         "git_sha": git_sha(),
         "torch_version": torch.__version__,
         "mpi_version": mpi_version(),

@@ -85,24 +85,25 @@ def test_01_train_sync_ps():
 
 
 def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
-    params = {"algorithms": ["sync_ps", "ddp"], "engines": 2, "workers": [1, 2],
-              "csv": str(tmp_path / "runs.csv"),
-              "figures": str(tmp_path / "figures"),
+    params = {"algorithms": ["sync_ps", "ddp"], "engines": 2, "workers": [1, 2], "repeats": 2,
+              "out": str(tmp_path),
               "overrides": {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
                             "warmup_steps": 2},
               "options": {"sync_ps": {"server": "colocated"}}}  # 1 and 2 ranks for both: 2 engines
     nb = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
     runs = pd.read_csv(tmp_path / "runs.csv")
-    pairs = sorted(zip(runs.algorithm, runs.world_size, strict=True))
-    assert pairs == [("ddp", 1), ("ddp", 2), ("sync_ps", 1), ("sync_ps", 2)]
+    pairs = sorted(zip(runs.algorithm, runs.world_size, runs["repeat"], strict=True))
+    assert pairs == sorted((a, n, r) for a in ("ddp", "sync_ps") for n in (1, 2) for r in (0, 1))
     assert (runs.samples_per_s > 0).all() and (runs["options.server"].dropna() == "colocated").all()
+    assert runs.cores.notna().all() and runs.cpu_model.notna().all()
     figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
     assert figures == ["breakdown.png", "efficiency.png", "speedup.png", "throughput.png"]
     assert images(nb) == 4
+    assert "samples_per_s_std" in outputs(nb, "plots.scaling_table(runs)")
 
     before = (tmp_path / "runs.csv").read_text()
     again = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
-    assert "all 4 runs are already in" in outputs(again, "runs = run_study_on_cluster")
+    assert "all 8 runs are already in" in outputs(again, "runs = run_study_on_cluster")
     assert (tmp_path / "runs.csv").read_text() == before
 
 

@@ -1,52 +1,221 @@
-"""The scaling study: real mpiexec runs into one tidy CSV, resumable, and figures from the CSV."""
+"""The scaling study: real mpiexec runs into one tidy CSV per machine, resumable, repeated, and figures
+from the CSV; the committed reference names its machine and a study here never touches it."""
+
+import os
+import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import ROOT
 
+from downpour_lib import provenance
+from downpour_lib.config import TrainConfig
 from downpour_lib.errors import ConfigError
-from downpour_lib.study.plots import make_figures, scaling_table
-from downpour_lib.study.sweep import StudySpec, run_study
+from downpour_lib.study.plots import (
+    DODGE,
+    dodged,
+    load_runs,
+    make_figures,
+    ranks_exceed_cores,
+    scaling_table,
+    throughput_figure,
+)
+from downpour_lib.study.sweep import (
+    REFERENCE_DIR,
+    SCALING_BASE,
+    StudySpec,
+    run_id,
+    run_study,
+    run_study_on_cluster,
+    study_dir,
+)
 
 TINY = {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
-        "warmup_steps": 2, "eval_every": 0, "threads": 1}
+        "warmup_steps": 2, "eval_every": 0, "final_eval": False, "threads": 1}
+REFERENCE = ROOT / REFERENCE_DIR
 
 
-def test_sweep_writes_one_row_per_run_and_resumes(tmp_path):
-    csv = tmp_path / "runs.csv"
-    spec = StudySpec(algorithms=("sync_ps", "ddp"), workers=(1, 2), base=TINY, csv=str(csv))
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A 2-repeat study of sync_ps and ddp at 1 and 2 workers, in this machine's directory of a
+    results tree that also holds a copy of the committed reference."""
+    root = tmp_path_factory.mktemp("results")
+    shutil.copytree(REFERENCE, root / "reference")
+    spec = StudySpec(algorithms=("sync_ps", "ddp"), workers=(1, 2), base=TINY, repeats=2,
+                     csv=str(study_dir(root=root) / "runs.csv"))
     log: list[str] = []
     runs = run_study(spec, log=log.append)
-    assert len(runs) == 4 and runs.run_id.is_unique
-    by = runs.set_index(["algorithm", "num_workers"])
+    return root, spec, runs, log
+
+
+def test_sweep_writes_one_row_per_run_and_repeat(study):
+    _, spec, runs, log = study
+    assert len(runs) == 8 and runs.run_id.is_unique
+    # repeat r of every point runs before repeat r + 1 of any
+    assert list(runs["repeat"]) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert (runs.groupby(["algorithm", "num_workers"])["repeat"].apply(sorted) == [[0, 1]] * 4).all()
+    by = runs[runs["repeat"] == 0].set_index(["algorithm", "num_workers"])
     assert by.loc[("sync_ps", 2), "world_size"] == 3 and by.loc[("ddp", 2), "world_size"] == 2
     for column in ("samples_per_s", "comm_s", "git_sha", "torch_version", "mpi_version", "hosts",
-                   "batch_size", "options.server"):
+                   "batch_size", "options.server", "host", "cores", "cpu_model"):
         assert column in runs.columns
-    assert (runs.samples_per_s > 0).all()
+    assert (runs.samples_per_s > 0).all() and runs.test_loss.isna().all()  # no evaluation
+    # the ranks ran this checkout's code on this machine
+    assert (runs.git_sha == provenance.git_sha()).all()
+    assert (runs.host == provenance.machine()["host"]).all() and (runs.cores == os.cpu_count()).all()
 
-    before = csv.read_text()
-    log.clear()
+
+def test_sweep_resumes(study):
+    _, spec, _, _ = study
+    csv = spec.csv
+    before = open(csv).read()
+    log: list[str] = []
     run_study(spec, log=log.append)  # everything is there already: nothing runs
-    assert csv.read_text() == before and all(line.startswith("skip") for line in log)
+    assert open(csv).read() == before and len(log) == 8 and all(s.startswith("skip") for s in log)
 
-    figures = make_figures(csv, tmp_path / "figures")
+
+def test_a_study_here_keeps_the_reference_and_writes_its_own_directory(study):
+    root, spec, runs, _ = study
+    here = study_dir(root=root)
+    assert here.parent == root and here.name != "reference"
+    assert spec.csv == str(here / "runs.csv")
+    for path in REFERENCE.rglob("*"):  # the copy of the reference is untouched
+        if path.is_file():
+            assert (root / "reference" / path.relative_to(REFERENCE)).read_bytes() == path.read_bytes()
+    reference = pd.read_csv(root / "reference" / "runs.csv")
+    assert not set(reference.run_id) & set(runs.run_id)
+
+
+def test_a_fresh_clone_measures_every_run_the_reference_holds(tmp_path):
+    """`make study` here, with the reference committed beside it: this machine's directory has no
+    CSV yet, so every run of the study is pending, although the reference holds each of
+    its points (same algorithm, ranks and repeat)."""
+    shutil.copytree(REFERENCE, tmp_path / "reference")
+    reference = pd.read_csv(tmp_path / "reference" / "runs.csv")
+    workers = tuple(sorted(reference.num_workers.unique()))  # a bigger machine adds 4, 8, ...
+    spec = StudySpec(workers=workers, csv=str(study_dir(root=tmp_path) / "runs.csv"))
+    plan = spec.plan()
+    points = ["algorithm", "world_size", "repeat"]
+    assert set(map(tuple, plan[points].values)) == set(map(tuple, reference[points].values))
+    assert not set(plan.run_id) & set(reference.run_id)
+    assert not Path(spec.csv).exists()  # nothing is done here: run_study runs all of it
+
+
+def test_error_bars_are_the_spread_of_the_repeats(study):
+    _, _, runs, _ = study
+    table = scaling_table(runs).set_index(["algorithm", "num_workers"])
+    spread = runs.groupby(["algorithm", "num_workers"]).samples_per_s.agg(["mean", "std", "size"])
+    assert (table.runs == 2).all()
+    assert table.samples_per_s.to_dict() == pytest.approx(spread["mean"].to_dict())
+    assert table.samples_per_s_std.to_dict() == pytest.approx(spread["std"].to_dict())
+    ax = throughput_figure(runs).axes[0]
+    bars = [c for c in ax.containers if c.has_yerr]
+    assert len(bars) == 2  # one per algorithm
+    for container, (name, part) in zip(bars, scaling_table(runs).groupby("algorithm"), strict=True):
+        assert container.get_label() == name
+        lines = container.lines[2][0].get_segments()  # one vertical segment per point
+        heights = [(seg[1][1] - seg[0][1]) / 2 for seg in lines]
+        assert heights == pytest.approx(list(part.samples_per_s_std))
+
+
+def test_runs_with_more_ranks_than_cores_are_flagged(study):
+    _, _, runs, _ = study
+    flagged = ranks_exceed_cores(runs)
+    assert (flagged == (runs.world_size > runs.cores)).all()  # one host here
+    table = scaling_table(runs)
+    ax = throughput_figure(runs).axes[0]
+    handles, labels = ax.get_legend_handles_labels()
+    rings = [h for h, label in zip(handles, labels, strict=True) if label.startswith("ringed: ranks > cores")]
+    crowded = table[table.ranks_exceed_cores]
+    assert len(rings) == (1 if len(crowded) else 0)
+    if len(crowded):  # a ring around exactly the crowded points
+        worst = crowded.world_size.max()
+        assert f"{worst} ranks on {os.cpu_count()} cores" in labels[handles.index(rings[0])]
+        assert sorted(map(tuple, rings[0].get_offsets())) == sorted(
+            zip(dodged(table)[crowded.index], crowded.samples_per_s, strict=True))
+    # the legend sits outside the axes, off the data
+    fig = ax.figure
+    fig.canvas.draw()
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 >= axes.x1
+
+
+def test_points_at_one_worker_count_are_dodged_apart(study):
+    _, _, runs, _ = study
+    ax = throughput_figure(runs).axes[0]
+    xs = [c.lines[0].get_xdata() for c in ax.containers if c.has_yerr]
+    for workers, at in zip(sorted(runs.num_workers.unique()), zip(*xs, strict=True), strict=True):
+        assert len(set(at)) == len(at)  # no error bar behind another's
+        assert all(abs(x - workers) <= DODGE / 2 + 1e-9 for x in at)  # still at its worker count
+
+
+def test_figures_from_the_csv(study, tmp_path):
+    _, spec, _, _ = study
+    figures = make_figures(spec.csv, tmp_path / "figures")
     assert [f.name for f in figures] == ["throughput.png", "speedup.png", "efficiency.png",
                                          "breakdown.png"]
     assert all(f.read_bytes()[:4] == b"\x89PNG" for f in figures)
 
 
+def test_the_committed_reference_names_its_machine_and_shows_a_small_spread():
+    runs = pd.read_csv(REFERENCE / "runs.csv")
+    for column in ("host", "cores", "cpu_model", "torch_version", "git_sha", "repeat"):
+        assert runs[column].notna().all(), column
+    assert runs.git_sha.nunique() == 1 and runs.host.nunique() == 1
+    table = scaling_table(runs)
+    assert (table.runs >= 3).all()
+    # measured with the study's settings as they are now
+    for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):
+        assert (runs[key] == SCALING_BASE[key]).all(), key
+    assert (runs.measured_steps == SCALING_BASE["steps"] - SCALING_BASE["warmup_steps"]).all()
+    # downpour's workers ran side by side (no warmstart), so their summed rates are a throughput
+    assert (runs[runs.algorithm == "downpour"]["options.warmstart"] == 0).all()
+    # the repeats agree: the throughput's spread is a few percent of it at every point
+    assert (table.samples_per_s_std / table.samples_per_s < 0.1).all(), table
+    # measured on 2 cores: sync_ps and downpour add a server rank, so 3 ranks at 2 workers
+    assert (runs.cores == 2).all()
+    crowded = table[table.ranks_exceed_cores]
+    assert sorted(zip(crowded.algorithm, crowded.num_workers, strict=True)) == [("downpour", 2),
+                                                                              ("sync_ps", 2)]
+    assert sorted(p.name for p in (REFERENCE / "figures").iterdir()) == [
+        "breakdown.png", "efficiency.png", "speedup.png", "throughput.png"]
+
+
+def test_run_id_is_keyed_by_host_and_commit(monkeypatch):
+    config = TrainConfig.from_dict({**TINY, "algorithm": "ddp"})
+    here = run_id(config, 2, 0)
+    assert run_id(config, 2, 1) != here
+    monkeypatch.setattr(provenance, "git_sha", lambda: "another-commit")
+    assert run_id(config, 2, 0) != here
+    monkeypatch.undo()
+    monkeypatch.setattr(provenance, "machine", lambda: {"host": "another-host", "cores": 1,
+                                                        "cpu_model": ""})
+    assert run_id(config, 2, 0) != here
+    assert study_dir(root="results").name == "another-host"
+
+
+def test_figures_use_the_commit_measured_last(tmp_path):
+    rows = pd.DataFrame({"run_id": list("abc"), "git_sha": ["old", "new", "new"],
+                         "samples_per_s": [1.0, 2.0, 3.0]})
+    rows.to_csv(tmp_path / "runs.csv", index=False)
+    assert list(load_runs(tmp_path / "runs.csv").run_id) == ["b", "c"]
+
+
 def test_scaling_table_against_ideal_linear_scaling():
     runs = pd.DataFrame({
         "algorithm": ["a", "a", "a", "b", "b"], "model": "m", "dataset": "d", "batch_size": 8,
-        "num_workers": [1, 2, 2, 1, 4], "world_size": [1, 2, 2, 2, 5],
+        "num_workers": [1, 2, 2, 1, 4], "world_size": [1, 2, 2, 2, 5], "cores": 4, "hosts": "h",
         "samples_per_s": [100.0, 150.0, 170.0, 50.0, 100.0],
     })
     table = scaling_table(runs).set_index(["algorithm", "num_workers"])
-    assert table.loc[("a", 2), "samples_per_s"] == 160.0  # median of the repeats
+    assert table.loc[("a", 2), "samples_per_s"] == 160.0  # mean of the repeats
+    assert table.loc[("a", 2), "samples_per_s_std"] == pytest.approx(14.142, abs=1e-3)
     assert table.loc[("a", 2), "ideal_samples_per_s"] == 200.0
     assert table.loc[("a", 2), "efficiency"] == pytest.approx(0.8)
     assert table.loc[("b", 4), "efficiency"] == pytest.approx(0.5)
     assert table.loc[("b", 1), "efficiency"] == 1.0
+    assert list(table.ranks_exceed_cores) == [False, False, False, True]  # b at 4 workers: 5 ranks
 
 
 def test_bad_study_specs():
@@ -54,3 +223,28 @@ def test_bad_study_specs():
         StudySpec(algorithms=("nope",))
     with pytest.raises(ConfigError, match="workers"):
         StudySpec(workers=(0,))
+    with pytest.raises(ConfigError, match="repeats"):
+        StudySpec(repeats=0)
+
+
+def test_the_study_runs_downpour_without_warmstart_unless_told():
+    def options(spec):
+        return {config.algorithm: config.options for config, _, _ in spec.runs()}
+
+    assert options(StudySpec(algorithms=("downpour", "ddp"), workers=(2,)))["downpour"].warmstart == 0
+    told = StudySpec(algorithms=("downpour",), workers=(2,),
+                     options={"downpour": {"warmstart": 5, "servers": 2}})
+    assert options(told)["downpour"].warmstart == 5 and options(told)["downpour"].servers == 2
+    kept = StudySpec(algorithms=("downpour",), workers=(2,), options={"downpour": {"servers": 2}})
+    assert options(kept)["downpour"].warmstart == 0
+
+
+def test_a_cluster_study_runs_smaller_worlds_after_larger_ones(tmp_path):
+    """make study's shape on 2 cores: a 3-rank run (sync_ps with its server at 2 workers), then
+    2-rank runs on the same engines, repeat after repeat."""
+    spec = StudySpec(algorithms=("sync_ps", "ddp"), workers=(2,), base=TINY, repeats=2,
+                     csv=str(tmp_path / "runs.csv"))
+    assert [size for _, size, _ in spec.runs()] == [3, 2, 3, 2]
+    runs = run_study_on_cluster(spec, log=lambda line: None)
+    assert sorted(zip(runs.algorithm, runs.world_size, runs["repeat"], strict=True)) == [
+        ("ddp", 2, 0), ("ddp", 2, 1), ("sync_ps", 3, 0), ("sync_ps", 3, 1)]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from .sweep import DEFAULT_ALGORITHMS, SCALING_BASE, StudyError, StudySpec, default_workers
+from .sweep import (
+    DEFAULT_ALGORITHMS,
+    DEFAULT_REPEATS,
+    SCALING_BASE,
+    StudyError,
+    StudySpec,
+    default_workers,
+    study_dir,
+)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -31,41 +39,47 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):
         p.add_argument("--" + key.replace("_", "-"), dest=key, default=SCALING_BASE[key],
                        type=type(SCALING_BASE[key]), help=f"(default: {SCALING_BASE[key]})")
-    p.add_argument("--repeats", type=int, default=1, help="runs per point (default: 1)")
-    p.add_argument("--csv", default="results/scaling/runs.csv", help="the study's tidy CSV")
-    p.add_argument("--figures", default="results/figures", help="where the figures go")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                   help=f"runs per point, their spread the error bars (default: {DEFAULT_REPEATS})")
+    p.add_argument("--out", default=None,
+                   help=f"where runs.csv and figures/ go (default: {study_dir()}, this machine's)")
     p.add_argument("--fresh", action="store_true", help="start a new CSV instead of resuming")
     p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("plot", help="make the scaling figures from a study CSV")
-    p.add_argument("--csv", default="results/scaling/runs.csv")
-    p.add_argument("--figures", default="results/figures")
+    p.add_argument("--csv", default=None, help=f"(default: {study_dir() / 'runs.csv'})")
+    p.add_argument("--figures", default=None, help="(default: figures/ beside the CSV)")
     p.set_defaults(func=cmd_plot)
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from .plots import make_figures, scaling_table
+    from .plots import load_runs, make_figures, scaling_table
     from .sweep import run_study
 
     base = {**SCALING_BASE, **{k: getattr(args, k) for k in
                                ("model", "dataset", "batch_size", "steps", "warmup_steps",
                                 "threads")}}
-    spec = StudySpec(algorithms=args.algorithms, workers=args.workers, base=base, csv=args.csv,
-                     repeats=args.repeats)
+    out = study_dir(args.out)
+    spec = StudySpec(algorithms=args.algorithms, workers=args.workers, base=base,
+                     csv=str(out / "runs.csv"), repeats=args.repeats)
     try:
-        runs = run_study(spec, fresh=args.fresh)
+        run_study(spec, fresh=args.fresh)
     except StudyError as exc:
         print(f"downpour study: {exc}")
         return 1
-    print(scaling_table(runs).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    for path in make_figures(args.csv, args.figures):
+    print(scaling_table(load_runs(spec.csv)).to_string(index=False,
+                                                       float_format=lambda v: f"{v:.3f}"))
+    for path in make_figures(spec.csv, out / "figures"):
         print(f"wrote {path}")
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from .plots import make_figures
 
-    for path in make_figures(args.csv, args.figures):
+    csv = Path(args.csv) if args.csv else study_dir() / "runs.csv"
+    for path in make_figures(csv, args.figures or csv.parent / "figures"):
         print(f"wrote {path}")
     return 0

@@ -1,8 +1,11 @@
 """The scaling study: algorithms x worker counts, each run a real multi-process launch, one tidy CSV.
 
 One row per run holds every config field, every summary metric, and where it came from (git SHA,
-versions, hosts). The sweep is resumable: a run whose ``run_id`` (a hash of its config, world size and
-repeat number) is already in the CSV is skipped, so an interrupted study picks up where it stopped.
+versions, host, cores, CPU). Each machine's study has its own directory, ``results/<host>/`` (its
+``runs.csv`` and ``figures/``), so measuring here never touches another machine's results, such as the
+committed reference in ``results/reference/``. The sweep is resumable: a run whose ``run_id`` (a hash of
+its config, world size, repeat number, host and commit) is already in the CSV is skipped, so an
+interrupted study picks up where it stopped, and a new commit is measured again.
 
 How a run is launched is pluggable: ``run_study(spec, launch=...)`` takes any callable
 ``(config, world_size, timeout_s) -> summary row``. ``mpiexec_launch`` (the default, what
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 
+from .. import provenance
 from ..algorithms import ALGORITHMS
 from ..checkpoint import atomic_write_text
 from ..comm.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
@@ -35,15 +40,25 @@ from ..errors import ConfigError, DownpourError
 #: ``(config, world_size, timeout_s) -> summary row``; raises a DownpourError when the run fails.
 Launch = Callable[[TrainConfig, int, float], dict[str, Any]]
 
-#: The main job's fixed settings: the same model, data, batch and seed for every algorithm.
 #: The algorithms the study compares unless told otherwise.
 DEFAULT_ALGORITHMS: tuple[str, ...] = (
     "sync_ps", "ddp", "allreduce", "downpour", "sgp", "osgp", "dpsgd", "adpsgd")
 
+#: The main job's fixed settings: the same model, data, batch and seed for every algorithm. No
+#: evaluation: the study measures throughput, and evaluating would cost a third of each run. Only a
+#: run's first step is slow (allocation); after it, 17 measured steps put the standard error of a
+#: run's mean step at about 0.5% on 2 cores, so the spread between runs (other work on the machine)
+#: is what limits a point, and repeats, not longer runs, are what narrow it.
 SCALING_BASE: dict[str, Any] = {
-    "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 25,
-    "warmup_steps": 5, "eval_every": 0, "threads": 1, "lr": 0.05, "seed": 0,
+    "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 20,
+    "warmup_steps": 3, "eval_every": 0, "final_eval": False, "threads": 1, "lr": 0.05, "seed": 0,
 }
+#: Per-algorithm options the study sets under the user's. Downpour's warmstart holds the other
+#: workers back until the first has pushed 20 times: in a 20-step run they would barely overlap,
+#: and the summed per-worker rates would count a lone worker twice (a "speedup" of 2.04x).
+SCALING_OPTIONS: dict[str, dict[str, Any]] = {"downpour": {"warmstart": 0}}
+#: Runs per point: enough for an error bar, few enough that `make study` fits ~10 min on 2 cores.
+DEFAULT_REPEATS = 3
 
 
 def default_workers() -> tuple[int, ...]:
@@ -61,10 +76,10 @@ class StudySpec:
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     workers: tuple[int, ...] = field(default_factory=default_workers)
     base: dict[str, Any] = field(default_factory=lambda: dict(SCALING_BASE))
-    csv: str = "results/scaling/runs.csv"
-    repeats: int = 1
+    csv: str = field(default_factory=lambda: str(study_dir() / "runs.csv"))
+    repeats: int = DEFAULT_REPEATS  # runs per point: their spread is the error bar
     timeout_s: float = 900.0  # per run
-    #: per-algorithm options, e.g. {"sync_ps": {"server": "colocated"}}
+    #: per-algorithm options, e.g. {"sync_ps": {"server": "colocated"}}, over SCALING_OPTIONS
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -81,24 +96,27 @@ class StudySpec:
             raise ConfigError("repeats", self.repeats, "must be >= 1")
 
     def runs(self) -> list[tuple[TrainConfig, int, int]]:
-        """(config, world size, repeat) of every run, validated before anything is launched."""
-        out = []
+        """(config, world size, repeat) of every run, validated before anything is launched.
+        Repeat r of every point runs before repeat r + 1 of any, so a slow spell on a shared
+        machine spreads over the points as noise instead of biasing one of them."""
+        points = []
         for algorithm in self.algorithms:
             for workers in self.workers:
+                options = {**SCALING_OPTIONS.get(algorithm, {}), **self.options.get(algorithm, {})}
                 config = TrainConfig.from_dict({**self.base, "algorithm": algorithm,
-                                                "options": self.options.get(algorithm, {})})
+                                                "options": options})
                 size = ALGORITHMS[algorithm].world_size_for(config.options, workers)
                 # e.g. adpsgd on an odd number of ranks: refuse before launching anything
                 ALGORITHMS[algorithm].check_world(config.options, size)
-                out += [(config, size, r) for r in range(self.repeats)]
-        return out
+                points.append((config, size))
+        return [(config, size, r) for r in range(self.repeats) for config, size in points]
 
     def max_world_size(self) -> int:
         """The most ranks any run needs: the size of a cluster that runs the whole study."""
         return max(size for _, size, _ in self.runs())
 
     def plan(self) -> pd.DataFrame:
-        """One row per run: what will be launched, and its run id."""
+        """One row per run: what will be launched, and its run id (here, at this commit)."""
         return pd.DataFrame([{"algorithm": c.algorithm, "world_size": size, "repeat": r,
                               "run_id": run_id(c, size, r)} for c, size, r in self.runs()])
 
@@ -111,19 +129,37 @@ class StudyError(DownpourError):
 NOT_IDENTITY = ("output_dir", "checkpoint_dir", "checkpoint_every", "resume")
 
 
+#: The committed study, measured on the machine its rows and figures name; a study never writes here.
+REFERENCE_DIR = "results/reference"
+
+
+def study_dir(out: str | os.PathLike | None = None, root: str | os.PathLike = "results") -> Path:
+    """Where this machine's study goes: ``out`` if given, else ``<root>/<host name>/`` (its
+    ``runs.csv`` and ``figures/``)."""
+    if out:
+        return Path(out)
+    host = re.sub(r"[^A-Za-z0-9._-]+", "_", provenance.machine()["host"]) or "localhost"
+    return Path(root) / host
+
+
 def study_spec(algorithms=DEFAULT_ALGORITHMS, workers=None, overrides=None, options=None,
-               csv: str = "results/scaling/runs.csv", repeats: int = 1) -> StudySpec:
+               csv: str | os.PathLike | None = None, repeats: int = DEFAULT_REPEATS) -> StudySpec:
     """A StudySpec from plain values (a notebook's parameters): ``workers`` None means 1, 2, 4, ...
-    up to the cores here; ``overrides`` change SCALING_BASE's fields."""
+    up to the cores here; ``overrides`` change SCALING_BASE's fields; ``csv`` None means
+    ``results/<host>/runs.csv``."""
     return StudySpec(algorithms=tuple(algorithms),
                      workers=tuple(workers) if workers else default_workers(),
-                     base={**SCALING_BASE, **(overrides or {})}, csv=str(csv), repeats=repeats,
+                     base={**SCALING_BASE, **(overrides or {})},
+                     csv=str(csv or study_dir() / "runs.csv"), repeats=repeats,
                      options=dict(options or {}))
 
 
 def run_id(config: TrainConfig, world_size: int, repeat: int) -> str:
+    """The run's identity: its config, world size and repeat, on this host at this commit (a run
+    measured elsewhere, or with other code, is not this run)."""
     values = {k: v for k, v in config.to_dict().items() if k not in NOT_IDENTITY}
-    blob = json.dumps([values, world_size, repeat], sort_keys=True, default=str)
+    here = [provenance.machine()["host"], provenance.git_sha()]
+    blob = json.dumps([values, world_size, repeat, here], sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
