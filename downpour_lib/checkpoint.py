@@ -45,9 +45,8 @@ SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "o
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _locked_temp(path)
     try:
-        _try_lock(fd)  # held until the rename: tells remove_stale_temps this write is alive
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide results from other readers
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -67,6 +66,21 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def _locked_temp(path: Path) -> tuple[int, str]:
+    """A new temporary file beside ``path``, locked until the rename: the lock tells
+    ``remove_stale_temps`` the write is alive. Another process's cleanup can delete the file in the
+    instant between its creation and the lock; then take another."""
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        _try_lock(fd)
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
+                return fd, tmp
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 def _try_lock(fd: int) -> bool:
