@@ -165,7 +165,7 @@ def test_interrupting_a_run_restarts_the_engines_and_keeps_the_caller(local_clus
 def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
     base = {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
             "warmup_steps": 2, "eval_every": 0, "threads": 1}
-    specs = {name: StudySpec(algorithms=("ddp", "sync_ps"), workers=(1,), base=base,
+    specs = {name: StudySpec(algorithms=("ddp", "sync_ps"), workers=(1,), base=base, repeats=1,
                              csv=str(tmp_path / f"{name}.csv")) for name in ("mpiexec", "cluster")}
     by_mpiexec = run_study(specs["mpiexec"], log=lambda _: None)
     by_cluster = run_study(specs["cluster"], log=lambda _: None, launch=local_cluster.launch)
@@ -207,7 +207,7 @@ def test_start_cluster_on_a_profile_that_runs_one_refuses_and_says_how_to_use_it
 def test_a_study_on_a_profile_that_runs_a_cluster_uses_that_cluster_and_leaves_it_running(
         local_cluster, tmp_path):
     """What notebook 02 tells Slurm users: `ipcluster start --profile=slurm-mpi`, then the study."""
-    spec = StudySpec(algorithms=("ddp",), workers=(1,), csv=str(tmp_path / "runs.csv"),
+    spec = StudySpec(algorithms=("ddp",), workers=(1,), repeats=1, csv=str(tmp_path / "runs.csv"),
                      base={"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 4,
                            "warmup_steps": 1, "eval_every": 0, "threads": 1})
     log = []

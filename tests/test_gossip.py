@@ -97,7 +97,7 @@ def test_cli_rejects_bad_gossip_options_before_training(capsys):
 
 
 def test_study_refuses_a_world_a_gossip_method_cannot_run_in():
-    runs = StudySpec(algorithms=GOSSIP, workers=(1, 2, 4)).runs()
+    runs = StudySpec(algorithms=GOSSIP, workers=(1, 2, 4), repeats=1).runs()
     assert [(c.algorithm, n) for c, n, _ in runs] == [(a, n) for a in GOSSIP for n in (1, 2, 4)]
     with pytest.raises(ConfigError, match="even number of ranks"):
         StudySpec(algorithms=("adpsgd",), workers=(3,)).runs()
