@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT, launch_env, mpiexec_path
+from conftest import BIN, ROOT, explain, launch_env, mpi_python, mpiexec_path
 
 TIMEOUT_S = 10
 SILENT = 2
@@ -88,3 +88,22 @@ def test_a_stopped_rank_ends_the_job_naming_it(tmp_path, algorithm, extra):
     assert TIMEOUT_S - 2 <= elapsed <= TIMEOUT_S + 15, \
         f"the job took {elapsed:.1f} s to end: {stderr[-4000:]}"
     assert not stopped_alive, "the stopped rank outlived the job"
+
+
+def test_a_rank_stopped_between_the_gate_and_the_blocking_call_is_named_within_the_timeout():
+    """The window no gate covers (tests/mpi/stopped_after_gate.py): the others are inside MPI's
+    blocking broadcast, so only their watchdogs can end the job, once the heartbeat finds rank 2
+    silent. Before, the backstop ended it at the timeout plus 10 s, each rank naming the other too."""
+    timeout_s = 5
+    start = time.monotonic()
+    proc = mpi_python(3, "stopped_after_gate.py", str(timeout_s), timeout=120)
+    elapsed = time.monotonic() - start
+    assert "rank 2 passed the gate and stops" in proc.stdout, explain(proc)
+    assert proc.returncode != 0, explain(proc)
+    named = re.search(r"rank ([01]) of 3 waited (\d+) s in broadcast \(default group\): rank 2 went "
+                      r"silent \(no answer to its heartbeat", proc.stderr)
+    assert named, explain(proc)
+    assert timeout_s <= int(named[2]) <= timeout_s + 3, named[0]
+    assert "MPI_ABORT was invoked" in proc.stderr, explain(proc)
+    assert "outlived" not in proc.stderr, explain(proc)
+    assert elapsed < 60, f"took {elapsed:.0f} s"  # start-up included; a hang meets the timeout

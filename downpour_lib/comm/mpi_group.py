@@ -137,7 +137,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def _guarded(self, name: str, fn, gated: bool) -> None:
         """``fn`` on the executing thread, watched: a wait past the timeout names the silent rank."""
-        WATCHDOG.enter(name, self._timeout_s)
+        WATCHDOG.enter(name, self._timeout_s, self._name)
         try:
             if gated:
                 gate(self._comm, self._timeout_s, name)
@@ -416,7 +416,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         x = Operand(t, False, self._direct())
         EXECUTOR.check()
         return RequestWork(self._comm.Isend(x.spec(), dstRank, tag), tensors, self._timeout_s,
-                           f"send to rank {dstRank}", self.explain, keep=x.local)
+                           f"send to rank {dstRank}", self.explain, keep=x.local, group=self._name)
 
     def recv(self, tensors, srcRank, tag):
         return self._recv(tensors, srcRank, tag)
@@ -430,7 +430,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         EXECUTOR.check()
         what = "recv from any rank" if source == MPI.ANY_SOURCE else f"recv from rank {source}"
         return RequestWork(self._comm.Irecv(y.spec(), source, tag), tensors, self._timeout_s, what,
-                           self.explain, finish=y.finish)
+                           self.explain, finish=y.finish, group=self._name)
 
     # -- life cycle ---------------------------------------------------------------------------
     def shutdown(self) -> None:

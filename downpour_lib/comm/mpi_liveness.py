@@ -26,10 +26,13 @@ every rank, and from then on every wait of the backend gives up at once (and nam
 ends within the timeout and a few seconds whatever its ranks were doing. The ring keeps the traffic
 at one small message per rank and beat, at any scale.
 
-What no gate can cover (a peer stopped in the microseconds between the gate and the blocking call,
-or inside the shared-memory setup) the watchdog covers: a thread still inside one operation
-``BACKSTOP_S`` after the group's timeout ends the job with ``MPI_Abort``, naming the operation and
-the ranks that did not answer.
+What no gate can cover, the watchdog covers. A peer stopped after its part of the gate but before
+the blocking call (it may be napping in its own wait when the others' gate completes) leaves them
+inside MPI, where no deadline reaches: ``gate`` marks the thread as *committed* to a blocking call,
+and once the heartbeat finds a rank silent, a committed thread still inside its operation
+``GRACE_S`` later ends the job with ``MPI_Abort`` and the same message a wait gives (the operation,
+its group, the silent rank). Whatever is left (a thread inside one operation ``BACKSTOP_S`` after
+the group's timeout, every rank answering) ends the job the same way, naming what it can.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ NAP_S = 1e-3  # the longest nap: how late a waiting rank may notice that its pee
 POLL_S = 0.1  # how often the watchdog answers probes and checks for stuck threads
 PROBE_S = 3.0  # how long a probe waits for the answers of the living
 BACKSTOP_S = 10.0  # past the timeout, how long a thread may stay inside one operation
+GRACE_S = 0.5  # once a rank is known silent, how long a committed thread may still take to leave
 BEAT_S = 1.0  # how often a rank asks the next one around the ring whether it is alive
 # Tags on the watchdog's own communicator. A ping's one byte says which answer it asks for: a
 # probe's (_PONG) or a heartbeat's (_BEAT).
@@ -86,6 +90,7 @@ def wait_request(request: MPI.Request, timeout_s: float, what: str,
     job is ending)."""
     if request.Test(status):
         return
+    WATCHDOG.waiting()
     clock = time.perf_counter
     start = clock()
     spin_until = start + SPIN_S
@@ -107,6 +112,7 @@ def gate(comm: MPI.Intracomm, timeout_s: float, what: str) -> None:
     ``timeout_s``): a blocking collective after it cannot wait on a missing peer."""
     if comm.Get_size() > 1:
         wait_request(comm.Ibarrier(), timeout_s, what)
+        WATCHDOG.committed()
 
 
 class Watchdog:
@@ -120,7 +126,8 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._probe_lock = threading.Lock()
-        self._busy: dict[int, tuple[str, float, float]] = {}  # thread -> (what, since, timeout)
+        # thread -> what it is doing: (operation, group, since, timeout, committed to a blocking call)
+        self._busy: dict[int, tuple[str, str, float, float, bool]] = {}
         self._timeout_s = 1800.0
         self._exit_hook = False
         # world rank -> how long it had been silent when the heartbeat gave up on it. Read by every
@@ -166,15 +173,30 @@ class Watchdog:
             self._comm = None
 
     # -- what this process is doing (cheap: called around every operation) --------------------
-    def enter(self, what: str, timeout_s: float) -> None:
-        self._busy[threading.get_ident()] = (what, time.monotonic(), timeout_s)
+    def enter(self, what: str, timeout_s: float, group: str = "default group") -> None:
+        self._busy[threading.get_ident()] = (what, group, time.monotonic(), timeout_s, False)
+
+    def committed(self) -> None:
+        """The calling thread is about to enter a blocking MPI call (its gate has passed)."""
+        self._mark(True)
+
+    def waiting(self) -> None:
+        """The calling thread waits with a deadline of its own (``wait_request``)."""
+        self._mark(False)
+
+    def _mark(self, committed: bool) -> None:
+        me = threading.get_ident()
+        entry = self._busy.get(me)
+        if entry is not None and entry[4] is not committed:
+            self._busy[me] = entry[:4] + (committed,)
 
     def leave(self) -> None:
         self._busy.pop(threading.get_ident(), None)
 
     def state(self) -> str:
         now = time.monotonic()
-        doing = [f"in {what} for {now - since:.0f} s" for what, since, _ in list(self._busy.values())]
+        doing = [f"in {what} for {now - since:.0f} s"
+                 for what, _, since, _, _ in list(self._busy.values())]
         return "; ".join(doing) or "alive, in no operation of the mpi backend"
 
     # -- probing --------------------------------------------------------------------------------
@@ -191,10 +213,13 @@ class Watchdog:
             sends = [comm.Isend(_PROBE, r, _PING) for r in ranks]
             deadline = time.monotonic() + PROBE_S
             pending = set(ranks)
+            on_watch = threading.current_thread() is self._thread
             while pending and time.monotonic() < deadline:
                 pending = {r for r in pending if not recvs[r].Test()}
                 if pending:
                     time.sleep(0.01)
+                    if on_watch:  # the others may be probing this rank meanwhile
+                        self._answer()
             for r in pending:  # no answer: take the receive back (the job is ending anyway)
                 recvs[r].Cancel()
                 recvs[r].Free()
@@ -203,29 +228,33 @@ class Watchdog:
         return {r: None if r in pending else _decode(buffers[r]) for r in ranks}
 
     # -- the thread -----------------------------------------------------------------------------
+    def _answer(self) -> None:
+        """Answer the probes and heartbeats that arrived (on the watchdog thread only)."""
+        while self._pings.Test(self._status):
+            asked = bytes(self._ping)
+            answer = json.dumps(self.state()).encode()[:_ANSWER_BYTES]
+            self._sent.append(self._comm.Isend(answer, self._status.Get_source(),
+                                               _BEAT if asked == _HEARTBEAT else _PONG))
+            self._pings = self._comm.Irecv(self._ping, MPI.ANY_SOURCE, _PING)
+
     def _loop(self) -> None:
         comm, me, n = self._comm, self.rank, self.size
         watched = (me + 1) % n if n > 1 else None  # the next rank around the ring
-        ping, notice = bytearray(1), bytearray(_ANSWER_BYTES)
-        status = MPI.Status()
-        pings = comm.Irecv(ping, MPI.ANY_SOURCE, _PING)
+        self._ping, self._status, self._sent = bytearray(1), MPI.Status(), []
+        self._pings = comm.Irecv(self._ping, MPI.ANY_SOURCE, _PING)
+        notice, status = bytearray(_ANSWER_BYTES), MPI.Status()
         notices = comm.Irecv(notice, MPI.ANY_SOURCE, _SILENT)
-        sent: list[MPI.Request] = []
         beat, beat_answer = None, bytearray(_ANSWER_BYTES)
         heard = next_beat = time.monotonic()
         closing, quiet = None, None  # when close began; the barrier of the ranks that are done
+        silent_since = None  # when this rank learnt that a rank went silent
         try:
             while True:
                 if closing is None:
                     self._stop.wait(POLL_S)
                 else:
                     time.sleep(NAP_S)
-                while pings.Test(status):  # answer probes and heartbeats, until the very end
-                    asked = bytes(ping)
-                    answer = json.dumps(self.state()).encode()[:_ANSWER_BYTES]
-                    sent.append(comm.Isend(answer, status.Get_source(),
-                                           _BEAT if asked == _HEARTBEAT else _PONG))
-                    pings = comm.Irecv(ping, MPI.ANY_SOURCE, _PING)
+                self._answer()  # until the very end
                 while notices.Test(status):  # another rank's watchdog found a rank silent
                     rank, silent_s = json.loads(bytes(notice[:status.Get_count(MPI.BYTE)]))
                     self.silent.setdefault(rank, silent_s)
@@ -233,53 +262,76 @@ class Watchdog:
                 now = time.monotonic()
                 if beat is not None and beat.Test():
                     heard, beat = now, None
-                sent = [r for r in sent if not r.Test()]
+                self._sent = [r for r in self._sent if not r.Test()]
                 if self._stop.is_set():  # closing: no new heartbeat; the last one answered, and
                     closing = closing or now  # every rank there too, the ranks stop together
                     if beat is None and quiet is None:
                         quiet = comm.Ibarrier()
-                    if (quiet is not None and quiet.Test() and not sent) \
+                    if (quiet is not None and quiet.Test() and not self._sent) \
                             or now - closing > self._timeout_s:
                         return
                     continue
                 if watched is not None and beat is None and now >= next_beat:
                     beat = comm.Irecv(beat_answer, watched, _BEAT)
-                    sent.append(comm.Isend(_HEARTBEAT, watched, _PING))
+                    self._sent.append(comm.Isend(_HEARTBEAT, watched, _PING))
                     next_beat = now + BEAT_S
                 if watched is not None and now - heard > self._timeout_s:
-                    self._found_silent(watched, now - heard, sent)
+                    self._found_silent(watched, now - heard)
                     watched = None
+                if self.silent:
+                    silent_since = silent_since or now
+                    if now - silent_since >= GRACE_S:
+                        self._check_committed()
                 self._check_stuck()
         finally:
-            for request in (pings, notices, beat):
+            for request in (self._pings, notices, beat):
                 if request is not None:
                     request.Cancel()
                     request.Wait()
-            for r in sent:
+            for r in self._sent:
                 r.Free()
 
-    def _found_silent(self, rank: int, silent_s: float, sent: list[MPI.Request]) -> None:
+    def _found_silent(self, rank: int, silent_s: float) -> None:
         """``rank`` missed its heartbeats for the whole timeout: tell every rank (this one too),
         so that every wait gives up and names it."""
         self.silent.setdefault(rank, silent_s)
         message = json.dumps([rank, round(silent_s, 1)]).encode()
-        sent.extend(self._comm.Isend(message, r, _SILENT)
-                    for r in range(self.size) if r not in (self.rank, rank))
+        self._sent.extend(self._comm.Isend(message, r, _SILENT)
+                          for r in range(self.size) if r not in (self.rank, rank))
+
+    def _check_committed(self) -> None:
+        """A rank is silent: a thread inside a blocking MPI call will never come back from it."""
+        now = time.monotonic()
+        for what, group, since, _, committed in list(self._busy.values()):
+            if committed:
+                names = ", ".join(f"{r}" for r in sorted(self.silent))
+                longest = max(self.silent.values())
+                self._abort(f"mpi backend: rank {self.rank} of {self.size} waited "
+                            f"{now - since:.0f} s in {what} ({group}): "
+                            f"{'rank' if len(self.silent) == 1 else 'ranks'} {names} went silent "
+                            f"(no answer to its heartbeat for {longest:.0f} s: stopped, hung or "
+                            "gone); ending the job")
 
     def _check_stuck(self) -> None:
         now = time.monotonic()
-        for what, since, timeout_s in list(self._busy.values()):
+        for what, group, since, timeout_s, _ in list(self._busy.values()):
             if now - since > timeout_s + BACKSTOP_S:
-                silent = [r for r, a in self.probe(range(self.size)).items() if a is None]
-                who = (f"rank(s) {', '.join(map(str, silent))} did not answer a liveness probe"
-                       if silent else "every rank answered a liveness probe")
-                err = sys.__stderr__ or sys.stderr
-                err.write(f"downpour: rank {self.rank} of {self.size} failed: mpi backend: stuck "
-                          f"in {what} for {now - since:.0f} s, past the timeout of "
-                          f"{timeout_s:.0f} s; {who}; ending the job\n")
-                err.flush()
-                self._comm.Abort(1)
-                os._exit(1)  # Abort does not return; if it ever did, the job must still end
+                silent = sorted(r for r, a in self.probe(range(self.size)).items() if a is None)
+                who = (f"{'rank' if len(silent) == 1 else 'ranks'} "
+                       f"{', '.join(map(str, silent))} went silent (no answer to a liveness probe "
+                       f"within {PROBE_S:.0f} s: stopped, hung or gone)" if silent
+                       else "every rank answered a liveness probe")
+                self._abort(f"mpi backend: rank {self.rank} of {self.size} waited "
+                            f"{now - since:.0f} s in {what} ({group}): {who}; stuck inside MPI "
+                            f"past the timeout of {timeout_s:.0f} s; ending the job")
+
+    def _abort(self, message: str) -> None:
+        """End the job from the watchdog thread: the stuck thread cannot raise."""
+        err = sys.__stderr__ or sys.stderr
+        err.write(f"downpour: rank {self.rank} of {self.size} failed: {message}\n")
+        err.flush()
+        self._comm.Abort(1)
+        os._exit(1)  # Abort does not return; if it ever did, the job must still end
 
 
 def _decode(buffer: bytearray) -> str:

@@ -126,8 +126,10 @@ class RequestWork(dist._Work):
 
     def __init__(self, request: MPI.Request, result: list, timeout_s: float, what: str,
                  explain: Callable[[PeerTimeout], CommTimeout],
-                 finish: Callable[[], None] | None = None, keep: object = None) -> None:
+                 finish: Callable[[], None] | None = None, keep: object = None,
+                 group: str = "default group") -> None:
         super().__init__()
+        self._group = group
         self._request, self._result, self._finish = request, result, finish
         self._timeout_s, self._what, self._explain = timeout_s, what, explain
         self._keep = keep  # a staged send buffer must outlive the request
@@ -143,7 +145,7 @@ class RequestWork(dist._Work):
     def wait(self, timeout: timedelta | None = None) -> bool:
         if not self._completed:
             status = MPI.Status()
-            WATCHDOG.enter(self._what, self._timeout_s)
+            WATCHDOG.enter(self._what, self._timeout_s, self._group)
             try:
                 wait_request(self._request, _seconds(timeout, self._timeout_s), self._what, status)
             except PeerTimeout as exc:
