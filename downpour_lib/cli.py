@@ -21,8 +21,9 @@ from typing import Any
 from .algorithms import ALGORITHMS
 from .comm import runtime
 from .comm.launch_env import discover
-from .config import TrainConfig, coerce, field_help
+from .config import TrainConfig
 from .errors import ConfigError, DataError
+from .options import coerce, field_help
 
 USAGE_ERROR = 2
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import numbers
 import re
-import types
 import typing
 import warnings
 from collections.abc import Mapping
@@ -21,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .algorithms import ALGORITHMS, AlgorithmOptions
+from .algorithms import ALGORITHMS
 from .data import DATASETS
 from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
+from .options import build_options, coerce
 
 Optimizer = Literal["sgd", "adam", "adagrad"]
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -92,7 +91,8 @@ class TrainConfig:
             raise unknown_name("model", self.model, MODELS)
         if self.dataset not in DATASETS:
             raise unknown_name("dataset", self.dataset, DATASETS)
-        object.__setattr__(self, "options", build_options(self.algorithm, self.options))
+        options = build_options(self.algorithm, ALGORITHMS[self.algorithm].Options, self.options)
+        object.__setattr__(self, "options", options)
         explicit_momentum = self.momentum is not None
         if self.optimizer is None:
             object.__setattr__(self, "optimizer", ALGORITHMS[self.algorithm].default_optimizer)
@@ -185,89 +185,6 @@ def check_world(config: TrainConfig, world_size: int) -> None:
     ALGORITHMS[config.algorithm].check_world(config.options, world_size)
 
 
-def build_options(algorithm: str, options: Any) -> AlgorithmOptions:
-    """Validate ``options`` (None, a mapping, or the dataclass) into the algorithm's options."""
-    cls = ALGORITHMS[algorithm].Options
-    if isinstance(options, cls):
-        return options
-    if options is None:
-        return cls()
-    if isinstance(options, AlgorithmOptions):
-        raise ConfigError("options", type(options).__name__,
-                          f"give {cls.__name__} for algorithm {algorithm!r}")
-    if not isinstance(options, Mapping):
-        raise ConfigError("options", options, "give a mapping of option name to value")
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for name in options:
-        if name not in known:
-            valid = ", ".join(known) if known else "none"
-            raise ConfigError(name, options[name],
-                              f"algorithm {algorithm!r} has no such option (its options: {valid})")
-    return cls(**{k: coerce(k, hints[k], v) for k, v in options.items()})
-
-
-#: What a field of each type must be, in words.
-KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def coerce(name: str, hint: Any, value: Any, text: bool = False) -> Any:
-    """``value`` as the type ``hint``, or a ConfigError that says what the field needs.
-
-    ``text``: the value is a string typed on a command line, parsed into the type ("none" for an
-    optional field). Otherwise the value is typed already (a file's, Python's): a string is never
-    read as a number or a bool, and only what loses nothing is converted (10.0 to 10, 1 to 1.0).
-    """
-    if value is None:
-        return None
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
-        if text and value.lower() in ("none", "null", ""):
-            return None
-        return coerce(name, kinds[0], value, text)
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        return coerce(name, type(choices[0]), value, text) if choices else value
-    if hint not in KINDS:
-        return value
-    if text:
-        return parse(name, hint, value)
-    if hint is str:
-        return str(value)  # a number where a name is wanted is refused by the name's own check
-    if hint is bool and isinstance(value, bool):
-        return value
-    if hint in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
-        if hint is float:
-            return float(value)
-        if isinstance(value, numbers.Integral) or float(value).is_integer():
-            return int(value)
-    expected = f"must be {KINDS[hint]}"
-    if isinstance(value, str):
-        expected += ", not a string"
-        try:
-            if math.isfinite(parse(name, hint, value)):
-                expected += f": write {value} without quotes"
-        except ConfigError:
-            pass
-    raise ConfigError(name, value, expected)
-
-
-def parse(name: str, hint: type, text: str) -> Any:
-    """The value of a flag's ``text`` as ``hint`` (int, float, bool or str)."""
-    if hint is bool:
-        if text.lower() in ("true", "yes", "1", "on"):
-            return True
-        if text.lower() in ("false", "no", "0", "off"):
-            return False
-    else:
-        try:
-            return hint(text)
-        except ValueError:
-            pass
-    raise ConfigError(name, text, f"must be {KINDS[hint]}")
-
-
 def read_yaml(text: str) -> Any:
     """YAML, with numbers such as 1e-3 read as numbers (YAML 1.2 does; PyYAML's YAML 1.1 wants
     1.0e-3 and reads 1e-3 as a string, which a number field here refuses)."""
@@ -280,7 +197,3 @@ def read_yaml(text: str) -> Any:
                                  re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
                                  list("-+.0123456789"))
     return yaml.load(text, Loader=Loader)  # a SafeLoader: plain data only
-
-
-def field_help(cls: type) -> dict[str, str]:
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

@@ -7,6 +7,7 @@ from typing import Any
 from ..comm.collectives import Comm
 from ..comm.runtime import DistContext
 from ..errors import unknown_name
+from ..options import build_options
 from .adpsgd import ADPSGD
 from .allreduce import AllReduce
 from .base import Algorithm, AlgorithmOptions, Roles
@@ -24,12 +25,10 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
     """An algorithm for your own training loop: ``make_algorithm("ddp", ctx, bucket_cap_mb=4)``."""
-    from ..config import build_options
-
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, ALGORITHMS)
     cls = ALGORITHMS[name]
-    opts = build_options(name, options)
+    opts = build_options(name, cls.Options, options)
     cls.check_world(opts, ctx.world_size)
     return cls(opts, Comm(ctx))
 

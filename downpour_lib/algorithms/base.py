@@ -17,16 +17,7 @@ import torch
 from torch import nn
 
 from ..comm.collectives import Comm
-from ..errors import check_choices
-
-
-@dataclass(frozen=True)
-class AlgorithmOptions:
-    """Base of every algorithm's options: a frozen dataclass, one help text per field.
-    Subclasses that validate more call ``super().__post_init__()``."""
-
-    def __post_init__(self) -> None:
-        check_choices(self)
+from ..options import AlgorithmOptions
 
 
 @dataclass(frozen=True)
@@ -135,4 +126,11 @@ class Algorithm:
         pass
 
     def close(self) -> None:
-        pass
+        """The run finished on every rank: finish what is still in flight (this may communicate),
+        join threads, release what ``setup`` took. The engine calls it after the last step; a
+        training loop of your own calls it too."""
+
+    def abort(self) -> None:
+        """The run failed, on this rank or another, and the job is being taken down: stop threads
+        and release what ``setup`` took, waiting for no peer (one may be gone, and a peer waiting
+        for this rank would make it wait in turn). Called instead of ``close``."""

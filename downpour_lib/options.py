@@ -1,0 +1,113 @@
+"""Options plumbing below both the algorithms and the run config: the base of every algorithm's
+options, and turning values typed in files, Python or on a command line into a field's type, with
+errors that name the field, the value and what would work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import ConfigError, check_choices
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """Base of every algorithm's options: a frozen dataclass, one help text per field.
+    Subclasses that validate more call ``super().__post_init__()``."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+
+def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any) -> AlgorithmOptions:
+    """Validate ``options`` (None, a mapping, or the dataclass) into ``cls``, the options of
+    ``algorithm`` (the name is for messages)."""
+    if isinstance(options, cls):
+        return options
+    if options is None:
+        return cls()
+    if isinstance(options, AlgorithmOptions):
+        raise ConfigError("options", type(options).__name__,
+                          f"give {cls.__name__} for algorithm {algorithm!r}")
+    if not isinstance(options, Mapping):
+        raise ConfigError("options", options, "give a mapping of option name to value")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for name in options:
+        if name not in known:
+            valid = ", ".join(known) if known else "none"
+            raise ConfigError(name, options[name],
+                              f"algorithm {algorithm!r} has no such option (its options: {valid})")
+    return cls(**{k: coerce(k, hints[k], v) for k, v in options.items()})
+
+
+#: What a field of each type must be, in words.
+KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def coerce(name: str, hint: Any, value: Any, text: bool = False) -> Any:
+    """``value`` as the type ``hint``, or a ConfigError that says what the field needs.
+
+    ``text``: the value is a string typed on a command line, parsed into the type ("none" for an
+    optional field). Otherwise the value is typed already (a file's, Python's): a string is never
+    read as a number or a bool, and only what loses nothing is converted (10.0 to 10, 1 to 1.0).
+    """
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        if text and value.lower() in ("none", "null", ""):
+            return None
+        return coerce(name, kinds[0], value, text)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        return coerce(name, type(choices[0]), value, text) if choices else value
+    if hint not in KINDS:
+        return value
+    if text:
+        return parse(name, hint, value)
+    if hint is str:
+        return str(value)  # a number where a name is wanted is refused by the name's own check
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if hint is float:
+            return float(value)
+        if isinstance(value, numbers.Integral) or float(value).is_integer():
+            return int(value)
+    expected = f"must be {KINDS[hint]}"
+    if isinstance(value, str):
+        expected += ", not a string"
+        try:
+            if math.isfinite(parse(name, hint, value)):
+                expected += f": write {value} without quotes"
+        except ConfigError:
+            pass
+    raise ConfigError(name, value, expected)
+
+
+def parse(name: str, hint: type, text: str) -> Any:
+    """The value of a flag's ``text`` as ``hint`` (int, float, bool or str)."""
+    if hint is bool:
+        if text.lower() in ("true", "yes", "1", "on"):
+            return True
+        if text.lower() in ("false", "no", "0", "off"):
+            return False
+    else:
+        try:
+            return hint(text)
+        except ValueError:
+            pass
+    raise ConfigError(name, text, f"must be {KINDS[hint]}")
+
+
+def field_help(cls: type) -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

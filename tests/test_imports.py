@@ -1,0 +1,109 @@
+"""The library's modules import each other without a circle, so each can be read (and imported)
+from the bottom up, as DESIGN.md's library map says: dependencies point down only.
+
+The graph is read from the source (every ``import``, module level or inside a function, since a
+function-local import that reaches back up is a circle too, only a hidden one), one node per module.
+Importing a submodule also runs its package's ``__init__``; that implicit edge is not counted (every
+package would be in a circle with its own modules).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "downpour_lib"
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, is a package) for every module of the library."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if package else parts)] = (path, package)
+    return found
+
+
+def imported(name: str, package: bool, node: ast.Import | ast.ImportFrom, known) -> list[str]:
+    """The library modules ``node`` (in module ``name``) imports."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.split(".")[0] == "downpour_lib"]
+    if node.level:
+        base = name.split(".") if package else name.split(".")[:-1]
+        base = base[:len(base) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if target.split(".")[0] != "downpour_lib":
+        return []
+    # ``from .pkg import mod`` imports the module ``pkg.mod``; ``from .mod import name`` the module
+    return [f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph = {}
+    for name, (path, package) in known.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target in imported(name, package, node, known):
+                    while target not in known:  # an attribute of a module: the module
+                        target = target.rsplit(".", 1)[0]
+                    if target != name:
+                        edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_circle_finder_finds_a_circle_through_a_function_local_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    # the graph reads function-local imports too (the kind the config/algorithms circle used)
+    node = ast.parse("def f():\n    from ..config import build_options\n").body[0].body[0]
+    known = {"downpour_lib.config": None, "downpour_lib.algorithms": None}
+    assert imported("downpour_lib.algorithms", True, node, known) == ["downpour_lib.config"]
+
+
+def test_the_library_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 50 and "downpour_lib.engine" in graph["downpour_lib.cli"] | {
+        t for v in graph["downpour_lib.cli"] for t in graph[v]}, "the graph was not read"
+    assert circles(graph) == [], "modules that import each other (directly or around a circle)"
+
