@@ -187,9 +187,12 @@ class Trainer:
                 first = self.start_step if self.algorithm.synchronous else 0
                 self.algorithm.serve(self.plan.total_steps - self.start_step,
                                      lambda update: self._served(first + update))
-        finally:
+        except BaseException:
             self.progress.close()
-            self.algorithm.close()
+            self.algorithm.abort()  # the algorithm is told how the run ended, never left to guess
+            raise
+        self.progress.close()
+        self.algorithm.close()
         wall_s = time.perf_counter() - self.t_start
         return self._gather(wall_s)
 
@@ -331,8 +334,3 @@ def train(config: TrainConfig, ctx: DistContext | None = None,
           callbacks: Sequence[StepCallback] = ()) -> RunResult | None:
     """Train ``config`` in the given context (a world of one if none is given)."""
     return Trainer(config, ctx or DistContext.single(), callbacks=callbacks).run()
-
-
-def replace(config: TrainConfig, **changes) -> TrainConfig:
-    """A copy of ``config`` with some fields changed (and validated again)."""
-    return dataclasses.replace(config, **changes)

@@ -40,7 +40,7 @@ from torch import nn
 from ..comm.collectives import flatten, nbytes, unflatten_into
 from ..comm.gossip import destroy_group, exchange, new_group
 from ..topology import Topology
-from .decentralized import BoundedLagOptions, Decentralized, unwinding
+from .decentralized import BoundedLagOptions, Decentralized
 
 
 @dataclass(frozen=True)
@@ -210,12 +210,13 @@ class ADPSGD(Decentralized):
     def close(self) -> None:
         if self.averaging is None:
             return
-        if unwinding():  # training failed: stop the thread, wait for no one
-            self.averaging.abandon()
-            self.averaging = None
-            return
         self.averaging.close()
         with torch.no_grad():
             unflatten_into(self.averaging.vector, self.params)
         destroy_group(self.group)
         self.averaging = self.group = None
+
+    def abort(self) -> None:
+        if self.averaging is not None:  # stop the thread; its partner may be gone
+            self.averaging.abandon()
+            self.averaging = None

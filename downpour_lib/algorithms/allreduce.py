@@ -89,3 +89,8 @@ class AllReduce(Algorithm):
         if self.buckets is not None:
             self.buckets.close()
             self.buckets = None
+
+    def abort(self) -> None:
+        if self.buckets is not None:
+            self.buckets.close(finished=False)
+            self.buckets = None

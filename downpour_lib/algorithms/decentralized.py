@@ -12,7 +12,6 @@ which vector is its rank's model (``local_vector``).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,13 +43,6 @@ class BoundedLagOptions(AlgorithmOptions):
         if self.max_lag < 1:
             raise ConfigError("max_lag", self.max_lag,
                               f"must be a whole number >= 1 ({self.lag_bounds}); {self.without_lag}")
-
-
-def unwinding() -> bool:
-    """True inside ``close()`` when the engine calls it while an exception propagates (its
-    ``finally``). Then a rank must not wait for its peers: the job is being taken down
-    (``runtime.abort_on_error``), and peers waiting for this rank would make it wait in turn."""
-    return sys.exc_info()[0] is not None
 
 
 class Decentralized(Algorithm):

@@ -23,7 +23,6 @@ done; that state is the run's final model and checkpoint.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -376,11 +375,6 @@ class Downpour(Algorithm):
         return {server: state for server, state in zip(self.servers, states, strict=True)}
 
     def close(self) -> None:
-        if sys.exc_info()[0] is not None:
-            # Closing while an error propagates: a message now could wait forever on a peer in
-            # the middle of another exchange; the launcher's abort ends the others (the server
-            # thread is a daemon and ends with the process).
-            return
         if self.is_worker and not self.finished and hasattr(self, "t"):
             self._finish()  # a loop that ended early still lets the servers stop
         if self.finished and self.rank == self.evaluator:
@@ -388,3 +382,9 @@ class Downpour(Algorithm):
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+
+    def abort(self) -> None:
+        # No message now: it could wait forever on a peer in the middle of another exchange. The
+        # launcher's abort ends the others; a colocated server thread is a daemon and ends with
+        # the process.
+        self.thread = None

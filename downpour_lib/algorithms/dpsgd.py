@@ -28,7 +28,7 @@ from ..comm.collectives import flatten, unflatten_into
 from ..comm.gossip import Exchange, Gossip
 from ..mixing import uniform_weights
 from .base import AlgorithmOptions
-from .decentralized import Decentralized, unwinding
+from .decentralized import Decentralized
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,6 @@ class DPSGD(Decentralized):
         self.posted = self._post()
 
     def close(self) -> None:
-        if self.posted is not None and not unwinding():
+        if self.posted is not None:
             self.gossip.complete(self.posted)
             self.posted = None

@@ -80,7 +80,9 @@ class GradientBuckets:
         for i, p in enumerate(self.params):
             self.hooks.append(p.register_post_accumulate_grad_hook(self._hook(i)))
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Remove the hooks. ``finished``: the run ended normally (else it failed, and
+        whatever it left undone is no news)."""
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
@@ -89,7 +91,7 @@ class GradientBuckets:
         # while the job is being torn down, so it is dropped.
         for bucket in self.buckets:
             bucket.handle = None
-        if self.micro:
+        if self.micro and finished:
             warnings.warn(f"the last {self.micro} micro-batch(es) were never applied: the run ended "
                           f"inside an accumulation window of {self.k}; make the number of steps a "
                           "multiple of accumulation_steps", stacklevel=2)
