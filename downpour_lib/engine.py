@@ -306,7 +306,6 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "num_servers": len(set(self.roles.servers) - set(self.roles.workers)),
             **summarize(steps, evals, self.config.warmup_steps),
-            **ALGORITHMS[self.config.algorithm].summarize(steps, evals),
             "wall_s": wall_s,
             "total_steps": self.plan.total_steps,
             "start_step": self.start_step,

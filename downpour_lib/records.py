@@ -170,4 +170,39 @@ def summarize(steps: pd.DataFrame, evals: pd.DataFrame, warmup_steps: int) -> di
     if not evals.empty:
         last = evals.sort_values(["step", "time_s"]).iloc[-1]
         out["test_loss"], out["test_accuracy"] = float(last.loss), float(last.accuracy)
+    if staleness_columns(workers):
+        out.update(staleness_summary(steps))
+    if "consensus_distance" in evals:
+        out.update(consensus_summary(evals))
     return out
+
+
+def staleness_columns(steps: pd.DataFrame) -> list[str]:
+    """Where the records keep staleness: one column per parameter shard (Downpour's pushes), or
+    one ``staleness`` column (the gossip algorithms' lag)."""
+    return [c for c in steps.columns if c.startswith("staleness_shard")] or \
+        [c for c in ("staleness",) if c in steps.columns]
+
+
+def staleness_summary(steps: pd.DataFrame) -> dict[str, Any]:
+    """Mean and max of the workers' staleness records (one value per push and shard for
+    Downpour, per step for the gossip algorithms), and their histogram ({staleness: count}) when
+    they are whole numbers of updates."""
+    workers = steps[steps.role == "worker"] if "role" in steps else steps
+    columns = staleness_columns(workers)
+    values = pd.concat([workers[c] for c in columns]).dropna() if columns else pd.Series([])
+    if values.empty:
+        return {"staleness_mean": float("nan"), "staleness_max": float("nan"), "staleness_hist": {}}
+    whole = bool((values == values.round()).all())
+    out = {"staleness_mean": float(values.mean()),
+           "staleness_max": int(values.max()) if whole else float(values.max())}
+    if whole:
+        counts = values.astype(int).value_counts().sort_index()
+        out["staleness_hist"] = {str(k): int(v) for k, v in counts.items()}
+    return out
+
+
+def consensus_summary(evals: pd.DataFrame) -> dict[str, Any]:
+    """How far apart the workers' models were at the last evaluation (the gossip algorithms)."""
+    last = evals.sort_values(["step", "time_s"]).consensus_distance.iloc[-1] if len(evals) else math.nan
+    return {"final_consensus_distance": float(last)}

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from downpour_lib import TrainConfig, Trainer, plan_run
-from downpour_lib.algorithms.downpour import staleness_summary
 from downpour_lib.cli import main
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
+from downpour_lib.records import staleness_summary
 
 FAST = dict(model="mlp", dataset="digits", threads=1, seed=1, steps=10, warmup_steps=1)
 

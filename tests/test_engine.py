@@ -80,7 +80,9 @@ def test_throughput_sums_worker_rates_after_warmup():
     assert summary["bytes_sent_per_step"] == 100
 
 
-def test_algorithm_metrics_reach_records_and_summary(monkeypatch):
+def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypatch):
+    """An algorithm reports numbers per step and per evaluation; the summary is the records' own
+    analysis of them (staleness here), which no algorithm implements."""
     from downpour_lib.algorithms import ALGORITHMS
     from downpour_lib.algorithms.local import Local
 
@@ -90,18 +92,16 @@ def test_algorithm_metrics_reach_records_and_summary(monkeypatch):
 
         def step_metrics(self):
             self.updates += 1
-            return {"updates_so_far": float(self.updates)}
+            return {"updates_so_far": float(self.updates), "staleness": float(self.updates % 3)}
 
         def eval_metrics(self, model):
             return {"param_norm": float(sum(p.detach().norm() ** 2 for p in model.parameters()) ** 0.5)}
-
-        @classmethod
-        def summarize(cls, steps, evals):
-            return {"updates_max": float(steps.updates_so_far.max())}
 
     monkeypatch.setitem(ALGORITHMS, "counting", Counting)
     result = Trainer(TrainConfig(algorithm="counting", steps=6, eval_every=3, **FAST),
                      DistContext.single()).run()
     assert list(result.steps.updates_so_far) == [1, 2, 3, 4, 5, 6]
     assert len(result.evals.param_norm) == 2 and (result.evals.param_norm > 0).all()
-    assert result.summary["updates_max"] == 6
+    assert result.summary["staleness_mean"] == 1.0 and result.summary["staleness_max"] == 2
+    assert result.summary["staleness_hist"] == {"0": 2, "1": 2, "2": 2}
+    assert "final_consensus_distance" not in result.summary  # no consensus recorded

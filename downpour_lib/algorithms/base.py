@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import pandas as pd
 import torch
 from torch import nn
 
@@ -100,11 +99,6 @@ class Algorithm:
     def eval_metrics(self, model: nn.Module) -> dict[str, float]:
         """Extra numbers at an evaluation point, e.g. consensus distance. Called on every rank at
         the same step, so it may use collectives (if the algorithm's ranks share step indices)."""
-        return {}
-
-    @classmethod
-    def summarize(cls, steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
-        """Extra summary fields from the gathered records, e.g. staleness mean, max, histogram."""
         return {}
 
     @contextmanager

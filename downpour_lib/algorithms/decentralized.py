@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import pandas as pd
 import torch
 from torch import nn
 
@@ -78,14 +77,3 @@ class Decentralized(Algorithm):
     def eval_metrics(self, model: nn.Module) -> dict[str, float]:
         # Collective: the engine calls this on every rank at the same steps.
         return {"consensus_distance": consensus_distance(self.comm, self.local_vector(model))}
-
-    @classmethod
-    def summarize(cls, steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
-        out: dict[str, Any] = {"final_consensus_distance": float("nan")}
-        if "consensus_distance" in evals and len(evals):
-            out["final_consensus_distance"] = float(
-                evals.sort_values(["step", "time_s"]).consensus_distance.iloc[-1])
-        if "staleness" in steps and len(steps):
-            out["staleness_mean"] = float(steps.staleness.mean())
-            out["staleness_max"] = float(steps.staleness.max())
-        return out

@@ -30,7 +30,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import pandas as pd
 import torch
 from torch import nn
 
@@ -81,20 +80,6 @@ class DownpourOptions(ps_placement.PSOptions):
             raise ConfigError("warmstart", self.warmstart, "must be a whole number of pushes >= 0")
 
 
-def staleness_summary(steps: pd.DataFrame) -> dict[str, Any]:
-    """Mean, max and histogram ({staleness: count}) of every applied update, from the workers'
-    push records (one value per push and shard)."""
-    workers = steps[steps.role == "worker"] if "role" in steps else steps
-    columns = [c for c in workers.columns if c.startswith("staleness_shard")] or \
-        [c for c in ("staleness",) if c in workers.columns]
-    values = pd.concat([workers[c] for c in columns]).dropna() if columns else pd.Series([])
-    if values.empty:
-        return {"staleness_mean": float("nan"), "staleness_max": float("nan"), "staleness_hist": {}}
-    counts = values.astype(int).value_counts().sort_index()
-    return {"staleness_mean": float(values.mean()), "staleness_max": int(values.max()),
-            "staleness_hist": {str(k): int(v) for k, v in counts.items()}}
-
-
 class Downpour(Algorithm):
     name = "downpour"
     Options = DownpourOptions
@@ -119,10 +104,6 @@ class Downpour(Algorithm):
     def roles(cls, options: DownpourOptions, world_size: int) -> Roles:
         # a worker evaluates: it can fetch every shard; the servers each hold one
         return ps_placement.roles(options, world_size, evaluator="worker")
-
-    @classmethod
-    def summarize(cls, steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
-        return staleness_summary(steps)
 
     # -- set-up --------------------------------------------------------------------------------
 
