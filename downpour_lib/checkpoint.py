@@ -5,11 +5,11 @@ a reader, such as ``downpour evaluate --watch``, sees the old file or the new on
 even if the writer dies mid-write. A killed writer's temporary file is deleted by the next save in
 its directory, unless a live writer still holds its lock on it (two runs writing one directory).
 
-A checkpoint is one file, ``ckpt-<step>.pt``, written by one rank: for synchronous algorithms
-rank 0 gathers every rank's state at the same step; for asynchronous ones the evaluator asks the
-parameter servers for theirs by message. One file per checkpoint means there is never a set of
-shard files of which some are missing (no manifest or two-phase commit), at the price of moving
-every shard to one rank, which is small next to a step's traffic.
+A checkpoint is one file, ``ckpt-<step>.pt``, written by one rank, the evaluator: for synchronous
+algorithms it gathers every rank's state at the same step; for asynchronous ones it asks the
+parameter servers for theirs by message (``Algorithm.collect_states``). One file per checkpoint
+means there is never a set of shard files of which some are missing (no manifest or two-phase
+commit), at the price of moving every shard to one rank, which is small next to a step's traffic.
 
 A checkpoint holds: ``step`` (steps completed), ``final``, ``config``, ``world_size``, ``model`` (the
 parameters to evaluate), and ``ranks``: each rank's optimizer, algorithm and RNG state, and its

@@ -95,7 +95,7 @@ class TrainConfig:
         object.__setattr__(self, "options", options)
         explicit_momentum = self.momentum is not None
         if self.optimizer is None:
-            object.__setattr__(self, "optimizer", ALGORITHMS[self.algorithm].default_optimizer)
+            object.__setattr__(self, "optimizer", self.options.default_optimizer)
         if self.momentum is None:
             object.__setattr__(self, "momentum", 0.9 if self.optimizer == "sgd" else 0.0)
         if self.optimizer not in typing.get_args(Optimizer):

@@ -6,11 +6,13 @@ once instead of leaving some of them waiting. ``Trainer`` then runs the workers'
 algorithm's server loop, evaluates on the algorithm's evaluator rank, checkpoints, and gathers
 every rank's records on rank 0 into a ``RunResult``.
 
-Synchronous algorithms share step indices on every rank, servers included, so evaluations and
-checkpoints are collective points. Asynchronous ones (``Algorithm.synchronous = False``, Downpour)
-do not: a server's updates are not steps, so only workers' steps are evaluation and checkpoint
-points, and the evaluator alone evaluates and checkpoints, asking the servers for their state by
-message.
+One path for every algorithm. A worker's step is a *point*; so is a server's update when it
+completes the workers' step (a synchronous server says so from its loop, ``Algorithm.serve``), not
+when it applies one asynchronous push (Downpour's). At a point that is due, every rank there calls
+``eval_metrics`` and the evaluator evaluates; a checkpoint is written by the evaluator with the
+states ``Algorithm.collect_states`` brings it: gathered collectively by default, where every rank
+reaches the same points, or fetched from the servers by message (Downpour, whose other workers
+write nothing).
 """
 
 from __future__ import annotations
@@ -171,9 +173,7 @@ class Trainer:
     # -- the loops ---------------------------------------------------------------------------
 
     def run(self) -> RunResult | None:
-        # an asynchronous run's rank 0 may be a server, whose updates are not steps
-        shown = 0 if self.algorithm.synchronous else self.roles.evaluator
-        show = self.ctx.rank == shown and sys.stderr.isatty()
+        show = self.ctx.rank == self.roles.evaluator and sys.stderr.isatty()
         self.progress = tqdm(total=self.plan.total_steps, initial=self.start_step, disable=not show,
                              desc=f"{self.config.algorithm} x{len(self.roles.workers)}")
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
@@ -182,11 +182,7 @@ class Trainer:
             if self.role == "worker":
                 self._work()
             else:
-                # a synchronous server's updates are the workers' steps; an asynchronous one's
-                # are counted from 0 in every run
-                first = self.start_step if self.algorithm.synchronous else 0
-                self.algorithm.serve(self.plan.total_steps - self.start_step,
-                                     lambda update: self._served(first + update))
+                self.algorithm.serve(range(self.start_step, self.plan.total_steps), self._served)
         except BaseException:
             self.progress.close()
             self.algorithm.abort()  # the algorithm is told how the run ended, never left to guess
@@ -225,30 +221,33 @@ class Trainer:
                 update_s=max(0.0, t3 - t2 - meter.comm_s - meter.wait_s), step_s=t3 - t0,
                 bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
                 time_s=t3 - self.t_start, extras=self.algorithm.step_metrics())
-            self._finish_step(record)
+            self._finish_step(record, point=True)
 
-    def _served(self, update: int) -> None:
-        """Called by a server's loop after each update it applies."""
+    def _served(self, update: int, step: int | None) -> None:
+        """Called by a server's loop after each update it applies: the workers' ``step`` it
+        completes (a point, as a worker's step is), or None (an asynchronous server's update,
+        recorded by its count from 0 in this run)."""
         meter, now = self.meter, time.perf_counter()
         last = self.step_records[-1].time_s if self.step_records else 0.0
         step_s = (now - self.t_start) - last
+        index = update if step is None else step
         self._finish_step(StepRecord(
-            rank=self.ctx.rank, role="server", step=update,
-            epoch=update // self.plan.steps_per_epoch, samples=0, loss=float("nan"), data_s=0.0,
+            rank=self.ctx.rank, role="server", step=index,
+            epoch=index // self.plan.steps_per_epoch, samples=0, loss=float("nan"), data_s=0.0,
             compute_s=0.0, comm_s=meter.comm_s, wait_s=meter.wait_s,
             update_s=max(0.0, step_s - meter.comm_s - meter.wait_s), step_s=step_s,
             bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
-            time_s=now - self.t_start, extras=self.algorithm.step_metrics()))
+            time_s=now - self.t_start, extras=self.algorithm.step_metrics()), point=step is not None)
         meter.reset()
 
-    def _finish_step(self, record: StepRecord) -> None:
+    def _finish_step(self, record: StepRecord, point: bool) -> None:
+        """Record a step (or a server's update); at a ``point`` (a step, on every rank that
+        takes it) evaluate and checkpoint when due. The algorithm decides what a checkpoint
+        point means for it (``collect_states``), and the evaluator evaluates."""
         self.step_records.append(record)
         for callback in self.callbacks:
             callback(record)
-        # Synchronous ranks share step indices, so evaluations and checkpoints are collective
-        # points on every rank (servers included). Asynchronous ranks do not: only workers' steps
-        # count, eval_metrics must not be collective, and the evaluator checkpoints alone.
-        if not (self.algorithm.synchronous or record.role == "worker"):
+        if not point:
             return
         step, last = record.step, record.step + 1 == self.plan.total_steps
         if (last and self.config.final_eval) or _every(step, self.config.eval_every):
@@ -256,8 +255,7 @@ class Trainer:
             if self.ctx.rank == self.roles.evaluator:
                 self._evaluate(step, extras)
         if self.config.checkpoint_dir and (last or _every(step, self.config.checkpoint_every)):
-            if self.algorithm.synchronous or self.ctx.rank == self.roles.evaluator:
-                self._checkpoint(step + 1, final=last)
+            self._checkpoint(step + 1, final=last)
         self.progress.update(1)
         if record.role == "worker":
             self.progress.set_postfix(loss=f"{record.loss:.3f}", refresh=False)
@@ -270,23 +268,17 @@ class Trainer:
                                             loss, accuracy, len(self.splits.test), extras))
 
     def _checkpoint(self, completed: int, final: bool) -> None:
-        """Save the state after ``completed`` steps: rank 0 gathers every rank's state for a
-        synchronous algorithm; the evaluator asks the servers for theirs for an asynchronous one."""
-        local = checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict())
+        """Save the state after ``completed`` steps: the evaluator writes its model and every
+        rank's state, as the algorithm collects them."""
         model = None
         if self.ctx.rank == self.roles.evaluator:
             with self.algorithm.eval_parameters(self.model) as evaluated:
                 model = {k: v.detach().cpu().clone() for k, v in evaluated.state_dict().items()}
-        if self.algorithm.synchronous:
-            parts = self.comm.gather_objects((local, model), dst=0)
-            if parts is None:
-                return
-            ranks = {rank: part[0] for rank, part in enumerate(parts)}
-            model = parts[self.roles.evaluator][1]
-        else:
-            ranks = {rank: {"algorithm": state}
-                     for rank, state in self.algorithm.remote_states(final).items()}
-            ranks[self.ctx.rank] = {**local, **ranks.get(self.ctx.rank, {})}
+        ranks = self.algorithm.collect_states(
+            lambda: checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict()),
+            final)
+        if ranks is None:
+            return
         checkpoint.save(self.config.checkpoint_dir, checkpoint.assemble(
             completed, final, time.perf_counter() - self.t_start, self.config.to_dict(),
             self.ctx.world_size, model, ranks))

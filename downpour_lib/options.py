@@ -12,7 +12,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from .errors import ConfigError, check_choices
 
@@ -21,6 +21,9 @@ from .errors import ConfigError, check_choices
 class AlgorithmOptions:
     """Base of every algorithm's options: a frozen dataclass, one help text per field.
     Subclasses that validate more call ``super().__post_init__()``."""
+
+    #: The update rule when the config names none (Downpour SGD made Adagrad its default).
+    default_optimizer: ClassVar[str] = "sgd"
 
     def __post_init__(self) -> None:
         check_choices(self)

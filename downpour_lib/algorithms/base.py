@@ -40,12 +40,6 @@ class Algorithm:
 
     name: ClassVar[str]
     Options: ClassVar[type[AlgorithmOptions]] = AlgorithmOptions
-    #: The update rule when the config names none (Downpour SGD made Adagrad its default).
-    default_optimizer: ClassVar[str] = "sgd"
-    #: Whether every rank reaches step k together. Synchronous algorithms evaluate and checkpoint
-    #: collectively at shared step indices; asynchronous ones only on the evaluator, which asks
-    #: the other ranks for their state by message (``remote_states``).
-    synchronous: ClassVar[bool] = True
 
     def __init__(self, options: AlgorithmOptions, comm: Comm) -> None:
         self.options, self.comm = options, comm
@@ -88,8 +82,11 @@ class Algorithm:
     def after_step(self, model: nn.Module) -> None:
         """Parameter side: runs after the update (gossip, averaging, fetching)."""
 
-    def serve(self, steps: int, on_update: Callable[[int], None]) -> None:
-        """A server rank's loop; calls ``on_update(i)`` after each update it applies."""
+    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
+        """A server rank's loop over the workers' ``steps`` of this run. After each update it
+        applies it calls ``on_update(update, step)``: ``update`` counts from 0; ``step`` is the
+        workers' step the update completes when servers and workers step together (an
+        evaluation and checkpoint point, as for every rank), None for an asynchronous server."""
         raise NotImplementedError(f"{self.name} has no server ranks")
 
     def step_metrics(self) -> dict[str, float]:
@@ -110,11 +107,16 @@ class Algorithm:
         """This rank's algorithm state for a checkpoint (tensors and plain values only)."""
         return {}
 
-    def remote_states(self, final: bool) -> dict[int, dict[str, Any]]:
-        """Asynchronous algorithms, on the evaluator: the algorithm state of the other ranks that
-        hold some (e.g. the parameter servers' shards), by rank, fetched by message. ``final``
-        means training is over on every rank."""
-        return {}
+    def collect_states(self, local: Callable[[], dict[str, Any]], final: bool
+                       ) -> dict[int, dict[str, Any]] | None:
+        """At a checkpoint point: every rank's state (``local()`` on each, see
+        ``checkpoint.rank_state``), by rank, on the rank that writes the checkpoint (the
+        evaluator); None on the others. Every rank reaches the same checkpoint points here, so
+        the default gathers collectively; an asynchronous algorithm fetches what other ranks
+        hold by message instead. ``final``: training is over on every rank."""
+        evaluator = self.roles(self.options, self.world_size).evaluator
+        parts = self.comm.gather_objects(local(), dst=evaluator)
+        return None if parts is None else dict(enumerate(parts))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -60,6 +60,7 @@ from .ps_shards import model_layout, shard_tensors
 
 @dataclass(frozen=True)
 class DownpourOptions(ps_placement.PSOptions):
+    default_optimizer: ClassVar[str] = "adagrad"  # as in Dean et al. 2012
     n_fetch: int = field(default=1, metadata={
         "help": "a worker fetches the parameters before every n_fetch-th step"})
     n_push: int = field(default=1, metadata={
@@ -84,8 +85,6 @@ class Downpour(Algorithm):
     name = "downpour"
     Options = DownpourOptions
     options: DownpourOptions
-    default_optimizer = "adagrad"
-    synchronous = False
 
     @classmethod
     def check_world(cls, options: DownpourOptions, world_size: int) -> None:
@@ -306,16 +305,16 @@ class Downpour(Algorithm):
 
     # -- the server's loop ----------------------------------------------------------------------
 
-    def serve(self, steps: int, on_update: Callable[[int], None]) -> None:
+    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
         """A dedicated server: serve every worker until each is done (``steps`` is not used:
-        the number of updates depends on the workers, not on a shared step count)."""
+        the number of updates depends on the workers, and none of them is a step)."""
         self.serving = True
         updates = 0
 
         def applied(source: int, staleness: int) -> None:
             nonlocal updates
             self.last_update = {"staleness": float(staleness), "source_rank": float(source)}
-            on_update(updates)
+            on_update(updates, None)
             updates += 1
 
         ServeLoop(self.server, self.link, self.workers, on_update=applied).run()
@@ -351,9 +350,16 @@ class Downpour(Algorithm):
         if self.server is not None and state:
             self.server.load_state_dict(state)
 
-    def remote_states(self, final: bool) -> dict[int, dict[str, Any]]:
+    def collect_states(self, local: Callable[[], dict[str, Any]], final: bool
+                       ) -> dict[int, dict[str, Any]] | None:
+        """On the evaluator alone, which asks the servers for their shards by message (they are
+        serving, not stepping); the other workers write nothing."""
+        if self.rank != self.evaluator:
+            return None
         states = self._final() if final else self._snapshots(SNAPSHOT)
-        return {server: state for server, state in zip(self.servers, states, strict=True)}
+        ranks = {server: {"algorithm": state} for server, state in zip(self.servers, states, strict=True)}
+        ranks[self.rank] = {**local(), **ranks.get(self.rank, {})}  # a colocated server's shard
+        return ranks
 
     def close(self) -> None:
         if self.is_worker and not self.finished and hasattr(self, "t"):

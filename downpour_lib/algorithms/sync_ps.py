@@ -110,13 +110,13 @@ class SyncPS(Algorithm):
         # A worker's time here is mostly the servers' update: it counts as waiting.
         self._pull(bucket="comm" if self.shard is not None else "wait")
 
-    def serve(self, steps: int, on_update: Callable[[int], None]) -> None:
+    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
         zeros = [torch.zeros_like(p) for p in self.params]
-        for i in range(steps):
+        for i, step in enumerate(steps):
             # A dedicated server runs no forward pass: it adds nothing to the buffers' average.
             for b in self.buffers:
                 b.zero_()
             self._push(zeros, bucket="wait")  # waiting for the workers' gradients
             self.optimizer.step()
             self._pull(bucket="comm")
-            on_update(i)
+            on_update(i, step)  # the workers' step: servers and workers step together
