@@ -84,8 +84,10 @@ def topology(config: TrainConfig) -> str:
 
 def planned_run(config: TrainConfig, world_size: int) -> PlannedRun:
     """A run of the study loop, labelled as the log and the figures name it."""
-    return PlannedRun(config, world_size, 0, columns={"topology": topology(config)},
-                      label=f"{config.algorithm} ({topology(config)}) on {world_size} rank(s)")
+    graph = topology(config)
+    name = config.algorithm if graph == NO_TOPOLOGY else f"{config.algorithm} ({graph})"
+    return PlannedRun(config, world_size, 0, columns={"topology": graph},
+                      label=f"{name} on {world_size} rank(s)")
 
 
 # -- the plan: three questions ---------------------------------------------------------------------
