@@ -11,15 +11,21 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: study test venv lint figures clean
+.PHONY: study studies test venv lint figures clean
 
-study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/runs.csv + results/<host>/figures/*.png
+study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
+
+# Every study, each by its notebook, into results/<host>/{scaling,staleness,gossip}/; each resumes
+# (runs already in this machine's CSVs at this commit are skipped) and redraws its figures.
+studies: study   ## every study: notebooks 02, 03, 04 headless
+	$(BIN)/downpour notebook run notebooks/03_downpour_staleness.ipynb
+	$(BIN)/downpour notebook run notebooks/04_gossip_consensus.ipynb
 
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-figures: $(STAMP)  ## redraw this machine's figures (results/<host>/figures) from its CSV
+figures: $(STAMP)  ## redraw every study's figures of this machine (results/<host>/*/figures/) from its CSVs
 	$(BIN)/downpour plot
 
 lint: $(STAMP)

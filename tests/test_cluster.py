@@ -31,7 +31,7 @@ from downpour_lib.cluster import (
 from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
-from downpour_lib.study.sweep import StudySpec, run_study, run_study_on_cluster
+from downpour_lib.study.scaling import StudySpec, run_study, run_study_on_cluster
 
 TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
         "threads": 1, "eval_every": 6, "warmup_steps": 2}

@@ -20,7 +20,7 @@ from downpour_lib.cli import main
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.config import check_world
 from downpour_lib.errors import ConfigError
-from downpour_lib.study.sweep import StudySpec
+from downpour_lib.study.scaling import StudySpec
 from downpour_lib.topology import make_topology
 
 GOSSIP = ("sgp", "osgp", "dpsgd", "adpsgd")

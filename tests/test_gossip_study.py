@@ -1,7 +1,9 @@
-"""Notebook 04's library: the gossip study's configurations, its tidy frames, figures and table, on
-synthetic run results (the runs themselves are exercised by tests/test_notebooks.py)."""
+"""Notebook 04's library: the gossip study's configurations, its plan, its tidy frames and their CSVs
+(resumable), figures and table, on synthetic run results (the runs themselves are exercised by
+tests/test_notebooks.py)."""
 
 import math
+import shutil
 
 import pandas as pd
 import pytest
@@ -10,19 +12,28 @@ import torch
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
 from downpour_lib.records import RunResult
+from downpour_lib.study.core import StudyStore
 from downpour_lib.study.gossip import (
     NO_TOPOLOGY,
     TABLE_COLUMNS,
+    TABLES,
     GossipRuns,
     GossipStudy,
+    default_topology,
+    plan_study,
+    run_config,
+    topologies_of,
+)
+from downpour_lib.study.gossip_plots import (
     accuracy_time_figure,
+    algorithm_runs,
     bytes_figure,
     consensus_figure,
-    default_topology,
+    consensus_runs,
+    make_figures,
     parameter_bytes,
-    run_config,
+    size_runs,
     summary_table,
-    topologies_of,
 )
 
 BASE = {"model": "mlp", "dataset": "digits", "steps": 20, "batch_size": 16, "lr": 0.05,
@@ -217,3 +228,66 @@ def test_parameter_bytes_counts_one_copy_of_the_model():
     model = build_model("mlp", (1, 8, 8), 10)
     assert parameter_bytes("mlp", "digits") == sum(p.numel() * 4 for p in model.parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+PLAN = {"engines": 4, "algorithms": ["sgp", "dpsgd", "adpsgd", "allreduce"],
+        "topologies": ["exponential", "ring"], "world_sizes": [2, 3, 4]}
+
+
+def test_the_plan_asks_three_questions_and_plans_a_shared_run_once():
+    plan = plan_study(BASE, **PLAN)
+    table = plan.table()
+    keys = list(zip(table.algorithm, table.topology, table.world_size, strict=True))
+    assert keys[:2] == [("sgp", "exponential", 4), ("sgp", "ring", 4)]  # the consensus question
+    assert len(keys) == len(set(keys)) and table.run_id.is_unique
+    assert set(keys) == {("sgp", "exponential", 4), ("sgp", "ring", 4)} | {
+        (a, default_topology(a), n) for a in PLAN["algorithms"] for n in (2, 3, 4)
+        if not (a == "adpsgd" and n == 3)}
+    assert len(plan.skipped) == 1 and plan.skipped[0].startswith("adpsgd on 3 rank(s)")
+    with pytest.raises(ConfigError, match="world_size=3.*2 engines"):
+        plan_study(BASE, **{**PLAN, "engines": 2})
+
+
+def test_a_study_in_a_directory_resumes_the_runs_already_there(tmp_path):
+    plan = plan_study(BASE, **PLAN)
+    recorder = Recorder()
+    first = GossipStudy(recorder, dict(BASE), 4, [].append,
+                        store=StudyStore(tmp_path, TABLES)).run(plan)
+    assert recorder.calls[0] == ("sgp", "complete", 4)  # the warm-up, then every planned run once
+    assert len(recorder.calls) == 1 + len(plan.planned) and len(first.summary) == len(plan.planned)
+    csvs = {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")}
+    assert sorted(csvs) == ["evals.csv", "runs.csv"]
+
+    again, log = Recorder(), []  # a new kernel, the same directory: nothing runs, not even a warm-up
+    resumed = GossipStudy(again, dict(BASE), 4, log.append, store=StudyStore(tmp_path, TABLES)).run(plan)
+    assert again.calls == [] and {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")} == csvs
+    assert sum(line.startswith("skip ") for line in log) == len(plan.planned)
+    pd.testing.assert_frame_equal(resumed.summary, first.summary)
+
+    more = plan_study(BASE, **{**PLAN, "algorithms": [*PLAN["algorithms"], "osgp"]})
+    GossipStudy(again, dict(BASE), 4, [].append, store=StudyStore(tmp_path, TABLES)).run(more)
+    assert again.calls == [("sgp", "complete", 4)] + [("osgp", "exponential", n) for n in (4, 2, 3)]
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert len(runs) == len(more.planned) and runs.run_id.is_unique
+    assert set(pd.read_csv(tmp_path / "evals.csv").run_id) == set(runs.run_id)
+
+
+def test_the_figures_are_made_from_the_csvs_alone(tmp_path):
+    GossipStudy(Recorder(), dict(BASE), 4, [].append,
+                store=StudyStore(tmp_path / "measured", TABLES)).run(plan_study(BASE, **PLAN))
+    (tmp_path / "copy").mkdir()
+    for csv in (tmp_path / "measured").glob("*.csv"):
+        shutil.copy(csv, tmp_path / "copy")
+    runs = GossipRuns.load(tmp_path / "copy")
+    assert set(lines(consensus_figure(consensus_runs(runs)).axes[0])) == {
+        "sgp (exponential), 4 ranks", "sgp (ring), 4 ranks"}
+    assert set(lines(accuracy_time_figure(algorithm_runs(runs)).axes[0])) == {
+        "sgp (exponential), 4 ranks", "dpsgd (ring), 4 ranks",
+        "adpsgd (bipartite_exponential), 4 ranks", "allreduce, 4 ranks"}
+    bytes_lines = lines(bytes_figure(size_runs(runs)).axes[0])
+    assert bytes_lines["allreduce"] == ([2, 3, 4], [1.0, 1.333, 1.5])
+    assert bytes_lines["adpsgd (bipartite_exponential)"][0] == [2, 4]
+    figures = make_figures(tmp_path / "copy")
+    assert [f.relative_to(tmp_path / "copy").as_posix() for f in figures] == [
+        "figures/consensus.png", "figures/accuracy_vs_time.png", "figures/bytes_per_step.png"]
+    assert all(f.read_bytes()[:4] == b"\x89PNG" for f in figures)

@@ -1,22 +1,28 @@
 """Notebook 03's library: the plan of sync_ps and downpour runs, the tidy study, its CSVs and figures."""
 
+import dataclasses
 import math
+import shutil
 
 import pandas as pd
 import pytest
 
+from downpour_lib import provenance
 from downpour_lib.engine import train
 from downpour_lib.errors import ConfigError
 from downpour_lib.records import RunResult
 from downpour_lib.study import staleness_plots
+from downpour_lib.study.core import StudyStore
 from downpour_lib.study.staleness import (
     TABLE_COLUMNS,
+    TABLES,
     StalenessStudy,
     cluster_size,
     plan_table,
     plan_variants,
     run_variants,
     time_to_accuracy,
+    variant_label,
 )
 
 BASE = {"model": "mlp", "dataset": "digits", "batch_size": 16, "steps": 12, "eval_every": 4,
@@ -170,3 +176,79 @@ def test_run_variants_for_real_on_one_rank():
 
     with pytest.raises(ConfigError, match="engines=1"):
         run_variants(InProcess(), plan_variants(BASE, [{}], workers=1, sync_ps=None))  # dedicated: 2
+
+
+class Counting(InProcess):
+    """InProcess that counts what it trains."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def train(self, config, world_size, timeout_s=None):
+        self.calls.append(variant_label(config.algorithm, dataclasses.asdict(config.options)))
+        return super().train(config, world_size, timeout_s)
+
+
+FETCH4 = {"n_fetch": 4, "n_push": 1, **COLOCATED}
+
+
+def test_a_study_in_a_directory_resumes_the_runs_already_there(tmp_path):
+    plan = plan_variants(BASE, [FETCH4], workers=1, sync_ps=COLOCATED)
+    store = StudyStore(tmp_path, TABLES)
+    cluster = Counting()
+    first = run_variants(cluster, plan, store=store, log=[].append)
+    assert len(cluster.calls) == 2
+    csvs = {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")}
+    assert sorted(csvs) == ["evals.csv", "runs.csv", "staleness.csv"]
+
+    log: list[str] = []
+    again = run_variants(cluster, plan, store=StudyStore(tmp_path, TABLES), log=log.append)
+    assert len(cluster.calls) == 2  # nothing ran again
+    assert len(log) == 2 and all(line.startswith("skip") for line in log)
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")} == csvs
+    pd.testing.assert_frame_equal(again.table(), first.table())
+
+    # one more variant: only that one runs
+    bigger = plan_variants(BASE, [FETCH4, {"n_fetch": 2, "n_push": 2, **COLOCATED}], workers=1,
+                           sync_ps=COLOCATED)
+    run_variants(cluster, bigger, store=store, log=[].append)
+    assert cluster.calls[2:] == ["downpour S=1 fetch=2 push=2 colocated"]
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert len(runs) == 3 and runs.run_id.is_unique
+    # one row per run, with every config field, its metrics and where it came from
+    for column in ("run_id", "label", "model", "lr", "options.n_fetch", "samples_per_s", "git_sha",
+                   "torch_version", "host", "cores", "cpu_model", "timestamp"):
+        assert column in runs, column
+    # the companion tables are keyed by the run's id
+    evals, hist = pd.read_csv(tmp_path / "evals.csv"), pd.read_csv(tmp_path / "staleness.csv")
+    assert set(evals.run_id) == set(runs.run_id)
+    assert set(hist.run_id) == set(runs[runs.algorithm == "downpour"].run_id)
+
+
+def test_a_new_commit_measures_again_and_the_figures_show_the_last(tmp_path, monkeypatch):
+    plan = plan_variants(BASE, [FETCH4], workers=1, sync_ps=None)
+    cluster = Counting()
+    run_variants(cluster, plan, store=StudyStore(tmp_path, TABLES), log=[].append)
+    monkeypatch.setattr(provenance, "git_sha", lambda: "a-newer-commit")
+    run_variants(cluster, plan, store=StudyStore(tmp_path, TABLES), log=[].append)
+    assert len(cluster.calls) == 2 and len(pd.read_csv(tmp_path / "runs.csv")) == 2
+    loaded = StalenessStudy.load(tmp_path)
+    assert list(loaded.runs.git_sha) == ["a-newer-commit"]
+    assert set(loaded.evals.run_id) == set(loaded.runs.run_id)
+
+
+def test_the_figures_are_made_from_the_csvs_alone(tmp_path):
+    """Only the CSVs travel (a study measured elsewhere): the figures and the table come back."""
+    plan = plan_variants(BASE, [FETCH4], workers=1, sync_ps=COLOCATED)
+    measured = run_variants(InProcess(), plan, store=StudyStore(tmp_path / "measured", TABLES),
+                            log=[].append)
+    (tmp_path / "copy").mkdir()
+    for csv in (tmp_path / "measured").glob("*.csv"):
+        shutil.copy(csv, tmp_path / "copy")
+    loaded = StalenessStudy.load(tmp_path / "copy")
+    assert loaded.results == {} and loaded.labels == [v.label for v in plan]
+    pd.testing.assert_frame_equal(loaded.table(), measured.table())
+    figures = staleness_plots.make_figures(tmp_path / "copy")
+    assert [f.relative_to(tmp_path / "copy").as_posix() for f in figures] == [
+        "figures/accuracy_vs_time.png", "figures/throughput.png", "figures/staleness.png"]
+    assert all(f.read_bytes()[:4] == b"\x89PNG" for f in figures)

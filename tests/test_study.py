@@ -12,16 +12,7 @@ from conftest import ROOT
 from downpour_lib import provenance
 from downpour_lib.config import TrainConfig
 from downpour_lib.errors import ConfigError
-from downpour_lib.study.plots import (
-    DODGE,
-    dodged,
-    load_runs,
-    make_figures,
-    ranks_exceed_cores,
-    scaling_table,
-    throughput_figure,
-)
-from downpour_lib.study.sweep import (
+from downpour_lib.study.scaling import (
     REFERENCE_DIR,
     SCALING_BASE,
     StudySpec,
@@ -29,6 +20,15 @@ from downpour_lib.study.sweep import (
     run_study,
     run_study_on_cluster,
     study_dir,
+)
+from downpour_lib.study.scaling_plots import (
+    DODGE,
+    dodged,
+    load_runs,
+    make_figures,
+    ranks_exceed_cores,
+    scaling_table,
+    throughput_figure,
 )
 
 TINY = {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
@@ -78,7 +78,7 @@ def test_sweep_resumes(study):
 def test_a_study_here_keeps_the_reference_and_writes_its_own_directory(study):
     root, spec, runs, _ = study
     here = study_dir(root=root)
-    assert here.parent == root and here.name != "reference"
+    assert here.parent.parent == root and here.name == "scaling" and here.parent.name != "reference"
     assert spec.csv == str(here / "runs.csv")
     for path in REFERENCE.rglob("*"):  # the copy of the reference is untouched
         if path.is_file():
@@ -192,7 +192,7 @@ def test_run_id_is_keyed_by_host_and_commit(monkeypatch):
     monkeypatch.setattr(provenance, "machine", lambda: {"host": "another-host", "cores": 1,
                                                         "cpu_model": ""})
     assert run_id(config, 2, 0) != here
-    assert study_dir(root="results").name == "another-host"
+    assert study_dir(root="results").parent.name == "another-host"
 
 
 def test_figures_use_the_commit_measured_last(tmp_path):

@@ -1,2 +1,15 @@
-"""Studies: the scaling study (a resumable sweep into one tidy CSV, and figures made from it) and the
-Downpour staleness study of notebook 03 (``staleness``, ``staleness_plots``)."""
+"""Studies, all of one shape (``core``): a plan, checked before anything runs -> the runs, through one
+resumable loop into one tidy CSV per study (one row per run, with its provenance; companion tables
+keyed by run id) -> figures made from the CSVs alone.
+
+=============  ===========================  ========================  ============
+study          plan and runs                figures                   notebook
+=============  ===========================  ========================  ============
+scaling        ``scaling`` (``StudySpec``)  ``scaling_plots``         02
+staleness      ``staleness``                ``staleness_plots``       03
+gossip         ``gossip``                   ``gossip_plots``          04
+=============  ===========================  ========================  ============
+
+Each writes ``results/<host>/<study>/`` (``runs.csv``, its companions, ``figures/``); the committed
+references are ``results/reference/<study>/``. ``run_plots`` draws one run's figures (notebook 01).
+"""

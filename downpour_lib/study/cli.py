@@ -1,10 +1,13 @@
-"""``downpour study`` (run the sweep, then plot) and ``downpour plot`` (figures from a CSV)."""
+"""``downpour study`` (run the scaling sweep under mpiexec, then plot) and ``downpour plot`` (every
+study's figures from its CSVs)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from .sweep import (
+from .core import REFERENCE_ROOT, STUDIES, reference_dir, results_dir
+from .scaling import (
     DEFAULT_ALGORITHMS,
     DEFAULT_REPEATS,
     SCALING_BASE,
@@ -46,15 +49,27 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh", action="store_true", help="start a new CSV instead of resuming")
     p.set_defaults(func=cmd_study)
 
-    p = sub.add_parser("plot", help="make the scaling figures from a study CSV")
-    p.add_argument("--csv", default=None, help=f"(default: {study_dir() / 'runs.csv'})")
-    p.add_argument("--figures", default=None, help="(default: figures/ beside the CSV)")
+    p = sub.add_parser("plot", help="redraw every study's figures from its CSVs",
+                       description="Redraw figures from study CSVs alone: by default every study of "
+                                   f"this machine ({results_dir('scaling').parent}/<study>/), each "
+                                   "into figures/ beside its runs.csv.")
+    p.add_argument("dirs", nargs="*", metavar="DIR",
+                   help="study directories (holding runs.csv), e.g. results/reference/gossip; the "
+                        f"study is the directory's name ({', '.join(STUDIES)}) unless --study says")
+    p.add_argument("--reference", action="store_true",
+                   help=f"the committed references instead ({REFERENCE_ROOT}/<study>/)")
+    p.add_argument("--study", choices=STUDIES, default=None,
+                   help="which study the DIRs hold (default: each DIR's name)")
+    p.add_argument("--csv", default=None,
+                   help="a scaling study's CSV (same as its directory with --study scaling)")
+    p.add_argument("--figures", default=None,
+                   help="where the PNGs go, for one study (default: figures/ beside its CSVs)")
     p.set_defaults(func=cmd_plot)
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from .plots import load_runs, make_figures, scaling_table
-    from .sweep import run_study
+    from .scaling import run_study
+    from .scaling_plots import load_runs, make_figures, scaling_table
 
     base = {**SCALING_BASE, **{k: getattr(args, k) for k in
                                ("model", "dataset", "batch_size", "steps", "warmup_steps",
@@ -74,12 +89,44 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def figure_makers() -> dict:
+    """study name -> its ``make_figures(directory, out_dir=None)``."""
+    from . import gossip_plots, scaling_plots, staleness_plots
+
+    return {"scaling": scaling_plots.make_figures, "staleness": staleness_plots.make_figures,
+            "gossip": gossip_plots.make_figures}
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from ..errors import ConfigError
 
-    from .plots import make_figures
-
-    csv = Path(args.csv) if args.csv else study_dir() / "runs.csv"
-    for path in make_figures(csv, args.figures or csv.parent / "figures"):
-        print(f"wrote {path}")
+    if args.csv:
+        targets = [(Path(args.csv), "scaling")]
+    elif args.dirs:
+        targets = []
+        for d in map(Path, args.dirs):
+            study = args.study or d.name
+            if study not in STUDIES:
+                raise ConfigError("dir", str(d), f"its name is not a study ({', '.join(STUDIES)}): "
+                                  "give --study")
+            targets.append((d, study))
+    else:  # every study of this machine (or of the reference) that has a CSV
+        where = reference_dir if args.reference else results_dir
+        targets = []
+        for study in STUDIES:
+            d = where(study)
+            if (d / "runs.csv").is_file():
+                targets.append((d, study))
+            else:
+                print(f"no {d / 'runs.csv'} yet: `make studies` (or its notebook) measures it")
+        if not targets:
+            return 1
+    if args.figures and len(targets) > 1:
+        raise ConfigError("figures", args.figures, "give it for one study at a time")
+    makers = figure_makers()
+    for source, study in targets:
+        if not source.exists():
+            raise ConfigError("dir", str(source), "no such study directory or CSV")
+        for path in makers[study](source, args.figures):
+            print(f"wrote {path}")
     return 0

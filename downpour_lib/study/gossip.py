@@ -1,19 +1,24 @@
-"""Notebook 04: gossip against allreduce, as in Assran et al., "Stochastic Gradient Push for
+"""Notebook 04's study: gossip against allreduce, as in Assran et al., "Stochastic Gradient Push for
 Distributed Deep Learning" (ICML 2019): consensus per topology, accuracy against time, bytes per step.
 
-``GossipStudy`` runs configurations on a cluster's engines and keeps every run it made, so a run
-that two questions share (``sgp`` on the exponential graph at the full world size answers all
-three) happens once. Each question is one method that returns a ``GossipRuns``, two tidy frames:
+It has the shape of every study (``core``). The plan (``plan_study``) asks three questions of the same
+``base`` (model, data, batch per rank, learning rate, seed), and a run two questions share (``sgp``
+on the exponential graph at the full world size answers all three) is planned once:
 
-- ``summary``: one row per run, the run's summary (every config field and metric, as ``downpour
-  train --summary-json`` writes it) with a ``topology`` column (``"-"`` for algorithms without one);
-- ``evals``: one row per evaluation of a run (``step``, ``time_s``, ``accuracy``, ``loss`` and, for
-  the gossip methods, ``consensus_distance``), with the run's ``algorithm``, ``topology`` and
-  ``world_size``.
+- ``topologies``: the consensus algorithm on each graph, at the full world size;
+- ``algorithms``: each algorithm on its default graph, at the full world size;
+- ``world_sizes``: each algorithm on its default graph at each world size (a world an algorithm
+  cannot run in, AD-PSGD's bipartite graph on an odd number of ranks, is skipped and said so).
 
-Everything compared runs with the same model, data, batch per worker, learning rate and seed (the
-study's ``base``); only the algorithm, its graph and the number of ranks change. The figures and the
-table are made from ``GossipRuns`` alone and return matplotlib ``Figure``s built without pyplot.
+``run_study`` runs what is missing through the shared resumable loop into
+``results/<host>/gossip/``: ``runs.csv``, one row per run (the run's summary, every config field
+and metric with its provenance, with a ``topology`` column, ``"-"`` for algorithms without one), and
+``evals.csv``, one row per evaluation (``step``, ``time_s``, ``accuracy``, ``loss`` and, for the
+gossip methods, ``consensus_distance``) keyed by the run's ``run_id``. ``GossipRuns`` holds those two
+tidy frames; ``GossipRuns.load`` reads them back, and ``gossip_plots`` draws the figures from them.
+
+``GossipStudy`` asks the same questions one at a time (interactively, or from a test's stand-in for
+a cluster): each method runs what it has not run yet and returns its ``GossipRuns``.
 """
 
 from __future__ import annotations
@@ -31,13 +36,15 @@ import pandas as pd
 from ..algorithms import ALGORITHMS
 from ..config import TrainConfig, check_world
 from ..errors import ConfigError
-from .plots import figure_row
+from .core import Outcome, PlannedRun, StudyStore, cluster_for, run_plan, scalar_fields
 
 NO_TOPOLOGY = "-"
 RUN = ["algorithm", "topology", "world_size"]
 TABLE_COLUMNS = [*RUN, "samples_per_s", "test_accuracy", "final_consensus_distance",
                  "bytes_sent_per_step", "bytes_received_per_step"]
 EVAL_COLUMNS = [*RUN, "step", "time_s", "loss", "accuracy", "consensus_distance"]
+#: The study's companion table, beside runs.csv.
+TABLES = ("evals",)
 
 
 def topologies_of(algorithm: str) -> tuple[str, ...]:
@@ -71,38 +78,170 @@ def run_config(base: Mapping[str, Any], algorithm: str, topology: str = NO_TOPOL
     return TrainConfig.from_dict({**dict(base), "algorithm": algorithm, "options": options})
 
 
+def topology(config: TrainConfig) -> str:
+    return getattr(config.options, "topology", NO_TOPOLOGY)
+
+
+def planned_run(config: TrainConfig, world_size: int) -> PlannedRun:
+    """A run of the study loop, labelled as the log and the figures name it."""
+    graph = topology(config)
+    name = config.algorithm if graph == NO_TOPOLOGY else f"{config.algorithm} ({graph})"
+    return PlannedRun(config, world_size, 0, columns={"topology": graph},
+                      label=f"{name} on {world_size} rank(s)")
+
+
+# -- the plan: three questions ---------------------------------------------------------------------
+
+Planned = list[tuple[TrainConfig, int]]
+
+
+def _check(base: Mapping[str, Any], algorithm: str, topology_: str, world_size: int,
+           max_world_size: int) -> TrainConfig:
+    if not 1 <= world_size <= max_world_size:
+        raise ConfigError("world_size", world_size,
+                          f"this cluster has {max_world_size} engines: use 1 to "
+                          f"{max_world_size}, or start the cluster with more")
+    config = run_config(base, algorithm, topology_)
+    check_world(config, world_size)
+    return config
+
+
+def plan_topologies(base: Mapping[str, Any], topologies: Sequence[str], algorithm: str,
+                    world_size: int, max_world_size: int) -> Planned:
+    """``algorithm`` on each graph in ``topologies``, at ``world_size``."""
+    return [(_check(base, algorithm, t, world_size, max_world_size), world_size) for t in topologies]
+
+
+def plan_algorithms(base: Mapping[str, Any], algorithms: Sequence[str], world_size: int,
+                    max_world_size: int) -> Planned:
+    """Each algorithm on its default graph at ``world_size``."""
+    return [(_check(base, a, NO_TOPOLOGY, world_size, max_world_size), world_size) for a in algorithms]
+
+
+def plan_world_sizes(base: Mapping[str, Any], algorithms: Sequence[str], world_sizes: Sequence[int],
+                     max_world_size: int) -> tuple[Planned, list[str]]:
+    """Each algorithm on its default graph at each world size, and what was skipped: a world an
+    algorithm cannot run in (AD-PSGD's bipartite graph on an odd number of ranks), said so."""
+    planned, skipped = [], []
+    for algorithm in algorithms:
+        run_config(base, algorithm)  # a bad name or base fails here, not skipped
+        for n in world_sizes:
+            try:
+                planned.append((_check(base, algorithm, NO_TOPOLOGY, n, max_world_size), n))
+            except ConfigError as exc:
+                if exc.field == "world_size":
+                    raise
+                skipped.append(f"{algorithm} on {n} rank(s): {exc}")
+    return planned, skipped
+
+
+@dataclass(frozen=True)
+class GossipPlan:
+    """Every run of the study's three questions, each once, checked before anything runs."""
+
+    base: dict[str, Any]
+    engines: int  # the full world size, the cluster's size
+    planned: tuple[tuple[TrainConfig, int], ...]
+    skipped: tuple[str, ...] = ()
+
+    def runs(self) -> list[PlannedRun]:
+        return [planned_run(config, n) for config, n in self.planned]
+
+    def table(self) -> pd.DataFrame:
+        """What will run, one row per run: algorithm, graph, ranks, run id (here, at this commit)."""
+        return pd.DataFrame([{"algorithm": run.algorithm, "topology": run.columns["topology"],
+                              "world_size": run.world_size, "run_id": run.run_id}
+                             for run in self.runs()], columns=[*RUN, "run_id"])
+
+
+def plan_study(base: Mapping[str, Any], *, engines: int,
+               algorithms: Sequence[str] = ("sgp", "osgp", "dpsgd", "adpsgd", "allreduce"),
+               topologies: Sequence[str] = ("exponential", "ring", "complete"),
+               consensus_algorithm: str = "sgp",
+               world_sizes: Sequence[int] = (2, 3, 4)) -> GossipPlan:
+    """The study's plan: ``consensus_algorithm`` on each of ``topologies`` and each of ``algorithms``
+    at ``engines`` ranks, and each of ``algorithms`` at each of ``world_sizes``."""
+    if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+        raise ConfigError("engines", engines, "give the full world size, a whole number >= 1")
+    sizes, skipped = plan_world_sizes(base, algorithms, world_sizes, engines)
+    planned: dict[tuple[str, str, int], tuple[TrainConfig, int]] = {}
+    for config, n in (plan_topologies(base, topologies, consensus_algorithm, engines, engines)
+                      + plan_algorithms(base, algorithms, engines, engines) + sizes):
+        planned.setdefault((config.algorithm, topology(config), n), (config, n))
+    return GossipPlan(dict(base), engines, tuple(planned.values()), tuple(skipped))
+
+
+# -- the tidy frames ------------------------------------------------------------------------------
+
+
+def _tidy(result: Any) -> tuple[dict[str, Any], pd.DataFrame]:
+    """A ``RunResult`` as its row (the summary, led by algorithm, topology, world size) and its
+    evaluations tagged with the same three."""
+    key = {"algorithm": result.summary["algorithm"],
+           "topology": result.summary.get("options.topology") or NO_TOPOLOGY,
+           "world_size": int(result.summary["world_size"])}
+    row = {**key, **{k: v for k, v in scalar_fields(result.summary).items() if k not in key}}
+    return row, result.evals.assign(**key)
+
+
 @dataclass(frozen=True)
 class GossipRuns:
     """Runs of the study, as two tidy frames (see the module docstring), and the runs left out."""
 
     summary: pd.DataFrame
     evals: pd.DataFrame
-    skipped: tuple[str, ...] = ()  # "adpsgd on 3 ranks: <why>"
+    skipped: tuple[str, ...] = ()  # "adpsgd on 3 rank(s): <why>"
+
+    @classmethod
+    def from_frames(cls, summary: pd.DataFrame, evals: pd.DataFrame,
+                    skipped: Sequence[str] = ()) -> GossipRuns:
+        summary = summary.reset_index(drop=True)
+        for column in TABLE_COLUMNS:
+            if column not in summary:
+                summary[column] = math.nan
+        evals = evals if len(evals.columns) else pd.DataFrame(columns=EVAL_COLUMNS)
+        for column in EVAL_COLUMNS:
+            if column not in evals:
+                evals[column] = math.nan
+        order = EVAL_COLUMNS + [c for c in evals.columns if c not in EVAL_COLUMNS]
+        return cls(summary, evals[order].sort_values([*RUN, "step"], ignore_index=True),
+                   tuple(skipped))
 
     @classmethod
     def from_results(cls, results: Iterable[Any], skipped: Sequence[str] = ()) -> GossipRuns:
         """From ``RunResult``s (what ``ClusterSession.train`` returns)."""
-        rows, evals = [], []
-        for result in results:
-            key = {"algorithm": result.summary["algorithm"],
-                   "topology": result.summary.get("options.topology") or NO_TOPOLOGY,
-                   "world_size": int(result.summary["world_size"])}
-            rows.append({**key, **{k: v for k, v in result.summary.items() if k not in key}})
-            evals.append(result.evals.assign(**key))
-        summary = pd.DataFrame(rows, columns=None if rows else TABLE_COLUMNS)
-        for column in TABLE_COLUMNS:
-            if column not in summary:
-                summary[column] = math.nan
-        frame = pd.concat(evals, ignore_index=True) if evals else pd.DataFrame(columns=EVAL_COLUMNS)
-        for column in EVAL_COLUMNS:
-            if column not in frame:
-                frame[column] = math.nan
-        order = EVAL_COLUMNS + [c for c in frame.columns if c not in EVAL_COLUMNS]
-        return cls(summary, frame[order].sort_values([*RUN, "step"], ignore_index=True),
-                   tuple(skipped))
+        tidy = [_tidy(result) for result in results]
+        summary = pd.DataFrame([row for row, _ in tidy], columns=None if tidy else TABLE_COLUMNS)
+        evals = (pd.concat([frame for _, frame in tidy], ignore_index=True) if tidy
+                 else pd.DataFrame(columns=EVAL_COLUMNS))
+        return cls.from_frames(summary, evals, skipped)
+
+    @classmethod
+    def from_store(cls, store: StudyStore, run_ids: Sequence[str] | None = None,
+                   skipped: Sequence[str] = ()) -> GossipRuns:
+        """The runs ``run_ids`` of the store, in that order; without them, the rows of the commit
+        measured last, the last run of each algorithm, graph and world size."""
+        frames = store.read(run_ids)
+        summary, evals = frames["runs"], frames["evals"]
+        if run_ids is None and set(RUN) <= set(summary.columns):
+            summary = summary.drop_duplicates(RUN, keep="last")
+            if "run_id" in evals and "run_id" in summary:
+                evals = evals[evals.run_id.isin(set(summary.run_id))]
+        return cls.from_frames(summary, evals.reset_index(drop=True), skipped)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> GossipRuns:
+        """The study in ``directory`` from its CSVs alone (``runs.csv``, ``evals.csv``)."""
+        missing = [f"{t}.csv" for t in ("runs", *TABLES) if not (Path(directory) / f"{t}.csv").is_file()]
+        if missing:
+            raise ConfigError("directory", str(directory),
+                              f"no {', '.join(missing)} there; run_study writes them "
+                              "(notebook 04 does, into results/<host>/gossip)")
+        return cls.from_store(StudyStore(directory, TABLES))
 
     def save(self, folder: str | Path | None) -> list[Path]:
-        """Write ``runs.csv`` and ``evals.csv`` into ``folder`` (nothing when it is None)."""
+        """Write ``runs.csv`` and ``evals.csv`` into ``folder`` (nothing when it is None): a snapshot
+        of runs held in memory. ``run_study`` writes its directory run by run."""
         if folder is None:
             return []
         from ..checkpoint import atomic_write_text
@@ -116,6 +255,8 @@ class GossipRuns:
         return paths
 
 
+# -- running --------------------------------------------------------------------------------------
+
 Train = Callable[[TrainConfig, int], Any]  # (config, world_size) -> RunResult
 
 
@@ -124,7 +265,9 @@ class GossipStudy:
     """Runs ``base`` with each algorithm, graph and world size asked for, each combination once.
 
     ``train`` is how a run happens: ``ClusterSession.train`` (``GossipStudy.on(cluster, base)``).
-    Every configuration a method asks for is checked before the first of its runs starts."""
+    Every configuration a method asks for is checked before the first of its runs starts. With a
+    ``store`` on a directory, every run is added to its CSVs as it finishes, and a run already
+    there (this host, this commit) is not run again."""
 
     train: Train
     base: dict[str, Any]
@@ -134,186 +277,84 @@ class GossipStudy:
     #: unrecorded: a fresh engine's first job pays for imports, loading the data and opening its
     #: connections to every peer, which would otherwise land in the first run's times.
     warm_up: bool = True
-    results: dict[tuple[str, str, int], Any] = field(default_factory=dict)
+    store: StudyStore = field(default_factory=lambda: StudyStore(tables=TABLES))
+    #: (algorithm, topology, world size) -> run id, of every run this study made or found
+    runs: dict[tuple[str, str, int], str] = field(default_factory=dict)
     warmed: bool = field(default=False, init=False)
 
     @classmethod
-    def on(cls, cluster, base: Mapping[str, Any], log: Callable[[str], None] = print) -> GossipStudy:
-        return cls(cluster.train, dict(base), cluster.size, log)
+    def on(cls, cluster, base: Mapping[str, Any], log: Callable[[str], None] = print,
+           store: StudyStore | None = None) -> GossipStudy:
+        return cls(cluster.train, dict(base), cluster.size, log,
+                   store=store if store is not None else StudyStore(tables=TABLES))
 
-    def _check(self, algorithm: str, topology: str, world_size: int) -> TrainConfig:
-        if not 1 <= world_size <= self.max_world_size:
-            raise ConfigError("world_size", world_size,
-                              f"this cluster has {self.max_world_size} engines: use 1 to "
-                              f"{self.max_world_size}, or start the cluster with more")
-        config = run_config(self.base, algorithm, topology)
-        check_world(config, world_size)
-        return config
+    def _warm_up(self) -> None:
+        warm = {**{k: v for k, v in self.base.items() if k != "epochs"}, "steps": 5,
+                "warmup_steps": 1, "eval_every": 0, "output_dir": None,
+                "checkpoint_dir": None, "checkpoint_every": 0, "resume": None}
+        self.train(run_config(warm, "sgp", "complete"), self.max_world_size)
+        self.warmed = True
 
-    def _run(self, planned: list[tuple[TrainConfig, int]], skipped: Sequence[str] = ()) -> GossipRuns:
-        results = []
-        for config, world_size in planned:
-            key = (config.algorithm, getattr(config.options, "topology", NO_TOPOLOGY), world_size)
-            if key not in self.results:
-                if self.warm_up and not self.warmed:
-                    warm = {**{k: v for k, v in self.base.items() if k != "epochs"}, "steps": 5,
-                            "warmup_steps": 1, "eval_every": 0, "output_dir": None,
-                            "checkpoint_dir": None, "checkpoint_every": 0, "resume": None}
-                    self.train(run_config(warm, "sgp", "complete"), self.max_world_size)
-                    self.warmed = True
-                result = self.train(config, world_size)
-                s = result.summary
-                self.log(f"{key[0]} ({key[1]}) on {world_size} rank(s): test accuracy "
-                         f"{s['test_accuracy']:.3f}, {s['samples_per_s']:.0f} samples/s, "
-                         f"{s['bytes_sent_per_step'] / 1e3:.1f} kB sent per rank per step")
-                self.results[key] = result
-            results.append(self.results[key])
+    def _measure(self, run: PlannedRun) -> Outcome:
+        result = self.train(run.config, run.world_size)
+        row, evals = _tidy(result)
+        return Outcome(row, {"evals": evals},
+                       note=f"test accuracy {row['test_accuracy']:.3f}, "
+                            f"{row['samples_per_s']:.0f} samples/s, "
+                            f"{row['bytes_sent_per_step'] / 1e3:.1f} kB sent per rank per step")
+
+    def _run(self, planned: Planned, skipped: Sequence[str] = ()) -> GossipRuns:
+        runs = [planned_run(config, n) for config, n in planned]
+        todo: dict[str, PlannedRun] = {}
+        for run in runs:
+            key = (run.algorithm, run.columns["topology"], run.world_size)
+            if key not in self.runs:
+                todo.setdefault(run.run_id, run)
+        warm = self._warm_up if self.warm_up and not self.warmed else None
+        run_plan(list(todo.values()), self.store, self._measure, log=self.log, before_first=warm)
+        for run in runs:
+            self.runs[(run.algorithm, run.columns["topology"], run.world_size)] = run.run_id
         for line in skipped:
             self.log("skipped " + line)
-        return GossipRuns.from_results(results, skipped)
+        return GossipRuns.from_store(self.store, [run.run_id for run in runs], skipped)
 
     def topologies(self, topologies: Sequence[str], algorithm: str = "sgp",
                    world_size: int | None = None) -> GossipRuns:
         """``algorithm`` on each graph in ``topologies``, at ``world_size`` (default: every engine)."""
         world_size = world_size or self.max_world_size
-        return self._run([(self._check(algorithm, t, world_size), world_size) for t in topologies])
+        return self._run(plan_topologies(self.base, topologies, algorithm, world_size,
+                                         self.max_world_size))
 
     def algorithms(self, algorithms: Sequence[str], world_size: int | None = None) -> GossipRuns:
         """Each algorithm on its default graph at ``world_size`` (default: every engine)."""
         world_size = world_size or self.max_world_size
-        return self._run([(self._check(a, NO_TOPOLOGY, world_size), world_size) for a in algorithms])
+        return self._run(plan_algorithms(self.base, algorithms, world_size, self.max_world_size))
 
     def world_sizes(self, algorithms: Sequence[str], world_sizes: Sequence[int]) -> GossipRuns:
         """Each algorithm on its default graph at each world size; a world an algorithm cannot run
         in (AD-PSGD's bipartite graph on an odd number of ranks) is skipped and said so."""
-        planned, skipped = [], []
-        for algorithm in algorithms:
-            run_config(self.base, algorithm)  # a bad name or base fails here, not skipped
-            for n in world_sizes:
-                try:
-                    planned.append((self._check(algorithm, NO_TOPOLOGY, n), n))
-                except ConfigError as exc:
-                    if exc.field == "world_size":
-                        raise
-                    skipped.append(f"{algorithm} on {n} rank(s): {exc}")
-        return self._run(planned, skipped)
+        return self._run(*plan_world_sizes(self.base, algorithms, world_sizes, self.max_world_size))
+
+    def run(self, plan: GossipPlan) -> GossipRuns:
+        """Every run of ``plan`` this study has not made yet."""
+        return self._run(list(plan.planned), plan.skipped)
 
     def everything(self) -> GossipRuns:
         """Every run made so far, once each."""
-        return GossipRuns.from_results(self.results.values())
+        return GossipRuns.from_store(self.store, list(self.runs.values()))
 
 
-# -- figures and the table --------------------------------------------------------------------------
-
-
-def _label(algorithm: str, topology: str) -> str:
-    return algorithm if topology == NO_TOPOLOGY else f"{algorithm} ({topology})"
-
-
-def _subtitle(runs: GossipRuns) -> str:
-    if runs.summary.empty:
-        return "no runs"
-    first = runs.summary.iloc[0]
-    return f"{first.model} on {first.dataset}, batch {first.batch_size}/rank, {first.steps} steps"
-
-
-MARKERS = "osD^vP*X"
-
-
-def _style(i: int) -> dict[str, Any]:
-    """Colour, marker and dash per line, so lines that coincide (sgp and osgp send the same bytes)
-    stay visible."""
-    return {"color": f"C{i % 10}", "marker": MARKERS[i % len(MARKERS)],
-            "linestyle": ("-", "--", ":", "-.")[i % 4], "markersize": 7 - (i % 3)}
-
-
-def _curves(evals: pd.DataFrame, by: list[str]):
-    for i, (key, part) in enumerate(evals.groupby(by, sort=True)):
-        yield _style(i), key, part.sort_values("step")
-
-
-def consensus_figure(runs: GossipRuns):
-    """Left: consensus distance (mean over ranks of ||x_i - x_bar||) at each evaluation, one curve
-    per graph. Right: rank 0's test accuracy at the same points. Log scale when every distance is
-    positive (one step on the complete graph is the exact average: ~0)."""
-    fig, (dist_ax, acc_ax) = figure_row(2, 11)
-    evals = runs.evals.dropna(subset=["consensus_distance"])
-    for style, (algorithm, topology, n), part in _curves(evals, RUN):
-        label = f"{_label(algorithm, topology)}, {n} ranks"
-        dist_ax.plot(part.step, part.consensus_distance, label=label, **style)
-        acc_ax.plot(part.step, part.accuracy, label=label, **style)
-    if len(evals) and (evals.consensus_distance > 0).all():
-        dist_ax.set_yscale("log")
-    dist_ax.set(xlabel="step", ylabel="mean ||x_i - mean x||", title="consensus distance")
-    acc_ax.set(xlabel="step", ylabel="accuracy", title="test accuracy (rank 0's model)", ylim=(0, 1))
-    for ax in (dist_ax, acc_ax):
-        ax.grid(alpha=0.3)
-    if len(evals):
-        dist_ax.legend(fontsize=8)
-    fig.suptitle(f"Consensus per gossip graph: {_subtitle(runs)}", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def accuracy_time_figure(runs: GossipRuns):
-    """Test accuracy against seconds since the run's common start (left) and against steps
-    (right), one curve per algorithm: what each step costs, and what each step is worth."""
-    fig, (time_ax, step_ax) = figure_row(2, 11)
-    for style, (algorithm, topology, n), part in _curves(runs.evals, RUN):
-        label = f"{_label(algorithm, topology)}, {n} ranks"
-        time_ax.plot(part.time_s, part.accuracy, label=label, **style)
-        step_ax.plot(part.step, part.accuracy, label=label, **style)
-    time_ax.set(xlabel="seconds since the start", ylabel="accuracy", title="test accuracy against time",
-                ylim=(0, 1))
-    step_ax.set(xlabel="step", ylabel="accuracy", title="test accuracy against steps", ylim=(0, 1))
-    for ax in (time_ax, step_ax):
-        ax.grid(alpha=0.3)
-    if len(runs.evals):
-        time_ax.legend(fontsize=8)
-    fig.suptitle(f"Gossip against allreduce: {_subtitle(runs)}", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def parameter_bytes(model: str, dataset: str, data_dir: str = "data") -> int:
-    """Bytes of one copy of ``model``'s parameters for ``dataset`` (built on the meta device)."""
-    import torch
-
-    from ..comm.collectives import nbytes
-    from ..data import load_dataset
-    from ..models import build_model
-
-    train = load_dataset(dataset, data_dir).train
-    with torch.device("meta"):
-        module = build_model(model, train.input_shape, train.num_classes)
-    return sum(nbytes(p) for p in module.parameters())
-
-
-def bytes_figure(runs: GossipRuns, model_bytes: int | None = None):
-    """Measured bytes each rank sends per step (the records' logical traffic, mean over ranks and
-    post-warm-up steps) against the number of ranks, one line per algorithm and graph. With
-    ``model_bytes``, a dashed line marks one copy of the model (computed, not measured)."""
-    fig, (ax,) = figure_row(1, 7)
-    table = runs.summary.sort_values("world_size")
-    for i, ((algorithm, topology), part) in enumerate(table.groupby(["algorithm", "topology"])):
-        ax.plot(part.world_size, part.bytes_sent_per_step / 1e3, label=_label(algorithm, topology),
-                **_style(i))
-    if model_bytes:
-        ax.axhline(model_bytes / 1e3, color="gray", linestyle="--",
-                   label="one copy of the model (computed)")
-    if len(table):
-        ax.set_xticks(sorted(table.world_size.unique()))
-        ax.legend(fontsize=8)
-    ax.set(xlabel="ranks", ylabel="kB sent per rank per step", ylim=(0, None),
-           title=f"Bytes per step against world size\n{_subtitle(runs)}")
-    ax.title.set_fontsize(10)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def summary_table(runs: GossipRuns) -> pd.DataFrame:
-    """One row per run: algorithm, graph, ranks, throughput, final test accuracy, final consensus
-    distance (NaN where not measured: allreduce keeps every rank's model identical) and bytes."""
-    return runs.summary[TABLE_COLUMNS].sort_values(["world_size", "algorithm", "topology"],
-                                                   ignore_index=True)
+def run_study(plan: GossipPlan, out: str | Path, *, profile: str = "local-mpi", fresh: bool = False,
+              log: Callable[[str], None] = print) -> GossipRuns:
+    """The runs of ``plan`` missing from the study in ``out`` (all of them if ``fresh``) on a
+    cluster of ``plan.engines`` engines of the profile, started only if some are missing; returns
+    the plan's runs as the CSVs in ``out`` hold them."""
+    store = StudyStore(out, TABLES)
+    runs = plan.runs()
+    with cluster_for(runs, store, profile=profile, engines=plan.engines, fresh=fresh,
+                     log=log) as cluster:
+        if cluster is None:
+            return GossipRuns.from_store(store, [run.run_id for run in runs], plan.skipped)
+        if fresh:
+            store.clear()
+        return GossipStudy.on(cluster, plan.base, log, store=store).run(plan)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..records import TIME_PARTS, RunResult
-from .plots import figure_row
+from .figures import figure_row
 
 
 def _title(result: RunResult) -> str:

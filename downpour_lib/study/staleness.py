@@ -4,9 +4,16 @@ Dean et al. (NIPS 2012, "Large Scale Distributed Deep Networks") trade consisten
 Downpour's workers fetch every ``n_fetch`` steps and push every ``n_push`` steps with no barrier, so
 gradients reach the servers computed from parameters that are several updates old (stale). This
 study runs ``sync_ps`` and several ``downpour`` settings (``servers``, ``n_fetch``, ``n_push``) on the
-same model, data, seed and number of workers, one after the other on the engines of one cluster,
-and tidies what came back: one summary row per run, every evaluation against wall time, and the
-staleness histogram of every downpour run.
+same model, data, seed and number of workers, one after the other on the engines of one cluster.
+
+It has the shape of every study (``core``): the plan (``plan_variants``) is checked in full first;
+``run_study`` runs what is missing through the shared resumable loop into
+``results/<host>/staleness/``: ``runs.csv``, one row per run with every config field, every summary
+metric and its provenance, and two companion tables keyed by the run's ``run_id``, ``evals.csv``
+(every evaluation against wall time) and ``staleness.csv`` (the staleness histogram of every
+downpour run). A run already there (same config, label and target accuracy, on this host at this
+commit) is skipped. ``staleness_plots`` draws the figures from those CSVs alone
+(``StalenessStudy.load``).
 
 Every run has the same number of workers (model replicas), so the global batch and the data each
 worker reads are the same; its world size is what its parameter servers add (dedicated servers take
@@ -29,6 +36,7 @@ from ..checkpoint import atomic_write_text
 from ..config import TrainConfig
 from ..errors import ConfigError
 from ..records import RunResult
+from .core import Outcome, PlannedRun, StudyStore, cluster_for, pending, run_plan, scalar_fields
 
 #: The downpour options a variant may set (besides an optional ``label``).
 VARIANT_KEYS = ("servers", "server", "n_fetch", "n_push", "warmstart")
@@ -38,7 +46,7 @@ TABLE_COLUMNS = ("label", "algorithm", "workers", "servers", "placement", "world
                  "staleness_mean", "staleness_max")
 RUN_COLUMNS = (*TABLE_COLUMNS[:2], "model", "dataset", "batch_size", "seed", "optimizer", "lr", "steps",
                *TABLE_COLUMNS[2:], "target_accuracy")
-#: Where a run came from, copied from its summary into its row.
+#: Where a run came from, in its row (with every other field of its summary: host, cores, CPU...).
 PROVENANCE = ("backend", "device", "hosts", "git_sha", "torch_version", "mpi_version", "timestamp")
 
 
@@ -142,8 +150,16 @@ def cluster_size(plan: Sequence[Variant], engines: int | None = None) -> int:
     return engines
 
 
-#: Where ``StalenessStudy.save`` writes each frame, in its directory.
+#: Where each frame is, in the study's directory: runs.csv and its companions, keyed by run_id.
 FILES = {"runs": "runs.csv", "evals": "evals.csv", "staleness": "staleness.csv"}
+TABLES = ("evals", "staleness")
+
+
+def planned_run(v: Variant, target_accuracy: float) -> PlannedRun:
+    """The variant as a run of the study loop: its label and the target accuracy (which its row's
+    ``time_to_target_s`` depends on) are part of its identity."""
+    return PlannedRun(v.config, v.world_size, 0, label=v.label,
+                      columns={"label": v.label, "target_accuracy": float(target_accuracy)})
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,9 +176,25 @@ class StalenessStudy:
     @classmethod
     def from_results(cls, runs: Sequence[tuple[Variant, RunResult]],
                      target_accuracy: float = 0.9) -> StalenessStudy:
-        return cls(pd.DataFrame([_run_row(v, r, target_accuracy) for v, r in runs],
-                                columns=[*RUN_COLUMNS, *PROVENANCE]),
+        rows = [_run_row(v, r, target_accuracy) for v, r in runs]
+        return cls(pd.DataFrame(rows) if rows else pd.DataFrame(columns=[*RUN_COLUMNS, *PROVENANCE]),
                    _evals(runs), _staleness(runs), {v.label: r for v, r in runs})
+
+    @classmethod
+    def from_store(cls, store: StudyStore, run_ids: Sequence[str] | None = None,
+                   results: dict[str, RunResult] | None = None) -> StalenessStudy:
+        """The runs ``run_ids`` of the store, in that order; without them, the rows of the commit
+        measured last, the last one of each label (a run measured again replaces the older)."""
+        frames = store.read(run_ids)
+        runs = frames["runs"]
+        if run_ids is None and "label" in runs:
+            runs = runs.drop_duplicates("label", keep="last").reset_index(drop=True)
+        ids = set(runs.run_id) if "run_id" in runs else None
+        tables = {name: frames[name] for name in TABLES}
+        if ids is not None:
+            tables = {name: frame[frame.run_id.isin(ids)].reset_index(drop=True)
+                      if "run_id" in frame else frame for name, frame in tables.items()}
+        return cls(runs, **tables, results=dict(results or {}))
 
     @property
     def labels(self) -> list[str]:
@@ -179,7 +211,8 @@ class StalenessStudy:
         return self.runs[list(TABLE_COLUMNS)]
 
     def save(self, directory: str | Path) -> list[Path]:
-        """Write the three frames as CSVs into ``directory`` (atomically, each replacing the last)."""
+        """Write the three frames as CSVs into ``directory`` (atomically, each replacing the last):
+        a snapshot of a study held in memory. ``run_study`` writes its directory run by run."""
         paths = []
         for name, file in FILES.items():
             path = Path(directory) / file
@@ -189,19 +222,20 @@ class StalenessStudy:
 
     @classmethod
     def load(cls, directory: str | Path) -> StalenessStudy:
-        """A study from the CSVs ``save`` wrote (without the RunResults)."""
+        """A study from its CSVs alone (what ``run_study`` or ``save`` wrote), without the
+        RunResults: the rows of the commit measured last, the last run of each label."""
         missing = [f for f in FILES.values() if not (Path(directory) / f).is_file()]
         if missing:
             raise ConfigError("directory", str(directory),
-                              f"no {', '.join(missing)} there; StalenessStudy.save writes them "
-                              "(notebook 03 does, into out_dir)")
-        return cls(**{name: pd.read_csv(Path(directory) / file) for name, file in FILES.items()})
+                              f"no {', '.join(missing)} there; run_study writes them "
+                              "(notebook 03 does, into results/<host>/staleness)")
+        return cls.from_store(StudyStore(directory, TABLES))
 
 
 def _run_row(v: Variant, result: RunResult, target: float) -> dict[str, Any]:
     s, c, options = result.summary, v.config, v.config.options
     roles = ALGORITHMS[v.algorithm].roles(options, v.world_size)
-    return {
+    row = {
         "label": v.label, "algorithm": v.algorithm, "model": c.model, "dataset": c.dataset,
         "batch_size": c.batch_size, "seed": c.seed, "optimizer": c.optimizer, "lr": c.lr,
         "steps": int(s.get("total_steps", c.steps or 0)), "workers": v.workers,
@@ -216,6 +250,8 @@ def _run_row(v: Variant, result: RunResult, target: float) -> dict[str, Any]:
         "staleness_max": _number(s.get("staleness_max")),
         **{k: s.get(k, "") for k in PROVENANCE},
     }
+    # then every other field of the summary (config, metrics, host, cores, CPU, versions)
+    return {**row, **{k: v for k, v in scalar_fields(s).items() if k not in row}}
 
 
 def _evals(runs: Sequence[tuple[Variant, RunResult]]) -> pd.DataFrame:
@@ -246,18 +282,52 @@ def time_to_accuracy(evals: pd.DataFrame, target: float) -> float:
     return float(reached.time_s.min()) if len(reached) else math.nan
 
 
+def _outcome(v: Variant, result: RunResult, target: float) -> Outcome:
+    one = StalenessStudy.from_results([(v, result)], target)
+    s = result.summary
+    return Outcome(one.runs.iloc[0].to_dict(), {"evals": one.evals, "staleness": one.staleness},
+                   note=f"{s['samples_per_s']:.0f} samples/s, test accuracy {s['test_accuracy']:.3f}")
+
+
 def run_variants(cluster, plan: Sequence[Variant], target_accuracy: float = 0.9,
-                 timeout_s: float | None = None, log: Callable[[str], None] = print) -> StalenessStudy:
-    """Run every variant of ``plan`` on ``cluster`` (a ``ClusterSession``), one after the other, on
-    the first ``world_size`` engines each. A plan that needs more engines than the cluster has
-    fails before the first run."""
-    cluster_size(plan, cluster.size)
-    runs = []
-    for v in plan:
+                 timeout_s: float | None = None, log: Callable[[str], None] = print,
+                 store: StudyStore | None = None, fresh: bool = False) -> StalenessStudy:
+    """Run every variant of ``plan`` not yet in ``store`` (in memory if None) on ``cluster`` (a
+    ``ClusterSession``), one after the other, on the first ``world_size`` engines each; returns the
+    plan's runs as the store holds them. Runs that need more engines than the cluster has fail
+    before the first run."""
+    store = store if store is not None else StudyStore(tables=TABLES)
+    by_id = {planned_run(v, target_accuracy).run_id: v for v in plan}
+    todo = [by_id[run.run_id] for run in pending([planned_run(v, target_accuracy) for v in plan],
+                                                  store, fresh)]
+    if todo:
+        cluster_size(todo, cluster.size)
+    results: dict[str, RunResult] = {}
+
+    def measure(run: PlannedRun) -> Outcome:
+        v = by_id[run.run_id]
         log(f"run   {v.label:<32} {v.workers} worker(s) on {v.world_size} rank(s) ...")
         result = cluster.train(v.config, v.world_size, timeout_s=timeout_s)
-        s = result.summary
-        log(f"done  {v.label:<32} {s['samples_per_s']:.0f} samples/s, test accuracy "
-            f"{s['test_accuracy']:.3f}")
-        runs.append((v, result))
-    return StalenessStudy.from_results(runs, target_accuracy)
+        results[v.label] = result
+        return _outcome(v, result, target_accuracy)
+
+    ids = run_plan([planned_run(v, target_accuracy) for v in plan], store, measure, fresh=fresh,
+                   log=log)
+    return StalenessStudy.from_store(store, ids, results)
+
+
+def run_study(plan: Sequence[Variant], out: str | Path, target_accuracy: float = 0.9, *,
+              profile: str = "local-mpi", engines: int | None = None, fresh: bool = False,
+              timeout_s: float | None = None, log: Callable[[str], None] = print) -> StalenessStudy:
+    """The runs of ``plan`` missing from the study in ``out`` (all of them if ``fresh``) on a
+    cluster of the profile, started only if some are missing and sized to the largest of them (or
+    ``engines``); returns the plan's runs as the CSVs in ``out`` hold them."""
+    cluster_size(plan, engines)
+    store = StudyStore(out, TABLES)
+    planned = [planned_run(v, target_accuracy) for v in plan]
+    with cluster_for(planned, store, profile=profile, engines=engines, fresh=fresh,
+                     log=log) as cluster:
+        if cluster is None:
+            return StalenessStudy.from_store(store, [run.run_id for run in planned])
+        return run_variants(cluster, plan, target_accuracy, timeout_s, log, store=store,
+                            fresh=fresh)

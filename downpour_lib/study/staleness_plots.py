@@ -1,6 +1,6 @@
 """Figures of a ``StalenessStudy`` (notebook 03): accuracy against wall time, throughput, and the
-staleness histogram of every downpour run. They read the study's tidy frames only, so they are the
-same from a live study and from one loaded from its CSVs (``make_figures``).
+staleness histogram of every downpour run. They read the study's tidy frames only, which notebook 03
+and ``downpour plot`` load from the study's CSVs (``StalenessStudy.load``, ``make_figures``).
 
 Each run keeps its colour in every figure (``sync_ps`` black, the downpour runs C0, C1, ... in plan
 order). Like ``plots``, every ``*_figure`` returns a matplotlib ``Figure`` built without pyplot.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .plots import figure_grid, save_figure
+from .figures import figure_grid, measured_on, save_figure
 from .staleness import StalenessStudy
 
 #: Runs of these algorithms get this colour; the others C0, C1, ... in plan order.
@@ -33,7 +33,7 @@ def run_colors(study: StalenessStudy) -> dict[str, str]:
 def _subtitle(study: StalenessStudy) -> str:
     r = study.runs.iloc[0]
     return (f"{r.model} on {r.dataset}, {r.workers} worker(s) x batch {r.batch_size}, "
-            f"{r.steps} steps, seed {r.seed}")
+            f"{r.steps} steps, seed {r.seed}\n{measured_on(study.runs)}")
 
 
 def accuracy_vs_time_figure(study: StalenessStudy):
@@ -117,10 +117,10 @@ def staleness_figure(study: StalenessStudy, ncols: int = 3):
 
 
 def make_figures(directory: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """Every figure of the study saved in ``directory`` (``StalenessStudy.save``), from its CSVs
-    alone, as PNGs in ``out_dir`` (default: the same directory)."""
+    """Every figure of the study in ``directory`` (``runs.csv``, ``evals.csv``, ``staleness.csv``),
+    from its CSVs alone, as PNGs in ``out_dir`` (default: ``figures/`` in that directory)."""
     study = StalenessStudy.load(directory)
-    out = Path(out_dir if out_dir is not None else directory)
+    out = Path(out_dir) if out_dir is not None else Path(directory) / "figures"
     makers = {"accuracy_vs_time": accuracy_vs_time_figure, "throughput": throughput_figure,
               "staleness": staleness_figure}
     return [save_figure(makers[name](study), out / f"{name}.png") for name in FIGURES]

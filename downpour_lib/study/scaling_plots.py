@@ -1,4 +1,5 @@
-"""Scaling figures, made from the study's CSV alone (never from logs or live runs).
+"""Scaling figures, made from the study's CSV alone (never from logs or live runs): notebook 02 and
+``downpour plot`` draw them from ``results/<host>/scaling/runs.csv``.
 
 Each point is the mean over the study's repeats, its error bar their standard deviation; a point
 whose ranks outnumber the machine's cores (e.g. sync_ps at 2 workers: 3 ranks) is ringed, since
@@ -18,32 +19,17 @@ from pathlib import Path
 import pandas as pd
 
 from ..records import TIME_PARTS
+from .core import latest_commit
+from .figures import save_figure
 
 GROUP = ["algorithm", "model", "dataset", "batch_size"]
 FIGURES = ("throughput", "speedup", "efficiency", "breakdown")
 
 
-def figure_grid(nrows: int, ncols: int, width: float, height: float = 3.8):
-    """A pyplot-free ``Figure`` and its axes as an nrows x ncols array (every study figure's start)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=110)
-    return fig, fig.subplots(nrows, ncols, squeeze=False)
-
-
-def figure_row(ncols: int, width: float):
-    """``figure_grid`` with one row: the figure and its ``ncols`` axes."""
-    fig, axes = figure_grid(1, ncols, width)
-    return fig, axes[0]
-
-
 def load_runs(csv: str | Path) -> pd.DataFrame:
-    """The study CSV's rows of the commit measured last: a machine's CSV keeps its earlier commits'
-    rows, and a figure must not mix code versions. Rows are appended, so the last row's is newest."""
-    runs = pd.read_csv(csv)
-    if "git_sha" in runs and len(runs):
-        runs = runs[runs.git_sha == runs.git_sha.iloc[-1]]
-    return runs.reset_index(drop=True)
+    """The study CSV's rows of the commit measured last (``core.latest_commit``): a machine's CSV
+    keeps its earlier commits' rows, and a figure must not mix code versions."""
+    return latest_commit(pd.read_csv(csv))
 
 
 def run_cores(runs: pd.DataFrame) -> pd.Series:
@@ -200,16 +186,12 @@ def breakdown_figure(runs: pd.DataFrame):
     return fig
 
 
-def save_figure(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")  # the scaling legends sit outside the axes
-    return path
-
-
-def make_figures(csv: str | Path, out_dir: str | Path) -> list[Path]:
-    """Every scaling figure from the CSV at ``csv``, as PNGs in ``out_dir``."""
+def make_figures(source: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Every scaling figure from the study's CSV (``source``: the CSV, or the study's directory
+    holding ``runs.csv``), as PNGs in ``out_dir`` (default: ``figures/`` beside the CSV)."""
+    source = Path(source)
+    csv = source / "runs.csv" if source.is_dir() else source
+    out_dir = Path(out_dir) if out_dir is not None else csv.parent / "figures"
     runs = load_runs(csv)
     makers = {"throughput": throughput_figure, "speedup": speedup_figure,
               "efficiency": efficiency_figure, "breakdown": breakdown_figure}

@@ -1,0 +1,344 @@
+"""The shape every study has: plan -> run (resumable, one tidy CSV) -> figures from the CSV alone.
+
+A study is three small pieces on top of this module:
+
+- a **plan**: the list of ``PlannedRun``s (a validated ``TrainConfig``, the ranks it runs on, a repeat
+  number and the study's own columns, e.g. a label), all checked before anything is launched;
+- a **measure**: how one planned run becomes an ``Outcome`` (its row and, optionally, rows of
+  companion tables such as every evaluation), on an ipyparallel cluster or under ``mpiexec``;
+- a **plots** module that reads the study's CSVs (``StudyStore.read``) and nothing else.
+
+``run_plan`` is the loop all studies share: a run whose ``run_id`` (a hash of its config, world size,
+repeat and study columns, on this host at this commit) is already in the study's ``runs.csv`` is
+skipped, so an interrupted study resumes where it stopped and a new commit measures again; each new
+run appends one row, every config field, every summary metric and where it came from (git SHA,
+torch and MPI versions, host, cores, CPU model), written atomically.
+
+Where a study's files go: ``results/<host>/<study>/`` on the machine that measured them
+(``results_dir``), ``results/reference/<study>/`` for the committed reference, which no study run
+ever writes. Each directory holds ``runs.csv``, the companion CSVs and ``figures/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import provenance
+from ..checkpoint import atomic_write_text
+from ..comm.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
+from ..config import TrainConfig
+from ..errors import DownpourError
+
+#: The studies, each a directory of results/<host>/ and of results/reference/.
+STUDIES = ("scaling", "staleness", "gossip")
+#: The committed references, one directory per study, measured on the machine their rows name;
+#: a study run never writes here.
+REFERENCE_ROOT = "results/reference"
+#: Where a run writes or starts from, not what it computes: left out of its identity.
+NOT_IDENTITY = ("output_dir", "checkpoint_dir", "checkpoint_every", "resume")
+
+
+class StudyError(DownpourError):
+    pass
+
+
+def host_dirname() -> str:
+    """This machine's directory name under results/: its host name, made safe for a path."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", provenance.machine()["host"]) or "localhost"
+
+
+def results_dir(study: str, out: str | os.PathLike | None = None,
+                root: str | os.PathLike = "results") -> Path:
+    """Where this machine's ``study`` goes: ``out`` if given, else ``<root>/<host>/<study>/``."""
+    if study not in STUDIES:
+        raise ValueError(f"study={study!r}: choose one of {', '.join(STUDIES)}")
+    return Path(out) if out else Path(root) / host_dirname() / study
+
+
+def reference_dir(study: str, root: str | os.PathLike = REFERENCE_ROOT) -> Path:
+    """The committed reference of ``study``."""
+    if study not in STUDIES:
+        raise ValueError(f"study={study!r}: choose one of {', '.join(STUDIES)}")
+    return Path(root) / study
+
+
+def run_id(config: TrainConfig, world_size: int, repeat: int,
+           extra: Mapping[str, Any] | None = None) -> str:
+    """The run's identity: its config, world size, repeat (and the study's own columns, ``extra``),
+    on this host at this commit (a run measured elsewhere, or with other code, is not this run)."""
+    values = {k: v for k, v in config.to_dict().items() if k not in NOT_IDENTITY}
+    here = [provenance.machine()["host"], provenance.git_sha()]
+    key: list[Any] = [values, world_size, repeat, here]
+    if extra:
+        key.append(dict(extra))
+    blob = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a study's plan: what is launched, and the columns the study adds to its row."""
+
+    config: TrainConfig
+    world_size: int
+    repeat: int = 0
+    #: the study's own columns, first in the row and part of the run's identity (e.g. a label)
+    columns: Mapping[str, Any] = field(default_factory=dict)
+    #: how the logs name the run
+    label: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return run_id(self.config, self.world_size, self.repeat, self.columns)
+
+    @property
+    def algorithm(self) -> str:
+        return self.config.algorithm
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What measuring a run gave: its row (summary fields), rows of the companion tables, a note
+    for the log."""
+
+    row: Mapping[str, Any]
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+    note: str = ""
+
+
+def scalar_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A run summary's fields that fit a CSV cell (a histogram or a nested config does not; the
+    study keeps those in a table of their own)."""
+    return {k: v for k, v in summary.items() if not isinstance(v, (dict, list, tuple, set))}
+
+
+def latest_commit(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the commit measured last: a machine's CSV keeps its earlier commits' rows, and a
+    figure must not mix code versions. Rows are appended, so the last row's is the newest."""
+    if "git_sha" in runs and len(runs):
+        runs = runs[runs.git_sha == runs.git_sha.iloc[-1]]
+    return runs.reset_index(drop=True)
+
+
+class StudyStore:
+    """A study's tidy tables: ``runs`` (one row per run, keyed by ``run_id``) and its companion
+    tables (e.g. one row per evaluation), keyed by the same ``run_id``.
+
+    With a directory, each table is a CSV there (``runs.csv``, ``<table>.csv``), rewritten
+    atomically as each run is added: the companions first, the run's row last, so a run counts as
+    done only once everything it measured is on disk. Without one, the tables live in memory (a
+    study nobody asked to keep)."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, tables: Sequence[str] = (),
+                 runs_file: str = "runs.csv"):
+        self.directory = Path(directory) if directory is not None else None
+        self.tables = tuple(tables)
+        self.runs_file = runs_file
+        self._memory: dict[str, pd.DataFrame] = {}
+
+    @classmethod
+    def of_csv(cls, csv: str | os.PathLike, tables: Sequence[str] = ()) -> StudyStore:
+        """The store whose runs table is the file ``csv`` (its companions beside it)."""
+        csv = Path(csv)
+        return cls(csv.parent, tables, runs_file=csv.name)
+
+    def __repr__(self) -> str:
+        return f"StudyStore({str(self.directory) if self.directory else 'memory'!r})"
+
+    def __str__(self) -> str:
+        return str(self.path("runs")) if self.directory else "memory"
+
+    def path(self, table: str) -> Path:
+        if self.directory is None:
+            raise ValueError("an in-memory study has no files")
+        return self.directory / (self.runs_file if table == "runs" else f"{table}.csv")
+
+    @property
+    def figures(self) -> Path:
+        if self.directory is None:
+            raise ValueError("an in-memory study has no files")
+        return self.directory / "figures"
+
+    def frame(self, table: str = "runs") -> pd.DataFrame:
+        """Every row of ``table`` (all commits), or an empty frame."""
+        if self.directory is None:
+            return self._memory.get(table, pd.DataFrame())
+        path = self.path(table)
+        try:
+            return pd.read_csv(path)
+        except (FileNotFoundError, pd.errors.EmptyDataError):  # none yet; no rows nor columns
+            return pd.DataFrame()
+
+    def _write(self, table: str, frame: pd.DataFrame) -> None:
+        if self.directory is None:
+            self._memory[table] = frame.reset_index(drop=True)
+        else:
+            atomic_write_text(self.path(table), frame.to_csv(index=False))
+
+    def done(self) -> set[str]:
+        runs = self.frame("runs")
+        return set(runs.run_id) if "run_id" in runs else set()
+
+    def add(self, run: PlannedRun, outcome: Outcome) -> None:
+        """Append the run's row and its companion rows (replacing companions a run interrupted
+        between the two writes may have left)."""
+        rid = run.run_id
+        for table in self.tables:
+            old = self.frame(table)
+            if "run_id" in old:
+                old = old[old.run_id != rid]
+            new = outcome.tables.get(table)
+            new = pd.DataFrame() if new is None else new.assign(run_id=rid)
+            self._write(table, _concat(old, new))
+        row = {"run_id": rid, "repeat": run.repeat, **run.columns, **outcome.row}
+        self._write("runs", _concat(self.frame("runs"), pd.DataFrame([row])))
+
+    def clear(self) -> None:
+        """Forget every run (``fresh``): the CSVs go, the figures stay until redrawn."""
+        if self.directory is None:
+            self._memory.clear()
+            return
+        for table in ("runs", *self.tables):
+            self.path(table).unlink(missing_ok=True)
+
+    def read(self, run_ids: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
+        """The runs to show, by table: those of ``run_ids`` (in that order) if given, else the rows
+        of the commit measured last; the companion tables' rows of those runs."""
+        runs = self.frame("runs")
+        if run_ids is not None:
+            order = {rid: i for i, rid in enumerate(run_ids)}
+            runs = runs[runs.run_id.isin(order)] if "run_id" in runs else runs.iloc[:0]
+            runs = runs.sort_values("run_id", key=lambda s: s.map(order), kind="stable")
+            runs = runs.reset_index(drop=True)
+        else:
+            runs = latest_commit(runs)
+        frames = {"runs": runs}
+        for table in self.tables:
+            frame = self.frame(table)
+            if "run_id" in frame and "run_id" in runs:
+                frame = frame[frame.run_id.isin(set(runs.run_id))].reset_index(drop=True)
+            frames[table] = frame
+        return frames
+
+
+def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """Rows appended; columns may grow between versions of the library."""
+    if old.empty:
+        return new.reset_index(drop=True)
+    if new.empty:
+        return old.reset_index(drop=True)
+    return pd.concat([old, new], ignore_index=True)
+
+
+#: ``(planned run) -> Outcome``; raises a DownpourError when the run fails.
+Measure = Callable[[PlannedRun], Outcome]
+
+
+def pending(plan: Sequence[PlannedRun], store: StudyStore, fresh: bool = False) -> list[PlannedRun]:
+    """The planned runs not yet in the store (all of them if ``fresh``)."""
+    done = set() if fresh else store.done()
+    return [run for run in plan if run.run_id not in done]
+
+
+def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *, fresh: bool = False,
+             log: Callable[[str], None] = print,
+             before_first: Callable[[], None] | None = None) -> list[str]:
+    """Measure every run of ``plan`` not yet in ``store`` (all of them if ``fresh``), adding one row
+    each; ``before_first`` is called once before the first run that is measured (e.g. to warm up
+    fresh engines). A run that fails is logged and the others go on; then StudyError lists the
+    failures. Returns the run ids of the plan, in plan order."""
+    if fresh:
+        store.clear()
+    done = store.done()
+    failures: list[str] = []
+    warmed = before_first is None
+    for run in plan:
+        rid = run.run_id
+        if rid in done:
+            log(f"skip  {run.label} (run {rid} already in {store})")
+            continue
+        if not warmed:
+            before_first()
+            warmed = True
+        try:
+            outcome = measure(run)
+        except DownpourError as exc:  # this run failed (a rank, a timeout): record it, go on
+            failures.append(f"{run.label}: {exc}")
+            log(f"FAIL  {run.label}: {exc}")
+            continue
+        store.add(run, outcome)
+        done.add(rid)
+        log(f"done  {run.label}: {outcome.note}" if outcome.note else f"done  {run.label}")
+    if failures:
+        raise StudyError(f"{len(failures)} run(s) failed; the others are in {store}:\n"
+                         + "\n".join(failures))
+    return [run.run_id for run in plan]
+
+
+@contextmanager
+def cluster_for(plan: Sequence[PlannedRun], store: StudyStore, *, profile: str = "local-mpi",
+                engines: int | None = None, fresh: bool = False,
+                log: Callable[[str], None] = print) -> Iterator[Any]:
+    """An ipyparallel cluster of the profile for the runs of ``plan`` still missing from ``store``,
+    sized to the largest of them (or ``engines``); None when every run is already there (nothing
+    is started). If the profile already runs one cluster (``ipcluster start --profile=NAME``), the
+    runs use it and leave it running; a cluster started here is stopped on the way out."""
+    todo = pending(plan, store, fresh)
+    if not todo:
+        log(f"all {len(plan)} runs are already in {store}; nothing to run (fresh=True starts over)")
+        yield None
+        return
+    from ..cluster import connect, running_clusters, start_cluster
+
+    running = running_clusters(profile)
+    if len(running) == 1:
+        log(f"using the running {profile} cluster (id {running[0].cluster_id!r}) for "
+            f"{len(todo)} run(s)")
+        session = connect(profile, running[0].cluster_id, activate=False)
+    else:  # none (or several: start_cluster says which)
+        n = engines or max(run.world_size for run in todo)
+        log(f"starting a {profile} cluster of {n} engines for {len(todo)} run(s)")
+        session = start_cluster(profile, n=n, activate=False)
+    with session as cluster:  # stops only a cluster it started
+        yield cluster
+
+
+def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> dict[str, Any]:
+    """Run one configuration under ``mpiexec -n world_size``; return its summary row, exactly as
+    ``downpour train --summary-json`` writes it."""
+    try:
+        mpiexec = find_mpiexec()
+    except MPIExecNotFound as exc:
+        raise StudyError(str(exc)) from None
+    with tempfile.TemporaryDirectory(prefix="downpour-run-") as tmp:
+        cfg, out = Path(tmp) / "config.json", Path(tmp) / "summary.json"
+        cfg.write_text(json.dumps(config.to_dict(), default=str))
+        cmd = [mpiexec, "-n", str(world_size), "--oversubscribe", "--bind-to", "none",
+               sys.executable, "-m", "downpour_lib", "train", "--config", str(cfg),
+               "--summary-json", str(out)]
+        try:
+            proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise StudyError(f"{config.algorithm} on {world_size} rank(s) ran past {timeout_s} s")\
+                from exc
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+            raise StudyError(f"{config.algorithm} on {world_size} rank(s) failed "
+                             f"(exit {proc.returncode}):\n{tail}")
+        summary = json.loads(out.read_text())
+    summary.pop("config", None)
+    return summary

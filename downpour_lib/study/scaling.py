@@ -1,0 +1,180 @@
+"""The scaling study: algorithms x worker counts, each run a real multi-process launch, one tidy CSV.
+
+The plan (``StudySpec``) is every algorithm at every worker count, ``repeats`` times; it runs through
+the shared study loop (``core.run_plan``): one row per run holding every config field, every summary
+metric, and where it came from (git SHA, versions, host, cores, CPU), in this machine's
+``results/<host>/scaling/runs.csv``, resumable by run id (config, world size, repeat, host,
+commit). The figures (``scaling_plots``) are made from that CSV alone; the committed reference is
+``results/reference/scaling/``.
+
+How a run is launched is pluggable: ``run_study(spec, launch=...)`` takes any callable
+``(config, world_size, timeout_s) -> summary row``. ``mpiexec_launch`` (the default, what
+``downpour study`` uses) starts ``mpiexec -n N downpour train`` per run; ``ClusterSession.launch``
+(notebook 02) runs it on the engines of an ipyparallel cluster. Both return the row exactly as
+``downpour train --summary-json`` writes it, so the CSV and its resumption do not depend on the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ..algorithms import ALGORITHMS
+from ..config import TrainConfig
+from ..errors import ConfigError
+from .core import (
+    NOT_IDENTITY,
+    Outcome,
+    PlannedRun,
+    StudyError,
+    StudyStore,
+    cluster_for,
+    mpiexec_launch,
+    reference_dir,
+    results_dir,
+    run_id,
+    run_plan,
+)
+
+__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "NOT_IDENTITY", "REFERENCE_DIR", "SCALING_BASE",
+           "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers", "mpiexec_launch",
+           "run_id", "run_study", "run_study_on_cluster", "study_dir", "study_spec"]
+
+#: ``(config, world_size, timeout_s) -> summary row``; raises a DownpourError when the run fails.
+Launch = Callable[[TrainConfig, int, float], dict[str, Any]]
+
+#: The algorithms the study compares unless told otherwise.
+DEFAULT_ALGORITHMS: tuple[str, ...] = (
+    "sync_ps", "ddp", "allreduce", "downpour", "sgp", "osgp", "dpsgd", "adpsgd")
+
+#: The main job's fixed settings: the same model, data, batch and seed for every algorithm. No
+#: evaluation: the study measures throughput, and evaluating would cost a third of each run. Only a
+#: run's first step is slow (allocation); after it, 17 measured steps put the standard error of a
+#: run's mean step at about 0.5% on 2 cores, so the spread between runs (other work on the machine)
+#: is what limits a point, and repeats, not longer runs, are what narrow it.
+SCALING_BASE: dict[str, Any] = {
+    "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 20,
+    "warmup_steps": 3, "eval_every": 0, "final_eval": False, "threads": 1, "lr": 0.05, "seed": 0,
+}
+#: Per-algorithm options the study sets under the user's. Downpour's warmstart holds the other
+#: workers back until the first has pushed 20 times: in a 20-step run they would barely overlap,
+#: and the summed per-worker rates would count a lone worker twice (a "speedup" of 2.04x).
+SCALING_OPTIONS: dict[str, dict[str, Any]] = {"downpour": {"warmstart": 0}}
+#: Runs per point: enough for an error bar, few enough that `make study` fits ~10 min on 2 cores.
+DEFAULT_REPEATS = 3
+
+
+def default_workers() -> tuple[int, ...]:
+    """1, 2, 4, ... up to the cores here (at least 1 and 2)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    counts, n = [1], 2
+    while n <= max(2, cores or 1):
+        counts.append(n)
+        n *= 2
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
+    workers: tuple[int, ...] = field(default_factory=default_workers)
+    base: dict[str, Any] = field(default_factory=lambda: dict(SCALING_BASE))
+    csv: str = field(default_factory=lambda: str(study_dir() / "runs.csv"))
+    repeats: int = DEFAULT_REPEATS  # runs per point: their spread is the error bar
+    timeout_s: float = 900.0  # per run
+    #: per-algorithm options, e.g. {"sync_ps": {"server": "colocated"}}, over SCALING_OPTIONS
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for a in self.algorithms:
+            if a not in ALGORITHMS:
+                raise ConfigError("algorithms", a, "choose from " + ", ".join(ALGORITHMS))
+        for a in self.options:
+            if a not in self.algorithms:
+                raise ConfigError("options", a, "give options only for the study's algorithms: "
+                                  + ", ".join(self.algorithms))
+        if not self.workers or min(self.workers) < 1:
+            raise ConfigError("workers", self.workers, "give worker counts >= 1, e.g. 1,2")
+        if self.repeats < 1:
+            raise ConfigError("repeats", self.repeats, "must be >= 1")
+
+    def runs(self) -> list[tuple[TrainConfig, int, int]]:
+        """(config, world size, repeat) of every run, validated before anything is launched.
+        Repeat r of every point runs before repeat r + 1 of any, so a slow spell on a shared
+        machine spreads over the points as noise instead of biasing one of them."""
+        points = []
+        for algorithm in self.algorithms:
+            for workers in self.workers:
+                options = {**SCALING_OPTIONS.get(algorithm, {}), **self.options.get(algorithm, {})}
+                config = TrainConfig.from_dict({**self.base, "algorithm": algorithm,
+                                                "options": options})
+                size = ALGORITHMS[algorithm].world_size_for(config.options, workers)
+                # e.g. adpsgd on an odd number of ranks: refuse before launching anything
+                ALGORITHMS[algorithm].check_world(config.options, size)
+                points.append((config, size))
+        return [(config, size, r) for r in range(self.repeats) for config, size in points]
+
+    def planned(self) -> list[PlannedRun]:
+        """``runs()`` as the study loop's planned runs, labelled for the log."""
+        return [PlannedRun(config, size, r, label=f"{config.algorithm:<8} {size} rank(s) repeat {r}")
+                for config, size, r in self.runs()]
+
+    def max_world_size(self) -> int:
+        """The most ranks any run needs: the size of a cluster that runs the whole study."""
+        return max(size for _, size, _ in self.runs())
+
+    def plan(self) -> pd.DataFrame:
+        """One row per run: what will be launched, and its run id (here, at this commit)."""
+        return pd.DataFrame([{"algorithm": c.algorithm, "world_size": size, "repeat": r,
+                              "run_id": run_id(c, size, r)} for c, size, r in self.runs()])
+
+
+#: The committed study, measured on the machine its rows and figures name; a study never writes here.
+REFERENCE_DIR = str(reference_dir("scaling"))
+
+
+def study_dir(out: str | os.PathLike | None = None, root: str | os.PathLike = "results"):
+    """Where this machine's scaling study goes: ``out`` if given, else ``<root>/<host>/scaling/``
+    (its ``runs.csv`` and ``figures/``)."""
+    return results_dir("scaling", out, root)
+
+
+def study_spec(algorithms=DEFAULT_ALGORITHMS, workers=None, overrides=None, options=None,
+               csv: str | os.PathLike | None = None, repeats: int = DEFAULT_REPEATS) -> StudySpec:
+    """A StudySpec from plain values (a notebook's parameters): ``workers`` None means 1, 2, 4, ...
+    up to the cores here; ``overrides`` change SCALING_BASE's fields; ``csv`` None means
+    ``results/<host>/scaling/runs.csv``."""
+    return StudySpec(algorithms=tuple(algorithms),
+                     workers=tuple(workers) if workers else default_workers(),
+                     base={**SCALING_BASE, **(overrides or {})},
+                     csv=str(csv or study_dir() / "runs.csv"), repeats=repeats,
+                     options=dict(options or {}))
+
+
+def run_study(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] = print,
+              launch: Launch = mpiexec_launch) -> pd.DataFrame:
+    """Run every run of ``spec`` not yet in its CSV (all of them if ``fresh``), one row each."""
+    def measure(run: PlannedRun) -> Outcome:
+        log(f"run   {run.label} ...")
+        summary = launch(run.config, run.world_size, spec.timeout_s)
+        return Outcome(summary, note=f"{summary['samples_per_s']:.1f} samples/s")
+
+    run_plan(spec.planned(), StudyStore.of_csv(spec.csv), measure, fresh=fresh, log=log)
+    return pd.read_csv(spec.csv)
+
+
+def run_study_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: int | None = None,
+                         fresh: bool = False, log: Callable[[str], None] = print) -> pd.DataFrame:
+    """``run_study`` on the engines of one ipyparallel cluster of the profile, started for the runs
+    still missing from the CSV and sized to the largest of them (or ``engines``); no cluster is
+    started when every run is already there. If the profile already runs one cluster (``ipcluster
+    start --profile=NAME``), the runs use it and leave it running."""
+    with cluster_for(spec.planned(), StudyStore.of_csv(spec.csv), profile=profile,
+                     engines=engines, fresh=fresh, log=log) as cluster:
+        if cluster is None:
+            return pd.read_csv(spec.csv)
+        return run_study(spec, fresh=fresh, log=log, launch=cluster.launch)

@@ -1,0 +1,99 @@
+"""Every study has one shape: this machine's results in results/<host>/<study>/, the committed references
+in results/reference/<study>/ (one tidy runs.csv with provenance, its figures), and `downpour plot`
+redraws any of them from the CSVs alone."""
+
+import shutil
+
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+from downpour_lib import provenance
+from downpour_lib.cli import main
+from downpour_lib.study import gossip_plots, scaling_plots, staleness_plots
+from downpour_lib.study.core import (
+    REFERENCE_ROOT,
+    STUDIES,
+    StudyStore,
+    host_dirname,
+    reference_dir,
+    results_dir,
+)
+
+FIGURES = {"scaling": scaling_plots.FIGURES, "staleness": staleness_plots.FIGURES,
+           "gossip": gossip_plots.FIGURES}
+
+
+def test_each_study_has_its_directory_here_and_in_the_reference():
+    host = host_dirname()
+    assert host == provenance.machine()["host"].replace(" ", "_")
+    for study in STUDIES:
+        assert results_dir(study, root="results").parts == ("results", host, study)
+        assert reference_dir(study) == ROOT.joinpath(REFERENCE_ROOT, study).relative_to(ROOT)
+    assert results_dir("gossip", out="/tmp/x").as_posix() == "/tmp/x"
+    with pytest.raises(ValueError, match="choose one of scaling, staleness, gossip"):
+        results_dir("nope")
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_the_committed_reference_is_one_tidy_csv_with_provenance_and_its_figures(study):
+    where = ROOT / REFERENCE_ROOT / study
+    runs = pd.read_csv(where / "runs.csv")
+    for column in ("run_id", "git_sha", "host", "cores", "cpu_model", "torch_version", "mpi_version",
+                   "algorithm", "model", "samples_per_s"):
+        assert column in runs and runs[column].notna().all(), (study, column)
+    assert runs.run_id.is_unique and runs.git_sha.nunique() == 1 and runs.host.nunique() == 1
+    assert sorted(p.name for p in (where / "figures").iterdir()) == sorted(
+        f"{name}.png" for name in FIGURES[study])
+
+
+def test_downpour_plot_redraws_every_study_from_its_csvs_alone(tmp_path, monkeypatch, capsys):
+    """Only the CSVs of each reference, in this machine's layout: `downpour plot` (no arguments)
+    draws every study's figures beside them; a study directory given by path works the same."""
+    here = results_dir("scaling", root=tmp_path / "results").parent
+    for study in STUDIES:
+        (here / study).mkdir(parents=True)
+        for csv in (ROOT / REFERENCE_ROOT / study).glob("*.csv"):
+            shutil.copy(csv, here / study)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot"]) == 0
+    for study in STUDIES:
+        assert sorted(p.name for p in (here / study / "figures").iterdir()) == sorted(
+            f"{name}.png" for name in FIGURES[study]), study
+    out = capsys.readouterr().out
+    assert out.count("wrote ") == sum(len(f) for f in FIGURES.values())
+
+    shutil.rmtree(here / "gossip" / "figures")
+    assert main(["plot", str(here / "gossip"), "--figures", str(tmp_path / "elsewhere")]) == 0
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == sorted(
+        f"{name}.png" for name in FIGURES["gossip"])
+    assert not (here / "gossip" / "figures").exists()
+
+
+def test_downpour_plot_says_what_is_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot"]) == 1
+    assert capsys.readouterr().out.count("make studies") == len(STUDIES)
+    (tmp_path / "mine").mkdir()
+    assert main(["plot", str(tmp_path / "mine")]) == 2  # which study? the name does not say
+    assert "give --study" in capsys.readouterr().err
+
+
+def test_a_store_writes_companions_before_the_row_that_marks_a_run_done(tmp_path):
+    """An interrupted add leaves companion rows without a run row: the run is not done, and adding
+    it again replaces them instead of doubling them."""
+    from downpour_lib.config import TrainConfig
+    from downpour_lib.study.core import Outcome, PlannedRun
+
+    store = StudyStore(tmp_path, ("evals",))
+    run = PlannedRun(TrainConfig(algorithm="local", steps=5), 1, label="local")
+    evals = pd.DataFrame({"step": [0, 1], "accuracy": [0.1, 0.2]})
+    store.add(run, Outcome({"algorithm": "local"}, {"evals": evals}))
+    store.path("runs").unlink()  # as if the run's row had never been written
+    assert store.done() == set()
+    store.add(run, Outcome({"algorithm": "local"}, {"evals": evals}))
+    assert store.done() == {run.run_id}
+    assert list(store.frame("evals").step) == [0, 1]
+    frames = store.read()
+    assert list(frames["runs"].columns[:3]) == ["run_id", "repeat", "algorithm"]
+    assert set(frames["evals"].run_id) == {run.run_id}
