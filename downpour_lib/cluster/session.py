@@ -39,7 +39,7 @@ from . import remote
 from .profiles import ensure_profile, profile_dir
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# how comm.mpi_liveness.CommTimeout names the ranks that stopped answering
+# how comm.mpi.liveness.CommTimeout names the ranks that stopped answering
 SILENT = re.compile(r"\branks? (\d+(?:, \d+)*) went silent")
 
 

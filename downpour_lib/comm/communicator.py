@@ -137,7 +137,7 @@ class Communicator:
     @property
     def gathers_lists(self) -> bool:
         """Whether the backend reduces a list of tensors where they lie, with no flat copy first
-        (the ``mpi`` backend of ``comm.mpi_backend`` gathers them into its shared memory itself);
+        (the ``mpi`` backend of ``comm.mpi`` gathers them into its shared memory itself);
         elsewhere a list is packed into one buffer and copied back."""
         return self.active and getattr(self._process_group(), "gathers_lists", False)
 

@@ -5,7 +5,7 @@ setting MASTER_ADDR (rank 0 opens a TCPStore on a free port and broadcasts it ov
 without MPI the first node of the step and a port derived from the job id; torchrun brings its own;
 the ``mpi`` backend needs none: MPI itself knows the ranks), picks the device and backend, and
 creates the default process group with an explicit timeout. Backend ``auto`` is ``nccl`` on CUDA,
-else ``mpi`` when this is an MPI launch that mpi4py can see (``comm/mpi_backend.py`` provides it on
+else ``mpi`` when this is an MPI launch that mpi4py can see (``comm/mpi`` provides it on
 the stock torch wheel), else ``gloo``.
 Degrades to one process: at world size 1 no process group is created and every collective in
 ``comm`` is a no-op, so algorithms and the engine run in plain unit tests.
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from . import mpi_backend
+from . import mpi
 from .launch_env import Placement, discover, slurm_rendezvous
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -178,10 +178,10 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     if dev.type == "cuda":
         kwargs["device_id"] = dev
     if mpi_world:
-        mpi_backend.use_world(comm)  # mpi groups (default or not) are made within this communicator
+        mpi.use_world(comm)  # mpi groups (default or not) are made within this communicator
     if name == "mpi":
         # MPI assigns ranks itself and needs no store (torch ignores rank/world_size for it).
-        mpi_backend.register()
+        mpi.register()
         kwargs = {"backend": name, "timeout": timeout}
     elif mpi_world:
         kwargs["store"] = _rendezvous_store(placement, comm, timeout)
@@ -208,7 +208,7 @@ def shutdown() -> None:
     global _CONTEXT
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    mpi_backend.use_world(None)
+    mpi.use_world(None)
     _CONTEXT = None
 
 
