@@ -33,7 +33,7 @@ import pandas as pd
 from .. import provenance
 from ..algorithms import ALGORITHMS
 from ..checkpoint import atomic_write_text
-from ..comm.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
+from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
 from ..config import TrainConfig
 from ..errors import ConfigError, DownpourError
 
