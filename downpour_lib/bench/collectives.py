@@ -171,7 +171,7 @@ class Sync:
     skew there is microseconds), else through the gloo default group."""
 
     def __init__(self) -> None:
-        self.comm = runtime.mpi_comm_world()
+        self.comm = runtime.launch_mpi_world()
 
     def barrier(self) -> None:
         if self.comm is not None:

@@ -63,8 +63,9 @@ class DistContext:
         return cls(0, 1, 0, 1, torch.device(device), None, "single", (socket.gethostname(),))
 
 
-def mpi_comm_world():
-    """mpi4py's COMM_WORLD if MPI is (or can be) initialized here, else None.
+def launch_mpi_world():
+    """mpi4py's COMM_WORLD when this launch is an MPI one, else None (a launch that may run without
+    MPI: compare ``cluster.remote.engine_mpi_world``, for processes that are always MPI ranks).
 
     Importing ``mpi4py.MPI`` initializes MPI, so it is only done when a launcher says we run under
     MPI, or when the user already did it.
@@ -170,7 +171,7 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         return _CONTEXT
     timeout = datetime.timedelta(seconds=timeout_s)
     if comm is None and placement.launcher == "mpi":
-        comm = mpi_comm_world()
+        comm = launch_mpi_world()
     mpi_world = comm is not None and comm.Get_size() == placement.world_size
     name = pick_backend(backend, dev, mpi_world)
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
@@ -245,7 +246,7 @@ def abort(exc: BaseException, code: int = 1) -> None:
                      f"{type(exc).__name__}: {exc}\n")
     traceback.print_exception(exc, file=sys.stderr)
     sys.stderr.flush()
-    comm = mpi_comm_world()
+    comm = launch_mpi_world()
     if comm is not None and comm.Get_size() > 1:
         comm.Abort(code)
     os._exit(code)
