@@ -278,7 +278,7 @@ class Trainer:
             with self.algorithm.eval_parameters(self.model) as evaluated:
                 model = {k: v.detach().cpu().clone() for k, v in evaluated.state_dict().items()}
         if self.algorithm.synchronous:
-            parts = self.comm.gather_objects((local, model), dst=0)
+            parts = self.comm.gather_object((local, model), root=0)
             if parts is None:
                 return
             ranks = {rank: part[0] for rank, part in enumerate(parts)}
@@ -294,7 +294,7 @@ class Trainer:
     # -- results -----------------------------------------------------------------------------
 
     def _gather(self, wall_s: float) -> RunResult | None:
-        gathered = self.comm.gather_objects((self.step_records, self.eval_records), dst=0)
+        gathered = self.comm.gather_object((self.step_records, self.eval_records), root=0)
         if gathered is None:
             return None
         steps, evals = frames([s for part in gathered for s in part[0]],

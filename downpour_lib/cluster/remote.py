@@ -79,7 +79,7 @@ def allreduce_ranks(world_size: int) -> dict[str, Any] | None:
         if ctx is None:
             return None
         tensor = torch.tensor([float(ctx.rank + 1)])
-        Comm(ctx).all_reduce(tensor)
+        Comm(ctx).allreduce(tensor)
         return {"rank": ctx.rank, "host": socket.gethostname(), "sent": float(ctx.rank + 1),
                 "received": float(tensor.item()), "backend": ctx.backend}
 
