@@ -117,6 +117,16 @@ def pick_backend(choice: Backend, device: torch.device, mpi_world: bool = False)
     return choice
 
 
+def backend_usable(name: str) -> bool:
+    """Whether this build and machine can run backend ``name``: gloo if torch has it, nccl with
+    CUDA GPUs; other registered backends (``mpi``) say for themselves when they start."""
+    if name == "gloo":
+        return dist.is_gloo_available()
+    if name == "nccl":
+        return dist.is_nccl_available() and torch.cuda.is_available()
+    return True
+
+
 def _rendezvous_store(placement: Placement, comm, timeout: datetime.timedelta) -> dist.Store:
     """Rank 0 opens a TCPStore on a free port (no race for it); MPI tells everyone where it is."""
     single_host = len(set(comm.allgather(socket.gethostname()))) == 1
