@@ -113,8 +113,8 @@ def consensus_distance(comm: Comm, flat: torch.Tensor) -> float:
         return 0.0
     x = flat.detach().to(torch.float64)
     mean = x.clone()
-    dist.all_reduce(mean)
+    comm.allreduce(mean, account=None)
     mean /= comm.size
     distance = torch.linalg.vector_norm(x - mean).reshape(1)
-    dist.all_reduce(distance)
+    comm.allreduce(distance, account=None)
     return float(distance) / comm.size
