@@ -286,7 +286,7 @@ class Trainer:
     # -- results -----------------------------------------------------------------------------
 
     def _gather(self, wall_s: float) -> RunResult | None:
-        gathered = self.comm.gather_objects((self.step_records, self.eval_records), dst=0)
+        gathered = self.comm.gather_object((self.step_records, self.eval_records), root=0)
         if gathered is None:
             return None
         steps, evals = frames([s for part in gathered for s in part[0]],

@@ -50,7 +50,7 @@ class Meter:
         self.bytes_sent = self.bytes_received = 0
 
     @contextmanager
-    def timed(self, bucket: Literal["comm", "wait"]) -> Iterator[None]:
+    def timed(self, account: Literal["comm", "wait"]) -> Iterator[None]:
         device_sync(self.device)
         start = time.perf_counter()
         try:
@@ -58,7 +58,7 @@ class Meter:
         finally:
             device_sync(self.device)
             elapsed = time.perf_counter() - start
-            if bucket == "comm":
+            if account == "comm":
                 self.comm_s += elapsed
             else:
                 self.wait_s += elapsed

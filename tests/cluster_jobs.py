@@ -26,7 +26,7 @@ def fail_on_rank(bad_rank: int, world_size: int):
         if ctx.rank == bad_rank:
             raise RuntimeError(f"injected failure on rank {bad_rank}")
         tensor = torch.ones(1)
-        Comm(ctx).all_reduce(tensor)
+        Comm(ctx).allreduce(tensor)
         return float(tensor.item())
 
 
@@ -54,8 +54,8 @@ def stop_on_rank(silent_rank: int, world_size: int, timeout_s: float):
         if ctx is None:
             return None
         tensor = torch.ones(1)
-        Comm(ctx).all_reduce(tensor)
+        Comm(ctx).allreduce(tensor)
         if ctx.rank == silent_rank:
             os.kill(os.getpid(), signal.SIGSTOP)
-        Comm(ctx).all_reduce(tensor)
+        Comm(ctx).allreduce(tensor)
         return float(tensor.item())

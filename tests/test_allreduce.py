@@ -123,8 +123,8 @@ def test_buckets_follow_the_order_backward_produces_gradients():
     torch.manual_seed(0)
     model, plain = Reversed(), Reversed()
     plain.load_state_dict(model.state_dict())
-    buckets = GradientBuckets(list(model.named_parameters()), comm.Communicator((0,), None, 0),
-                              Meter(), bucket_bytes=64)
+    buckets = GradientBuckets(list(model.named_parameters()),
+                              comm.Communicator((0,), None, 0, Meter()), bucket_bytes=64)
     buckets.start()
     before = [buckets.names[i] for i in buckets.order]
     for _ in range(3):

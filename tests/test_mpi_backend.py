@@ -1,4 +1,4 @@
-"""The mpi backend (comm/mpi_backend.py) on the stock torch wheel, in real mpiexec jobs, against gloo.
+"""The mpi backend (comm/mpi/) on the stock torch wheel, in real mpiexec jobs, against gloo.
 
 Each multi-rank script runs many cases in one launch (a launch costs seconds of imports).
 """
@@ -12,7 +12,7 @@ import torch
 from conftest import BIN, explain, mpi_python, mpiexec, read_json
 
 from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
-from downpour_lib.comm import mpi_backend
+from downpour_lib.comm.mpi import backend as mpi_backend
 from downpour_lib.comm.runtime import pick_backend
 from downpour_lib.errors import ConfigError
 
@@ -35,7 +35,7 @@ def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, arg
     assert summary["cases"] >= n * 1050, summary  # all ranks, all parts (and the subgroup for n > 2)
     assert parts["point_to_point"]["cases"] >= 27 and parts["ddp"]["cases"] == 3, parts
     assert parts["ddp"]["max_grad_diff"] < 1e-6 and parts["ddp"]["moved"] > 1e-2, parts
-    # a default group on a split of COMM_WORLD (mpi_backend.use_world), from n = 3 on
+    # a default group on a split of COMM_WORLD (comm.mpi.use_world), from n = 3 on
     assert parts["sub_world"]["cases"] == (2 if n > 2 else 0), parts
 
 
@@ -144,4 +144,4 @@ def test_importing_registers_without_initializing_mpi():
     code = ("import sys, downpour_lib, torch.distributed as dist; "
             "print(dist.Backend._plugins['MPI'].creator_fn.__module__, 'mpi4py.MPI' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.stdout.split() == ["downpour_lib.comm.mpi_backend", "False"], explain(proc)
+    assert proc.stdout.split() == ["downpour_lib.comm.mpi.backend", "False"], explain(proc)

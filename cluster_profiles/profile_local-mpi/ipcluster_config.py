@@ -7,8 +7,7 @@
 #
 # From Python or a notebook: downpour_lib.cluster.start_cluster("local-mpi", n=4).
 # Anything below can be overridden on the command line, e.g. --MPIEngineSetLauncher.mpi_args='[]'.
-from downpour_lib.cluster.launchers import find_mpiexec
-from downpour_lib.comm.mpiexec import root_env
+from downpour_lib.cluster.mpiexec import find_mpiexec, root_env
 
 c = get_config()  # noqa: F821 -- ipyparallel provides get_config() when it loads this file
 

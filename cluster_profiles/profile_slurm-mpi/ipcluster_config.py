@@ -13,7 +13,7 @@
 # the engines' output to $IPYTHONDIR/profile_slurm-mpi/log/.
 import socket
 
-from downpour_lib.comm.mpiexec import root_env
+from downpour_lib.cluster.mpiexec import root_env
 
 c = get_config()  # noqa: F821 -- ipyparallel provides get_config() when it loads this file
 

@@ -168,7 +168,7 @@ class ADPSGD(Decentralized):
         if self.averaging is None:
             optimizer.step()
             return
-        with self.comm.meter.timed("wait"):
+        with self.comm.timed("wait"):
             self.averaging.wait_for(self.step_index - self.options.max_lag + 1)
         with self.averaging.locked() as vector, torch.no_grad():
             if self.step_index == 0:  # no round ran yet; the parameters may have been loaded
@@ -186,7 +186,7 @@ class ADPSGD(Decentralized):
             if self.topology.out_peers(self.rank, self.step_index):
                 # logical traffic of the round this step released: one model each way
                 n = nbytes(self.averaging.vector)
-                self.comm.meter.count(sent=n, received=n)
+                self.comm.count(sent=n, received=n)
         self.step_index += 1
 
     def step_metrics(self) -> dict[str, float]:

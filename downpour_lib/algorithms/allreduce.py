@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from ..comm.buckets import GradientBuckets
-from ..comm.communicator import Communicator
 from ..comm.model_sync import synchronize_parameters
 from ..errors import ConfigError
 from .base import Algorithm, AlgorithmOptions
@@ -64,15 +63,13 @@ class AllReduce(Algorithm):
     options: AllReduceOptions
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
-        # A world of one has no process group even inside a multi-rank job (a reference run).
-        comm = Communicator.world() if self.comm.active else Communicator((0,), None, 0)
-        synchronize_parameters(model, root=0, group=comm)  # everyone starts from rank 0's weights
+        synchronize_parameters(model, root=0, group=self.comm)  # everyone starts from rank 0's weights
         self.buckets: GradientBuckets | None = None
         self.ready = True
-        if comm.active or self.options.accumulation_steps > 1:
+        if self.comm.active or self.options.accumulation_steps > 1:
             params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self.buckets = GradientBuckets(
-                params, comm, self.comm.meter, bucket_bytes=int(self.options.bucket_cap_mb * 2**20),
+                params, self.comm, bucket_bytes=int(self.options.bucket_cap_mb * 2**20),
                 wire_dtype=WIRE_DTYPES[self.options.compression],
                 accumulation_steps=self.options.accumulation_steps)
             self.buckets.start()

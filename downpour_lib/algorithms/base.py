@@ -115,7 +115,7 @@ class Algorithm:
         the default gathers collectively; an asynchronous algorithm fetches what other ranks
         hold by message instead. ``final``: training is over on every rank."""
         evaluator = self.roles(self.options, self.world_size).evaluator
-        parts = self.comm.gather_objects(local(), dst=evaluator)
+        parts = self.comm.gather_object(local(), root=evaluator)
         return None if parts is None else dict(enumerate(parts))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

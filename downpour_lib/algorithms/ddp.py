@@ -37,9 +37,9 @@ class DDP(Algorithm):
         self.ddp = None
         if not self.comm.active:
             return model
-        self.ddp = MeteredDDP(model, self.comm.ctx, self.comm.meter, self.options.bucket_cap_mb)
+        self.ddp = MeteredDDP(model, self.comm, self.options.bucket_cap_mb)
         return self.ddp.module
 
     def after_backward(self, model: nn.Module) -> None:
         if self.ddp is not None:
-            self.comm.meter.exposed_backward_comm_s += self.ddp.exposed_comm_s()
+            self.ddp.after_backward()

@@ -170,7 +170,7 @@ class Downpour(Algorithm):
             if int(reply[0]) >= warm:
                 break
             time.sleep(0.005)
-        self._fetch(bucket="comm")
+        self._fetch(account="comm")
 
     # -- the worker's step (Algorithm 7.1) -----------------------------------------------------
 
@@ -200,7 +200,7 @@ class Downpour(Algorithm):
         if self.t == self.total:
             self._finish()
         elif self.t % self.options.n_fetch == 0:
-            self._fetch(bucket="comm")
+            self._fetch(account="comm")
 
     def step_metrics(self) -> dict[str, float]:
         """A worker's step: the staleness of the push it made (if any). A dedicated server's
@@ -229,7 +229,7 @@ class Downpour(Algorithm):
             works += [self.link.post_recv(receipts[s], server, REPLY),
                       self.link.post_send(header(PUSH, self.acc_version[s]), server, REQUEST),
                       self.link.post_send(flat, server, PUSH_DATA)]
-        self.link.wait(works, bucket="wait")  # mostly the server's queue: waiting
+        self.link.wait(works, account="wait")  # mostly the server's queue: waiting
         staleness.update({s: int(r[1]) for s, r in receipts.items()})
         for a in self.acc:
             a.zero_()
@@ -239,7 +239,7 @@ class Downpour(Algorithm):
         if len(values) > 1:
             self.pushed.update({f"staleness_shard{s}": float(v) for s, v in enumerate(values)})
 
-    def _fetch(self, bucket: Literal["comm", "wait"] = "comm") -> None:
+    def _fetch(self, account: Literal["comm", "wait"] = "comm") -> None:
         """Every shard's current parameters (and buffers) into this worker's model."""
         works, remote = [], []
         for s, server in enumerate(self.servers):
@@ -253,7 +253,7 @@ class Downpour(Algorithm):
                       self.link.post_recv(out, server, DATA),
                       self.link.post_send(header(FETCH), server, REQUEST)]
             remote.append((s, reply, out))
-        self.link.wait(works, bucket)
+        self.link.wait(works, account)
         for s, reply, out in remote:
             self.versions[s] = int(reply[0])
             self._install(s, out)
@@ -334,7 +334,7 @@ class Downpour(Algorithm):
             return
         saved = [t.detach().clone() for t in [*self.params, *self.buffers]]
         versions = list(self.versions)
-        self._fetch(bucket="wait")
+        self._fetch(account="wait")
         try:
             yield model
         finally:

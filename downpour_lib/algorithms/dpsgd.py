@@ -61,7 +61,7 @@ class DPSGD(Decentralized):
     def after_backward(self, model: nn.Module) -> None:
         if self.posted is None:  # the first step: nothing was posted during it
             self.posted = self._post()
-        received = self.gossip.complete(self.posted, bucket="wait")
+        received = self.gossip.complete(self.posted, account="wait")
         if received:
             keep, give = uniform_weights(len(received))
             mixed = self.sent * keep

@@ -122,7 +122,7 @@ class ServeLoop:
         done: set[int] = set()
         finals: list[int] = []
         while not self.workers <= done:
-            source = link.recv_any(request, REQUEST, bucket="wait")
+            source = link.recv_any(request, REQUEST, account="wait")
             kind, version = int(request[0]), int(request[1])
             if kind == PUSH:
                 link.recv(push, source, PUSH_DATA)

@@ -92,6 +92,6 @@ class SGP(PushSumAlgorithm):
 
     def after_step(self, model: nn.Module) -> None:
         posted = self.push_sum.post(self.step_index)
-        self.push_sum.absorb(self.push_sum.gossip.complete(posted, bucket="comm"))
+        self.push_sum.absorb(self.push_sum.gossip.complete(posted, account="comm"))
         self.push_sum.debias()
         self.step_index += 1

@@ -66,20 +66,20 @@ class SyncPS(Algorithm):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         # Everyone starts from the servers' parameters, whatever their own initialization was.
-        self._pull(bucket="comm")
+        self._pull(account="comm")
         return model
 
     def _members(self, shard: int) -> tuple[list[int], list[int]]:
         return self.layout.params(shard), self.layout.buffers(shard)
 
-    def _push(self, grads: list[torch.Tensor], bucket: Literal["comm", "wait"]) -> None:
+    def _push(self, grads: list[torch.Tensor], account: Literal["comm", "wait"]) -> None:
         """Send each shard of the gradients (and buffers) to its server; a server is left with
         its shard's average in ``.grad`` and every other parameter's ``.grad`` set to None, so
         that its optimizer steps its own shard only."""
         for shard, server in enumerate(self.servers):
             pi, bi = self._members(shard)
             flat = flatten([grads[i] for i in pi] + [self.buffers[i] for i in bi])
-            self.comm.reduce(flat, dst=server, bucket=bucket)
+            self.comm.reduce(flat, root=server, account=account, scratch=True)
             if shard == self.shard:
                 flat.div_(self.num_workers)
                 for p in self.params:
@@ -89,26 +89,26 @@ class SyncPS(Algorithm):
                     p.grad = torch.zeros_like(p)
                 unflatten_into(flat, [p.grad for p in mine] + [self.buffers[i] for i in bi])
 
-    def _pull(self, bucket: Literal["comm", "wait"]) -> None:
+    def _pull(self, account: Literal["comm", "wait"]) -> None:
         """Everyone receives every shard's parameters and buffers from its server."""
         for shard, server in enumerate(self.servers):
             pi, bi = self._members(shard)
             tensors = [self.params[i] for i in pi] + [self.buffers[i] for i in bi]
             flat = flatten([t.detach() for t in tensors])
-            self.comm.broadcast(flat, src=server, bucket=bucket)
+            self.comm.broadcast(flat, root=server, account=account)
             if self.rank != server:
                 with torch.no_grad():
                     unflatten_into(flat, tensors)
 
     def after_backward(self, model: nn.Module) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self._push(grads, bucket="comm")
+        self._push(grads, account="comm")
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.shard is not None:
             optimizer.step()
         # A worker's time here is mostly the servers' update: it counts as waiting.
-        self._pull(bucket="comm" if self.shard is not None else "wait")
+        self._pull(account="comm" if self.shard is not None else "wait")
 
     def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
         zeros = [torch.zeros_like(p) for p in self.params]
@@ -116,7 +116,7 @@ class SyncPS(Algorithm):
             # A dedicated server runs no forward pass: it adds nothing to the buffers' average.
             for b in self.buffers:
                 b.zero_()
-            self._push(zeros, bucket="wait")  # waiting for the workers' gradients
+            self._push(zeros, account="wait")  # waiting for the workers' gradients
             self.optimizer.step()
-            self._pull(bucket="comm")
+            self._pull(account="comm")
             on_update(i, step)  # the workers' step: servers and workers step together

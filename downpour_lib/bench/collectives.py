@@ -1,8 +1,10 @@
 """``downpour bench collectives``: latency and bandwidth of collectives, per torch.distributed backend.
 
 Run it under ``mpiexec -n N`` (or ``srun --mpi=pmix``; ``torchrun`` for gloo and nccl only). The
-default group is gloo (it is also the rendezvous); each other backend gets ``new_group`` over all
-ranks, so every backend runs in the same processes on the same buffers. For each backend, operation
+default group is gloo (it is also the rendezvous); each other backend gets ``comm.new_group`` over all
+ranks, so every backend runs in the same processes on the same buffers. The collectives are the
+``Communicator``'s, unmetered, on buffers made once per case (``out=``), so a repetition times the
+backend's call plus about a microsecond of the Communicator's checks. For each backend, operation
 and size: warm-up iterations, then repetitions, each started right after a barrier; a repetition
 takes as long as its slowest rank. Enough repetitions are run to fill ``--min-time`` seconds (at least
 ``--min-reps``) so the median is stable; the table and the JSON rows give the median (p50) and 95th
@@ -33,22 +35,18 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from ..checkpoint import atomic_write_text
-from ..comm import runtime
+from ..comm import Communicator, new_group, runtime
 from ..comm.launch_env import discover
+from ..comm.traffic import ring_share
 from ..errors import ConfigError
 
+OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce")
+#: op -> n -> nccl-tests' bus factor (``comm.traffic.ring_share``)
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
-    "allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
-}
+    op: (lambda n, op=op: float(ring_share(op, n))) for op in OPS}
 BACKENDS = ("gloo", "mpi", "nccl")
-# torch 2.14 renamed all_gather_into_tensor / reduce_scatter_tensor (the old names warn)
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30,
@@ -106,28 +104,29 @@ def buffer_size(op: str, nbytes: int, n: int, dtype: torch.dtype) -> tuple[int, 
 class Case:
     """One (backend, op, size): the buffers and a callable that runs the collective once."""
 
-    def __init__(self, op: str, group, nbytes: int, dtype: torch.dtype, device: torch.device) -> None:
-        n = dist.get_world_size(group)
+    def __init__(self, op: str, group: Communicator, nbytes: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        n = group.size
         count, self.bytes = buffer_size(op, nbytes, n, dtype)
         zeros = lambda k: torch.zeros(k, dtype=dtype, device=device)  # noqa: E731 -- no overflow
         if op == "allreduce":
             t = zeros(count)
-            self.run = lambda: dist.all_reduce(t, group=group)
+            self.run = lambda: group.allreduce(t)
         elif op == "broadcast":
             t = zeros(count)
-            self.run = lambda: dist.broadcast(t, group=group, group_src=0)
+            self.run = lambda: group.broadcast(t, root=0)
         elif op == "reduce":
-            t = zeros(count)
-            self.run = lambda: dist.reduce(t, group=group, group_dst=0)
+            t = zeros(count)  # no private copy on the other ranks: the buffer is ours to spoil
+            self.run = lambda: group.reduce(t, root=0, scratch=True)
         elif op == "allgather":
             x, out = zeros(count), zeros(count * n)
-            self.run = lambda: _all_gather_single(out, x, group=group)
+            self.run = lambda: group.allgather(x, out=out)
         elif op == "reduce_scatter":
             x, out = zeros(count * n), zeros(count)
-            self.run = lambda: _reduce_scatter_single(out, x, group=group)
+            self.run = lambda: group.reduce_scatter(x, out=out)
         else:  # alltoall
             x, out = zeros(count * n), zeros(count * n)
-            self.run = lambda: dist.all_to_all_single(out, x, group=group)
+            self.run = lambda: group.alltoall(x, out=out)
         if device.type == "cuda":
             inner = self.run
             self.run = lambda: (inner(), torch.cuda.synchronize(device))
@@ -170,24 +169,21 @@ class Sync:
     """Barriers and cross-rank reductions of timings: through MPI when there is one (a barrier's exit
     skew there is microseconds), else through the gloo default group."""
 
-    def __init__(self) -> None:
-        self.comm = runtime.mpi_comm_world()
+    def __init__(self, world: Communicator) -> None:
+        self.comm = runtime.launch_mpi_world()
+        self.world = world
 
     def barrier(self) -> None:
         if self.comm is not None:
             self.comm.Barrier()
         else:
-            dist.barrier()
+            self.world.barrier()
 
     def slowest(self, times: list[float]) -> list[float]:
-        t = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
+        return self.world.allreduce(torch.tensor(times, dtype=torch.float64), op="max").tolist()
 
     def agree(self, value: int) -> int:
-        t = torch.tensor([value])
-        dist.broadcast(t, 0)
-        return int(t)
+        return int(self.world.broadcast(torch.tensor([value]), root=0))
 
 
 def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> list[float]:
@@ -224,7 +220,7 @@ def memcpy_rows(sizes: list[int], dtype: torch.dtype, sync: Sync, args) -> list[
     for nbytes in sizes:
         count = max(1, nbytes // elem)
         times: list[float] = []
-        if dist.get_rank() == 0:
+        if sync.world.rank == 0:
             src, dst = torch.zeros(count, dtype=dtype), torch.empty(count, dtype=dtype)
             for _ in range(args.warmup):
                 dst.copy_(src)
@@ -271,7 +267,7 @@ def print_table(rows: list[dict]) -> None:
 def cmd_collectives(args: argparse.Namespace) -> int:
     placement = discover(os.environ)
     backends = parse_list("backends", args.backends, BACKENDS)
-    ops = parse_list("ops", args.ops, tuple(BUS_FACTOR))
+    ops = parse_list("ops", args.ops, OPS)
     sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
     if placement.world_size < 2:
         raise ConfigError("world size", placement.world_size,
@@ -285,9 +281,10 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     device = torch.device("cuda" if "nccl" in backends else "cpu")
     with runtime.abort_on_error():
         ctx = runtime.init(backend="gloo", device=device.type, timeout_s=600)
-        groups = {name: dist.group.WORLD if name == "gloo" else dist.new_group(backend=name)
+        world = Communicator.world()
+        groups = {name: world if name == "gloo" else new_group(world.ranks, backend=name)
                   for name in backends}
-        sync, rows = Sync(), []
+        sync, rows = Sync(world), []
         rows += memcpy_rows(sizes, DTYPES[args.dtype], sync, args)
         for backend in backends:
             dev = ctx.device if backend == "nccl" else torch.device("cpu")

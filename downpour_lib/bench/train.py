@@ -37,15 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from ..algorithms import ALGORITHMS
 from ..checkpoint import atomic_write_text
+from ..comm.runtime import backend_usable
 from ..config import TrainConfig
 from ..errors import ConfigError, DownpourError
 from ..provenance import environment
-from ..study.sweep import StudyError, mpiexec_launch
+from ..study.core import StudyError, mpiexec_launch
 
 INDEPENDENT = "independent"  # the ceiling's rows: N copies of `local` that never communicate
 
@@ -98,21 +96,13 @@ def known_backends() -> tuple[str, ...]:
 def check_backend(name: str) -> None:
     """Refuse a backend this build or machine cannot run, naming the ones it can."""
     known = known_backends()
-    usable = [b for b in known if _usable(b)]
+    usable = [b for b in known if backend_usable(b)]
     if name not in known:
         raise ConfigError("backends", name, f"this build has no {name!r} backend; use one of "
                           + ", ".join(usable))
-    if not _usable(name):
+    if not backend_usable(name):
         raise ConfigError("backends", name, f"{name!r} cannot run here (nccl needs CUDA GPUs); use "
                           "one of " + ", ".join(usable))
-
-
-def _usable(name: str) -> bool:
-    if name == "gloo":
-        return dist.is_gloo_available()
-    if name == "nccl":
-        return dist.is_nccl_available() and torch.cuda.is_available()
-    return True  # other registered backends say for themselves when they start
 
 
 @dataclass(frozen=True)

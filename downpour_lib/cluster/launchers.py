@@ -18,7 +18,7 @@ import shlex
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from traitlets import Enum, Integer, List, Unicode, default, observe
 
-from ..comm.mpiexec import MPIExecNotFound, find_mpiexec
+from .mpiexec import MPIExecNotFound, find_mpiexec
 
 TEMPLATE = """#!/bin/bash
 # ipyparallel engines for downpour: one job of {n} MPI ranks (engine rank = MPI rank = torch rank).

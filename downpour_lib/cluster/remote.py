@@ -19,7 +19,9 @@ from typing import Any
 from ..comm import runtime
 
 
-def mpi_comm_world():
+def engine_mpi_world():
+    """mpi4py's COMM_WORLD, initializing MPI if ipengine has not: an engine is always an MPI rank
+    (unlike ``comm.runtime.launch_mpi_world``, which answers None outside an MPI launch)."""
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
@@ -27,7 +29,7 @@ def mpi_comm_world():
 
 def whoami() -> dict[str, Any]:
     """This engine's MPI rank, the MPI world's size, its host and process id."""
-    world = mpi_comm_world()
+    world = engine_mpi_world()
     return {"rank": world.Get_rank(), "size": world.Get_size(), "host": socket.gethostname(),
             "pid": os.getpid()}
 
@@ -43,7 +45,7 @@ def job_world(world_size: int, backend: str = "auto", device: str = "auto",
     """The process group of a job on MPI ranks 0..world_size-1; None on the ranks outside it."""
     from mpi4py import MPI
 
-    world = mpi_comm_world()
+    world = engine_mpi_world()
     member = world.Get_rank() < world_size
     sub = world.Split(0 if member else MPI.UNDEFINED, world.Get_rank())
     if not member:
@@ -77,7 +79,7 @@ def allreduce_ranks(world_size: int) -> dict[str, Any] | None:
         if ctx is None:
             return None
         tensor = torch.tensor([float(ctx.rank + 1)])
-        Comm(ctx).all_reduce(tensor)
+        Comm(ctx).allreduce(tensor)
         return {"rank": ctx.rank, "host": socket.gethostname(), "sent": float(ctx.rank + 1),
                 "received": float(tensor.item()), "backend": ctx.backend}
 

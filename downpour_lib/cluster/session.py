@@ -16,7 +16,7 @@ already runs a cluster; ``connect(profile)`` attaches to a cluster that ``ipclus
   silent (stopped or hung: the ``mpi`` backend names it), the error is ``ClusterTimeout`` naming
   that rank;
 - ``train(config)`` runs a ``TrainConfig`` on the first ``world_size`` ranks and returns rank 0's
-  ``RunResult``; ``launch`` is the same as a launcher for ``study.sweep.run_study``;
+  ``RunResult``; ``launch`` is the same as a launcher for ``study.core.run_plan``;
 - ``activate()`` registers ``%px`` and ``%%px`` for interactive cells on all engines.
 """
 
@@ -39,7 +39,7 @@ from . import remote
 from .profiles import ensure_profile, profile_dir
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# how comm.mpi_liveness.CommTimeout names the ranks that stopped answering
+# how comm.mpi.liveness.CommTimeout names the ranks that stopped answering
 SILENT = re.compile(r"\branks? (\d+(?:, \d+)*) went silent")
 
 

@@ -1,6 +1,7 @@
-"""Every torch.distributed call lives here: the runtime, metered collectives, the DDP wrapper, and the
+"""Every torch.distributed call lives here: the runtime, the ``mpi`` backend (``comm.mpi``), the
 collectives API (``allreduce``, ``broadcast``, ``reduce``, ``allgather``, ``reduce_scatter``, sync or
-async with a ``Handle``), communicators and groups, and the model helpers.
+async with a ``Handle``) on communicators and groups, metered (``Comm``, what algorithms use) or not,
+the DDP wrapper, gossip and point-to-point messages, and the model helpers.
 
     from downpour_lib import comm
     handle = comm.allreduce([w.grad for w in weights], op="mean", async_op=True)
@@ -8,10 +9,12 @@ async with a ``Handle``), communicators and groups, and the model helpers.
     handle.wait()
 """
 
-from .communicator import (
+from .collectives import (
+    Comm,
     Communicator,
     allgather,
     allreduce,
+    alltoall,
     broadcast,
     reduce,
     reduce_scatter,
@@ -23,7 +26,7 @@ from .handles import Handle
 from .model_sync import ModelMismatchError, synchronize_gradients, synchronize_parameters
 
 __all__ = [
-    "Communicator", "Handle", "Hierarchy", "ModelMismatchError", "allgather", "allreduce",
-    "broadcast", "new_group", "node_groups", "node_leaders", "reduce", "reduce_scatter",
+    "Comm", "Communicator", "Handle", "Hierarchy", "ModelMismatchError", "allgather", "allreduce",
+    "alltoall", "broadcast", "new_group", "node_groups", "node_leaders", "reduce", "reduce_scatter",
     "shard_bounds", "split", "synchronize_gradients", "synchronize_parameters", "world",
 ]

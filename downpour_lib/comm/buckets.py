@@ -32,9 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..records import Meter
-from .collectives import nbytes
-from .communicator import Communicator
+from .collectives import Communicator, nbytes
 from .handles import Handle
 
 
@@ -52,12 +50,12 @@ class GradientBuckets:
     """Bucketed, overlapped gradient averaging for one model. ``start()`` installs the hooks,
     ``after_backward()`` runs after each backward, ``close()`` removes the hooks."""
 
-    def __init__(self, params: Sequence[tuple[str, nn.Parameter]], comm: Communicator, meter: Meter,
+    def __init__(self, params: Sequence[tuple[str, nn.Parameter]], comm: Communicator,
                  bucket_bytes: int, wire_dtype: torch.dtype | None = None,
                  accumulation_steps: int = 1) -> None:
         self.names = [name for name, _ in params]
         self.params = [p for _, p in params]
-        self.comm, self.meter = comm, meter
+        self.comm = comm  # its meter, if any, counts the buckets' bytes and the exposed wait
         self.bucket_bytes, self.wire_dtype = bucket_bytes, wire_dtype
         self.k = accumulation_steps
         self.scale = 1.0 / (comm.size * accumulation_steps)
@@ -176,8 +174,6 @@ class GradientBuckets:
             bucket.wire.copy_(bucket.buffer)
             send = bucket.wire
         bucket.handle = self.comm.allreduce(send, async_op=True)
-        moved = 2 * (self.comm.size - 1) * nbytes(send) // self.comm.size
-        self.meter.count(sent=moved, received=moved)
 
     def _poke(self) -> None:
         """Ask the oldest unfinished collective how it is doing: backends that progress only inside
@@ -195,7 +191,7 @@ class GradientBuckets:
         if self.micro < self.k - 1:
             self.micro += 1
             return False
-        with self.meter.timed("comm"):  # what backward did not hide
+        with self.comm.timed("comm"):  # what backward did not hide
             for bucket in self.buckets:
                 bucket.pending = 0
             self._launch_ready()
@@ -222,7 +218,7 @@ class GradientBuckets:
         order = self.first_order + [i for i in self.order if i not in seen]
         if self.comm.active:
             agreed = torch.tensor(order, dtype=torch.int64, device=self.params[0].device)
-            self.comm.broadcast(agreed, root=0)
+            self.comm.broadcast(agreed, root=0, account=None)  # set-up, not the algorithm's traffic
             order = agreed.tolist()
         if order != self.order:
             self._build(order)

@@ -14,27 +14,25 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..records import Meter
-from .collectives import nbytes
-from .runtime import DistContext
+from .collectives import Comm, nbytes
+from .traffic import collective_bytes
 
 
 @dataclass
 class _HookState:
-    meter: Meter
-    world_size: int
+    comm: Comm
     last_launch: float = 0.0
     last_done: float = 0.0
 
 
 def _metered_allreduce(state: _HookState,
                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    buffer = bucket.buffer()
-    moved = 2 * (state.world_size - 1) * nbytes(buffer) // state.world_size
-    state.meter.count(sent=moved, received=moved)
+    buffer, comm = bucket.buffer(), state.comm
+    # DDP needs a Future, which the communicator's Handle is not: the call is made here, in comm/
+    comm.count(*collective_bytes("allreduce", nbytes(buffer), comm.size))
     state.last_launch = time.perf_counter()
-    buffer.div_(state.world_size)
-    future = dist.all_reduce(buffer, async_op=True).get_future()
+    buffer.div_(comm.size)
+    future = dist.all_reduce(buffer, group=comm.group, async_op=True).get_future()
 
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         state.last_done = time.perf_counter()
@@ -44,14 +42,17 @@ def _metered_allreduce(state: _HookState,
 
 
 class MeteredDDP:
-    """Wraps a model in DDP and reports, after each backward, the exposed communication time."""
+    """Wraps a model in DDP over ``comm``'s group; its meter gets the buckets' bytes as they start
+    and, from ``after_backward``, the communication time backward did not hide."""
 
-    def __init__(self, model: nn.Module, ctx: DistContext, meter: Meter,
-                 bucket_cap_mb: float = 25.0) -> None:
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    def __init__(self, model: nn.Module, comm: Comm, bucket_cap_mb: float = 25.0) -> None:
+        device = comm.ctx.device
+        device_ids = [device.index] if device.type == "cuda" else None
         self.module = DistributedDataParallel(model, device_ids=device_ids,
-                                              bucket_cap_mb=bucket_cap_mb)
-        self.state = _HookState(meter, ctx.world_size)
+                                              bucket_cap_mb=bucket_cap_mb,
+                                              process_group=comm.group)
+        self.comm = comm
+        self.state = _HookState(comm)
         self.module.register_comm_hook(self.state, _metered_allreduce)
 
     def exposed_comm_s(self) -> float:
@@ -59,3 +60,7 @@ class MeteredDDP:
         exposed = max(0.0, self.state.last_done - self.state.last_launch)
         self.state.last_launch = self.state.last_done = 0.0
         return exposed
+
+    def after_backward(self) -> None:
+        """Call after each backward: meters the part of its communication backward did not hide."""
+        self.comm.meter.exposed_backward_comm_s += self.exposed_comm_s()

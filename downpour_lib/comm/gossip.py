@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import runtime
-from .collectives import Bucket, Comm, nbytes
+from .collectives import Account, Comm, nbytes
 
 #: Tags stay below 2**30 (gloo builds its slot from the tag).
 TAG_MODULUS = 1 << 30
@@ -73,18 +73,18 @@ class Gossip:
         self.comm = comm
 
     def post(self, message: torch.Tensor, to: Sequence[int], receive_from: Sequence[int], tag: int,
-             bucket: Bucket = "comm") -> Exchange:
+             account: Account = "comm") -> Exchange:
         if not self.comm.active:
             return Exchange([], [], [])
-        with self.comm.meter.timed(bucket):
+        with self.comm.timed(account):
             posted = exchange(message, to, receive_from, tag)
-        n = nbytes(message)
-        self.comm.meter.count(sent=n * len(to), received=n * len(receive_from))
+        n = nbytes(message)  # point to point: one message per peer, no collective's share
+        self.comm.count(sent=n * len(to), received=n * len(receive_from))
         return posted
 
-    def complete(self, posted: Exchange, bucket: Bucket = "wait") -> list[torch.Tensor]:
-        """Wait for ``posted``; the time counts in ``bucket`` (waiting on peers, by default)."""
-        with self.comm.meter.timed(bucket):
+    def complete(self, posted: Exchange, account: Account = "wait") -> list[torch.Tensor]:
+        """Wait for ``posted``; the time counts in ``account`` (waiting on peers, by default)."""
+        with self.comm.timed(account):
             return posted.wait()
 
 
@@ -113,8 +113,8 @@ def consensus_distance(comm: Comm, flat: torch.Tensor) -> float:
         return 0.0
     x = flat.detach().to(torch.float64)
     mean = x.clone()
-    dist.all_reduce(mean)
+    comm.allreduce(mean, account=None)
     mean /= comm.size
     distance = torch.linalg.vector_norm(x - mean).reshape(1)
-    dist.all_reduce(distance)
+    comm.allreduce(distance, account=None)
     return float(distance) / comm.size

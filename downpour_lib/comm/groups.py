@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from . import runtime
-from .communicator import Communicator, Op, Tensors, pack, reduce_op
+from .collectives import Communicator, Op, Tensors, pack, reduce_op
 
 
 def node_groups(hosts: Sequence[str]) -> list[tuple[int, ...]]:
@@ -38,8 +38,9 @@ def node_leaders(hosts: Sequence[str]) -> tuple[int, ...]:
     return tuple(group[0] for group in node_groups(hosts))
 
 
-def new_group(ranks: Sequence[int]) -> Communicator:
-    """A communicator over the global ``ranks``.
+def new_group(ranks: Sequence[int], backend: str | None = None) -> Communicator:
+    """A communicator over the global ``ranks``; ``backend`` (e.g. "mpi" beside a gloo world) gives
+    it a process group of its own on that backend, even over every rank.
 
     Collective over the world: every rank must call it, members or not, with the same ranks and in
     the same order relative to other group creations (torch.distributed's rule). On a non-member the
@@ -52,11 +53,11 @@ def new_group(ranks: Sequence[int]) -> Communicator:
     if members[0] < 0 or members[-1] >= world.size:
         raise ValueError(f"ranks={tuple(ranks)} is not valid: this world has ranks 0..{world.size - 1}")
     me = world.ranks[world.rank]
-    if members == world.ranks:
+    if members == world.ranks and backend is None:
         return world
     if len(members) == 1:  # nothing to communicate: no process group (same decision on every rank)
         return Communicator(members, None, me)
-    return Communicator(members, runtime.new_group(list(members)), me)
+    return Communicator(members, runtime.new_group(list(members), backend=backend), me)
 
 
 def split(partition: Sequence[Sequence[int]]) -> Communicator:

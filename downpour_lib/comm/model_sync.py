@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import DownpourError
-from .communicator import Communicator
+from .collectives import Communicator
 
 Signature = list[tuple[str, str, tuple[int, ...], str]]  # (kind, name, shape, dtype) in model order
 

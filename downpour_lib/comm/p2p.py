@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..records import Meter
-from .collectives import Bucket, nbytes
+from .collectives import Account, nbytes
 from .runtime import DistContext, new_group
 
 HEADER = 4  # int64 slots in every header
@@ -70,22 +70,22 @@ class Link:
         self.meter.count(received=nbytes(tensor))
         return dist.irecv(tensor, src=src, tag=tag, group=self.group)
 
-    def wait(self, works: Sequence, bucket: Bucket = "wait") -> None:
-        with self.meter.timed(bucket):
+    def wait(self, works: Sequence, account: Account = "wait") -> None:
+        with self.meter.timed(account):
             for w in works:
                 w.wait()
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int,
-             bucket: Bucket = "comm") -> None:
+             account: Account = "comm") -> None:
         """Send ``tensors`` to ``dst`` in order and wait until they are received."""
-        self.wait([self.post_send(t, dst, tag) for t in tensors], bucket)
+        self.wait([self.post_send(t, dst, tag) for t in tensors], account)
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int, bucket: Bucket = "comm") -> None:
-        self.wait([self.post_recv(tensor, src, tag)], bucket)
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, account: Account = "comm") -> None:
+        self.wait([self.post_recv(tensor, src, tag)], account)
 
-    def recv_any(self, tensor: torch.Tensor, tag: int, bucket: Bucket = "wait") -> int:
+    def recv_any(self, tensor: torch.Tensor, tag: int, account: Account = "wait") -> int:
         """Receive the next message with ``tag`` from whichever rank sends first; its rank."""
-        with self.meter.timed(bucket):
+        with self.meter.timed(account):
             source = dist.recv(tensor, src=None, tag=tag, group=self.group)
         self.meter.count(received=nbytes(tensor))
         return int(source)

@@ -5,7 +5,7 @@ setting MASTER_ADDR (rank 0 opens a TCPStore on a free port and broadcasts it ov
 without MPI the first node of the step and a port derived from the job id; torchrun brings its own;
 the ``mpi`` backend needs none: MPI itself knows the ranks), picks the device and backend, and
 creates the default process group with an explicit timeout. Backend ``auto`` is ``nccl`` on CUDA,
-else ``mpi`` when this is an MPI launch that mpi4py can see (``comm/mpi_backend.py`` provides it on
+else ``mpi`` when this is an MPI launch that mpi4py can see (``comm/mpi`` provides it on
 the stock torch wheel), else ``gloo``.
 Degrades to one process: at world size 1 no process group is created and every collective in
 ``comm`` is a no-op, so algorithms and the engine run in plain unit tests.
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from . import mpi_backend
+from . import mpi
 from .launch_env import Placement, discover, slurm_rendezvous
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -63,8 +63,9 @@ class DistContext:
         return cls(0, 1, 0, 1, torch.device(device), None, "single", (socket.gethostname(),))
 
 
-def mpi_comm_world():
-    """mpi4py's COMM_WORLD if MPI is (or can be) initialized here, else None.
+def launch_mpi_world():
+    """mpi4py's COMM_WORLD when this launch is an MPI one, else None (a launch that may run without
+    MPI: compare ``cluster.remote.engine_mpi_world``, for processes that are always MPI ranks).
 
     Importing ``mpi4py.MPI`` initializes MPI, so it is only done when a launcher says we run under
     MPI, or when the user already did it.
@@ -114,6 +115,16 @@ def pick_backend(choice: Backend, device: torch.device, mpi_world: bool = False)
     if choice == "auto":
         return "nccl" if device.type == "cuda" else ("mpi" if mpi_world else "gloo")
     return choice
+
+
+def backend_usable(name: str) -> bool:
+    """Whether this build and machine can run backend ``name``: gloo if torch has it, nccl with
+    CUDA GPUs; other registered backends (``mpi``) say for themselves when they start."""
+    if name == "gloo":
+        return dist.is_gloo_available()
+    if name == "nccl":
+        return dist.is_nccl_available() and torch.cuda.is_available()
+    return True
 
 
 def _rendezvous_store(placement: Placement, comm, timeout: datetime.timedelta) -> dist.Store:
@@ -170,7 +181,7 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         return _CONTEXT
     timeout = datetime.timedelta(seconds=timeout_s)
     if comm is None and placement.launcher == "mpi":
-        comm = mpi_comm_world()
+        comm = launch_mpi_world()
     mpi_world = comm is not None and comm.Get_size() == placement.world_size
     name = pick_backend(backend, dev, mpi_world)
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
@@ -178,10 +189,10 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     if dev.type == "cuda":
         kwargs["device_id"] = dev
     if mpi_world:
-        mpi_backend.use_world(comm)  # mpi groups (default or not) are made within this communicator
+        mpi.use_world(comm)  # mpi groups (default or not) are made within this communicator
     if name == "mpi":
         # MPI assigns ranks itself and needs no store (torch ignores rank/world_size for it).
-        mpi_backend.register()
+        mpi.register()
         kwargs = {"backend": name, "timeout": timeout}
     elif mpi_world:
         kwargs["store"] = _rendezvous_store(placement, comm, timeout)
@@ -208,7 +219,7 @@ def shutdown() -> None:
     global _CONTEXT
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    mpi_backend.use_world(None)
+    mpi.use_world(None)
     _CONTEXT = None
 
 
@@ -245,7 +256,7 @@ def abort(exc: BaseException, code: int = 1) -> None:
                      f"{type(exc).__name__}: {exc}\n")
     traceback.print_exception(exc, file=sys.stderr)
     sys.stderr.flush()
-    comm = mpi_comm_world()
+    comm = launch_mpi_world()
     if comm is not None and comm.Get_size() > 1:
         comm.Abort(code)
     os._exit(code)

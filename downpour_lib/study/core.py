@@ -38,7 +38,7 @@ import pandas as pd
 
 from .. import provenance
 from ..checkpoint import atomic_write_text
-from ..comm.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
+from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
 from ..config import TrainConfig
 from ..errors import DownpourError
 

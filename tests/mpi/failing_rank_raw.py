@@ -7,7 +7,7 @@ the backend's hook must abort the MPI job and name the rank.
 import torch
 import torch.distributed as dist
 
-import downpour_lib.comm.mpi_backend  # noqa: F401 -- registers "mpi" on the stock torch wheel
+import downpour_lib.comm.mpi  # noqa: F401 -- registers "mpi" on the stock torch wheel
 
 dist.init_process_group("mpi")
 t = torch.ones(1000)

@@ -7,7 +7,7 @@ and compares this rank's outputs bit for bit (inputs are small integers, so ever
 Then point-to-point, async work handles, non-contiguous tensors, refusals, and DDP. Rank 0 prints one
 JSON summary line; the exit status is non-zero if any rank saw a difference.
 
-``--shm-min-bytes B`` sets the size from which allreduces take the shared-memory path (mpi_shm.py;
+``--shm-min-bytes B`` sets the size from which allreduces take the shared-memory path (comm/mpi/shm.py;
 16 KB by default): low, small and odd sizes go through it too; very high, every allreduce goes through
 MPI's own. all_reduce also runs on 300001 elements (more than one chunk per rank for 8-byte dtypes).
 """
@@ -25,8 +25,8 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from downpour_lib import runtime
-from downpour_lib.comm import mpi_backend
-from downpour_lib.comm.mpi_group import MPIProcessGroup
+from downpour_lib.comm.mpi import use_world
+from downpour_lib.comm.mpi.process_group import MPIProcessGroup
 
 R = dist.ReduceOp
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32,
@@ -400,7 +400,7 @@ def sub_world(check):
     sub = world.Split(int(world.Get_rank() == 1), key=world.Get_rank())
     members = [r for r in range(world.Get_size()) if r != 1]
     if world.Get_rank() != 1 and len(members) > 1:
-        mpi_backend.use_world(sub)
+        use_world(sub)
         dist.init_process_group("mpi")
         t = torch.full((5,), float(world.Get_rank()))
         dist.all_reduce(t)
@@ -412,7 +412,7 @@ def sub_world(check):
             dist.all_reduce(t, group=pair)
             check.check("sub-world subgroup", torch.all(t == 2).item())
         dist.destroy_process_group()
-        mpi_backend.use_world(None)
+        use_world(None)
     sub.Free()
 
 

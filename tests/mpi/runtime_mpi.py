@@ -17,7 +17,7 @@ from downpour_lib.comm.runtime import DistContext
 def main() -> int:
     ctx = runtime.init(backend="auto", device="cpu", timeout_s=120)
     assert (ctx.backend, dist.get_backend(), ctx.world_size) == ("mpi", "mpi", 2), ctx
-    gathered = Comm(ctx).gather_objects({"rank": ctx.rank}, dst=1)  # object collectives work too
+    gathered = Comm(ctx).gather_object({"rank": ctx.rank}, root=1)  # object collectives work too
     assert gathered is None or gathered == [{"rank": 0}, {"rank": 1}], gathered
     failed = False
     base = {**BASE, "backend": "mpi"}

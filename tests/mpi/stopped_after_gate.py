@@ -1,6 +1,6 @@
 """Under mpiexec -n 3: a rank stopped between the gate and MPI's blocking call still ends the job.
 
-The gate (``mpi_liveness.gate``) lets a collective enter MPI's blocking call only once every member
+The gate (``comm.mpi.liveness.gate``) lets a collective enter MPI's blocking call only once every member
 has issued it; but a member may be stopped right after its part of the gate (it was napping in its
 own wait when the others' gate completed). The others are then inside a blocking ``MPI_Reduce``,
 where no deadline reaches. Rank 2 plays that member: it passes the gate of a broadcast from rank 2
@@ -18,8 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from downpour_lib.comm import mpi_backend  # noqa: F401 -- registers "mpi"
-from downpour_lib.comm.mpi_liveness import gate
+from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
+from downpour_lib.comm.mpi.liveness import gate
 
 TIMEOUT_S = float(sys.argv[1])
 

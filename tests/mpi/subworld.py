@@ -19,14 +19,14 @@ seen = {"world_rank": world.rank}
 sub = world.Split(0 if world.rank < 2 else 1, world.rank)
 with runtime.session("gloo", "cpu", 60, comm=sub) as ctx:
     tensor = torch.tensor([float(ctx.rank + 1)])
-    Comm(ctx).all_reduce(tensor)
+    Comm(ctx).allreduce(tensor)
     seen["job1"] = [ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, tensor.item(),
                     ctx.backend]
 sub.Free()
 
 with runtime.session("gloo", "cpu", 60, comm=world) as ctx:
     tensor = torch.tensor([float(ctx.rank + 1)])
-    Comm(ctx).all_reduce(tensor)
+    Comm(ctx).allreduce(tensor)
     seen["job2"] = [ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, tensor.item(),
                     ctx.backend]
 print(json.dumps(seen), flush=True)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from downpour_lib.comm import mpi_backend  # noqa: F401 -- registers "mpi"
+from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
 
 LATE_S = 0.6
 

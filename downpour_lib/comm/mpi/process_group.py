@@ -4,8 +4,8 @@ A Python subclass of ``torch.distributed.ProcessGroup`` (the extension point tor
 ``test/distributed/test_c10d_pypg.py`` exercises): torch calls these methods for ``dist.all_reduce``
 and friends, for DDP's reducer, and for object collectives. Each method checks its arguments on the
 calling thread (so errors surface where the user called), builds a closure of blocking MPI calls,
-and hands it to ``mpi_work.EXECUTOR`` (at once for synchronous calls, queued for ``async_op=True``).
-Ranks are group ranks, as torch passes them. Buffers and dtypes: ``mpi_types``.
+and hands it to ``work.EXECUTOR`` (at once for synchronous calls, queued for ``async_op=True``).
+Ranks are group ranks, as torch passes them. Buffers and dtypes: ``types``.
 
 One communicator per group: the default group duplicates ``MPI_COMM_WORLD`` (so our traffic never
 matches the user's); a ``new_group`` is ``MPI_Comm_create_group`` over its members, which only they
@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .mpi_liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
-from .mpi_shm import ShmAllreduce
-from .mpi_types import Operand, check_dtype, reduction, scratch, spec, vspec
-from .mpi_work import EXECUTOR, DoneWork, RequestWork
+from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
+from .shm import ShmAllreduce
+from .types import Operand, check_dtype, reduction, scratch, spec, vspec
+from .work import EXECUTOR, DoneWork, RequestWork
 
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
 
@@ -125,7 +125,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = True) -> dist._Work:
         """Run ``fn`` (blocking MPI calls) now or on the executor. ``gated``: every member must have
-        issued the operation before ``fn`` starts (``mpi_liveness.gate``); the shared-memory
+        issued the operation before ``fn`` starts (``liveness.gate``); the shared-memory
         allreduce waits with a deadline of its own and decides for itself."""
         if not self._open:
             raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")

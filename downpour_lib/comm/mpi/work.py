@@ -15,13 +15,13 @@ Iallreduce+Wait 11 ms, Allreduce 0.7 ms). Hence:
   completes the work's future. This needs ``MPI_THREAD_MULTIPLE``, mpi4py's default; with a lower
   thread level every operation runs synchronously;
 * point-to-point operations are MPI nonblocking requests (``Isend``/``Irecv``), posted at once so that
-  exchanges cannot deadlock; ``wait()`` polls the request, napping (``mpi_liveness.wait_request``),
+  exchanges cannot deadlock; ``wait()`` polls the request, napping (``liveness.wait_request``),
   and ``get_future()`` waits first.
 
 Timeouts: every wait honours the group's timeout. A queued operation enters its blocking MPI calls
-only after the gate (``mpi_liveness``), which raises ``CommTimeout`` naming the rank that went
+only after the gate (``liveness``), which raises ``CommTimeout`` naming the rank that went
 silent; waiting for a queued operation allows that diagnosis its time before it gives up itself.
-A rank that raises aborts the job (``mpi_backend`` installs that hook).
+A rank that raises aborts the job (``backend`` installs that hook).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 from torch.futures import Future
 
-from .mpi_liveness import BACKSTOP_S, WATCHDOG, CommTimeout, PeerTimeout, wait_request
+from .liveness import BACKSTOP_S, WATCHDOG, CommTimeout, PeerTimeout, wait_request
 
 
 def _seconds(timeout: timedelta | None, default: float) -> float:

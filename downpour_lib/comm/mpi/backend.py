@@ -27,7 +27,7 @@ Rendezvous
     subgroups) is. ``use_world(comm)`` makes a sub-communicator (e.g. ``COMM_WORLD.Split``) the
     world instead of ``MPI_COMM_WORLD``; ``comm.runtime`` sets it to the communicator it runs on.
 
-Operations (``mpi_group``), dtypes and staging (``mpi_types``), async work (``mpi_work``)
+Operations (``process_group``), dtypes and staging (``types``), async work (``work``)
     all_reduce (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), broadcast, reduce, all_gather,
     all_gather_into_tensor, gather, scatter, reduce_scatter, reduce_scatter_tensor, all_to_all,
     all_to_all_single, barrier, send/recv/isend/irecv (with any source), ``async_op=True``.
@@ -41,7 +41,7 @@ CUDA
     correct but slow; on GPUs use ``nccl`` (which ``backend="auto"`` picks).
 
 Failure
-    Every wait honours the group's timeout and sleeps rather than spins (``mpi_liveness``): a
+    Every wait honours the group's timeout and sleeps rather than spins (``liveness``): a
     collective enters MPI's blocking call only once every member has issued it, and a wait past the
     timeout raises ``CommTimeout`` naming the rank that went silent (stopped, hung or gone) and the
     operation. When this backend creates the default group, an uncaught exception on any rank prints
@@ -61,7 +61,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from .launch_env import discover
+from ..launch_env import discover
 
 _CREATE_TAG = 0x1D0  # MPI_Comm_create_group's tag (members create groups in program order)
 _registered = False
@@ -105,9 +105,9 @@ def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
                   backend_options: object | None) -> dist.ProcessGroup:
     """torch's creator hook: the default group (empty rank list) or a subgroup of MPI's world."""
     MPI = _mpi()
-    from .mpi_group import MPIProcessGroup
-    from .mpi_liveness import WATCHDOG
-    from .mpi_work import EXECUTOR
+    from .liveness import WATCHDOG
+    from .process_group import MPIProcessGroup
+    from .work import EXECUTOR
 
     timeout_s = opts.timeout.total_seconds() if isinstance(opts.timeout, datetime.timedelta) \
         else 1800.0
@@ -182,7 +182,7 @@ def _default_group_gone() -> None:
     """After the default group is destroyed, an exception no longer needs to end the job, and
     nobody will probe this process."""
     global _abort_on_uncaught
-    from .mpi_liveness import WATCHDOG
+    from .liveness import WATCHDOG
 
     _abort_on_uncaught = False
     WATCHDOG.close()

