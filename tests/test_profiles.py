@@ -7,7 +7,7 @@ import pytest
 from conftest import downpour, explain
 
 from downpour_lib.cluster.launchers import SlurmMPIEngineSetLauncher
-from downpour_lib.cluster.profiles import BUNDLED, install_profiles
+from downpour_lib.cluster.profiles import BUNDLED, ensure_profile, install_profiles
 from downpour_lib.errors import ConfigError
 
 
@@ -46,6 +46,27 @@ def test_a_newer_bundled_file_updates_an_unedited_install(tmp_path):
     assert actions(install_profiles(ipython=ipython, source=source)) == {
         ("demo", "ipcluster_config.py"): "updated"}
     assert (ipython / "profile_demo" / "ipcluster_config.py").read_text() == bundled.read_text()
+
+
+def test_starting_a_cluster_brings_an_unedited_profile_up_to_date(tmp_path):
+    """ensure_profile (what start_cluster calls) updates an install an older downpour left, whose
+    imports may be gone, and keeps a profile the user edited."""
+    source = tmp_path / "source"
+    (source / "profile_demo").mkdir(parents=True)
+    bundled = source / "profile_demo" / "ipcluster_config.py"
+    bundled.write_text("from downpour_lib.comm.mpiexec import find_mpiexec\n")  # the old module
+    ipython = tmp_path / "ipython"
+    installed = ensure_profile("demo", ipython, source) / "ipcluster_config.py"
+    assert installed.read_text() == bundled.read_text()
+    bundled.write_text("from downpour_lib.cluster.mpiexec import find_mpiexec\n")  # an upgrade
+    assert ensure_profile("demo", ipython, source) / "ipcluster_config.py" == installed
+    assert installed.read_text() == bundled.read_text()
+    installed.write_text(installed.read_text() + "c.Cluster.n = 4\n")  # the user's edit stays
+    bundled.write_text("c = get_config()\n")
+    ensure_profile("demo", ipython, source)
+    assert installed.read_text().endswith("c.Cluster.n = 4\n")
+    with pytest.raises(ConfigError, match="profile='nope'.*demo"):
+        ensure_profile("nope", ipython, source)
 
 
 def test_unknown_profile_names_the_choices(tmp_path):

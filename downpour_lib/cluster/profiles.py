@@ -100,13 +100,17 @@ def install_profiles(names: list[str] | None = None, ipython: str | os.PathLike 
     return actions
 
 
-def ensure_profile(name: str, ipython: str | os.PathLike | None = None) -> Path:
-    """The profile's directory, installing a bundled profile first if it is not there yet."""
+def ensure_profile(name: str, ipython: str | os.PathLike | None = None,
+                   source: str | os.PathLike = BUNDLED) -> Path:
+    """The profile's directory. A bundled profile is installed if it is not there, and brought up
+    to date where its files are still as an earlier install left them (edits are kept): a cluster
+    started after an upgrade of downpour must not load the older version's profile, whose imports
+    may be gone."""
     dest = profile_dir(name, ipython)
-    if not (dest / "ipcluster_config.py").exists():
-        available = bundled_profiles()
-        if name not in available:
-            raise ConfigError("profile", name, f"no {dest} and no bundled profile of that name; "
-                              "choose one of " + ", ".join(available))
+    available = bundled_profiles(source)
+    if name in available:
         install_profile(name, available[name], ipython)
+    elif not (dest / "ipcluster_config.py").exists():
+        raise ConfigError("profile", name, f"no {dest} and no bundled profile of that name; "
+                          "choose one of " + ", ".join(available))
     return dest
