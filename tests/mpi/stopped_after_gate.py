@@ -13,6 +13,7 @@ ended such a job, at the timeout plus 10 s, with a message of its own.)
 import os
 import signal
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -34,8 +35,10 @@ def main() -> None:
         gate(group._comm, TIMEOUT_S, "broadcast")  # its part of the gate of the others' broadcast
         print("rank 2 passed the gate and stops", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
-    else:
-        dist.broadcast(t, src=2)
+        # Resumed: the launcher, ending the job, sends SIGCONT before SIGTERM. Wait for the latter.
+        time.sleep(10 * TIMEOUT_S)
+        raise SystemExit("rank 2 was resumed, and the job did not end")
+    dist.broadcast(t, src=2)
     raise SystemExit("the job outlived a rank stopped inside a blocking call")
 
 
