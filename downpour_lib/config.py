@@ -2,8 +2,9 @@
 
 Every field carries its help text (the CLI is generated from it). Validation happens on construction
 and names the field, the value and what would work, so a bad run fails before any process blocks.
-Checks that need the world size (an algorithm that needs more ranks than it has) are in
-``check_world``, which the CLI calls after reading the launcher's variables and before rendezvous.
+Checks that need the world size (an algorithm that needs more ranks than it has) are the options'
+``roles(world_size)``, which the pre-flight (``engine.plan_run``) calls after reading the
+launcher's variables and before rendezvous.
 """
 
 from __future__ import annotations
@@ -178,11 +179,6 @@ class TrainConfig:
             raise ConfigError("config", str(path), "the file must hold a mapping of field: value")
         options = {**(values.get("options") or {}), **(overrides.pop("options", None) or {})}
         return cls.from_dict({**values, **overrides, "options": options})
-
-
-def check_world(config: TrainConfig, world_size: int) -> None:
-    """Refuse a world the algorithm cannot run in, before any process blocks."""
-    ALGORITHMS[config.algorithm].check_world(config.options, world_size)
 
 
 def read_yaml(text: str) -> Any:

@@ -71,10 +71,9 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     """Everything about the run's shape that can be wrong, checked without talking to anyone.
     ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load."""
     algorithm = ALGORITHMS[config.algorithm]
-    algorithm.check_world(config.options, world_size)
+    roles = config.options.roles(world_size)  # ConfigError if the world does not fit
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
         model = build_model(config.model, train.input_shape, train.num_classes)
-    roles = algorithm.roles(config.options, world_size)
     spe = ShardSampler(len(train), config.batch_size, 0, len(roles.workers),
                        config.seed).steps_per_epoch
     total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * spe)
@@ -82,7 +81,7 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
         raise ConfigError("warmup_steps", config.warmup_steps,
                           f"must be less than the {total} steps this run trains "
                           f"({spe} steps per epoch), or throughput has no measured step")
-    algorithm.check_plan(config.options, world_size, model, total)
+    algorithm.check_plan(config.options, roles, model, total)
     if config.resume is None:
         return RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every)
     path = checkpoint.resolve(config.resume, report)
@@ -176,13 +175,15 @@ class Trainer:
         show = self.ctx.rank == self.roles.evaluator and sys.stderr.isatty()
         self.progress = tqdm(total=self.plan.total_steps, initial=self.start_step, disable=not show,
                              desc=f"{self.config.algorithm} x{len(self.roles.workers)}")
+        steps = range(self.start_step, self.plan.total_steps)
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
         self.t_start = time.perf_counter()
         try:
+            self.algorithm.start(steps)
             if self.role == "worker":
-                self._work()
+                self._work(steps)
             else:
-                self.algorithm.serve(range(self.start_step, self.plan.total_steps), self._served)
+                self.algorithm.serve(steps, self._served)
         except BaseException:
             self.progress.close()
             self.algorithm.abort()  # the algorithm is told how the run ended, never left to guess
@@ -192,10 +193,9 @@ class Trainer:
         wall_s = time.perf_counter() - self.t_start
         return self._gather(wall_s)
 
-    def _work(self) -> None:
+    def _work(self, steps: range) -> None:
         device, meter = self.ctx.device, self.meter
-        self.algorithm.begin(self.start_step, self.plan.total_steps)
-        for step in range(self.start_step, self.plan.total_steps):
+        for step in steps:
             meter.reset()
             t0 = time.perf_counter()
             epoch, indices = self.sampler.indices(step)
@@ -296,7 +296,7 @@ class Trainer:
             **{k: v for k, v in config.items() if k != "options"},
             **{f"options.{k}": v for k, v in config["options"].items()},
             "world_size": self.ctx.world_size,
-            "num_servers": len(set(self.roles.servers) - set(self.roles.workers)),
+            "num_servers": len(self.roles.dedicated_servers),
             **summarize(steps, evals, self.config.warmup_steps),
             "wall_s": wall_s,
             "total_steps": self.plan.total_steps,

@@ -18,15 +18,64 @@ from .errors import ConfigError, check_choices
 
 
 @dataclass(frozen=True)
+class Roles:
+    """Who does what in a run of ``world_size`` ranks: the workers compute gradients (each reads
+    its own shard of the data, by its position among them), the servers hold parameters (a rank
+    may be both), and the evaluator evaluates and writes the checkpoints. The options produce it
+    (``AlgorithmOptions.roles``), as a pure function, before any rank talks to another."""
+
+    world_size: int
+    workers: tuple[int, ...]
+    servers: tuple[int, ...] = ()
+    evaluator: int = 0
+
+    @classmethod
+    def everyone(cls, world_size: int) -> Roles:
+        """Every rank a worker; rank 0 evaluates."""
+        return cls(world_size, tuple(range(world_size)))
+
+    def role(self, rank: int) -> Literal["worker", "server"]:
+        """What ``rank`` runs: the training steps (a worker) or a server's loop."""
+        return "worker" if rank in self.workers else "server"
+
+    def worker_index(self, rank: int) -> int:
+        """Position among the workers: which shard of the data this rank reads."""
+        return self.workers.index(rank)
+
+    @property
+    def dedicated_servers(self) -> tuple[int, ...]:
+        """The servers that only serve."""
+        return tuple(r for r in self.servers if r not in self.workers)
+
+
+@dataclass(frozen=True)
 class AlgorithmOptions:
     """Base of every algorithm's options: a frozen dataclass, one help text per field.
-    Subclasses that validate more call ``super().__post_init__()``."""
+    Subclasses that validate more call ``super().__post_init__()``; those whose algorithm places
+    ranks otherwise than "every rank a worker" override ``roles`` and ``roles_for``."""
 
     #: The update rule when the config names none (Downpour SGD made Adagrad its default).
     default_optimizer: ClassVar[str] = "sgd"
 
     def __post_init__(self) -> None:
         check_choices(self)
+
+    def roles(self, world_size: int) -> Roles:
+        """Who does what with ``world_size`` ranks; a ConfigError (field, value, what would work)
+        when the algorithm cannot run with that many. Checked before any rendezvous."""
+        return Roles.everyone(world_size)
+
+    def roles_for(self, workers: int) -> Roles:
+        """The roles with ``workers`` workers, servers added as the options say: what to
+        launch (``.world_size`` ranks) for a run of that many workers."""
+        return self.roles(check_workers(workers))
+
+
+def check_workers(workers: Any) -> int:
+    """A number of workers, or a ConfigError."""
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
+        raise ConfigError("workers", workers, "must be a whole number >= 1")
+    return int(workers)
 
 
 def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any) -> AlgorithmOptions:

@@ -5,7 +5,8 @@ import warnings
 
 import pytest
 
-from downpour_lib.config import TrainConfig, check_world
+from downpour_lib.algorithms import ALGORITHMS
+from downpour_lib.config import TrainConfig
 from downpour_lib.errors import ConfigError
 
 
@@ -131,11 +132,18 @@ def test_bad_config_files(tmp_path):
 
 def test_world_size_checks():
     with pytest.raises(ConfigError, match="local.*3 ranks"):
-        check_world(TrainConfig(algorithm="local"), 3)
+        TrainConfig(algorithm="local").options.roles(3)
+    with pytest.raises(ConfigError, match="workers=2 .*exactly 1 worker"):
+        TrainConfig(algorithm="local").options.roles_for(2)
     with pytest.raises(ConfigError, match="dedicated server needs at least 2 ranks"):
-        check_world(TrainConfig(algorithm="sync_ps", options={"server": "dedicated"}), 1)
-    for algorithm in ("sync_ps", "ddp", "allreduce", "local"):  # every algorithm runs in a world of one
-        check_world(TrainConfig(algorithm=algorithm), 1)
+        TrainConfig(algorithm="sync_ps", options={"server": "dedicated"}).options.roles(1)
+    for algorithm in ALGORITHMS:  # every algorithm runs in a world of one
+        roles = TrainConfig(algorithm=algorithm).options.roles(1)
+        assert roles.workers == (0,) and roles.evaluator == 0, algorithm
+    for algorithm in ALGORITHMS:  # and, but for local, with 4 workers as asked
+        if algorithm != "local":
+            roles = TrainConfig(algorithm=algorithm).options.roles_for(4)
+            assert len(roles.workers) == 4 and roles.world_size >= 4, algorithm
 
 
 def test_pointless_momentum_warns():

@@ -18,7 +18,6 @@ from downpour_lib.algorithms.osgp import OSGPOptions
 from downpour_lib.algorithms.sgp import SGPOptions
 from downpour_lib.cli import main
 from downpour_lib.comm.runtime import DistContext
-from downpour_lib.config import check_world
 from downpour_lib.errors import ConfigError
 from downpour_lib.study.scaling import StudySpec
 from downpour_lib.topology import make_topology
@@ -66,6 +65,10 @@ def test_bad_options_name_the_field_the_value_and_the_fix():
     # options are frozen, so a checked value stays checked
     with pytest.raises(dataclasses.FrozenInstanceError):
         SGPOptions().topology = "ring"
+
+
+def check_world(config: TrainConfig, world_size: int) -> None:
+    config.options.roles(world_size)
 
 
 def test_world_checks_refuse_graphs_that_do_not_fit():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from downpour_lib import TrainConfig, plan_run
-from downpour_lib.algorithms import ps_placement
+from downpour_lib.algorithms.downpour import DownpourOptions
 from downpour_lib.algorithms.ps_shards import assign, layout, model_layout
 from downpour_lib.algorithms.sync_ps import SyncPSOptions
 from downpour_lib.data import load_dataset
@@ -60,17 +60,24 @@ def test_plan_refuses_more_servers_than_the_model_has_tensors():
 ])
 def test_more_servers_than_ranks_allow(options, world, message):
     with pytest.raises(ConfigError, match=message):
-        ps_placement.check_world(SyncPSOptions(**options), world)
+        SyncPSOptions(**options).roles(world)
 
 
 def test_roles_dedicated_colocated_and_auto():
-    roles = ps_placement.roles(SyncPSOptions(servers=2), 5, evaluator="worker")
+    roles = DownpourOptions(servers=2).roles(5)  # Downpour: the first worker evaluates
     assert (roles.servers, roles.workers, roles.evaluator) == ((0, 1), (2, 3, 4), 2)
-    roles = ps_placement.roles(SyncPSOptions(servers=2, server="colocated"), 3, evaluator="server")
+    assert roles.dedicated_servers == (0, 1) and roles.role(1) == "server" and roles.worker_index(3) == 1
+    roles = SyncPSOptions(servers=2, server="colocated").roles(3)  # sync_ps: server 0 evaluates
     assert (roles.servers, roles.workers, roles.evaluator) == ((0, 1), (0, 1, 2), 0)
+    assert roles.dedicated_servers == () and roles.role(1) == "worker"
     # auto: dedicated when a worker is left, else colocated
-    assert ps_placement.roles(SyncPSOptions(servers=2), 2, evaluator="server").workers == (0, 1)
-    assert ps_placement.world_size_for(SyncPSOptions(servers=2), 3) == 5
-    assert ps_placement.world_size_for(SyncPSOptions(servers=2, server="colocated"), 3) == 3
+    assert SyncPSOptions(servers=2).roles(2).workers == (0, 1)
+    # the ranks to launch for N workers: servers added unless they compute too
+    assert SyncPSOptions(servers=2).roles_for(3) == SyncPSOptions(servers=2).roles(5)
+    assert SyncPSOptions(servers=2, server="colocated").roles_for(3).world_size == 3
+    with pytest.raises(ConfigError, match="colocated servers are workers too"):
+        SyncPSOptions(servers=3, server="colocated").roles_for(2)
+    with pytest.raises(ConfigError, match="workers=0"):
+        SyncPSOptions().roles_for(0)
     with pytest.raises(ConfigError, match="servers=0"):
         SyncPSOptions(servers=0)

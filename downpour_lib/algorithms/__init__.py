@@ -6,11 +6,14 @@ Adding an algorithm is one module, one line in ``ALGORITHMS`` and its tests:
    its paper, then holds a frozen options dataclass (a subclass of ``AlgorithmOptions``, one help
    text per field, validated in ``__post_init__`` with ``ConfigError``: the CLI, config files and
    notebooks get its fields for free) and the ``Algorithm`` subclass.
-2. **Where ranks go.** By default every rank is a worker and rank 0 evaluates and writes
-   checkpoints. An algorithm with servers, or with a world it cannot run in, says so in ``roles``,
-   ``world_size_for`` and ``check_world`` (pure functions of the options and the world size, run
-   before any rendezvous) and, for what depends on the model, ``check_plan``.
+2. **Where ranks go.** The options say it: ``roles(world_size)`` gives the ``Roles`` (who works,
+   who serves, who evaluates and writes checkpoints), or a ConfigError if the algorithm cannot run
+   with that many ranks, and ``roles_for(workers)`` the roles, and so the ranks to launch, for a
+   number of workers. Both are pure and run before any rendezvous. By default every rank is a
+   worker and rank 0 evaluates; ``ps_placement.PSOptions`` adds servers, ``GraphOptions`` the
+   check that a gossip graph fits. What depends on the model goes in ``check_plan``.
 3. **The step.** ``setup`` prepares the model (and returns the module to run forward on);
+   ``start`` runs once the checkpoint (if any) is loaded, just before the first step;
    ``after_backward`` is the gradient side (average, push), ``step`` the update, ``after_step`` the
    parameter side (gossip, averaging, fetching); a server rank runs ``serve``. Communication goes
    through ``self.comm`` only, which does nothing in a world of one, so the algorithm also runs,
@@ -21,8 +24,7 @@ Adding an algorithm is one module, one line in ``ALGORITHMS`` and its tests:
    ``eval_parameters`` if what is evaluated is not the live model (push-sum's de-biased weights).
 5. **The end.** ``close`` after a run that finished (drain what is in flight, join threads) and
    ``abort`` after one that failed (stop, wait for no peer): the engine says which. Threads, if
-   any, start in ``setup`` or later, never in a constructor, and re-raise their errors in
-   ``close``.
+   any, start in ``start``, and re-raise their errors in ``close``.
 6. **Tests** against a reference: one process on the N-times batch for synchronous methods,
    exact averaging or conserved push-sum mass for gossip, PyTorch's own implementation where
    there is one; a multi-rank script in ``tests/mpi/`` under real ``mpiexec``.
@@ -56,9 +58,7 @@ def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, ALGORITHMS)
     cls = ALGORITHMS[name]
-    opts = build_options(name, cls.Options, options)
-    cls.check_world(opts, ctx.world_size)
-    return cls(opts, Comm(ctx))
+    return cls(build_options(name, cls.Options, options), Comm(ctx))
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "Roles", "make_algorithm"]

@@ -47,6 +47,7 @@ from .decentralized import BoundedLagOptions, Decentralized
 class ADPSGDOptions(BoundedLagOptions):
     lag_bounds: ClassVar[str] = "the averaging thread may fall that many steps behind"
     without_lag: ClassVar[str] = "for lock-step neighbour averaging use --algorithm dpsgd"
+    needs_symmetric: ClassVar[bool] = True
 
     topology: Literal["bipartite_exponential"] = field(default="bipartite_exponential", metadata={
         "help": "gossip graph: bipartite_exponential (odd ranks pair with even ones; needs an "
@@ -90,6 +91,9 @@ class PairwiseAveraging:
 
     def wait_for(self, rounds: int) -> None:
         """Block until at least ``rounds`` rounds are done."""
+        if self._thread is None and self.done < rounds and not self._closing:
+            raise RuntimeError("AD-PSGD's averaging thread was never started: a training loop of "
+                               "your own calls algorithm.start(steps) after setup")
         with self._cond:
             while self.done < rounds and self._error is None:
                 self._cond.wait()
@@ -148,7 +152,6 @@ class ADPSGD(Decentralized):
     name = "adpsgd"
     Options = ADPSGDOptions
     options: ADPSGDOptions
-    needs_symmetric = True
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)
@@ -160,9 +163,12 @@ class ADPSGD(Decentralized):
             self.group = new_group(self.comm)  # collective: every rank, same order
             vector = flatten([p.detach() for p in self.params]).clone()
             self.averaging = PairwiseAveraging(vector, self.topology, self.rank, self.group)
-            self.averaging.start()
         self._done_at_read = 0
         return model
+
+    def start(self, steps: range) -> None:
+        if self.averaging is not None:  # after the checkpoint's parameters are in place
+            self.averaging.start()
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.averaging is None:

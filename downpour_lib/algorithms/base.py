@@ -9,34 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..comm.collectives import Comm
-from ..options import AlgorithmOptions
-
-
-@dataclass(frozen=True)
-class Roles:
-    """Which ranks compute gradients, which hold parameters, which one evaluates."""
-
-    workers: tuple[int, ...]
-    servers: tuple[int, ...] = ()
-    evaluator: int = 0
-
-    def role(self, rank: int) -> Literal["worker", "server"]:
-        return "worker" if rank in self.workers else "server"
-
-    def worker_index(self, rank: int) -> int:
-        """Position among the workers: which shard of the data this rank reads."""
-        return self.workers.index(rank)
+from ..options import AlgorithmOptions, Roles
 
 
 class Algorithm:
-    """Default behaviour: every rank is a worker and steps its own optimizer."""
+    """Default behaviour: every rank is a worker and steps its own optimizer.
+
+    The life of one run: ``setup`` (on every rank, collective), the checkpoint's state loaded
+    (``load_state_dict``, on resume), ``start``, then the steps (a worker) or ``serve`` (a server),
+    then ``close`` if the run finished or ``abort`` if it failed. Who works, serves and evaluates
+    is ``self.roles``, which the options produce (``AlgorithmOptions.roles``)."""
 
     name: ClassVar[str]
     Options: ClassVar[type[AlgorithmOptions]] = AlgorithmOptions
@@ -44,34 +32,22 @@ class Algorithm:
     def __init__(self, options: AlgorithmOptions, comm: Comm) -> None:
         self.options, self.comm = options, comm
         self.rank, self.world_size = comm.rank, comm.size
+        self.roles: Roles = options.roles(comm.size)  # ConfigError if the world does not fit
 
     @classmethod
-    def check_world(cls, options: Any, world_size: int) -> None:
-        """Raise ConfigError if this algorithm cannot run with ``world_size`` ranks."""
-
-    @classmethod
-    def check_plan(cls, options: Any, world_size: int, model: nn.Module, total_steps: int) -> None:
+    def check_plan(cls, options: Any, roles: Roles, model: nn.Module, total_steps: int) -> None:
         """Raise ConfigError if the options cannot work with this model (built on the meta
         device, so the check allocates nothing) and run length, e.g. more parameter shards
         than tensors."""
-
-    @classmethod
-    def world_size_for(cls, options: Any, workers: int) -> int:
-        """Ranks needed for ``workers`` workers (servers included)."""
-        return workers
-
-    @classmethod
-    def roles(cls, options: Any, world_size: int) -> Roles:
-        """Who does what; a pure function of the options and the world size."""
-        return Roles(workers=tuple(range(world_size)))
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         """Prepare the model; return the module the engine runs forward on (may be a wrapper)."""
         return model
 
-    def begin(self, first_step: int, total_steps: int) -> None:
-        """On worker ranks, once every rank is set up and just before the first step: the steps
-        this rank will run are ``first_step .. total_steps - 1`` (``first_step > 0`` on resume)."""
+    def start(self, steps: range) -> None:
+        """On every rank, once set up and restored from the checkpoint, just before the first
+        step (a worker) or ``serve`` (a server): the run's steps are ``steps`` (``steps.start >
+        0`` on resume). Threads that run beside the steps start here."""
 
     def after_backward(self, model: nn.Module) -> None:
         """Gradient side: runs once backward has produced every gradient."""
@@ -114,8 +90,7 @@ class Algorithm:
         evaluator); None on the others. Every rank reaches the same checkpoint points here, so
         the default gathers collectively; an asynchronous algorithm fetches what other ranks
         hold by message instead. ``final``: training is over on every rank."""
-        evaluator = self.roles(self.options, self.world_size).evaluator
-        parts = self.comm.gather_object(local(), root=evaluator)
+        parts = self.comm.gather_object(local(), root=self.roles.evaluator)
         return None if parts is None else dict(enumerate(parts))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

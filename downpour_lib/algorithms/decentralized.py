@@ -6,14 +6,15 @@ few peers per step. Each rank's model therefore differs; the engine evaluates ra
 paper does), and ``eval_metrics`` adds ``consensus_distance``, the mean over ranks of
 ||x_i - x_bar||, x_bar the ranks' average, computed on every rank at every evaluation point.
 
-This module holds behaviour, not switches: the subclass says which graph (``topology_for``) and
-which vector is its rank's model (``local_vector``).
+This module holds behaviour, not switches: the options say which graph (``GraphOptions.graph``,
+which also checks that it fits the world before any rank starts) and the subclass which vector is
+its rank's model (``local_vector``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -22,11 +23,35 @@ from ..comm.collectives import flatten
 from ..comm.gossip import consensus_distance
 from ..errors import ConfigError
 from ..topology import Topology, make_topology
-from .base import Algorithm, AlgorithmOptions
+from .base import Algorithm, AlgorithmOptions, Roles
 
 
 @dataclass(frozen=True)
-class BoundedLagOptions(AlgorithmOptions):
+class GraphOptions(AlgorithmOptions):
+    """Options of a gossip algorithm: a ``topology`` field (each subclass names the graphs it
+    can use) and the check that the graph fits the world, which is the algorithm's world check."""
+
+    #: Whether the algorithm's averaging needs an undirected graph (out-peers == in-peers).
+    needs_symmetric: ClassVar[bool] = False
+
+    def fanout(self) -> int:
+        """Out-peers per step."""
+        return 1
+
+    def graph(self, world_size: int) -> Topology:
+        topology = make_topology(self.topology, world_size, self.fanout())
+        if self.needs_symmetric and not topology.symmetric:
+            raise ConfigError("topology", self.topology,
+                              "this algorithm averages in pairs and needs an undirected graph")
+        return topology
+
+    def roles(self, world_size: int) -> Roles:
+        self.graph(world_size)  # raises ConfigError (field, value, fix) if unfit
+        return super().roles(world_size)
+
+
+@dataclass(frozen=True)
+class BoundedLagOptions(GraphOptions):
     """``max_lag`` of the gossip algorithms that keep communicating while they compute (osgp,
     adpsgd). A subclass says what the lag bounds and which algorithm has none."""
 
@@ -45,30 +70,13 @@ class BoundedLagOptions(AlgorithmOptions):
 
 
 class Decentralized(Algorithm):
-    """Base of the gossip algorithms: checks the graph fits the world, measures consensus."""
+    """Base of the gossip algorithms: the graph its options name, a consensus measure."""
 
-    #: Whether the algorithm's averaging needs an undirected graph (out-peers == in-peers).
-    needs_symmetric: ClassVar[bool] = False
-
-    @classmethod
-    def topology_for(cls, options: Any, world_size: int) -> Topology:
-        topology = make_topology(options.topology, world_size, cls.peers_per_step(options))
-        if cls.needs_symmetric and not topology.symmetric:
-            raise ConfigError("topology", options.topology,
-                              f"{cls.name} averages symmetrically and needs an undirected graph")
-        return topology
-
-    @classmethod
-    def peers_per_step(cls, options: Any) -> int:
-        return 1
-
-    @classmethod
-    def check_world(cls, options: Any, world_size: int) -> None:
-        cls.topology_for(options, world_size)  # raises ConfigError (field, value, fix) if unfit
+    options: GraphOptions
 
     def setup_graph(self, model: nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.is_floating_point()]
-        self.topology = self.topology_for(self.options, self.world_size)
+        self.topology = self.options.graph(self.world_size)
 
     def local_vector(self, model: nn.Module) -> torch.Tensor:
         """This rank's model as one flat vector (de-biased, for push-sum)."""

@@ -61,6 +61,8 @@ from .ps_shards import model_layout, shard_tensors
 @dataclass(frozen=True)
 class DownpourOptions(ps_placement.PSOptions):
     default_optimizer: ClassVar[str] = "adagrad"  # as in Dean et al. 2012
+    # a worker evaluates: it can fetch every shard; the servers each hold one
+    evaluator: ClassVar[Literal["server", "worker"]] = "worker"
     n_fetch: int = field(default=1, metadata={
         "help": "a worker fetches the parameters before every n_fetch-th step"})
     n_push: int = field(default=1, metadata={
@@ -87,29 +89,16 @@ class Downpour(Algorithm):
     options: DownpourOptions
 
     @classmethod
-    def check_world(cls, options: DownpourOptions, world_size: int) -> None:
-        ps_placement.check_world(options, world_size)
-
-    @classmethod
-    def check_plan(cls, options: DownpourOptions, world_size: int, model: nn.Module,
+    def check_plan(cls, options: DownpourOptions, roles: Roles, model: nn.Module,
                    total_steps: int) -> None:
-        model_layout(model, min(options.servers, world_size))
-
-    @classmethod
-    def world_size_for(cls, options: DownpourOptions, workers: int) -> int:
-        return ps_placement.world_size_for(options, workers)
-
-    @classmethod
-    def roles(cls, options: DownpourOptions, world_size: int) -> Roles:
-        # a worker evaluates: it can fetch every shard; the servers each hold one
-        return ps_placement.roles(options, world_size, evaluator="worker")
+        model_layout(model, len(roles.servers))
 
     # -- set-up --------------------------------------------------------------------------------
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.model = model
         self.params, self.buffers = shard_tensors(model)
-        roles = self.roles(self.options, self.world_size)
+        roles = self.roles
         self.servers, self.workers, self.evaluator = roles.servers, roles.workers, roles.evaluator
         self.layout = model_layout(model, len(self.servers))
         self.group = message_group(self.comm.ctx)  # collective: on every rank, before any message
@@ -150,9 +139,12 @@ class Downpour(Algorithm):
         """Whether shard ``s`` is reached by message (it lives on another rank)."""
         return self.servers[s] != self.rank
 
-    def begin(self, first_step: int, total_steps: int) -> None:
-        self.t, self.total = first_step, total_steps
-        if self.server is not None:
+    def start(self, steps: range) -> None:
+        if not self.is_worker:
+            return  # a dedicated server: its loop is serve()
+        self.t, self.total = steps.start, steps.stop
+        if self.server is not None:  # colocated: this worker's shard is served by a thread
+
             remote = [w for w in self.workers if w != self.rank]
             self.thread = ServerThread(ServeLoop(
                 self.server, Link(self.comm.ctx, Meter(self.comm.ctx.device), self.group), remote,
@@ -162,7 +154,7 @@ class Downpour(Algorithm):
         # pushes are the only ones until then, so server 0's version counts them). Asking again
         # every few milliseconds keeps the server stateless (a colocated server 0 applies the
         # first worker's pushes directly, without a message that could wake a waiting list).
-        warm = min(self.options.warmstart, -(-total_steps // self.options.n_push))
+        warm = min(self.options.warmstart, -(-steps.stop // self.options.n_push))
         while warm and self.rank != self.workers[0]:
             reply = torch.empty(HEADER, dtype=torch.int64)
             self.link.wait([self.link.post_recv(reply, self.servers[0], REPLY),

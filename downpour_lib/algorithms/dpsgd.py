@@ -19,7 +19,7 @@ partner) and leaves the parameters as the last update made them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -27,12 +27,13 @@ from torch import nn
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.gossip import Exchange, Gossip
 from ..mixing import uniform_weights
-from .base import AlgorithmOptions
-from .decentralized import Decentralized
+from .decentralized import Decentralized, GraphOptions
 
 
 @dataclass(frozen=True)
-class DPSGDOptions(AlgorithmOptions):
+class DPSGDOptions(GraphOptions):
+    needs_symmetric: ClassVar[bool] = True
+
     topology: Literal["ring", "complete"] = field(default="ring", metadata={
         "help": "gossip graph: ring (both neighbours) or complete (everyone; one step is the "
                 "exact average)"})
@@ -42,7 +43,6 @@ class DPSGD(Decentralized):
     name = "dpsgd"
     Options = DPSGDOptions
     options: DPSGDOptions
-    needs_symmetric = True
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .base import Algorithm
+from .base import Algorithm, AlgorithmOptions, Roles
 
 
-class Local(Algorithm):
-    name = "local"
+@dataclass(frozen=True)
+class LocalOptions(AlgorithmOptions):
+    """No options; one process, one worker."""
 
-    @classmethod
-    def check_world(cls, options: Any, world_size: int) -> None:
+    def roles(self, world_size: int) -> Roles:
         if world_size != 1:
             raise ConfigError("algorithm", "local",
                               f"runs in one process, but this launch has {world_size} ranks; "
                               "use sync_ps or ddp to train on several")
+        return super().roles(1)
 
-    @classmethod
-    def world_size_for(cls, options: Any, workers: int) -> int:
+    def roles_for(self, workers: int) -> Roles:
         if workers != 1:
             raise ConfigError("workers", workers, "algorithm 'local' has exactly 1 worker")
-        return 1
+        return self.roles(1)
+
+
+class Local(Algorithm):
+    name = "local"
+    Options = LocalOptions

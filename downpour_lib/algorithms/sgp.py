@@ -23,13 +23,12 @@ from torch import nn
 
 from ..comm.gossip import Gossip
 from ..errors import ConfigError
-from .base import AlgorithmOptions
-from .decentralized import Decentralized
+from .decentralized import Decentralized, GraphOptions
 from .push_sum import PushSum
 
 
 @dataclass(frozen=True)
-class PushSumOptions(AlgorithmOptions):
+class PushSumOptions(GraphOptions):
     """Options of the push-sum algorithms (SGP and Overlap-SGP)."""
 
     topology: Literal["exponential", "ring", "complete"] = field(default="exponential", metadata={
@@ -48,6 +47,9 @@ class PushSumOptions(AlgorithmOptions):
                               f"the {self.topology} graph has fixed neighbours; peers_per_step "
                               "applies to topology='exponential' only, so leave it at 1")
 
+    def fanout(self) -> int:
+        return self.peers_per_step
+
 
 @dataclass(frozen=True)
 class SGPOptions(PushSumOptions):
@@ -58,10 +60,6 @@ class PushSumAlgorithm(Decentralized):
     """Set-up, update and evaluation common to SGP and Overlap-SGP; they differ in after_step."""
 
     options: PushSumOptions
-
-    @classmethod
-    def peers_per_step(cls, options: Any) -> int:
-        return options.peers_per_step
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from .ps_shards import model_layout, shard_tensors
 class SyncPSOptions(ps_placement.PSOptions):
     """Where the servers run and how many there are (see ``ps_placement``)."""
 
+    # after the pull every rank holds every parameter, so server 0 can evaluate
+    evaluator: ClassVar[Literal["server", "worker"]] = "server"
+
 
 class SyncPS(Algorithm):
     name = "sync_ps"
@@ -37,28 +40,14 @@ class SyncPS(Algorithm):
     options: SyncPSOptions
 
     @classmethod
-    def check_world(cls, options: SyncPSOptions, world_size: int) -> None:
-        ps_placement.check_world(options, world_size)
-
-    @classmethod
-    def check_plan(cls, options: SyncPSOptions, world_size: int, model: nn.Module,
+    def check_plan(cls, options: SyncPSOptions, roles: Roles, model: nn.Module,
                    total_steps: int) -> None:
-        model_layout(model, min(options.servers, world_size))
-
-    @classmethod
-    def world_size_for(cls, options: SyncPSOptions, workers: int) -> int:
-        return ps_placement.world_size_for(options, workers)
-
-    @classmethod
-    def roles(cls, options: SyncPSOptions, world_size: int) -> Roles:
-        # after the pull every rank holds every parameter, so server 0 can evaluate
-        return ps_placement.roles(options, world_size, evaluator="server")
+        model_layout(model, len(roles.servers))
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.optimizer = optimizer
         self.params, self.buffers = shard_tensors(model)
-        roles = self.roles(self.options, self.world_size)
-        self.servers, self.num_workers = roles.servers, len(roles.workers)
+        self.servers, self.num_workers = self.roles.servers, len(self.roles.workers)
         self.layout = model_layout(model, len(self.servers))
         # the shard this rank serves (None on a plain worker)
         self.shard = self.servers.index(self.rank) if self.rank in self.servers else None

@@ -150,9 +150,9 @@ def plan(args: argparse.Namespace) -> list[Run]:
             "model": args.model, "dataset": args.dataset, "batch_size": args.batch_size,
             "steps": args.steps, "warmup_steps": args.warmup_steps, "threads": args.threads,
             "device": "cpu", "eval_every": 0, "eval_batch_size": 64, "seed": 0})
-        cls = ALGORITHMS[algorithm]
         for workers in (1, *args.workers):
-            ranks = workers if algorithm == "local" else cls.world_size_for(config.options, workers)
+            # the local algorithm is the ceiling's row: N independent copies of one process
+            ranks = workers if algorithm == "local" else config.options.roles_for(workers).world_size
             runs.append(Run(config, backend, workers, ranks))
     return runs
 

@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from ..algorithms import ALGORITHMS
-from ..config import TrainConfig, check_world
+from ..config import TrainConfig
 from ..errors import ConfigError
 from .core import Outcome, PlannedRun, StudyStore, cluster_for, run_plan, scalar_fields
 
@@ -102,7 +102,7 @@ def _check(base: Mapping[str, Any], algorithm: str, topology_: str, world_size: 
                           f"this cluster has {max_world_size} engines: use 1 to "
                           f"{max_world_size}, or start the cluster with more")
     config = run_config(base, algorithm, topology_)
-    check_world(config, world_size)
+    config.options.roles(world_size)  # a graph that does not fit this world: ConfigError now
     return config
 
 

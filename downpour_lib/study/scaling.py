@@ -112,10 +112,8 @@ class StudySpec:
                 options = {**SCALING_OPTIONS.get(algorithm, {}), **self.options.get(algorithm, {})}
                 config = TrainConfig.from_dict({**self.base, "algorithm": algorithm,
                                                 "options": options})
-                size = ALGORITHMS[algorithm].world_size_for(config.options, workers)
-                # e.g. adpsgd on an odd number of ranks: refuse before launching anything
-                ALGORITHMS[algorithm].check_world(config.options, size)
-                points.append((config, size))
+                # e.g. adpsgd on an odd number of ranks: refused before launching anything
+                points.append((config, config.options.roles_for(workers).world_size))
         return [(config, size, r) for r in range(self.repeats) for config, size in points]
 
     def planned(self) -> list[PlannedRun]:

@@ -17,7 +17,7 @@ commit) is skipped. ``staleness_plots`` draws the figures from those CSVs alone
 
 Every run has the same number of workers (model replicas), so the global batch and the data each
 worker reads are the same; its world size is what its parameter servers add (dedicated servers take
-ranks of their own, colocated ones do not: ``Algorithm.world_size_for``). The plan is checked in
+ranks of their own, colocated ones do not: the options' ``roles_for``). The plan is checked in
 full, and against the cluster's size, before the first run starts.
 """
 
@@ -31,7 +31,6 @@ from typing import Any
 
 import pandas as pd
 
-from ..algorithms import ALGORITHMS
 from ..checkpoint import atomic_write_text
 from ..config import TrainConfig
 from ..errors import ConfigError
@@ -83,7 +82,7 @@ def _variant(base: Mapping[str, Any], algorithm: str, options: Mapping[str, Any]
     from ..engine import plan_run
 
     config = TrainConfig.from_dict({**base, "algorithm": algorithm, "options": dict(options)})
-    world_size = ALGORITHMS[algorithm].world_size_for(config.options, workers)
+    world_size = config.options.roles_for(workers).world_size
     # servers, shards and the data set checked now, not when this run's turn comes
     plan_run(config, world_size, load_dataset(config.dataset, config.data_dir).train)
     return Variant(label or variant_label(algorithm, options), config, workers, world_size)
@@ -124,7 +123,7 @@ def plan_table(plan: Sequence[Variant]) -> pd.DataFrame:
     """What will run, one row per run: label, algorithm, workers, servers, placement, world size."""
     rows = []
     for v in plan:
-        roles = ALGORITHMS[v.algorithm].roles(v.config.options, v.world_size)
+        roles = v.config.options.roles(v.world_size)
         rows.append({"label": v.label, "algorithm": v.algorithm, "workers": v.workers,
                      "servers": len(roles.servers),
                      "placement": _placement(roles.servers, roles.workers),
@@ -234,7 +233,7 @@ class StalenessStudy:
 
 def _run_row(v: Variant, result: RunResult, target: float) -> dict[str, Any]:
     s, c, options = result.summary, v.config, v.config.options
-    roles = ALGORITHMS[v.algorithm].roles(options, v.world_size)
+    roles = options.roles(v.world_size)
     row = {
         "label": v.label, "algorithm": v.algorithm, "model": c.model, "dataset": c.dataset,
         "batch_size": c.batch_size, "seed": c.seed, "optimizer": c.optimizer, "lr": c.lr,

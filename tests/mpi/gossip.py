@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from downpour_lib import TrainConfig, Trainer, runtime
-from downpour_lib.algorithms import ALGORITHMS, make_algorithm
+from downpour_lib.algorithms import make_algorithm
 from downpour_lib.comm.collectives import flatten
 from downpour_lib.comm.gossip import consensus_distance
 from downpour_lib.mixing import mixing_matrix
@@ -67,6 +67,7 @@ def mixing_case(ctx, name: str, options: dict, steps: int) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     algorithm = make_algorithm(name, ctx, **options)
     algorithm.setup(model, optimizer)
+    algorithm.start(range(steps))
     params = list(model.parameters())
     x0 = flatten([p.detach() for p in params])
     x0_rows = gather_rows(x0, ctx.world_size)
@@ -94,7 +95,7 @@ def mixing_case(ctx, name: str, options: dict, steps: int) -> dict:
            "distances": distances, "raw_distances": raw,
            "mean_err": worst(float((z - mass0 / ctx.world_size).abs().max()))}
     if name != "osgp":  # delays make osgp's trajectory differ from the plain product
-        topology = ALGORITHMS[name].topology_for(algorithm.options, ctx.world_size)
+        topology = algorithm.options.graph(ctx.world_size)
         expected = x0_rows
         for t in range(steps):
             expected = mixing_matrix(topology, t) @ expected
