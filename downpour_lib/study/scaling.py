@@ -53,15 +53,16 @@ DEFAULT_ALGORITHMS: tuple[str, ...] = (
 
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm. No
 #: evaluation: the study measures throughput, and evaluating would cost a third of each run. Only a
-#: run's first step is slow (allocation); after it, 17 measured steps put the standard error of a
-#: run's mean step at about 0.5% on 2 cores, so the spread between runs (other work on the machine)
-#: is what limits a point, and repeats, not longer runs, are what narrow it.
+#: run's first step is slow (allocation); after it, 10 measured steps put the standard error of a
+#: run's mean step under 1% on 2 cores, so the spread between runs (other work on the machine) is
+#: what limits a point, and repeats, not longer runs, are what narrow it. 12 steps, not 20, keep
+#: `make study` within 10 minutes on a 2-core machine whose step is 0.75 s (20 steps took 14).
 SCALING_BASE: dict[str, Any] = {
-    "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 20,
-    "warmup_steps": 3, "eval_every": 0, "final_eval": False, "threads": 1, "lr": 0.05, "seed": 0,
+    "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 12,
+    "warmup_steps": 2, "eval_every": 0, "final_eval": False, "threads": 1, "lr": 0.05, "seed": 0,
 }
 #: Per-algorithm options the study sets under the user's. Downpour's warmstart holds the other
-#: workers back until the first has pushed 20 times: in a 20-step run they would barely overlap,
+#: workers back until the first has pushed 20 times: in a 12-step run they would never overlap,
 #: and the summed per-worker rates would count a lone worker twice (a "speedup" of 2.04x).
 SCALING_OPTIONS: dict[str, dict[str, Any]] = {"downpour": {"warmstart": 0}}
 #: Runs per point: enough for an error bar, few enough that `make study` fits ~10 min on 2 cores.
