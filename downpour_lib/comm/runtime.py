@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from . import mpi
+from . import addresses, mpi
 from .launch_env import Placement, discover, slurm_rendezvous
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -128,17 +128,42 @@ def backend_usable(name: str) -> bool:
 
 
 def _rendezvous_store(placement: Placement, comm, timeout: datetime.timedelta) -> dist.Store:
-    """Rank 0 opens a TCPStore on a free port (no race for it); MPI tells everyone where it is."""
-    single_host = len(set(comm.allgather(socket.gethostname()))) == 1
+    """Rank 0 opens a TCPStore on a free port (no race for it) and MPI tells everyone where it is:
+    on one host its loopback address; across hosts every address it has (``addresses``), of which
+    each rank takes the first it reaches. ``MASTER_ADDR`` and ``MASTER_PORT`` win when set."""
+    hosts = comm.allgather(socket.gethostname())
     store, where = None, None
     if placement.rank == 0:
-        addr = os.environ.get("MASTER_ADDR") or (
-            "127.0.0.1" if single_host else socket.gethostbyname(socket.getfqdn()))
-        store = dist.TCPStore(addr, int(os.environ.get("MASTER_PORT", 0)), placement.world_size,
-                              True, timeout=timeout, wait_for_workers=False)
-        where = (addr, store.port)
-    addr, port = comm.bcast(where, root=0)
+        if os.environ.get("MASTER_ADDR"):
+            offer = [os.environ["MASTER_ADDR"]]
+        elif len(set(hosts)) == 1:
+            offer = ["127.0.0.1"]
+        else:
+            offer = addresses.host_addresses(os.environ.get(addresses.IFNAME_VARIABLE))
+        try:  # the server listens on every interface; the address is the clients' to choose
+            if not offer:
+                raise ConfigError(addresses.IFNAME_VARIABLE,
+                                  os.environ.get(addresses.IFNAME_VARIABLE),
+                                  "no interface of this host that is up matches it (its "
+                                  f"interfaces: {', '.join(addresses.interface_names())})")
+            store = dist.TCPStore(offer[0],
+                                  int(os.environ.get("MASTER_PORT", 0)), placement.world_size,
+                                  True, timeout=timeout, wait_for_workers=False)
+            where = (offer, store.port)
+        except Exception as exc:  # noqa: BLE001 -- every rank must learn of it, not wait
+            where = (f"rank 0 on {hosts[0]} could not open the rendezvous store: "
+                     f"{type(exc).__name__}: {exc}", 0)
+    offer, port = comm.bcast(where, root=0)
+    if isinstance(offer, str):
+        raise RuntimeError(offer)
     if store is None:
+        addr = offer[0] if len(offer) == 1 else addresses.reachable(offer, port)
+        if addr is None:
+            raise RuntimeError(
+                f"rank {placement.rank} on {hosts[placement.rank]} cannot reach the rendezvous "
+                f"store of rank 0 on {hosts[0]} at any of its addresses {offer} (port {port}); "
+                f"name the interface the nodes share with {addresses.IFNAME_VARIABLE}=<name> "
+                "(e.g. ib0 or eth0), or set MASTER_ADDR to an address of that host")
         store = dist.TCPStore(addr, port, placement.world_size, False, timeout=timeout)
     return store
 
