@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from downpour_lib.cluster.mpiexec import run_mpiexec
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MPI_SCRIPTS = Path(__file__).parent / "mpi"
@@ -35,8 +37,7 @@ def mpiexec_path() -> str:
 def mpiexec(n: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run ``args`` as ``n`` real MPI processes (more ranks than cores is fine)."""
     cmd = [mpiexec_path(), "-n", str(n), "--oversubscribe", "--bind-to", "none", *args]
-    return subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    return run_mpiexec(cmd, env=launch_env(), capture_output=True, text=True, timeout_s=timeout, cwd=ROOT)
 
 
 def mpi_python(n: int, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:

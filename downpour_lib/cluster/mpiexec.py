@@ -8,8 +8,12 @@ without being activated; on a cluster, a module-loaded MPI on PATH is used when 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import DownpourError
@@ -41,3 +45,64 @@ def mpi_env() -> dict[str, str]:
     for key, value in root_env().items():
         env.setdefault(key, value)
     return env
+
+
+# Open MPI 5's launcher (prterun) keeps its session in $TMPDIR/ompi.<its pid>/ and removes it when it
+# ends, unless it is killed with SIGKILL. A later prterun that happens to get the same pid (pid_max
+# is 32768 in many containers) then finds its PMIx rendezvous file already there and dies with
+# "The PMIx server's listener thread failed to start" before any rank runs.
+_SESSION = re.compile(r"ompi\.(\d+)")
+
+
+def clear_stale_sessions(tmpdir: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the session directories of launchers that are gone (no process with that pid, or one
+    started after the directory was made, i.e. the pid was reused); return what was removed.
+    Directories of other users and of running launchers are left alone."""
+    import psutil
+
+    removed = []
+    base = Path(tmpdir or tempfile.gettempdir())
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _SESSION.fullmatch(path.name)
+        try:
+            if not match or path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid():
+                continue
+            made = path.stat().st_mtime
+            try:
+                # a launcher makes its directory after it starts; a process started later is not it
+                if psutil.Process(int(match.group(1))).create_time() <= made + 1.0:
+                    continue
+            except psutil.NoSuchProcess:
+                pass
+            shutil.rmtree(path)
+            removed.append(path)
+        except OSError:
+            continue  # raced with its owner or another sweep: nothing to do
+    return removed
+
+
+def run_mpiexec(cmd: list[str], *, timeout_s: float, grace_s: float = 10.0,
+                **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for an mpiexec command line: stale sessions are cleared first, and at the
+    timeout the launcher gets SIGTERM (it then stops its ranks and cleans up after itself), SIGKILL
+    only ``grace_s`` later. Raises ``subprocess.TimeoutExpired`` as ``subprocess.run`` does."""
+    clear_stale_sessions()
+    kwargs.setdefault("env", mpi_env())
+    if kwargs.pop("capture_output", False):
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with subprocess.Popen(cmd, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout_s, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -36,6 +36,7 @@ import pandas as pd
 
 from ..errors import ConfigError, DownpourError
 from . import remote
+from .mpiexec import clear_stale_sessions
 from .profiles import ensure_profile, profile_dir
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -387,6 +388,7 @@ class ClusterSession:
                     pass
             alive = _wait_gone(alive, 3.0)
         self._processes = {p.pid: p for p in alive}
+        clear_stale_sessions()  # what a killed mpiexec left behind would stop a later one
         if alive:
             logging.getLogger(__name__).warning("cluster processes %s survived SIGKILL",
                                                 sorted(p.pid for p in alive))
@@ -445,6 +447,7 @@ def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping
     if n < 1:
         raise ConfigError("n", n, "start at least 1 engine")
     ensure_profile(profile)
+    clear_stale_sessions()
     running = running_clusters(profile)
     if running:
         raise ClusterError(_already_running(profile, running))

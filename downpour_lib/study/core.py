@@ -38,7 +38,7 @@ import pandas as pd
 
 from .. import provenance
 from ..checkpoint import atomic_write_text
-from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env
+from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, run_mpiexec
 from ..config import TrainConfig
 from ..errors import DownpourError
 
@@ -330,8 +330,7 @@ def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> di
                sys.executable, "-m", "downpour_lib", "train", "--config", str(cfg),
                "--summary-json", str(out)]
         try:
-            proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True,
-                                  timeout=timeout_s)
+            proc = run_mpiexec(cmd, capture_output=True, text=True, timeout_s=timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise StudyError(f"{config.algorithm} on {world_size} rank(s) ran past {timeout_s} s")\
                 from exc
