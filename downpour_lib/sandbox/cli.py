@@ -1,4 +1,5 @@
-"""``downpour sandbox slurm up|status|down``: the one-node Slurm of ``sandbox/slurm.py``."""
+"""``downpour sandbox slurm up|status|down``: the Slurm of ``sandbox/slurm.py``, on one node or on N
+emulated hosts (``--nodes N``, links shaped with ``--bandwidth``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from .slurm import DEFAULT_DIR
 
 
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sandbox", help="a real one-node Slurm for tests and demos (as root)")
+    p = sub.add_parser("sandbox", help="a real Slurm for tests and demos, one node or several (as root)")
     kinds = p.add_subparsers(dest="sandbox", required=True)
     slurm = kinds.add_parser("slurm", help="munge + slurmctld + slurmd under a private directory")
     slurm.add_argument("action", choices=("up", "status", "down"))
@@ -17,21 +18,34 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     slurm.add_argument("--no-system-conf", action="store_true",
                        help="do not link /etc/slurm/slurm.conf to the sandbox's slurm.conf; Slurm "
                             "commands then need SLURM_CONF")
+    slurm.add_argument("--nodes", type=int, default=None,
+                       help="up: compute nodes, each a separate host (network namespace) on a private "
+                            "bridge (default: 1, this machine itself; or as many as the sandbox has)")
+    slurm.add_argument("--bandwidth", default=None, metavar="RATE",
+                       help="up: every node's link at RATE both ways, e.g. 10gbit, 1gbit, 100mbit, or none; "
+                            "on a running sandbox this changes the rate")
     slurm.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default: 60)")
     slurm.set_defaults(func=cmd_slurm)
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
     from .slurm import SandboxError, SlurmSandbox
 
-    sandbox = SlurmSandbox(args.dir, link_system_conf=not args.no_system_conf)
     try:
+        if args.action != "up" and (args.nodes is not None or args.bandwidth is not None):
+            raise ConfigError("--nodes/--bandwidth", args.nodes or args.bandwidth,
+                              f"they belong to `up`, not `{args.action}`")
+        sandbox = SlurmSandbox(args.dir, link_system_conf=not args.no_system_conf, nodes=args.nodes)
         if args.action == "up":
-            status = sandbox.up(args.timeout)
+            status = sandbox.up(args.timeout, bandwidth=args.bandwidth)
         elif args.action == "down":
             status = sandbox.down(args.timeout)
         else:
             status = sandbox.status()
+    except ConfigError as exc:
+        print(f"downpour sandbox slurm {args.action}: error: {exc}")
+        return 2
     except SandboxError as exc:
         print(f"downpour sandbox slurm {args.action}: error: {exc}")
         return 1

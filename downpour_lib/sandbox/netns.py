@@ -134,6 +134,10 @@ class Network:
         m = re.search(r"tbf .*?rate (\S+)", out)
         return m[1] if m else "none"
 
+    def exists(self) -> bool:
+        """Whether the bridge is there."""
+        return _run("ip", "link", "show", self.bridge, check=False).returncode == 0
+
     def down(self) -> None:
         """Remove every namespace and link of this network (their qdiscs go with them)."""
         for node in self.nodes():

@@ -1,4 +1,5 @@
-"""A real one-node Slurm (munge, slurmctld, slurmd) under a private directory, for tests and demos.
+"""A real Slurm (munge, slurmctld, slurmd) under a private directory, for tests and demos: one node,
+or N nodes that are separate hosts on this machine.
 
 ``up`` writes a fresh munge key and a ``slurm.conf`` for this host into the sandbox directory
 (NodeName = ``hostname -s``, state, spool, pid and log files all inside it, ports chosen free), starts
@@ -15,6 +16,16 @@ Slurm's client commands (sbatch, srun, squeue) read ``SLURM_CONF``; so that a pl
 ``ipcluster start --profile=slurm-mpi`` finds the sandbox too, ``up`` links
 ``/etc/slurm/slurm.conf`` to the sandbox's file when no slurm.conf exists there (and ``down``
 removes that link again, only if it is still ours).
+
+With ``nodes=N`` (N > 1) every compute node is a host of its own (``netns.Network``): a network
+namespace with its own address on a private bridge (``node1`` at 10.213.0.11, ``node2`` at .12, ...),
+its own host name (a UTS namespace) and its own ``slurmd``; ``slurmctld`` and ``munged`` run on this
+machine, reached from every node at the bridge's address 10.213.0.1 (munge's socket is a file, which
+the namespaces share). Node names resolve on every node through ``/etc/netns/<namespace>/hosts``,
+bound over ``/etc/hosts`` in the node's own mount namespace (as ``ip netns exec`` would); the
+machine's own ``/etc/hosts`` is never edited. Each node has its own spool and ``TmpFS`` directory.
+``bandwidth`` shapes every node's link in both directions (``up`` again with another rate changes it
+on a running sandbox). ``down`` also removes the namespaces, links and those files.
 """
 
 from __future__ import annotations
@@ -34,10 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint import atomic_write_bytes, atomic_write_text
-from ..errors import DownpourError
+from ..errors import ConfigError, DownpourError
+from .netns import CONTROLLER, Network, NetworkError, parse_rate
 
 DEFAULT_DIR = Path(os.environ.get("DOWNPOUR_SLURM_DIR", "/tmp/downpour-slurm"))
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+NETNS_ETC = Path("/etc/netns")  # ip netns exec shows /etc/netns/<ns>/<file> as /etc/<file>
 MIN_CPUS = 8
 REQUIRED = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scancel")
 READY_STATES = ("idle", "mixed", "allocated", "completing")
@@ -156,12 +169,24 @@ def _terminate(pids: Iterable[int], timeout_s: float) -> None:
 
 # -- the sandbox ---------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    address: str
+    state: str  # Slurm's, e.g. "idle"; "" when slurmctld does not answer
+    shaping: str = "none"  # the link's rate, e.g. "100Mbit"
+
+    def __str__(self) -> str:
+        return f"{self.name:<8} {self.address:<13} {self.state or '?':<10} link {self.shaping}"
+
+
 @dataclass
 class SandboxStatus:
     directory: Path
     conf: Path
     daemons: dict[str, int | None]  # name -> pid when running
-    node: str = ""  # e.g. "vm idle"
+    node: str = ""  # e.g. "vm idle" (one node; several: one line each)
+    nodes: list[NodeStatus] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
     pmix: bool = False
     system_link: bool = False
@@ -179,7 +204,9 @@ class SandboxStatus:
                  + ("up" if self.running else "down" if self.stopped else "partly up")]
         lines += [f"  {name:<10} " + (f"pid {pid}" if pid else "not running")
                   for name, pid in self.daemons.items()]
-        if self.running:
+        if self.running and len(self.nodes) > 1:
+            lines += [f"  node       {n}" for n in self.nodes]
+        elif self.running:
             lines.append(f"  node       {self.node}")
             lines.append(f"  jobs       {len(self.jobs)}" + "".join(f"\n    {j}" for j in self.jobs))
             lines.append("  srun --mpi=pmix " + ("works" if self.pmix else
@@ -190,19 +217,47 @@ class SandboxStatus:
 
 
 class SlurmSandbox:
-    """One-node Slurm under ``directory``; see the module docstring."""
+    """Slurm under ``directory``, on one node or ``nodes`` emulated hosts; see the module docstring.
+    ``nodes=None``: as many as the sandbox in ``directory`` was made with (one for a new one)."""
 
-    def __init__(self, directory: str | os.PathLike = DEFAULT_DIR, link_system_conf: bool = True):
+    def __init__(self, directory: str | os.PathLike = DEFAULT_DIR, link_system_conf: bool = True,
+                 nodes: int | None = None):
+        if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
+            raise ConfigError("nodes", nodes, "give a whole number of nodes, 1 or more")
         self.dir = Path(directory).resolve()
         self.link_system_conf = link_system_conf
         self.conf = self.dir / "slurm.conf"
+        self.layout = self.dir / "nodes"  # how many nodes the sandbox in this directory was made with
+        self.nodes = nodes if nodes is not None else (self._made_with() or 1)
+        # links and namespaces named after the directory, so that they are this sandbox's alone
+        self.network = Network(hashlib.sha1(str(self.dir).encode()).hexdigest()[:5])
         self.munge_dir = self.dir / "munge"  # key, seed, pid, log: root only
         self.socket = _socket_dir(self.dir) / "munge.socket"
         self.run_dir, self.log_dir = self.dir / "run", self.dir / "log"
         self.state_dir, self.spool_dir = self.dir / "state", self.dir / "spool"
         self.pidfiles = {"munged": self.munge_dir / "munged.pid",
-                         "slurmctld": self.run_dir / "slurmctld.pid",
-                         "slurmd": self.run_dir / "slurmd.pid"}
+                         "slurmctld": self.run_dir / "slurmctld.pid"}
+        if self.nodes == 1:
+            self.pidfiles["slurmd"] = self.run_dir / "slurmd.pid"
+        else:
+            self.pidfiles.update({f"slurmd {name}": self.run_dir / f"slurmd-{name}.pid"
+                                  for name in self.node_names()})
+
+    def _made_with(self) -> int | None:
+        try:
+            return int(self.layout.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def node_names(self) -> list[str]:
+        """Slurm's names of the nodes (one node: this machine's host name)."""
+        if self.nodes == 1:
+            return [_host()]
+        return [f"node{i + 1}" for i in range(self.nodes)]
+
+    def _etc(self, index: int) -> Path:
+        """What ``ip netns exec`` shows the node's processes in /etc (its hosts file)."""
+        return NETNS_ETC / self.network.node(index).namespace
 
     # -- environment and configuration -----------------------------------------------------------
 
@@ -211,12 +266,22 @@ class SlurmSandbox:
         return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf)}
 
     def slurm_conf(self, ctld_port: int, slurmd_port: int) -> str:
-        host = socket.gethostname().split(".")[0]
+        host = _host()
         cpus = max(MIN_CPUS, os.cpu_count() or 1)
+        if self.nodes == 1:
+            ctld, slurmd = "127.0.0.1", ""
+            nodes = f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN"
+            partition = host
+        else:  # every node its own host; %n: the node's own pid, log and spool
+            ctld, slurmd = CONTROLLER, "-%n"
+            nodes = "\n".join(f"NodeName={name} NodeAddr={self.network.node(i).address} "
+                               f"NodeHostname={name} CPUs={cpus} State=UNKNOWN"
+                               for i, name in enumerate(self.node_names()))
+            partition = f"node[1-{self.nodes}]"
         return f"""\
-# Generated by `downpour sandbox slurm up`: a one-node Slurm for tests, everything under {self.dir}.
+# Generated by `downpour sandbox slurm up`: a {self.nodes}-node Slurm for tests, everything under {self.dir}.
 ClusterName=downpour-sandbox
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -225,11 +290,12 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.socket}
 StateSaveLocation={self.state_dir}
-SlurmdSpoolDir={self.spool_dir}
+SlurmdSpoolDir={self.spool_dir}{'/%n' if slurmd else ''}
 SlurmctldPidFile={self.pidfiles['slurmctld']}
-SlurmdPidFile={self.pidfiles['slurmd']}
+SlurmdPidFile={self.run_dir / f'slurmd{slurmd}.pid'}
 SlurmctldLogFile={self.log_dir / 'slurmctld.log'}
-SlurmdLogFile={self.log_dir / 'slurmd.log'}
+SlurmdLogFile={self.log_dir / f'slurmd{slurmd}.log'}
+{f"TmpFS={self.dir / 'tmp'}/%n" if slurmd else "# TmpFS: /tmp"}
 # Containers: no systemd, no cgroups. Track processes through /proc, bind nothing.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -241,14 +307,20 @@ MailProg=/bin/true
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
-# The node advertises {cpus} CPUs whatever the hardware has, so small jobs fit side by side.
+# Each node advertises {cpus} CPUs whatever the hardware has, so small jobs fit side by side.
 SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmdTimeout=60
 KillWait=5
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+{nodes}
+PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
+
+    def hosts_file(self) -> str:
+        """/etc/hosts as the nodes see it: every node and the controller by name."""
+        lines = ["127.0.0.1 localhost", f"{CONTROLLER} {_host()}"]
+        lines += [f"{self.network.node(i).address} {name}" for i, name in enumerate(self.node_names())]
+        return "\n".join(lines) + "\n"
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -279,6 +351,13 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
         if status.running:
             node = self._slurm("sinfo", "-h", "-N", "-o", "%N %T")
             status.node = node.stdout.strip() or node.stderr.strip()
+            states = dict(line.split(None, 1) for line in node.stdout.splitlines() if " " in line)
+            if self.nodes == 1:
+                status.nodes = [NodeStatus(_host(), "127.0.0.1", states.get(_host(), ""))]
+            else:
+                status.nodes = [NodeStatus(name, self.network.node(i).address, states.get(name, ""),
+                                           self.network.shaping(self.network.node(i)))
+                                for i, name in enumerate(self.node_names())]
             jobs = self._slurm("squeue", "-h", "-o", "%i %j %T %M")
             status.jobs = [j.strip() for j in jobs.stdout.splitlines() if j.strip()]
         return status
@@ -288,26 +367,59 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
 
     # -- up --------------------------------------------------------------------------------------
 
-    def up(self, timeout_s: float = 60.0) -> SandboxStatus:
-        """Start the sandbox (nothing happens if it is already up) and wait until the node is idle."""
+    def up(self, timeout_s: float = 60.0, bandwidth: str | None = None) -> SandboxStatus:
+        """Start the sandbox and wait until every node is idle; a running one is left running (and
+        only re-shaped when ``bandwidth`` is given: e.g. ``100mbit``, ``none`` for unshaped)."""
         missing = missing_requirements()
         if missing:
             raise SandboxError("the Slurm sandbox needs " + "; ".join(missing))
+        if bandwidth is not None:
+            if self.nodes == 1:
+                raise ConfigError("bandwidth", bandwidth, "a one-node sandbox has no link between "
+                                  "nodes to shape; make one of 2 or more nodes (--nodes 2)")
+            if bandwidth != "none":
+                parse_rate(bandwidth)
+        made = self._made_with()
+        if made and made != self.nodes and SlurmSandbox(self.dir, nodes=made).status().running:
+            raise SandboxError(f"the sandbox in {self.dir} runs {made} node(s), not {self.nodes}: "
+                               "`downpour sandbox slurm down` first, then up with the new count")
         status = self.status()
         if status.running:
+            if bandwidth is not None:
+                self._network(lambda: self.network.shape(bandwidth))
+                status = self.status()
             return status
         self.down()  # whatever a half-started sandbox left behind
+        if self.nodes > 1:
+            self._network(lambda: self.network.up(self.nodes))
         self._prepare()
         self._start(["munged", f"--socket={self.socket}", f"--key-file={self.munge_dir / 'munge.key'}",
                      f"--pid-file={self.pidfiles['munged']}", f"--log-file={self.munge_dir / 'munged.log'}",
                      f"--seed-file={self.munge_dir / 'munged.seed'}"], "munged", timeout_s)
         self._start(["slurmctld"], "slurmctld", timeout_s)
-        self._start(["slurmd"], "slurmd", timeout_s)
+        if self.nodes == 1:
+            self._start(["slurmd"], "slurmd", timeout_s)
+        for index, name in enumerate(self.node_names() if self.nodes > 1 else []):
+            # its own network, host name and /etc/hosts (not `ip netns exec`, whose fresh /sys
+            # hides the cgroup file system slurmd insists on)
+            node = self.network.node(index)
+            self._start(["nsenter", f"--net=/var/run/netns/{node.namespace}", "unshare", "--mount",
+                         "--uts", "sh", "-c", f"mount --bind {self._etc(index) / 'hosts'} /etc/hosts && "
+                         f"hostname {name} && exec slurmd -N {name}"], f"slurmd {name}", timeout_s)
         self._wait_for_node(timeout_s)
+        if bandwidth not in (None, "none"):
+            self._network(lambda: self.network.shape(bandwidth))
         if self.link_system_conf and not os.path.lexists(SYSTEM_CONF):
             SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
             SYSTEM_CONF.symlink_to(self.conf)
         return self.status()
+
+    def _network(self, step) -> None:
+        try:
+            step()
+        except NetworkError as exc:
+            self.down()
+            raise SandboxError(f"{self.nodes} nodes need separate hosts on this machine: {exc}") from None
 
     def _prepare(self) -> None:
         for path in (self.dir, self.socket.parent):
@@ -327,6 +439,17 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
         atomic_write_bytes(key, secrets.token_bytes(1024))
         key.chmod(0o400)
         atomic_write_text(self.conf, self.slurm_conf(_free_port(), _free_port()))
+        atomic_write_text(self.layout, f"{self.nodes}\n")
+        if self.nodes > 1 and not NETNS_ETC.exists():
+            (self.dir / "made-etc-netns").touch()  # so that down removes it again
+        for index in range(self.nodes if self.nodes > 1 else 0):
+            # spool and TmpFS (srun --mpi=pmix's per-step directories) of its own, as on a cluster
+            (self.spool_dir / self.node_names()[index]).mkdir(mode=0o755)
+            tmp = self.dir / "tmp" / self.node_names()[index]
+            tmp.mkdir(parents=True, exist_ok=True)
+            tmp.chmod(0o1777)
+            self._etc(index).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self._etc(index) / "hosts", self.hosts_file())
 
     def _start(self, cmd: list[str], name: str, timeout_s: float) -> None:
         """Run a daemon (it forks into the background) and wait for its pid file."""
@@ -348,15 +471,16 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
         while time.monotonic() < deadline:
             out = self._slurm("sinfo", "-h", "-N", "-o", "%T")
             state = out.stdout.strip()
-            if out.returncode == 0 and state in READY_STATES:
+            states = state.split()
+            if out.returncode == 0 and len(states) == self.nodes and set(states) <= set(READY_STATES):
                 return
             time.sleep(0.3)
-        self._fail(f"the node did not become idle within {timeout_s:.0f} s (state {state!r})")
+        self._fail(f"the nodes did not become idle within {timeout_s:.0f} s (state {state!r})")
 
     def _fail(self, message: str) -> None:
         tails = []
         for log in (self.munge_dir / "munged.log", self.log_dir / "slurmctld.log",
-                    self.log_dir / "slurmd.log", *sorted(self.log_dir.glob("*.stderr"))):
+                    *sorted(self.log_dir.glob("slurmd*.log")), *sorted(self.log_dir.glob("*.stderr"))):
             if log.exists() and log.stat().st_size:
                 tails.append(f"--- {log}\n" + "\n".join(log.read_text().splitlines()[-8:]))
         self.down()
@@ -388,7 +512,33 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
             shutil.rmtree(self.socket.parent, ignore_errors=True)
         if self._linked():
             SYSTEM_CONF.unlink()
+        self._remove_network()
         return self.status()
+
+    def _remove_network(self) -> None:
+        """The namespaces, links and hosts files of the nodes, whatever node count made them."""
+        made = [p for p in NETNS_ETC.glob(f"{self.network.node(0).namespace[:-1]}*")
+                if p.name.removeprefix(self.network.node(0).namespace[:-1]).isdigit()]
+        if shutil.which("ip") is None:
+            return  # nothing can have been made
+        try:
+            if self.network.nodes() or self.network.exists():
+                self.network.down()
+        except NetworkError as exc:
+            raise SandboxError(f"could not remove the nodes' network: {exc}") from None
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+        marker = self.dir / "made-etc-netns"
+        if marker.exists():
+            try:
+                NETNS_ETC.rmdir()  # only if no one else put anything there since
+            except OSError:
+                pass
+            marker.unlink()
+
+
+def _host() -> str:
+    return socket.gethostname().split(".")[0]
 
 
 def _comm(pid: int) -> str:
