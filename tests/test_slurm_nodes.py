@@ -85,36 +85,90 @@ def test_each_node_is_a_host_of_its_own(sandbox, env):
     assert [line.strip() for line in lines] == [f"node1 10.213.0.11 {names}", f"node2 10.213.0.12 {names}"]
 
 
-@pytest.fixture(scope="module")
-def reference():
-    return train(TrainConfig(**{**TINY, "algorithm": "local"})).summary
+LAUNCHERS = ["srun", "srun-pmix", "mpiexec"]
 
 
-@pytest.mark.parametrize("launcher", ["srun", "srun-pmix", "mpiexec"])
-def test_the_batch_script_trains_across_both_nodes(env, reference, tmp_path, launcher):
-    """sync_ps with a server on node1 and the worker on node2 is plain SGD: the reference."""
+def launchers() -> list[str]:
+    if pmix_available():
+        return LAUNCHERS
+    unavailable("Slurm's mpi/pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
+
+
+def job_state(env, job_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True,
+                         text=True, timeout=30).stdout
+    return next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+
+
+def test_the_batch_script_trains_across_both_nodes_with_every_launcher(env, tmp_path):
+    """allreduce on 2 nodes x 2 ranks, through cluster_profiles/launch_multinode.sbatch, ends where
+    one process on the 4-times batch ends."""
+    reference = train(TrainConfig(**{**TINY, "algorithm": "local", "batch_size": 4 * TINY["batch_size"]}))
+    flags = " ".join(f for f in FLAGS if not f.startswith("--algorithm")) + " --algorithm=allreduce"
+    jobs = {}
+    for launcher in launchers():  # all at once: the two nodes have room for three 4-task jobs
+        job_env = {**env, "DOWNPOUR_LAUNCHER": launcher, "DOWNPOUR_ARGS": flags,
+                   "DOWNPOUR_SUMMARY": str(tmp_path / f"{launcher}.json")}
+        submit = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2",
+                                 f"--output={tmp_path}/{launcher}.out",
+                                 str(ROOT / "cluster_profiles" / "launch_multinode.sbatch")],
+                                env=job_env, capture_output=True, text=True, timeout=60)
+        assert submit.returncode == 0, explain(submit)
+        jobs[launcher] = submit.stdout.strip().split(";")[0]
+    deadline, states = time.monotonic() + 300, {}
+    while time.monotonic() < deadline:
+        states = {launcher: job_state(env, job) for launcher, job in jobs.items()}
+        if all(state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for state in states.values()):
+            break
+        time.sleep(0.5)
+    for launcher in jobs:
+        log = (tmp_path / f"{launcher}.out").read_text()
+        assert states[launcher] == "COMPLETED", f"{launcher}: {states[launcher]}\n{log}"
+        assert f"4 ranks on node[1-2], launcher {launcher}" in log
+        s = read_json(tmp_path / f"{launcher}.json")
+        assert s["hosts"] == "node1,node2", (launcher, s["hosts"])
+        assert (s["launcher"], s["backend"], s["num_workers"]) == \
+            ({"srun": ("slurm", "gloo", 4)}.get(launcher, ("mpi", "mpi", 4))), launcher
+        assert abs(s["final_train_loss"] - reference.summary["final_train_loss"]) < 1e-5, launcher
+        assert s["test_accuracy"] == reference.summary["test_accuracy"], launcher
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_every_algorithm_across_nodes(env, launcher):
+    """tests/mpi/across_nodes.py on 2 nodes x 2 ranks: exact collectives, the node hierarchy, the
+    synchronous algorithms equal to one process on the N-times batch, the others exchanging."""
+    script = [str(BIN / "python"), str(ROOT / "tests" / "mpi" / "across_nodes.py")]
+    if launcher == "mpiexec":  # inside an allocation, as in a batch job
+        cmd = ["salloc", "--nodes=2", "--ntasks-per-node=2", str(BIN / "mpiexec"), "--bind-to", "none",
+               *script]
+    else:
+        cmd = ["srun", "--nodes=2", "--ntasks-per-node=2", *(["--mpi=pmix"] if launcher == "srun-pmix"
+                                                               else []), *script]
     if launcher == "srun-pmix" and not pmix_available():
         unavailable("Slurm's mpi/pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
-    out, summary = tmp_path / "job.out", tmp_path / "summary.json"
-    job_env = {**env, "DOWNPOUR_LAUNCHER": launcher, "DOWNPOUR_ARGS": " ".join(FLAGS),
-               "DOWNPOUR_SUMMARY": str(summary)}
-    proc = subprocess.run(["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", f"--output={out}",
-                           str(ROOT / "cluster_profiles" / "launch_multinode.sbatch")],
-                          env=job_env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{explain(proc)}\n--- job\n{out.read_text() if out.exists() else ''}"
-    assert f"2 ranks on node[1-2], launcher {launcher}" in out.read_text()
-    s = read_json(summary)
-    assert s["hosts"] == "node1,node2", s["hosts"]
-    assert (s["launcher"], s["backend"]) == ({"srun": ("slurm", "gloo")}.get(launcher, ("mpi", "mpi")))
-    assert abs(s["final_train_loss"] - reference["final_train_loss"]) < 1e-5
-    assert s["test_accuracy"] == reference["test_accuracy"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert report["hosts"] == ["node1", "node1", "node2", "node2"], report["hosts"]
+    assert report["backend"] == ("gloo" if launcher == "srun" else "mpi")
+    assert report["collectives"]["ok"], report["collectives"]
+    if report["backend"] == "mpi":  # large allreduces: shared memory in each node, MPI between
+        assert report["collectives"]["passes"]["nodes"] >= 3, report["collectives"]
+        assert report["collectives"]["passes"]["node"] == 0, report["collectives"]
+    assert report["hierarchy"] == {"ok": True, "local": [0, 1], "leader": True}
+    for name, case in report["sync"].items():
+        assert case["max_abs_diff"] < 1e-5 and case["reference_moved"] > 1e-2, (name, case)
+    assert sorted(report["async"]) == ["adpsgd", "downpour", "dpsgd", "osgp", "sgp"]
+    for name, case in report["async"].items():
+        assert case["every_worker_exchanged"], (name, case)
+        assert isinstance(case["final_train_loss"], float) and case["final_train_loss"] < 2.4, (name, case)
 
 
 def allreduce_rate(env, tmp_path: Path) -> float:
     """Bytes per second one rank sends (and receives) in a 64 MB gloo allreduce between the nodes."""
     out = tmp_path / f"bench-{time.monotonic_ns()}.json"
     proc = srun(env, str(BIN / "downpour"), "bench", "collectives", "--backends", "gloo", "--ops",
-                "allreduce", "--sizes", "64M", "--warmup", "1", "--min-reps", "2", "--max-reps", "2",
+                "allreduce", "--sizes", "64M", "--warmup", "0", "--min-reps", "1", "--max-reps", "1",
                 "--min-time", "0", "--json", str(out), timeout=240)
     assert proc.returncode == 0, explain(proc)
     row = next(r for r in json.loads(out.read_text()) if r["op"] == "allreduce")
@@ -145,6 +199,9 @@ def test_bad_requests_are_refused_with_the_reason(sandbox, monkeypatch):
     assert bad.returncode == 2 and "bandwidth='fast'" in bad.stdout, explain(bad)
     one = downpour("sandbox", "slurm", "up", "--dir", str(sandbox.dir / "one"), "--bandwidth", "1gbit")
     assert one.returncode == 2 and "one-node sandbox has no link" in one.stdout, explain(one)
+    with pytest.raises(SandboxError, match="subnet 10.213.0.0/24 is already in use"):
+        SlurmSandbox(sandbox.dir / "second", link_system_conf=False, nodes=2).up()
+    assert sandbox.status().running  # the first one is untouched
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SandboxError, match="root"):
         SlurmSandbox(sandbox.dir / "user", nodes=2).up()

@@ -96,6 +96,12 @@ class Network:
     def up(self, count: int) -> list[Node]:
         """``count`` nodes on the bridge (those already there are kept)."""
         self.check()
+        for line in _run("ip", "-4", "-o", "addr", "show").stdout.splitlines():
+            dev, addr = line.split()[1], line.split()[3]
+            if addr.startswith(f"{SUBNET}.") and dev != self.bridge:
+                raise NetworkError(f"the sandbox's subnet {SUBNET}.0/24 is already in use here, by "
+                                   f"{dev} ({addr}): another sandbox's nodes? Take that one down "
+                                   "first (downpour sandbox slurm down --dir ITS_DIR)")
         if _run("ip", "link", "show", self.bridge, check=False).returncode != 0:
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "addr", "add", f"{CONTROLLER}/24", "dev", self.bridge)

@@ -103,7 +103,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._name = name  # for messages: "default group", "group of ranks 0, 2"
         self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
         self._on_shutdown = on_shutdown
-        self._shm = ShmAllreduce(comm, timeout_s)  # large single-node allreduces (set up on first use)
+        self._shm = ShmAllreduce(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
         self._open = True
         self._group_name = ""
 
@@ -180,7 +180,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             local = [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
             def run_many() -> None:
-                self._shm.allreduce_many(local, red.kernel, red.average)
+                self._shm.allreduce_many(local, red.kernel, red.average, red.op)
                 for t, x in zip(tensors, local, strict=True):
                     if x is not t:
                         t.copy_(x)
@@ -199,7 +199,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         """On the executing thread: large single-node buffers through shared memory (whose barrier
         has a deadline), else MPI behind the gate."""
         if self._shm.takes(local, red.kernel):
-            self._shm.allreduce(local, red.kernel, red.average)
+            self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
             gate(self._comm, self._timeout_s, "allreduce")
             self._comm.Allreduce(MPI.IN_PLACE, spec(local), red.op)

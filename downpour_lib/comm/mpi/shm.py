@@ -55,16 +55,25 @@ numpy call costs a third of a torch call. (Not ``MPI_Win_allocate_shared``: with
 creating a window makes the UCX one-sided component print an error on every rank before Open MPI
 falls back to its shared-memory one.)
 
+A group that spans nodes with the same number of ranks on each (2 or more) does the same within
+every node, and between steps 3 and 5 rank r allreduces its part with the ranks of the same local
+index on the other nodes, over MPI (non-blocking, waited on with the group's deadline): the two-level
+allreduce of Horovod's hierarchical mode and NCCL's trees, where each of a node's ranks carries 1/n
+of the node's traffic. Small buffers then take the two-barrier path too. ``passes`` counts the
+allreduces each way ("node": shared memory only; "nodes": shared memory, then MPI between nodes).
+
 The buffer is set up on the first eligible allreduce of a group, by all its ranks at the same
-point in their (identical) sequence of collectives. A group that spans nodes, or where the buffer
-cannot be had (``posix_fallocate`` fails, rather than a SIGBUS later), uses MPI's allreduce from
-then on. ``DOWNPOUR_MPI_SHM=0`` turns the path off and ``DOWNPOUR_MPI_SHM_MIN_BYTES`` sets the
-smallest buffer it takes (the same on every rank, as mpiexec passes the environment on).
+point in their (identical) sequence of collectives. A group with an uneven number of ranks per node
+or one rank per node, or where the buffer cannot be had (``posix_fallocate`` fails, rather than a
+SIGBUS later), uses MPI's allreduce from then on. ``DOWNPOUR_MPI_SHM=0`` turns the path off and
+``DOWNPOUR_MPI_SHM_MIN_BYTES`` sets the smallest buffer it takes (the same on every rank, as mpiexec
+passes the environment on).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import tempfile
@@ -74,7 +83,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .liveness import WATCHDOG, PeerTimeout, gate
+from .liveness import WATCHDOG, PeerTimeout, gate, wait_request
+from .types import MOVE_TYPE
 
 BUDGET_BYTES = 16 << 20  # the whole buffer: 2 sets x (n slots + 1 result area), in cache
 MAX_CHUNK_BYTES = 2 << 20
@@ -174,12 +184,20 @@ class ShmAllreduce:
         self._map: mmap.mmap | None = None
         self._bytes: torch.Tensor | None = None
         self._barrier: NodeBarrier | None = None
-        n = max(1, comm.Get_size())
-        # per rank and chunk; a multiple of 4 KB so every dtype's slots stay aligned
-        self._chunk = max(64 << 10, min(MAX_CHUNK_BYTES, BUDGET_BYTES // (2 * (n + 1))) >> 12 << 12)
-        self._small = min(self._chunk, SMALL_BYTES // max(1, n - 1))
+        self._cross: MPI.Intracomm | None = None  # the ranks of this local index on every node
+        self._total = comm.Get_size()
+        self._size(comm.Get_size(), comm.Get_rank())
         self._views: dict[torch.dtype, list[tuple[list[torch.Tensor], torch.Tensor]]] = {}
         self._phase = 0
+        self.passes = {"node": 0, "nodes": 0}
+        self._op: MPI.Op | None = None
+
+    def _size(self, n: int, r: int) -> None:
+        """Slots for the ``n`` ranks of this node; this rank is its ``r``-th."""
+        self._n, self._r = max(1, n), r
+        # per rank and chunk; a multiple of 4 KB so every dtype's slots stay aligned
+        self._chunk = max(64 << 10, min(MAX_CHUNK_BYTES, BUDGET_BYTES // (2 * (self._n + 1))) >> 12 << 12)
+        self._small = min(self._chunk, SMALL_BYTES // max(1, self._n - 1))
 
     def takes(self, tensor: torch.Tensor, kernel, nbytes: int | None = None) -> bool:
         """Whether this allreduce (of ``nbytes``, by default the tensor's) goes through shared
@@ -206,9 +224,14 @@ class ShmAllreduce:
         gate(comm, self._timeout_s, "allreduce (shared-memory setup)")  # collective, blocking calls
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         if node.Get_size() != comm.Get_size():  # the group spans nodes (the same on every rank)
-            node.Free()
-            return False
-        n = comm.Get_size()
+            sizes = set(comm.allgather(node.Get_size()))
+            if len(sizes) != 1 or node.Get_size() == 1:  # uneven, or nothing to share: MPI alone
+                node.Free()
+                return False
+            self._cross = comm.Split(node.Get_rank(), comm.Get_rank())
+            self._size(node.Get_size(), node.Get_rank())
+            self._small = 0  # every rank carries its part between nodes: always the two barriers
+        n = node.Get_size()
         control = -(-n * SEM_STRIDE // CONTROL_BYTES) * CONTROL_BYTES
         size = control + 2 * (n + 1) * self._chunk
         path = mapped = None
@@ -232,10 +255,13 @@ class ShmAllreduce:
             if mapped is not None:
                 mapped.close()
             node.Free()
+            if self._cross is not None:
+                self._cross.Free()
+                self._cross = None
             return False
         self._node, self._map = node, mapped
         self._bytes = torch.frombuffer(mapped, dtype=torch.uint8)
-        self._barrier = NodeBarrier(self._bytes.data_ptr(), comm.Get_rank(), n, self._timeout_s)
+        self._barrier = NodeBarrier(self._bytes.data_ptr(), node.Get_rank(), n, self._timeout_s)
         self._bytes = self._bytes[control:]
         return True
 
@@ -244,40 +270,58 @@ class ShmAllreduce:
         (numpy arrays where numpy has the dtype, else torch tensors)."""
         sets = self._views.get(dtype)
         if sets is None:
-            n, c = self._comm.Get_size(), self._chunk
+            n, c = self._n, self._chunk
             areas = [self._bytes[i * c:(i + 1) * c].view(dtype) for i in range(2 * (n + 1))]
             if dtype in _NUMPY_DTYPES:
                 areas = [a.numpy() for a in areas]
             sets = self._views[dtype] = [(areas[:n], areas[n]), (areas[n + 1:2 * n + 1], areas[-1])]
         return sets
 
-    def allreduce(self, tensor: torch.Tensor, kernel, average: bool) -> None:
+    def allreduce(self, tensor: torch.Tensor, kernel, average: bool, op: MPI.Op | None = None) -> None:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
-        (a torch function; its numpy twin where numpy has the dtype)."""
+        (a torch function; its numpy twin where numpy has the dtype) and, between nodes, with the
+        MPI operator ``op`` that does the same."""
+        self._op = op
         sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
+        self._count()
         if tensor.nbytes <= self._small:
             self._allreduce_small(flat, sets, average, *ops)
         else:
-            self._allreduce_chunks(flat, sets, tensor.element_size(), average, *ops)
+            self._allreduce_chunks(flat, sets, tensor.dtype, average, *ops)
 
-    def allreduce_many(self, tensors: list[torch.Tensor], kernel, average: bool) -> None:
+    def allreduce_many(self, tensors: list[torch.Tensor], kernel, average: bool,
+                       op: MPI.Op | None = None) -> None:
         """Reduce contiguous CPU ``tensors`` of one dtype in place, as if they were one buffer, with
         no buffer: each chunk of their concatenation is gathered straight into this rank's slot and
         the result scattered straight back (``allreduce_coalesced``, and so ``synchronize_gradients``
         on a model's ``.grad`` tensors as they lie)."""
         dtype = tensors[0].dtype
         flats = [_flat(t) for t in tensors if t.numel()]
+        self._op = op
         if flats:
-            self._allreduce_pieces(flats, self._sets(dtype), tensors[0].element_size(), average,
-                                   *_ops(dtype, kernel))
+            self._count()
+            self._allreduce_pieces(flats, self._sets(dtype), dtype, average, *_ops(dtype, kernel))
 
-    def _allreduce_pieces(self, flats, sets, element_size: int, average: bool, kernel, copy,
+    def _count(self) -> None:
+        self.passes["nodes" if self._cross is not None else "node"] += 1
+
+    def _between_nodes(self, part, dtype: torch.dtype) -> None:
+        """Allreduce this rank's reduced ``part`` with the same part on every other node."""
+        if not len(part):
+            return
+        address = part.ctypes.data if isinstance(part, np.ndarray) else part.data_ptr()
+        nbytes = part.nbytes
+        buffer = [MPI.buffer.fromaddress(address, nbytes), len(part), MOVE_TYPE[dtype]]
+        wait_request(self._cross.Iallreduce(MPI.IN_PLACE, buffer, self._op), self._timeout_s,
+                     "allreduce between nodes")
+
+    def _allreduce_pieces(self, flats, sets, dtype: torch.dtype, average: bool, kernel, copy,
                           divide) -> None:
         """Two barriers a chunk of the concatenation of ``flats``: every rank copies the whole chunk
-        into its slot; rank r reduces the r-th part of the slots into the result area; every rank
-        copies the result area back into the pieces."""
-        n, r, barrier = self._comm.Get_size(), self._comm.Get_rank(), self._barrier
-        per_chunk = self._chunk // element_size
+        into its slot; rank r reduces the r-th part of the slots into the result area (and with the
+        other nodes); every rank copies the result area back into the pieces."""
+        n, r, barrier = self._n, self._r, self._barrier
+        per_chunk = self._chunk // _element_size(dtype)
         pieces: list[tuple[object, int, int]] = []  # (piece of a tensor, its place in the chunk)
         index, offset, k = 0, 0, 0
         while index < len(flats):
@@ -297,8 +341,15 @@ class ShmAllreduce:
             barrier.wait()
             part = -(-k // n)
             lo, hi = min(k, r * part), min(k, (r + 1) * part)
-            if hi > lo:
-                _reduce_slots(slots, lo, hi, result[lo:hi], average, kernel, divide)
+            if self._cross is None:
+                if hi > lo:
+                    _reduce_slots(slots, lo, hi, result[lo:hi], average, kernel, divide)
+            else:
+                if hi > lo:
+                    _reduce_slots(slots, lo, hi, result[lo:hi], False, kernel, divide)
+                self._between_nodes(result[lo:hi], dtype)
+                if average and hi > lo:
+                    divide(result[lo:hi], self._total, out=result[lo:hi])
             barrier.wait()
             for piece, a, b in pieces:
                 copy(piece, result[a:b])
@@ -309,16 +360,17 @@ class ShmAllreduce:
         k = flat.shape[0]
         slots = sets[self._phase][0]
         self._phase ^= 1
-        copy(slots[self._comm.Get_rank()][:k], flat)
+        copy(slots[self._r][:k], flat)
         self._barrier.wait()
         _reduce_slots(slots, 0, k, flat, average, kernel, divide)
 
-    def _allreduce_chunks(self, flat, sets, element_size: int, average: bool, kernel, copy,
+    def _allreduce_chunks(self, flat, sets, dtype: torch.dtype, average: bool, kernel, copy,
                           divide) -> None:
-        """Two barriers a chunk: reduce-scatter into the result area, then allgather from it."""
-        n, r, barrier = self._comm.Get_size(), self._comm.Get_rank(), self._barrier
+        """Two barriers a chunk: reduce-scatter into the result area (each part allreduced with the
+        other nodes in between), then allgather from it."""
+        n, r, barrier = self._n, self._r, self._barrier
         size = flat.shape[0]
-        per_chunk = self._chunk // element_size
+        per_chunk = self._chunk // _element_size(dtype)
         for start in range(0, size, per_chunk):
             k = min(per_chunk, size - start)
             slots, result = sets[self._phase]
@@ -334,13 +386,16 @@ class ShmAllreduce:
             if hi < k:
                 copy(slot[hi:k], mine[hi:k])
             barrier.wait()
+            own = mine[lo:hi]
             if hi > lo:
-                own = mine[lo:hi]
                 for j in range(n):
                     if j != r:
                         kernel(own, slots[j][lo:hi], out=own)
+            if self._cross is not None:
+                self._between_nodes(own, dtype)
+            if hi > lo:
                 if average:
-                    divide(own, n, out=own)
+                    divide(own, self._total, out=own)
                 copy(result[lo:hi], own)
             barrier.wait()
             if lo:
@@ -355,13 +410,20 @@ class ShmAllreduce:
             self._map.close()
             if not MPI.Is_finalized():
                 self._node.Free()
-        self._map = self._node = None
+                if self._cross is not None:
+                    self._cross.Free()
+        self._map = self._node = self._cross = None
         self._ready = False
 
 
 def _flat(tensor: torch.Tensor):
     """The contiguous CPU ``tensor`` as a flat array: numpy where numpy has the dtype, else torch."""
     return tensor.numpy().reshape(-1) if tensor.dtype in _NUMPY_DTYPES else tensor.view(-1)
+
+
+@functools.cache
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _ops(dtype: torch.dtype, kernel) -> tuple:
