@@ -318,8 +318,12 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
 
     def hosts_file(self) -> str:
         """/etc/hosts as the nodes see it: every node and the controller by name."""
-        lines = ["127.0.0.1 localhost", f"{CONTROLLER} {_host()}"]
-        lines += [f"{self.network.node(i).address} {name}" for i, name in enumerate(self.node_names())]
+        named = [(CONTROLLER, _host())] + [(self.network.node(i).address, name)
+                                           for i, name in enumerate(self.node_names())]
+        lines = ["127.0.0.1 localhost", *(f"{addr} {name}" for addr, name in named)]
+        # the same as IPv4-mapped IPv6 addresses, which is how a dual-stack server (torch's
+        # TCPStore) sees its clients: their names then resolve here too, with no DNS to ask
+        lines += [f"::ffff:{addr} {name}" for addr, name in named]
         return "\n".join(lines) + "\n"
 
     # -- status ----------------------------------------------------------------------------------
