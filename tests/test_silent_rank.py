@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -79,9 +80,9 @@ def test_a_stopped_rank_ends_the_job_naming_it(tmp_path, algorithm, extra):
         for pid in ranks_of(job).values():  # whatever is left of the job
             os.kill(pid, signal.SIGKILL)
     assert proc.returncode != 0, stderr[-4000:]
-    # e.g. "rank 0 of 3 waited 10 s in broadcast (default group): rank 2 went silent"
+    # e.g. "rank 0 of 3 waited 10 s in broadcast (default group): rank 2 on vm went silent"
     named = re.search(r"rank (\d) of 3 waited (\d+) s in (\w[^(]*) \((default group|group of "
-                      rf"ranks [\d, ]+)\): rank {SILENT} went silent", stderr)
+                      rf"ranks [\d, ]+)\): rank {SILENT} on {socket.gethostname()} went silent", stderr)
     assert named, stderr[-4000:]
     assert int(named[1]) != SILENT, named[0]
     assert "MPI_ABORT was invoked" in stderr, stderr[-4000:]
@@ -100,8 +101,8 @@ def test_a_rank_stopped_between_the_gate_and_the_blocking_call_is_named_within_t
     elapsed = time.monotonic() - start
     assert "rank 2 passed the gate and stops" in proc.stdout, explain(proc)
     assert proc.returncode != 0, explain(proc)
-    named = re.search(r"rank ([01]) of 3 waited (\d+) s in broadcast \(default group\): rank 2 went "
-                      r"silent \(no answer to its heartbeat", proc.stderr)
+    named = re.search(r"rank ([01]) of 3 waited (\d+) s in broadcast \(default group\): rank 2 on "
+                      rf"{socket.gethostname()} went silent \(no answer to its heartbeat", proc.stderr)
     assert named, explain(proc)
     assert timeout_s <= int(named[2]) <= timeout_s + 3, named[0]
     assert "MPI_ABORT was invoked" in proc.stderr, explain(proc)

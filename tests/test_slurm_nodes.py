@@ -9,6 +9,7 @@ DOWNPOUR_REQUIRE_SLURM=1 (CI), where a skip fails.
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -76,13 +77,16 @@ def test_each_node_is_a_host_of_its_own(sandbox, env):
     again = sandbox.up()  # idempotent: the same daemons
     assert again.daemons == status.daemons
 
-    # its own host name and address; every node (and the controller) by name
-    proc = srun(env, "sh", "-c", 'echo "$(hostname) $(hostname -I | tr -d " ") '
-                                 '$(getent hosts node1 node2 | tr -s " \\n" "  ")"')
+    # its own host name and address; every node and the controller by name
+    show = ("import socket; print(socket.gethostname(), *(socket.gethostbyname(h) for h in "
+            f"(socket.gethostname(), 'node1', 'node2', {os.uname().nodename.split('.')[0]!r})))")
+    proc = srun(env, str(BIN / "python"), "-c", show)
     assert proc.returncode == 0, explain(proc)
-    lines = sorted(proc.stdout.split("\n")[:-1])
-    names = "10.213.0.11 node1 10.213.0.12 node2"
-    assert [line.strip() for line in lines] == [f"node1 10.213.0.11 {names}", f"node2 10.213.0.12 {names}"]
+    names = f"{ADDRESSES['node1']} {ADDRESSES['node2']} 10.213.0.1"
+    assert sorted(proc.stdout.split("\n")[:-1]) == \
+        [f"node1 10.213.0.11 {names}", f"node2 10.213.0.12 {names}"]
+    ips = srun(env, "hostname", "-I")  # the node's only interface: its link to the bridge
+    assert sorted(ips.stdout.split()) == [ADDRESSES["node1"], ADDRESSES["node2"]], explain(ips)
 
 
 LAUNCHERS = ["srun", "srun-pmix", "mpiexec"]
@@ -206,6 +210,126 @@ def test_bad_requests_are_refused_with_the_reason(sandbox, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SandboxError, match="root"):
         SlurmSandbox(sandbox.dir / "user", nodes=2).up()
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+LONG = [f for f in FLAGS if not f.startswith("--steps")] + ["--steps=1000000", "--checkpoint-every=10"]
+
+
+def submit(env, tmp_path: Path, launcher: str, flags: list[str], per_node: int = 1) -> str:
+    job_env = {**env, "DOWNPOUR_LAUNCHER": launcher, "DOWNPOUR_ARGS": " ".join(flags),
+               "DOWNPOUR_SUMMARY": str(tmp_path / "summary.json")}
+    proc = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={per_node}",
+                           f"--output={tmp_path}/job.out",
+                           str(ROOT / "cluster_profiles" / "launch_multinode.sbatch")],
+                          env=job_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    return proc.stdout.strip().split(";")[0]
+
+
+def job_processes(job: str, ranks_only: bool = False, node: str | None = None) -> list[int]:
+    """The live processes of Slurm job ``job`` (only its training ranks; only those on ``node``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        environ = _environ(pid)
+        if state == "Z" or f"SLURM_JOB_ID={job}".encode() not in environ:
+            continue
+        if ranks_only and _comm(pid) != "downpour":  # the console script: a rank, not its launcher
+            continue
+        if node is not None and f"SLURMD_NODENAME={node}".encode() not in environ:
+            continue
+        found.append(int(pid))
+    return found
+
+
+def wait_until(condition, timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, f"{what} not within {timeout_s:.0f} s"
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def training(tmp_path: Path, job: str):
+    return lambda: list(tmp_path.glob("ckpt/ckpt-*.pt")) and len(job_processes(job, ranks_only=True)) >= 2
+
+
+def test_a_cut_link_ends_the_job_naming_the_rank_and_host(sandbox, env, tmp_path):
+    timeout_s = 20
+    job = submit(env, tmp_path, "mpiexec", LONG + [f"--timeout-s={timeout_s}",
+                                                   f"--checkpoint-dir={tmp_path / 'ckpt'}"])
+    veth = sandbox.network.node(1).veth  # node2's end of the bridge
+    try:
+        wait_until(training(tmp_path, job), 120, "training under way")
+        subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+        # Every rank gone on both nodes (node1's aborts the job naming node2's, which finds node1
+        # silent), and all of the job on node1: its launcher, which cannot reach node2's daemon,
+        # goes when Slurm declares node2 down. (node2's daemon waits for the link: unreachable.)
+        gone_s = wait_until(lambda: not job_processes(job, ranks_only=True)
+                            and not job_processes(job, node="node1"), 3 * timeout_s, "the job gone")
+        wait_until(lambda: "went silent" in (tmp_path / "job.out").read_text(), 15, "the error")
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        subprocess.run(["scancel", job], env=env, timeout=30)  # Slurm requeued it (node failure)
+    log = (tmp_path / "job.out").read_text()
+    assert gone_s <= 3 * timeout_s, f"{gone_s:.0f} s\n{log}"  # --timeout-s 20: gone in a minute
+    assert "rank 1 on node2 went silent" in log, log
+    # the link back: nothing of the job is left anywhere, and up returns node2 to service
+    wait_until(lambda: not job_processes(job), 60, "the job's last processes gone")
+    status = sandbox.up()
+    assert [n.state for n in status.nodes] == ["idle", "idle"], status
+
+
+def test_scancel_leaves_no_process_on_any_node(env, tmp_path):
+    job = submit(env, tmp_path, "srun", LONG + [f"--checkpoint-dir={tmp_path / 'ckpt'}"], per_node=2)
+    wait_until(training(tmp_path, job), 120, "training under way")
+    nodes = {Path(f"/proc/{pid}/environ").read_bytes().split(b"SLURMD_NODENAME=")[1].split(b"\0")[0]
+             for pid in job_processes(job, ranks_only=True)}
+    assert nodes == {b"node1", b"node2"}
+    subprocess.run(["scancel", job], env=env, check=True, timeout=30)
+    wait_until(lambda: not job_processes(job), 30, "every process of the cancelled job gone")
+    wait_until(lambda: not squeue(env), 30, "the queue empty")
+
+
+def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sandbox, env, tmp_path):
+    job = submit(env, tmp_path, "mpiexec", LONG + ["--timeout-s=15", f"--checkpoint-dir={tmp_path / 'ckpt'}"])
+    wait_until(training(tmp_path, job), 120, "training under way")
+    netns = os.stat(f"/var/run/netns/{sandbox.network.node(1).namespace}").st_ino
+    on_node2 = [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if _netns(p) == netns]
+    assert any(_comm(str(p)) == "slurmd" for p in on_node2)
+    for pid in on_node2:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_until(lambda: not job_processes(job, ranks_only=True), 45, "every rank gone")
+    wait_until(lambda: "without its summary" in (tmp_path / "job.out").read_text(), 30,
+               "the batch script's failure")
+    status = sandbox.status()
+    assert not status.running and status.nodes[1].state == "down (slurmd not running)", status
+    status = sandbox.up()
+    assert status.running, status
+    wait_until(lambda: not squeue(env), 30, "the queue empty")
+    assert job_state(env, job) == "FAILED"
+    assert [n.state for n in sandbox.status().nodes] == ["idle", "idle"]
+
+
+def squeue(env) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True,
+                         timeout=30)
+    return out.stdout.split("\n")[:-1]
+
+
+def _netns(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 def test_down_removes_every_namespace_link_and_file(sandbox):

@@ -41,7 +41,8 @@ from .profiles import ensure_profile, profile_dir
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # how comm.mpi.liveness.CommTimeout names the ranks that stopped answering
-SILENT = re.compile(r"\branks? (\d+(?:, \d+)*) went silent")
+# ("rank 2 on node2 went silent", "ranks 1 on a, 3 on b went silent")
+SILENT = re.compile(r"\branks? ((?:\d+(?: on [^\s,]+)?)(?:, \d+(?: on [^\s,]+)?)*) went silent")
 
 
 class ClusterError(DownpourError):
@@ -93,7 +94,7 @@ class ClusterTimeout(DownpourError):
                  for f in failures]
         if not named or not all(named):
             return None
-        silent = sorted({int(r) for m in named for r in m[1].split(", ")})
+        silent = sorted({int(r.split()[0]) for m in named for r in m[1].split(", ")})
         waited = ", ".join(str(f.rank) for f in failures)
         lines = [f"{what}: rank(s) {', '.join(map(str, silent))} went silent (stopped, hung or "
                  f"gone); rank(s) {waited} timed out waiting:"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -133,6 +134,13 @@ class Watchdog:
         # world rank -> how long it had been silent when the heartbeat gave up on it. Read by every
         # wait of the backend (``wait_request``): once it is not empty, they all give up.
         self.silent: dict[int, float] = {}
+        self.hosts: list[str] = []  # each world rank's host name
+
+    def name(self, ranks: Iterable[int]) -> str:
+        """"rank 2 on node2", "ranks 1 on a, 3 on b": world ranks and where they run."""
+        ranks = sorted(ranks)
+        where = [f"{r} on {self.hosts[r]}" if r < len(self.hosts) else str(r) for r in ranks]
+        return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(where)
 
     @property
     def rank(self) -> int:
@@ -147,6 +155,7 @@ class Watchdog:
         if self._thread is not None:
             return
         self._comm = world.Dup()
+        self.hosts = self._comm.allgather(socket.gethostname())  # to say where a silent rank runs
         self._timeout_s = timeout_s
         self.silent = {}
         self._stop.clear()
@@ -304,21 +313,18 @@ class Watchdog:
         now = time.monotonic()
         for what, group, since, _, committed in list(self._busy.values()):
             if committed:
-                names = ", ".join(f"{r}" for r in sorted(self.silent))
                 longest = max(self.silent.values())
                 self._abort(f"mpi backend: rank {self.rank} of {self.size} waited "
-                            f"{now - since:.0f} s in {what} ({group}): "
-                            f"{'rank' if len(self.silent) == 1 else 'ranks'} {names} went silent "
-                            f"(no answer to its heartbeat for {longest:.0f} s: stopped, hung or "
-                            "gone); ending the job")
+                            f"{now - since:.0f} s in {what} ({group}): {self.name(self.silent)} "
+                            f"went silent (no answer to its heartbeat for {longest:.0f} s: stopped, "
+                            "hung or gone); ending the job")
 
     def _check_stuck(self) -> None:
         now = time.monotonic()
         for what, group, since, timeout_s, _ in list(self._busy.values()):
             if now - since > timeout_s + BACKSTOP_S:
                 silent = sorted(r for r, a in self.probe(range(self.size)).items() if a is None)
-                who = (f"{'rank' if len(silent) == 1 else 'ranks'} "
-                       f"{', '.join(map(str, silent))} went silent (no answer to a liveness probe "
+                who = (f"{self.name(silent)} went silent (no answer to a liveness probe "
                        f"within {PROBE_S:.0f} s: stopped, hung or gone)" if silent
                        else "every rank answered a liveness probe")
                 self._abort(f"mpi backend: rank {self.rank} of {self.size} waited "
@@ -349,7 +355,7 @@ def explain(timeout: PeerTimeout, group: str) -> CommTimeout:
     states = {r: a for r, a in sorted(answers.items()) if a is not None}
     where = f"{timeout.what} ({group})"
     if silent:
-        names = ("rank " if len(silent) == 1 else "ranks ") + ", ".join(map(str, silent))
+        names = WATCHDOG.name(silent)
         message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}: "
                    f"{names} went silent (no answer to a liveness probe within "
                    f"{PROBE_S:.0f} s: stopped, hung or gone); ending the job")
