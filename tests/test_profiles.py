@@ -113,3 +113,12 @@ def test_the_engine_job_script_carries_the_site_settings(tmp_path):
     launcher.write_batch_script(8)
     last = (tmp_path / "slurm_engine-t.sbatch").read_text().splitlines()[-1]
     assert last.startswith("srun --mpi=pmix python -m ipyparallel.engine --mpi")
+
+
+def test_engines_per_node_is_for_batch_profiles_and_must_divide_the_engines():
+    from downpour_lib.cluster import start_cluster
+
+    with pytest.raises(ConfigError, match="engines_per_node=1 .* starts every engine on this machine"):
+        start_cluster("local-mpi", 2, engines_per_node=1)
+    with pytest.raises(ConfigError, match="engines_per_node=2 .* divides n=3"):
+        start_cluster("slurm-mpi", 3, engines_per_node=2)

@@ -212,6 +212,29 @@ def test_bad_requests_are_refused_with_the_reason(sandbox, monkeypatch):
         SlurmSandbox(sandbox.dir / "user", nodes=2).up()
 
 
+def test_notebook_01_on_slurm_mpi_engines_across_both_nodes(env, tmp_path):
+    """The slurm-mpi profile: the controller here (the bridge's address), one sbatch job whose four
+    engines sit two on each node, notebook 01 run headless against them."""
+    executed = tmp_path / "01.ipynb"
+    proc = subprocess.run([str(BIN / "downpour"), "notebook", "run", "notebooks/01_train_sync_ps.ipynb",
+                           "-p", "profile=slurm-mpi", "-p", "engines=4", "-p", "engines_per_node=2",
+                           "-p", "model=mlp", "-p", "steps=10", "-p", "eval_every=5",
+                           "--output", str(executed), "--timeout", "300"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, explain(proc)
+    cells = json.loads(executed.read_text())["cells"]
+
+    def shown(start: str) -> str:
+        cell = next(c for c in cells if "".join(c["source"]).startswith(start))
+        return json.dumps(cell["outputs"])
+
+    table = shown("config = TrainConfig")  # cluster.table(): every engine's rank and host
+    assert table.count("node1") >= 2 and table.count("node2") >= 2, table
+    summary = shown("result = cluster.train(config)")
+    assert "node1,node2" in summary and "sync_ps" in summary, summary
+    wait_until(lambda: not squeue(env), 60, "the engine job gone (the notebook stops its cluster)")
+
+
 # -- faults ------------------------------------------------------------------------------------
 
 LONG = [f for f in FLAGS if not f.startswith("--steps")] + ["--steps=1000000", "--checkpoint-every=10"]

@@ -435,9 +435,13 @@ def _already_running(profile: str, clusters: list) -> str:
 
 
 def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping[str, str] = (),
-                  timeout_s: float = 120.0, activate: bool = True, **cluster_kwargs) -> ClusterSession:
+                  engines_per_node: int = 0, timeout_s: float = 120.0, activate: bool = True,
+                  **cluster_kwargs) -> ClusterSession:
     """Start a controller and ``n`` engines from the profile (installing a bundled profile first
     if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``.
+
+    ``engines_per_node`` (batch profiles such as ``slurm-mpi``): that many engines on each node, so
+    ``n=4, engines_per_node=2`` takes two nodes; 0 leaves the placement to the profile (or Slurm).
 
     One cluster per profile: if the profile already runs one (``ipcluster start``, or an earlier
     ``start_cluster`` not yet stopped, e.g. a notebook cell run twice), this raises ``ClusterError``
@@ -454,6 +458,17 @@ def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping
         raise ClusterError(_already_running(profile, running))
     cluster_kwargs.setdefault("log_level", logging.WARNING)  # ipyparallel's INFO lines drown a notebook
     cluster = ipp.Cluster(profile=profile, n=n, engine_timeout=int(timeout_s), **cluster_kwargs)
+    if engines_per_node:
+        launcher = cluster.engine_launcher_class
+        if isinstance(engines_per_node, bool) or not isinstance(engines_per_node, int) \
+                or engines_per_node < 0 or n % engines_per_node:
+            raise ConfigError("engines_per_node", engines_per_node,
+                              f"give a whole number that divides n={n} (or 0: as the profile places them)")
+        if not launcher.class_traits().get("tasks_per_node"):
+            raise ConfigError("engines_per_node", engines_per_node,
+                              f"profile {profile!r} starts every engine on this machine; only a batch "
+                              "profile such as slurm-mpi places engines on nodes (use 0 here)")
+        cluster.config[launcher.__name__].tasks_per_node = engines_per_node
     if engine_env:
         name = cluster.engine_launcher_class.__name__
         env = dict(cluster.config[name].get("environment", {}))
