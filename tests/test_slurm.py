@@ -1,6 +1,7 @@
 """A real one-node Slurm (munge, slurmctld, slurmd) started by the tests: the slurm-mpi profile's
-engine job, srun with and without MPI, and the multi-node sbatch script, each checked against a
-one-process reference run (sync_ps with one worker is plain SGD on the same batch).
+engine job and the multi-node sbatch script (srun and mpiexec), each checked against a one-process
+reference run (sync_ps with one worker is plain SGD on the same batch). srun with and without MPI
+across two nodes: tests/test_slurm_nodes.py.
 
 Needs root and the distribution's slurm-wlm and munge. Where they are missing the tests skip, except
 when DOWNPOUR_REQUIRE_SLURM=1 (CI sets it): there a skip would hide a broken launch path, so it fails.
@@ -20,7 +21,6 @@ from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
 from downpour_lib.cluster.profiles import profile_dir
 from downpour_lib.sandbox import SlurmSandbox, missing_requirements
-from downpour_lib.sandbox.slurm import pmix_available
 
 REQUIRED = os.environ.get("DOWNPOUR_REQUIRE_SLURM") == "1"
 TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
@@ -118,29 +118,6 @@ def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference):
     while squeue(env) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert squeue(env) == []  # `ipcluster stop` cancelled the engine job
-
-
-def srun(env, tmp_path: Path, *srun_args: str) -> dict:
-    out = tmp_path / "summary.json"
-    proc = subprocess.run(["srun", "-n", "2", *srun_args, str(BIN / "downpour"), "train", *FLAGS,
-                           "--summary-json", str(out)], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, explain(proc)
-    return read_json(out)
-
-
-def test_srun_without_mpi(env, reference, tmp_path):
-    s = srun(env, tmp_path)
-    assert (s["launcher"], s["world_size"], s["mpi_version"]) == ("slurm", 2, "")
-    assert matches(s, reference), (s, reference)
-
-
-def test_srun_with_slurm_pmix(env, reference, tmp_path):
-    if not pmix_available():
-        unavailable("Slurm's mpi/pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
-    s = srun(env, tmp_path, "--mpi=pmix")
-    assert (s["launcher"], s["world_size"]) == ("mpi", 2) and s["mpi_version"].startswith("Open MPI")
-    assert matches(s, reference), (s, reference)
 
 
 def job_state(env, job_id: str) -> str:

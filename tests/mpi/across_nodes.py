@@ -7,7 +7,8 @@ communication layer and every algorithm, across nodes.
   ("nodes": shared memory within each node, MPI between them);
 - ``hierarchy``: ``Hierarchy`` over the real node groups equals the flat allreduce;
 - ``sync``: sync_ps (dedicated server, 3 workers), ddp and allreduce (4 workers) end with the
-  parameters of one process on the N-times batch (max |difference| and how far the reference moved);
+  parameters of one process on the N-times batch (max |difference| and how far the reference moved;
+  the hosts the run's summary names);
 - ``async``: downpour, sgp, osgp, dpsgd and adpsgd train across the nodes: every worker sent and
   received bytes, the final loss is finite.
 
@@ -61,11 +62,13 @@ def hierarchy(ctx) -> dict:
     return {"ok": torch.equal(x, flat), "local": list(h.local.ranks), "leader": h.is_leader}
 
 
-def params_after(config: TrainConfig, ctx) -> tuple[list, list]:
+def params_after(config: TrainConfig, ctx) -> tuple[list, list, str | None]:
+    """Initial and final parameters of this rank, and (rank 0) the hosts the summary names."""
     trainer = Trainer(config, ctx)
     initial = [p.detach().clone() for p in trainer.model.parameters()]
-    trainer.run()
-    return initial, [p.detach().clone() for p in trainer.model.parameters()]
+    result = trainer.run()
+    hosts = result.summary["hosts"] if result is not None else None
+    return initial, [p.detach().clone() for p in trainer.model.parameters()], hosts
 
 
 def worst(value: float) -> float:
@@ -78,13 +81,13 @@ def synchronous(ctx, backend: str) -> dict:
     out = {}
     for name, change, workers in (("sync_ps", dict(options={"server": "dedicated"}), 3),
                                   ("ddp", {}, 4), ("allreduce", {}, 4)):
-        config = TrainConfig(**BASE, algorithm=name, steps=12, batch_size=B, backend=backend, **change)
-        _, mine = params_after(config, ctx)
-        initial, ref = params_after(TrainConfig(**BASE, algorithm="local", steps=12, backend="gloo",
-                                                batch_size=workers * B), DistContext.single())
+        config = TrainConfig(**BASE, algorithm=name, steps=8, batch_size=B, backend=backend, **change)
+        _, mine, hosts = params_after(config, ctx)
+        initial, ref, _ = params_after(TrainConfig(**BASE, algorithm="local", steps=8, backend="gloo",
+                                                   batch_size=workers * B), DistContext.single())
         moved = max(float((p - q).abs().max()) for p, q in zip(ref, initial, strict=True))
         diff = worst(max(float((p - q).abs().max()) for p, q in zip(mine, ref, strict=True)))
-        out[name] = {"max_abs_diff": diff, "reference_moved": moved}
+        out[name] = {"max_abs_diff": diff, "reference_moved": moved, "summary_hosts": hosts}
     return out
 
 
@@ -92,7 +95,7 @@ def asynchronous(ctx, backend: str) -> dict:
     out = {}
     for name, options in (("downpour", {"servers": 1}), ("sgp", {}), ("osgp", {}), ("dpsgd", {}),
                           ("adpsgd", {})):
-        config = TrainConfig(**BASE, algorithm=name, steps=8, batch_size=B, backend=backend,
+        config = TrainConfig(**BASE, algorithm=name, steps=5, batch_size=B, backend=backend,
                              options=options)
         trainer = Trainer(config, ctx)
         result = trainer.run()
