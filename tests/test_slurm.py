@@ -16,35 +16,17 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT, downpour, explain, launch_env, read_json
+from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, wait_for_jobs
 
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
 from downpour_lib.cluster.profiles import profile_dir
-from downpour_lib.sandbox import SlurmSandbox, missing_requirements
-
-REQUIRED = os.environ.get("DOWNPOUR_REQUIRE_SLURM") == "1"
-TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
-        "threads": 1, "warmup_steps": 2}
-FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
-
-
-def unavailable(reason: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"DOWNPOUR_REQUIRE_SLURM=1 but {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    missing = missing_requirements()
-    if missing:
-        unavailable("the Slurm sandbox needs " + "; ".join(missing))
-    box = SlurmSandbox(tmp_path_factory.mktemp("slurm"), link_system_conf=False)
-    try:
-        box.up()
+    with running_sandbox(tmp_path_factory.mktemp("slurm")) as box:
         yield box
-    finally:
-        box.down()
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +43,6 @@ def reference():
 def matches(summary: dict, reference: dict) -> bool:
     return (abs(summary["final_train_loss"] - reference["final_train_loss"]) < 1e-5
             and summary["test_accuracy"] == reference["test_accuracy"])
-
-
-def squeue(env) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%j %T"], env=env, capture_output=True, text=True,
-                         timeout=30)
-    return out.stdout.split("\n")[:-1]
 
 
 def test_up_is_idempotent_and_the_node_is_idle(sandbox):
@@ -120,30 +96,12 @@ def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference):
     assert squeue(env) == []  # `ipcluster stop` cancelled the engine job
 
 
-def job_state(env, job_id: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True,
-                         text=True, timeout=30).stdout
-    return next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
-
-
 def test_multinode_sbatch_script(env, reference, tmp_path):
-    jobs = {}
-    for launcher in ("srun", "mpiexec"):  # both at once: the node has room for two 2-task jobs
-        job_env = {**env, "DOWNPOUR_LAUNCHER": launcher, "DOWNPOUR_ARGS": " ".join(FLAGS),
-                   "DOWNPOUR_SUMMARY": str(tmp_path / f"{launcher}.json")}
-        script = ROOT / "cluster_profiles" / "launch_multinode.sbatch"
-        submit = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2",
-                                 f"--output={tmp_path}/{launcher}.out", str(script)],
-                                env=job_env, capture_output=True, text=True, timeout=60)
-        assert submit.returncode == 0, explain(submit)
-        jobs[launcher] = submit.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 300
-    states = {}
-    while time.monotonic() < deadline:
-        states = {launcher: job_state(env, job) for launcher, job in jobs.items()}
-        if all(state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for state in states.values()):
-            break
-        time.sleep(0.5)
+    jobs = {launcher: submit_batch(env, tmp_path / f"{launcher}.out", 1, 2, DOWNPOUR_LAUNCHER=launcher,
+                                   DOWNPOUR_ARGS=" ".join(FLAGS),
+                                   DOWNPOUR_SUMMARY=str(tmp_path / f"{launcher}.json"))
+            for launcher in ("srun", "mpiexec")}  # both at once: the node has room for two 2-task jobs
+    states = wait_for_jobs(env, jobs, 300)
     for launcher in jobs:
         log = (tmp_path / f"{launcher}.out").read_text()
         assert states[launcher] == "COMPLETED", log

@@ -16,23 +16,13 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT, downpour, explain, launch_env
+from slurm_sandbox import FLAGS, job_state, running_sandbox, squeue, submit_batch, unavailable, wait_for_jobs
 
-from downpour_lib.sandbox import SandboxError, SlurmSandbox, missing_requirements
-from downpour_lib.sandbox.netns import Network, NetworkError
+from downpour_lib.sandbox import SandboxError, SlurmSandbox
 from downpour_lib.sandbox.slurm import NETNS_ETC, pmix_available
 
-REQUIRED = os.environ.get("DOWNPOUR_REQUIRE_SLURM") == "1"
-TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
-        "threads": 1, "warmup_steps": 2}
-FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
 MB = 2**20
 ADDRESSES = {"node1": "10.213.0.11", "node2": "10.213.0.12"}
-
-
-def unavailable(reason: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"DOWNPOUR_REQUIRE_SLURM=1 but {reason}")
-    pytest.skip(reason)
 
 
 def etc_hosts() -> str:
@@ -41,19 +31,8 @@ def etc_hosts() -> str:
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    missing = missing_requirements()
-    if missing:
-        unavailable("the Slurm sandbox needs " + "; ".join(missing))
-    try:
-        Network.check()
-    except NetworkError as exc:
-        unavailable(str(exc))
-    box = SlurmSandbox(tmp_path_factory.mktemp("slurm2"), link_system_conf=False, nodes=2)
-    try:
-        box.up()
+    with running_sandbox(tmp_path_factory.mktemp("slurm2"), nodes=2) as box:
         yield box
-    finally:
-        box.down()
 
 
 @pytest.fixture(scope="module")
@@ -97,32 +76,15 @@ def launchers() -> list[str]:
     unavailable("Slurm's mpi/pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
 
 
-def job_state(env, job_id: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True,
-                         text=True, timeout=30).stdout
-    return next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
-
-
 def test_every_algorithm_across_nodes_through_the_batch_script_with_every_launcher(env, tmp_path):
     """cluster_profiles/launch_multinode.sbatch on 2 nodes x 2 ranks, once per launcher (the three
     jobs at once), each rank running tests/mpi/across_nodes.py: exact collectives, the node hierarchy,
     the synchronous algorithms equal to one process on the N-times batch, the others exchanging."""
     program = f"{BIN / 'python'} {ROOT / 'tests' / 'mpi' / 'across_nodes.py'}"
-    jobs = {}
-    for launcher in launchers():
-        job_env = {**env, "DOWNPOUR_LAUNCHER": launcher, "DOWNPOUR_COMMAND": program}
-        submit = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2",
-                                 f"--output={tmp_path}/{launcher}.out",
-                                 str(ROOT / "cluster_profiles" / "launch_multinode.sbatch")],
-                                env=job_env, capture_output=True, text=True, timeout=60)
-        assert submit.returncode == 0, explain(submit)
-        jobs[launcher] = submit.stdout.strip().split(";")[0]
-    deadline, states = time.monotonic() + 400, {}
-    while time.monotonic() < deadline:
-        states = {launcher: job_state(env, job) for launcher, job in jobs.items()}
-        if all(state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for state in states.values()):
-            break
-        time.sleep(0.5)
+    jobs = {launcher: submit_batch(env, tmp_path / f"{launcher}.out", 2, 2, DOWNPOUR_LAUNCHER=launcher,
+                                   DOWNPOUR_COMMAND=program)
+            for launcher in launchers()}  # all at once: the nodes have room for three 4-task jobs
+    states = wait_for_jobs(env, jobs, 400)
     for launcher in jobs:
         log = (tmp_path / f"{launcher}.out").read_text()
         assert states[launcher] == "COMPLETED", f"{launcher}: {states[launcher]}\n{log}"
@@ -209,7 +171,7 @@ def test_notebook_01_on_slurm_mpi_engines_across_both_nodes(env, tmp_path):
     assert "node1" in table and "node2" in table, table
     summary = shown("result = cluster.train(config)")
     assert "node1,node2" in summary and "sync_ps" in summary, summary
-    wait_until(lambda: not squeue(env), 60, "the engine job gone (the notebook stops its cluster)")
+    wait_until(lambda: not squeue(env, "%i"), 60, "the engine job gone (the notebook stops its cluster)")
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -218,14 +180,8 @@ LONG = [f for f in FLAGS if not f.startswith("--steps")] + ["--steps=1000000", "
 
 
 def submit(env, tmp_path: Path, launcher: str, flags: list[str], per_node: int = 1) -> str:
-    job_env = {**env, "DOWNPOUR_LAUNCHER": launcher, "DOWNPOUR_ARGS": " ".join(flags),
-               "DOWNPOUR_SUMMARY": str(tmp_path / "summary.json")}
-    proc = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={per_node}",
-                           f"--output={tmp_path}/job.out",
-                           str(ROOT / "cluster_profiles" / "launch_multinode.sbatch")],
-                          env=job_env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, explain(proc)
-    return proc.stdout.strip().split(";")[0]
+    return submit_batch(env, tmp_path / "job.out", 2, per_node, DOWNPOUR_LAUNCHER=launcher,
+                        DOWNPOUR_ARGS=" ".join(flags), DOWNPOUR_SUMMARY=str(tmp_path / "summary.json"))
 
 
 def job_processes(job: str, ranks_only: bool = False, node: str | None = None) -> list[int]:
@@ -293,7 +249,7 @@ def test_scancel_leaves_no_process_on_any_node(env, tmp_path):
     assert nodes == {b"node1", b"node2"}
     subprocess.run(["scancel", job], env=env, check=True, timeout=30)
     wait_until(lambda: not job_processes(job), 30, "every process of the cancelled job gone")
-    wait_until(lambda: not squeue(env), 30, "the queue empty")
+    wait_until(lambda: not squeue(env, "%i"), 30, "the queue empty")
 
 
 def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sandbox, env, tmp_path):
@@ -314,15 +270,9 @@ def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sa
     assert not status.running and status.nodes[1].state == "down (slurmd not running)", status
     status = sandbox.up()
     assert status.running, status
-    wait_until(lambda: not squeue(env), 30, "the queue empty")
+    wait_until(lambda: not squeue(env, "%i"), 30, "the queue empty")
     assert job_state(env, job) == "FAILED"
     assert [n.state for n in sandbox.status().nodes] == ["idle", "idle"]
-
-
-def squeue(env) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True,
-                         timeout=30)
-    return out.stdout.split("\n")[:-1]
 
 
 def _netns(pid: str) -> int | None:
