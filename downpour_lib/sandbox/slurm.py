@@ -480,10 +480,10 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
         atomic_write_text(self.layout, f"{self.nodes}\n")
         if self.nodes > 1 and not NETNS_ETC.exists():
             (self.dir / "made-etc-netns").touch()  # so that down removes it again
-        for index in range(self.nodes if self.nodes > 1 else 0):
+        for index, name in enumerate(self.node_names() if self.nodes > 1 else []):
             # spool and TmpFS (srun --mpi=pmix's per-step directories) of its own, as on a cluster
-            (self.spool_dir / self.node_names()[index]).mkdir(mode=0o755)
-            tmp = self.dir / "tmp" / self.node_names()[index]
+            (self.spool_dir / name).mkdir(mode=0o755)
+            tmp = self.dir / "tmp" / name
             tmp.mkdir(parents=True, exist_ok=True)
             tmp.chmod(0o1777)
             self._etc(index).mkdir(parents=True, exist_ok=True)

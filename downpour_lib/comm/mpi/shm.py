@@ -73,7 +73,6 @@ passes the environment on).
 from __future__ import annotations
 
 import ctypes
-import functools
 import mmap
 import os
 import tempfile
@@ -190,7 +189,6 @@ class ShmAllreduce:
         self._views: dict[torch.dtype, list[tuple[list[torch.Tensor], torch.Tensor]]] = {}
         self._phase = 0
         self.passes = {"node": 0, "nodes": 0}
-        self._op: MPI.Op | None = None
 
     def _size(self, n: int, r: int) -> None:
         """Slots for the ``n`` ranks of this node; this rank is its ``r``-th."""
@@ -281,13 +279,12 @@ class ShmAllreduce:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
         (a torch function; its numpy twin where numpy has the dtype) and, between nodes, with the
         MPI operator ``op`` that does the same."""
-        self._op = op
         sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
         self._count()
         if tensor.nbytes <= self._small:
             self._allreduce_small(flat, sets, average, *ops)
         else:
-            self._allreduce_chunks(flat, sets, tensor.dtype, average, *ops)
+            self._allreduce_chunks(flat, sets, tensor.dtype, op, average, *ops)
 
     def allreduce_many(self, tensors: list[torch.Tensor], kernel, average: bool,
                        op: MPI.Op | None = None) -> None:
@@ -297,31 +294,29 @@ class ShmAllreduce:
         on a model's ``.grad`` tensors as they lie)."""
         dtype = tensors[0].dtype
         flats = [_flat(t) for t in tensors if t.numel()]
-        self._op = op
         if flats:
             self._count()
-            self._allreduce_pieces(flats, self._sets(dtype), dtype, average, *_ops(dtype, kernel))
+            self._allreduce_pieces(flats, self._sets(dtype), dtype, op, average, *_ops(dtype, kernel))
 
     def _count(self) -> None:
         self.passes["nodes" if self._cross is not None else "node"] += 1
 
-    def _between_nodes(self, part, dtype: torch.dtype) -> None:
+    def _between_nodes(self, part, dtype: torch.dtype, op: MPI.Op) -> None:
         """Allreduce this rank's reduced ``part`` with the same part on every other node."""
         if not len(part):
             return
         address = part.ctypes.data if isinstance(part, np.ndarray) else part.data_ptr()
-        nbytes = part.nbytes
-        buffer = [MPI.buffer.fromaddress(address, nbytes), len(part), MOVE_TYPE[dtype]]
-        wait_request(self._cross.Iallreduce(MPI.IN_PLACE, buffer, self._op), self._timeout_s,
+        buffer = [MPI.buffer.fromaddress(address, part.nbytes), len(part), MOVE_TYPE[dtype]]
+        wait_request(self._cross.Iallreduce(MPI.IN_PLACE, buffer, op), self._timeout_s,
                      "allreduce between nodes")
 
-    def _allreduce_pieces(self, flats, sets, dtype: torch.dtype, average: bool, kernel, copy,
+    def _allreduce_pieces(self, flats, sets, dtype: torch.dtype, op, average: bool, kernel, copy,
                           divide) -> None:
         """Two barriers a chunk of the concatenation of ``flats``: every rank copies the whole chunk
         into its slot; rank r reduces the r-th part of the slots into the result area (and with the
         other nodes); every rank copies the result area back into the pieces."""
         n, r, barrier = self._n, self._r, self._barrier
-        per_chunk = self._chunk // _element_size(dtype)
+        per_chunk = self._chunk // dtype.itemsize
         pieces: list[tuple[object, int, int]] = []  # (piece of a tensor, its place in the chunk)
         index, offset, k = 0, 0, 0
         while index < len(flats):
@@ -341,13 +336,11 @@ class ShmAllreduce:
             barrier.wait()
             part = -(-k // n)
             lo, hi = min(k, r * part), min(k, (r + 1) * part)
-            if self._cross is None:
-                if hi > lo:
-                    _reduce_slots(slots, lo, hi, result[lo:hi], average, kernel, divide)
-            else:
-                if hi > lo:
-                    _reduce_slots(slots, lo, hi, result[lo:hi], False, kernel, divide)
-                self._between_nodes(result[lo:hi], dtype)
+            across = self._cross is not None
+            if hi > lo:  # across nodes, AVG divides once the other nodes' parts are in
+                _reduce_slots(slots, lo, hi, result[lo:hi], average and not across, kernel, divide)
+            if across:
+                self._between_nodes(result[lo:hi], dtype, op)
                 if average and hi > lo:
                     divide(result[lo:hi], self._total, out=result[lo:hi])
             barrier.wait()
@@ -364,13 +357,13 @@ class ShmAllreduce:
         self._barrier.wait()
         _reduce_slots(slots, 0, k, flat, average, kernel, divide)
 
-    def _allreduce_chunks(self, flat, sets, dtype: torch.dtype, average: bool, kernel, copy,
+    def _allreduce_chunks(self, flat, sets, dtype: torch.dtype, op, average: bool, kernel, copy,
                           divide) -> None:
         """Two barriers a chunk: reduce-scatter into the result area (each part allreduced with the
         other nodes in between), then allgather from it."""
         n, r, barrier = self._n, self._r, self._barrier
         size = flat.shape[0]
-        per_chunk = self._chunk // _element_size(dtype)
+        per_chunk = self._chunk // dtype.itemsize
         for start in range(0, size, per_chunk):
             k = min(per_chunk, size - start)
             slots, result = sets[self._phase]
@@ -392,7 +385,7 @@ class ShmAllreduce:
                     if j != r:
                         kernel(own, slots[j][lo:hi], out=own)
             if self._cross is not None:
-                self._between_nodes(own, dtype)
+                self._between_nodes(own, dtype, op)
             if hi > lo:
                 if average:
                     divide(own, self._total, out=own)
@@ -419,11 +412,6 @@ class ShmAllreduce:
 def _flat(tensor: torch.Tensor):
     """The contiguous CPU ``tensor`` as a flat array: numpy where numpy has the dtype, else torch."""
     return tensor.numpy().reshape(-1) if tensor.dtype in _NUMPY_DTYPES else tensor.view(-1)
-
-
-@functools.cache
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _ops(dtype: torch.dtype, kernel) -> tuple:
