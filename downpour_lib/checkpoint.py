@@ -39,7 +39,9 @@ NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 #: The temporary name atomic_write_bytes gives a checkpoint while writing it (mkstemp's letters).
 TEMP = re.compile(r"^\.ckpt-\d+\.pt\.[a-z0-9_]+\.tmp$")
 #: Fields a resumed run must share with the run that wrote the checkpoint.
-SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer")
+SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer",
+            "lr_schedule", "lr_warmup_epochs", "lr_milestones", "lr_decay", "lr_scaling",
+            "precision", "augment")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -197,7 +199,7 @@ def check_resume(state: dict[str, Any], path: Path, config: dict[str, Any], worl
     """Refuse to continue a different run; the step to continue from."""
     written = state["config"]
     for name in SAME_RUN:
-        if written.get(name) != config.get(name):
+        if name in written and written[name] != config.get(name):  # older checkpoints lack some
             raise ConfigError(name, config.get(name),
                               f"the checkpoint {path} was written with {name}={written.get(name)!r}; "
                               "a resumed run must keep it")
@@ -229,9 +231,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def rank_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               algorithm_state: dict[str, Any]) -> dict[str, Any]:
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "algorithm": algorithm_state, "rng": rng_state()}
+               algorithm_state: dict[str, Any], scaler: Any = None) -> dict[str, Any]:
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "algorithm": algorithm_state, "rng": rng_state()}
+    if scaler is not None:  # fp16's loss scale
+        state["scaler"] = scaler.state_dict()
+    return state
 
 
 def assemble(step: int, final: bool, time_s: float, config: dict[str, Any], world_size: int,
@@ -247,7 +252,7 @@ def assemble(step: int, final: bool, time_s: float, config: dict[str, Any], worl
 
 
 def restore(state: dict[str, Any], rank: int, model: torch.nn.Module,
-            optimizer: torch.optim.Optimizer, algorithm: Any) -> None:
+            optimizer: torch.optim.Optimizer, algorithm: Any, scaler: Any = None) -> None:
     """Put this rank's part of a checkpoint back (a rank with no entry keeps its fresh state)."""
     entry = state["ranks"].get(rank, {})
     model.load_state_dict(entry.get("model", state["model"]))
@@ -257,3 +262,5 @@ def restore(state: dict[str, Any], rank: int, model: torch.nn.Module,
         algorithm.load_state_dict(entry["algorithm"])
     if "rng" in entry:
         set_rng_state(entry["rng"])
+    if scaler is not None and "scaler" in entry:
+        scaler.load_state_dict(entry["scaler"])

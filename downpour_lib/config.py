@@ -27,6 +27,9 @@ from .models import MODELS
 from .options import build_options, coerce
 
 Optimizer = Literal["sgd", "adam", "adagrad"]
+Schedule = Literal["constant", "step", "cosine"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Augment = Literal["none", "standard"]
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -56,6 +59,32 @@ class TrainConfig:
                                         "downpour); none = the algorithm's default: adagrad for "
                                         "downpour, as in Dean et al. 2012, sgd otherwise",
                                         default=None)
+    lr_schedule: Schedule = _help("learning rate after warm-up: constant, step (times lr_decay at "
+                                  "each of lr_milestones) or cosine (to 0 at the last step)",
+                                  default="constant")
+    lr_warmup_epochs: float = _help("linear warm-up over this many epochs (may be fractional; "
+                                    "Goyal et al. 2017: 5)", default=0.0)
+    lr_milestones: tuple[float, ...] = _help("epochs at which a step schedule multiplies the "
+                                             "learning rate by lr_decay, e.g. 30,60,80",
+                                             default=())
+    lr_decay: float = _help("the step schedule's factor at each milestone", default=0.1)
+    lr_scaling: Literal["none", "linear"] = _help(
+        "linear: the linear scaling rule, lr x global batch / lr_reference_batch", default="none")
+    lr_reference_batch: int = _help("the global batch lr is given for, under lr_scaling=linear",
+                                    default=256)
+    precision: Precision = _help("fp32, or mixed precision through torch.autocast: bf16, or fp16 "
+                                 "with a dynamic loss scale every algorithm agrees on",
+                                 default="fp32")
+    augment: Augment | None = _help("training-set augmentation, drawn from (seed, epoch, sample): "
+                                    "standard = pad-4 random crop + flip (32x32; MNIST: pad-2 crop, "
+                                    "no flip), random-resized-crop 224 + flip (ImageFolder); none = "
+                                    "standard for real data sets, none for synthetic and digits",
+                                    default=None)
+    data_workers: int | None = _help("DataLoader worker processes per rank for the real data sets "
+                                     "(mnist, cifar, imagefolder); 0 reads in the training process; "
+                                     "none = the rank's share of the node's cores", default=None)
+    channels_last: bool = _help("keep the model and its inputs in channels-last memory format "
+                                "(faster convolutions on GPUs with tensor cores)", default=False)
     steps: int | None = _help("steps to train (give this or epochs)", default=None)
     epochs: float | None = _help("epochs to train, may be fractional (give this or steps); "
                                  "1 epoch when neither is given", default=None)
@@ -106,6 +135,13 @@ class TrainConfig:
             object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
         if self.checkpoint_every is None and self.resume is None:
             object.__setattr__(self, "checkpoint_every", 0)  # a resumed run's is read by plan_run
+        if self.augment is None:
+            object.__setattr__(self, "augment",
+                               "standard" if DATASETS[self.dataset].kind == "real" else "none")
+        if self.augment not in typing.get_args(Augment):
+            raise ConfigError("augment", self.augment,
+                              "choose one of " + ", ".join(typing.get_args(Augment)))
+        object.__setattr__(self, "lr_milestones", _milestones(self.lr_milestones))
         check_choices(self)
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
         for name, value in positive.items():
@@ -135,6 +171,23 @@ class TrainConfig:
             raise ConfigError("warmup_steps", self.warmup_steps,
                               f"must be less than steps={self.steps}, or throughput has no "
                               "measured step")
+        if not (math.isfinite(self.lr_warmup_epochs) and self.lr_warmup_epochs >= 0):
+            raise ConfigError("lr_warmup_epochs", self.lr_warmup_epochs,
+                              "must be a finite number of epochs >= 0, e.g. 5")
+        if not (math.isfinite(self.lr_decay) and 0 < self.lr_decay <= 1):
+            raise ConfigError("lr_decay", self.lr_decay, "must be in (0, 1], e.g. 0.1")
+        if self.lr_schedule == "step" and not self.lr_milestones:
+            raise ConfigError("lr_milestones", self.lr_milestones,
+                              "a step schedule needs milestones (epochs), e.g. 30,60,80")
+        if self.lr_milestones and self.lr_schedule != "step":
+            raise ConfigError("lr_milestones", ",".join(map(str, self.lr_milestones)),
+                              f"milestones belong to lr_schedule=step, not {self.lr_schedule!r}")
+        if self.lr_reference_batch < 1:
+            raise ConfigError("lr_reference_batch", self.lr_reference_batch,
+                              "must be a whole number >= 1, e.g. 256")
+        if self.data_workers is not None and self.data_workers < 0:
+            raise ConfigError("data_workers", self.data_workers,
+                              "must be a whole number >= 0 (0 = in the training process)")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("timeout_s", self.timeout_s,
                               "must be a finite number of seconds > 0, e.g. 300")
@@ -146,6 +199,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["lr_milestones"] = list(self.lr_milestones)  # plain data, as a file would hold it
         out["options"] = dataclasses.asdict(self.options)
         return out
 
@@ -179,6 +233,25 @@ class TrainConfig:
             raise ConfigError("config", str(path), "the file must hold a mapping of field: value")
         options = {**(values.get("options") or {}), **(overrides.pop("options", None) or {})}
         return cls.from_dict({**values, **overrides, "options": options})
+
+
+def _milestones(value: Any) -> tuple[float, ...]:
+    """Epochs from a list of numbers, or from text such as "30,60,80" (a flag's)."""
+    items = value.replace(",", " ").split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError("lr_milestones", value, "give a list of epochs, e.g. 30,60,80")
+    out = []
+    for item in items:
+        try:
+            epoch = coerce("lr_milestones", float, item, text=isinstance(item, str))
+        except ConfigError:
+            raise ConfigError("lr_milestones", value, "give a list of epochs, e.g. 30,60,80") from None
+        if not (math.isfinite(epoch) and epoch > 0):
+            raise ConfigError("lr_milestones", value, "every milestone must be an epoch > 0")
+        out.append(epoch)
+    if out != sorted(set(out)):
+        raise ConfigError("lr_milestones", value, "milestones must increase, e.g. 30,60,80")
+    return tuple(out)
 
 
 def read_yaml(text: str) -> Any:

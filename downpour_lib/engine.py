@@ -39,10 +39,13 @@ from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
+from .data.loader import TrainBatches, loader_batches
 from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError
 from .models import build_model
+from .precision import LossScaler, autocast
 from .records import EvalRecord, Meter, RunResult, StepRecord, device_sync, frames, summarize
+from .schedule import LRSchedule, set_lr
 
 StepCallback = Callable[[StepRecord], None]
 
@@ -82,6 +85,14 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
                           f"must be less than the {total} steps this run trains "
                           f"({spe} steps per epoch), or throughput has no measured step")
     algorithm.check_plan(config.options, roles, model, total)
+    if config.augment == "standard" and train.augmentation is None:
+        raise ConfigError("augment", config.augment,
+                          f"data set {config.dataset!r} has no standard augmentation (the real "
+                          "data sets have); use augment=none")
+    if config.precision == "fp16" and getattr(config.options, "accumulation_steps", 1) > 1:
+        raise ConfigError("precision", config.precision,
+                          "fp16's loss scale does not go with accumulation_steps > 1 (each micro-"
+                          "batch would need its own check); use bf16, or accumulation_steps=1")
     if config.resume is None:
         return RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every)
     path = checkpoint.resolve(config.resume, report)
@@ -151,16 +162,22 @@ class Trainer:
         self.comm = Comm(ctx, self.meter)
         self.algorithm = ALGORITHMS[config.algorithm](config.options, self.comm)
         self.roles = self.plan.roles
+        self.lr_at = LRSchedule.of(config, self.plan.steps_per_epoch, self.plan.total_steps,
+                                   len(self.roles.workers))
+        self.scaler = LossScaler() if config.precision == "fp16" else None
+        self.algorithm.lr_at, self.algorithm.loss_scaling = self.lr_at, self.scaler is not None
         self.role = self.roles.role(ctx.rank)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         train = self.splits.train
         self.model = build_model(config.model, train.input_shape, train.num_classes).to(ctx.device)
+        if config.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(config, self.model.parameters())
         self.forward_model = self.algorithm.setup(self.model, self.optimizer)
         self.start_step = self.plan.start_step
         if self.plan.resume_path is not None:
             checkpoint.restore(checkpoint.load(self.plan.resume_path), ctx.rank, self.model,
-                               self.optimizer, self.algorithm)
+                               self.optimizer, self.algorithm, self.scaler)
         self.sampler = None
         if self.role == "worker":
             self.sampler = ShardSampler(len(train), config.batch_size,
@@ -193,35 +210,74 @@ class Trainer:
         wall_s = time.perf_counter() - self.t_start
         return self._gather(wall_s)
 
+    def batches(self, steps: range) -> TrainBatches:
+        """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
+        on the device. The same for every algorithm with the same seed and global batch."""
+        config, device = self.config, self.ctx.device
+        workers = config.data_workers
+        if workers is None:  # the rank's share of the node's cores
+            workers = default_threads(self.ctx)
+        return loader_batches(self.splits.train, self.sampler, steps, config.augment, config.seed,
+                              workers, device,
+                              torch.channels_last if config.channels_last else None)
+
     def _work(self, steps: range) -> None:
-        device, meter = self.ctx.device, self.meter
+        forward = autocast(self.config.precision, self.ctx.device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        loader = self.batches(steps)
+        try:
+            self._steps(steps, iter(loader), forward, params)
+        finally:
+            loader.close()
+
+    def _steps(self, steps: range, batches, forward, params: list[torch.nn.Parameter]) -> None:
+        device, meter, clock = self.ctx.device, self.meter, time.perf_counter
+        scaler, algorithm = self.scaler, self.algorithm
         for step in steps:
             meter.reset()
-            t0 = time.perf_counter()
-            epoch, indices = self.sampler.indices(step)
-            x, y = self.splits.train.batch(indices)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            t0 = clock()
+            epoch, indices, x, y = next(batches)
             device_sync(device)
-            t1 = time.perf_counter()
+            t1 = clock()
+            set_lr(self.optimizer, self.lr_at(step))
             self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.forward_model(x), y)
-            loss.backward()
+            with forward:
+                loss = F.cross_entropy(self.forward_model(x), y)
+            (loss if scaler is None else loss * scaler.scale).backward()
             device_sync(device)
-            t2 = time.perf_counter()
-            self.algorithm.after_backward(self.model)
-            self.algorithm.step(self.optimizer)
-            self.algorithm.after_step(self.model)
+            t2 = clock()
+            skip = False
+            if scaler is not None and not algorithm.reduces_in_backward:
+                skip = self._unscale(params)  # before the gradients are pushed or gossiped
+            algorithm.after_backward(self.model)
+            if scaler is not None and algorithm.reduces_in_backward:
+                skip = self._unscale(params)  # averaged already: the same on every rank
+            if skip:
+                for p in params:  # an optimizer leaves a parameter without a gradient alone
+                    p.grad = None
+            algorithm.step(self.optimizer)
+            algorithm.after_step(self.model)
             device_sync(device)
-            t3 = time.perf_counter()
+            t3 = clock()
             exposed = meter.exposed_backward_comm_s
+            extras = algorithm.step_metrics()
+            extras["lr"] = self.optimizer.param_groups[0]["lr"]
+            if scaler is not None:
+                extras.update(loss_scale=scaler.scale, skipped=float(skip))
+                scaler.update(skip)
             record = StepRecord(
                 rank=self.ctx.rank, role="worker", step=step, epoch=epoch, samples=len(indices),
                 loss=loss.item(), data_s=t1 - t0, compute_s=max(0.0, t2 - t1 - exposed),
                 comm_s=meter.comm_s + exposed, wait_s=meter.wait_s,
                 update_s=max(0.0, t3 - t2 - meter.comm_s - meter.wait_s), step_s=t3 - t0,
                 bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
-                time_s=t3 - self.t_start, extras=self.algorithm.step_metrics())
+                time_s=t3 - self.t_start, extras=extras)
             self._finish_step(record, point=True)
+
+    def _unscale(self, params: list[torch.nn.Parameter]) -> bool:
+        """fp16: take the loss scale off the gradients; whether the step is skipped, as every
+        rank that steps with this one agrees (``Algorithm.overflowed``)."""
+        return self.algorithm.overflowed(self.scaler.unscale_(params))
 
     def _served(self, update: int, step: int | None) -> None:
         """Called by a server's loop after each update it applies: the workers' ``step`` it
@@ -275,7 +331,8 @@ class Trainer:
             with self.algorithm.eval_parameters(self.model) as evaluated:
                 model = {k: v.detach().cpu().clone() for k, v in evaluated.state_dict().items()}
         ranks = self.algorithm.collect_states(
-            lambda: checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict()),
+            lambda: checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict(),
+                                          self.scaler),
             final)
         if ranks is None:
             return

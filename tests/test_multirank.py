@@ -11,8 +11,10 @@ def test_sync_ps_and_ddp_equal_one_process_on_the_n_times_batch():
     proc = mpi_python(3, "equivalence.py")
     assert proc.returncode == 0, explain(proc)
     cases = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [c["case"] for c in cases] == ["sync_ps dedicated, 2 workers",
-                                          "sync_ps colocated, 3 workers", "ddp, 3 workers"]
+    assert [c["case"] for c in cases] == [
+        "sync_ps dedicated, 2 workers", "sync_ps colocated, 3 workers", "ddp, 3 workers",
+        "sync_ps dedicated, 2 workers, warm-up + step decay",
+        "allreduce, 3 workers, warm-up + step decay, linear scaling"]
     for case in cases:
         assert case["ok_all_ranks"] and case["max_abs_diff"] < 1e-5, case
         assert case["reference_moved"] > 1e-2, case  # the comparison is not vacuous

@@ -170,6 +170,9 @@ class ADPSGD(Decentralized):
         if self.averaging is not None:  # after the checkpoint's parameters are in place
             self.averaging.start()
 
+    def overflowed(self, found: bool) -> bool:
+        return found  # asynchronous: no rank steps with another; this one skips alone
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.averaging is None:
             optimizer.step()

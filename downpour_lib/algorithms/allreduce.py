@@ -61,6 +61,10 @@ class AllReduce(Algorithm):
     name = "allreduce"
     Options = AllReduceOptions
     options: AllReduceOptions
+    reduces_in_backward = True
+
+    def overflowed(self, found: bool) -> bool:
+        return found  # the gradients were averaged in backward: every rank finds the same
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         synchronize_parameters(model, root=0, group=self.comm)  # everyone starts from rank 0's weights

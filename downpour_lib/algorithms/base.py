@@ -28,6 +28,14 @@ class Algorithm:
 
     name: ClassVar[str]
     Options: ClassVar[type[AlgorithmOptions]] = AlgorithmOptions
+    #: Whether the gradients are averaged during backward (bucketed allreduce, DDP): fp16's loss
+    #: scale is then taken off after ``after_backward``, otherwise before it.
+    reduces_in_backward: ClassVar[bool] = False
+    #: Set by the engine before ``setup``: the learning rate of each step (an algorithm whose
+    #: updates happen away from the workers' optimizer, on servers, applies it there; None: the
+    #: optimizer's own), and whether fp16 loss scaling is on (``precision``).
+    lr_at: Callable[[int], float] | None = None
+    loss_scaling: bool = False
 
     def __init__(self, options: AlgorithmOptions, comm: Comm) -> None:
         self.options, self.comm = options, comm
@@ -51,6 +59,17 @@ class Algorithm:
 
     def after_backward(self, model: nn.Module) -> None:
         """Gradient side: runs once backward has produced every gradient."""
+
+    def overflowed(self, found: bool) -> bool:
+        """fp16: whether this step's gradients overflowed on any rank that steps with this one,
+        given whether they did here (``found``); every such rank then skips the step. Default: a
+        MAX allreduce of the finding over every rank (4 bytes, only under fp16). Algorithms whose
+        ranks all hold the same gradients, or step alone, override it with the local finding."""
+        if not self.comm.active:
+            return found
+        flag = torch.tensor([float(found)], device=self.comm.ctx.device)
+        self.comm.allreduce(flag, op="max")
+        return bool(flag.item())
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()

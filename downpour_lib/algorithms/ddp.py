@@ -32,6 +32,10 @@ class DDP(Algorithm):
     name = "ddp"
     Options = DDPOptions
     options: DDPOptions
+    reduces_in_backward = True
+
+    def overflowed(self, found: bool) -> bool:
+        return found  # the gradients were averaged in backward: every rank finds the same
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.ddp = None

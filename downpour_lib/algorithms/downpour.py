@@ -102,7 +102,7 @@ class Downpour(Algorithm):
         self.servers, self.workers, self.evaluator = roles.servers, roles.workers, roles.evaluator
         self.layout = model_layout(model, len(self.servers))
         self.group = message_group(self.comm.ctx)  # collective: on every rank, before any message
-        self.lr = optimizer.param_groups[0]["lr"]
+        self.overflow = False  # fp16: this step's gradients overflowed here
         self.shards = [self._shard_tensors(s) for s in range(len(self.servers))]
         self.server: ShardServer | None = None
         self.thread: ServerThread | None = None
@@ -113,7 +113,8 @@ class Downpour(Algorithm):
             index = self.servers.index(self.rank)
             params, buffers = self.shards[index]
             kind, defaults = type(optimizer), dict(optimizer.defaults)
-            self.server = ShardServer(index, params, buffers, lambda ps: kind(ps, **defaults))
+            self.server = ShardServer(index, params, buffers, lambda ps: kind(ps, **defaults),
+                                      self.lr_at)
         self.is_worker = self.rank in self.workers
         # the worker's end: its own meter is the engine's; a colocated server thread gets another
         self.link = Link(self.comm.ctx, self.comm.meter, self.group)
@@ -166,10 +167,17 @@ class Downpour(Algorithm):
 
     # -- the worker's step (Algorithm 7.1) -----------------------------------------------------
 
+    def overflowed(self, found: bool) -> bool:
+        # asynchronous: this worker alone leaves this step's gradients out of its next push
+        self.overflow = found
+        return found
+
     def after_backward(self, model: nn.Module) -> None:
         if self.acc_version is None:
             self.acc_version = list(self.versions)
         for s, (params, _) in enumerate(self.shards):
+            if self.overflow:
+                break
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             if grads:
                 self.acc[s][:sum(g.numel() for g in grads)] += flatten(grads).to(self.acc[s].device)
@@ -183,7 +191,7 @@ class Downpour(Algorithm):
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
-                        p.add_(p.grad, alpha=-self.lr)
+                        p.add_(p.grad, alpha=-optimizer.param_groups[0]["lr"])
 
     def after_step(self, model: nn.Module) -> None:
         if self.thread is not None:
@@ -215,11 +223,12 @@ class Downpour(Algorithm):
             if buffers:
                 flat[flat.numel() - sum(b.numel() for b in buffers):] = flatten(buffers).cpu()
             if not self._remote(s):
-                staleness[s] = self.server.apply(flat, self.acc_version[s])[1]
+                staleness[s] = self.server.apply(flat, self.acc_version[s], self.t)[1]
                 continue
             receipts[s] = torch.empty(HEADER, dtype=torch.int64)
             works += [self.link.post_recv(receipts[s], server, REPLY),
-                      self.link.post_send(header(PUSH, self.acc_version[s]), server, REQUEST),
+                      self.link.post_send(header(PUSH, self.acc_version[s], self.t), server,
+                                          REQUEST),
                       self.link.post_send(flat, server, PUSH_DATA)]
         self.link.wait(works, account="wait")  # mostly the server's queue: waiting
         staleness.update({s: int(r[1]) for s, r in receipts.items()})

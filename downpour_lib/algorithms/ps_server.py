@@ -56,19 +56,25 @@ class ShardServer:
     access holds ``lock``."""
 
     def __init__(self, index: int, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
-                 make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> None:
+                 make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+                 lr_at: Callable[[int], float] | None = None) -> None:
         self.index = index
         self.params = [nn.Parameter(p.detach().clone()) for p in params]
         self.buffers = [b.detach().clone() for b in buffers]
         self.optimizer = make_optimizer(self.params)
+        self.lr_at = lr_at  # the run's schedule, at the step of the push applied
         self.version = 0
         self.numel = sum(t.numel() for t in [*self.params, *self.buffers])
         self.dtype = (self.params or self.buffers)[0].dtype
         self.lock = threading.Lock()
 
-    def apply(self, flat: torch.Tensor, version: int) -> tuple[int, int, int]:
-        """Apply one push (gradients, then buffer values); (version before, staleness, after)."""
+    def apply(self, flat: torch.Tensor, version: int, step: int) -> tuple[int, int, int]:
+        """Apply one push (gradients, then buffer values) that a worker made at its ``step``
+        (whose learning rate it gets); (version before, staleness, after)."""
         with self.lock:
+            if self.lr_at is not None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.lr_at(step)
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -126,7 +132,7 @@ class ServeLoop:
             kind, version = int(request[0]), int(request[1])
             if kind == PUSH:
                 link.recv(push, source, PUSH_DATA)
-                before, staleness, after = server.apply(push, version)
+                before, staleness, after = server.apply(push, version, int(request[2]))
                 link.send([header(before, staleness, after)], source, REPLY)
                 if self.on_update is not None:
                     self.on_update(source, staleness)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
+from ..schedule import set_lr
 from . import ps_placement
 from .base import Algorithm, Roles
 from .ps_shards import model_layout, shard_tensors
@@ -102,10 +103,15 @@ class SyncPS(Algorithm):
     def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
         zeros = [torch.zeros_like(p) for p in self.params]
         for i, step in enumerate(steps):
+            # the workers agree on fp16 overflows before they push (Algorithm.overflowed)
+            skip = self.overflowed(False) if self.loss_scaling else False
             # A dedicated server runs no forward pass: it adds nothing to the buffers' average.
             for b in self.buffers:
                 b.zero_()
             self._push(zeros, account="wait")  # waiting for the workers' gradients
-            self.optimizer.step()
+            if self.lr_at is not None:
+                set_lr(self.optimizer, self.lr_at(step))
+            if not skip:
+                self.optimizer.step()
             self._pull(account="comm")
             on_update(i, step)  # the workers' step: servers and workers step together

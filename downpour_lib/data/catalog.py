@@ -11,7 +11,8 @@ from typing import Literal
 import torch
 
 from ..errors import DataError
-from .sources import DatasetSource, ImageSource, SyntheticSource, TensorSource, require_files
+from .augment import CropFlip
+from .sources import FolderSource, ImageSource, SyntheticSource, TensorSource, require_files
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -61,8 +62,11 @@ def _mnist(root: Path) -> Splits:
         require_files("mnist", raw, names, "Put the four MNIST idx files (or their .gz) there.")
     make = lambda train: MNIST(str(root), train=train, download=False)  # noqa: E731
     train, test = make(True), make(False)
-    return Splits(TensorSource(train.data, train.targets, 10, [0.1307], [0.3081], 255.0),
-                  TensorSource(test.data, test.targets, 10, [0.1307], [0.3081], 255.0))
+    # pad-2 crops; no flips, which would turn digits into other shapes
+    return Splits(TensorSource(train.data, train.targets, 10, [0.1307], [0.3081], 255.0,
+                               CropFlip(pad=2, flip=False), in_workers=True),
+                  TensorSource(test.data, test.targets, 10, [0.1307], [0.3081], 255.0,
+                               in_workers=True))
 
 
 def _cifar(classes: int) -> Callable[[Path], Splits]:
@@ -79,7 +83,8 @@ def _cifar(classes: int) -> Callable[[Path], Splits]:
             ds = cls(str(root), train=train, download=False)
             images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)  # NHWC uint8 -> NCHW
             return TensorSource(images, torch.tensor(ds.targets), classes, CIFAR_MEAN, CIFAR_STD,
-                                255.0)
+                                255.0, CropFlip(pad=4, flip=True) if train else None,
+                                in_workers=True)
 
         return Splits(source(True), source(False))
 
@@ -87,9 +92,7 @@ def _cifar(classes: int) -> Callable[[Path], Splits]:
 
 
 def _imagefolder(root: Path) -> Splits:
-    """``root/train/<class>/*`` and ``root/val/<class>/*``. Deterministic resize + centre crop, so
-    every algorithm sees identical inputs (no random augmentation)."""
-    from torchvision import transforms
+    """``root/train/<class>/*`` and ``root/val/<class>/*``, decoded when read (``FolderSource``)."""
     from torchvision.datasets import ImageFolder
 
     for split in ("train", "val"):
@@ -99,11 +102,10 @@ def _imagefolder(root: Path) -> Splits:
                 f"{root}/train/<class>/<image> and {root}/val/<class>/<image>, or point "
                 "--data-dir at such a directory. Nothing is downloaded; offline, use "
                 "--dataset synthetic-imagenet.")
-    tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
-                             transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    train, val = ImageFolder(str(root / "train"), tf), ImageFolder(str(root / "val"), tf)
+    train, val = ImageFolder(str(root / "train")), ImageFolder(str(root / "val"))
     n = len(train.classes)
-    return Splits(DatasetSource(train, n, (3, 224, 224)), DatasetSource(val, n, (3, 224, 224)))
+    return Splits(FolderSource(train, n, IMAGENET_MEAN, IMAGENET_STD),
+                  FolderSource(val, n, IMAGENET_MEAN, IMAGENET_STD))
 
 
 def _synthetic(shape: tuple[int, int, int], classes: int, train: int, test: int,

@@ -16,6 +16,9 @@ from downpour_lib.comm.runtime import DistContext
 BASE = dict(model="mlp", dataset="digits", steps=20, warmup_steps=1, lr=0.05, momentum=0.9,
             weight_decay=1e-4, threads=1, seed=3, backend="gloo")
 B = 16
+# warm-up over the first 0.2 epochs, then 10x smaller from 0.35 epochs on (of 20 steps, at 29-44
+# steps per epoch)
+SCHEDULE = dict(lr_schedule="step", lr_warmup_epochs=0.2, lr_milestones=(0.35,), lr_decay=0.1)
 
 
 def train(config, ctx):
@@ -33,12 +36,18 @@ def main() -> int:
         ("sync_ps dedicated, 2 workers", dict(algorithm="sync_ps", options={"server": "dedicated"}), 2),
         ("sync_ps colocated, 3 workers", dict(algorithm="sync_ps", options={"server": "colocated"}), 3),
         ("ddp, 3 workers", dict(algorithm="ddp"), 3),
+        # the schedule is a function of the step and the global batch: still the same run
+        ("sync_ps dedicated, 2 workers, warm-up + step decay",
+         dict(algorithm="sync_ps", options={"server": "dedicated"}, **SCHEDULE), 2),
+        ("allreduce, 3 workers, warm-up + step decay, linear scaling",
+         dict(algorithm="allreduce", lr_scaling="linear", lr_reference_batch=32, **SCHEDULE), 3),
     ]
     failed = False
     for name, change, workers in cases:
         _, dist_params = train(TrainConfig(**BASE, **change, batch_size=B), ctx)
-        initial, ref_params = train(TrainConfig(**BASE, algorithm="local", batch_size=workers * B),
-                                    DistContext.single())
+        same = {k: v for k, v in change.items() if k.startswith("lr_")}
+        initial, ref_params = train(TrainConfig(**BASE, algorithm="local", batch_size=workers * B,
+                                                **same), DistContext.single())
         # Training must have moved the parameters, or equality would prove nothing.
         moved = max(float((r - p0).abs().max()) for r, p0 in zip(ref_params, initial, strict=True))
         diff = max(float((d - r).abs().max()) for d, r in zip(dist_params, ref_params, strict=True))

@@ -1,0 +1,111 @@
+"""A worker's batches, read in DataLoader worker processes or in the training process.
+
+The order is ``ShardSampler``'s, whoever reads: ``StepBatches`` (a batch sampler) yields, step by
+step, the (epoch, sample index) pairs of this worker's batch, and each sample's augmentation is
+drawn from (seed, epoch, index) (``augment.generator``). So the batches are the same with 0, 1 or
+8 DataLoader workers, for every algorithm, and two runs see the same pixels.
+
+The real data sets (``source.in_workers``: decoding JPEGs, cropping) go through
+``torch.utils.data.DataLoader`` worker processes with prefetching, persistent workers and, when
+the model is on a GPU, pinned memory, so the host-to-device copy is asynchronous. In-memory
+tensors (digits, synthetic data) are indexed in the training process: a batch is one gather, far
+cheaper than a trip through a worker's queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .sharding import ShardSampler
+from .sources import ImageSource
+
+Batch = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]  # epoch, indices, x, y
+
+
+class StepBatches(Sampler):
+    """The (epoch, index) pairs of each of ``steps``' batches of one worker's shard."""
+
+    def __init__(self, sampler: ShardSampler, steps: range) -> None:
+        self.sampler, self.steps = sampler, steps
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for step in self.steps:
+            epoch, indices = self.sampler.indices(step)
+            yield [(epoch, int(i)) for i in indices]
+
+
+class Samples(Dataset):
+    """``source``'s samples by (epoch, index), augmented or not."""
+
+    def __init__(self, source: ImageSource, augment: bool, seed: int) -> None:
+        self.source, self.augment, self.seed = source, augment, seed
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[int, int, torch.Tensor, int]:
+        epoch, index = key
+        x, y = self.source.sample(index, epoch, self.augment, self.seed)
+        return epoch, index, x, y
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def collate(items: list[tuple[int, int, torch.Tensor, int]]) -> Batch:
+    return (items[0][0], torch.tensor([i for _, i, _, _ in items]),
+            torch.stack([x for _, _, x, _ in items]), torch.tensor([y for _, _, _, y in items]))
+
+
+class TrainBatches:
+    """An iterable of a worker's batches (epoch, indices, x, y) for ``steps``, on ``device``.
+    ``close()`` ends the DataLoader's worker processes (they persist until then)."""
+
+    def __init__(self, source: ImageSource, sampler: ShardSampler, steps: range, augment: bool,
+                 seed: int, workers: int, device: torch.device,
+                 memory_format: torch.memory_format | None = None) -> None:
+        self.source, self.sampler, self.steps = source, sampler, steps
+        self.augment, self.seed, self.device = augment, seed, device
+        self.memory_format = memory_format
+        self.workers = workers if source.in_workers else 0
+        self.loader: DataLoader | None = None
+        self._iterator = None
+
+    def _host_batches(self) -> Iterable[Batch]:
+        if self.workers == 0:
+            for step in self.steps:
+                epoch, indices = self.sampler.indices(step)
+                x, y = self.source.batch(indices, epoch, self.augment, self.seed)
+                yield epoch, indices, x, y
+            return
+        self.loader = DataLoader(
+            Samples(self.source, self.augment, self.seed),
+            batch_sampler=StepBatches(self.sampler, self.steps), num_workers=self.workers,
+            collate_fn=collate, pin_memory=self.device.type == "cuda", prefetch_factor=4,
+            persistent_workers=True)
+        self._iterator = iter(self.loader)
+        yield from self._iterator
+
+    def __iter__(self) -> Iterator[Batch]:
+        device, fmt = self.device, self.memory_format
+        for epoch, indices, x, y in self._host_batches():
+            x = x.to(device, non_blocking=True)
+            if fmt is not None and x.dim() == 4:
+                x = x.contiguous(memory_format=fmt)
+            yield epoch, indices, x, y.to(device, non_blocking=True)
+
+    def close(self) -> None:
+        if self._iterator is not None and hasattr(self._iterator, "_shutdown_workers"):
+            self._iterator._shutdown_workers()
+        self._iterator = self.loader = None
+
+
+def loader_batches(source: ImageSource, sampler: ShardSampler, steps: range, augment: str,
+                   seed: int, workers: int, device: torch.device,
+                   memory_format: torch.memory_format | None = None) -> TrainBatches:
+    """The batches a run's ``augment`` setting ("none" or "standard") asks for."""
+    return TrainBatches(source, sampler, steps, augment == "standard", seed, workers, device,
+                        memory_format)
