@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: study studies test venv lint figures clean
+.PHONY: study studies test gpu-check venv lint figures clean
 
 study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
@@ -24,6 +24,15 @@ studies: study   ## every study: notebooks 02, 03, 04 headless
 
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# On a CUDA machine: the gpu-marked tests, then `downpour bench gpu` (a table, and JSON under
+# results/<host>/gpu/). Without CUDA it says so and exits 0.
+gpu-check: $(STAMP)  ## the GPU tests and benchmarks (every algorithm on cuda, bf16/fp16, the data pipeline)
+	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(BIN)/python -m pytest -m gpu tests/test_gpu.py $(PYTEST_ARGS) && $(BIN)/downpour bench gpu; \
+	else \
+		echo "make gpu-check: no CUDA device on $$(hostname) (torch $$($(BIN)/python -c 'import torch; print(torch.__version__)')): nothing to check here; run it on a GPU node"; \
+	fi
 
 figures: $(STAMP)  ## redraw every study's figures of this machine (results/<host>/*/figures/) from its CSVs
 	$(BIN)/downpour plot

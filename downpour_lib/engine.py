@@ -44,7 +44,7 @@ from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError
 from .models import build_model
 from .precision import LossScaler, autocast
-from .records import EvalRecord, Meter, RunResult, StepRecord, device_sync, frames, summarize
+from .records import EvalRecord, Meter, RunResult, StepClock, StepRecord, frames, summarize
 from .schedule import LRSchedule, set_lr
 
 StepCallback = Callable[[StepRecord], None]
@@ -231,21 +231,19 @@ class Trainer:
             loader.close()
 
     def _steps(self, steps: range, batches, forward, params: list[torch.nn.Parameter]) -> None:
-        device, meter, clock = self.ctx.device, self.meter, time.perf_counter
+        meter, clock = self.meter, StepClock(self.ctx.device)
         scaler, algorithm = self.scaler, self.algorithm
         for step in steps:
             meter.reset()
-            t0 = clock()
+            clock.start()
             epoch, indices, x, y = next(batches)
-            device_sync(device)
-            t1 = clock()
+            clock.data_ready()
             set_lr(self.optimizer, self.lr_at(step))
             self.optimizer.zero_grad(set_to_none=True)
             with forward:
                 loss = F.cross_entropy(self.forward_model(x), y)
             (loss if scaler is None else loss * scaler.scale).backward()
-            device_sync(device)
-            t2 = clock()
+            clock.backward_done()
             skip = False
             if scaler is not None and not algorithm.reduces_in_backward:
                 skip = self._unscale(params)  # before the gradients are pushed or gossiped
@@ -257,8 +255,7 @@ class Trainer:
                     p.grad = None
             algorithm.step(self.optimizer)
             algorithm.after_step(self.model)
-            device_sync(device)
-            t3 = clock()
+            t0, t1, t2, t3 = clock.end()
             exposed = meter.exposed_backward_comm_s
             extras = algorithm.step_metrics()
             extras["lr"] = self.optimizer.param_groups[0]["lr"]

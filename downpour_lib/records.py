@@ -34,6 +34,45 @@ def device_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class StepClock:
+    """The four marks of a worker's step: start, data ready, backward done, end (host seconds).
+
+    On the CPU they are host times. On a GPU the middle two are CUDA events, converted after the
+    end mark's one synchronisation (which the step needs anyway to read its loss): timing adds no
+    stall of the device's queue inside the step. The device is idle at the start mark (the last
+    step ended synchronised), so the events' elapsed times add up from the start's host time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.cuda = device, device.type == "cuda"
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.cuda else []
+        self.t = [0.0, 0.0, 0.0]
+
+    def _mark(self, i: int) -> None:
+        if self.cuda:
+            self.events[i].record()
+        else:
+            self.t[i] = time.perf_counter()
+
+    def start(self) -> None:
+        self.t[0] = time.perf_counter()
+        if self.cuda:
+            self.events[0].record()
+
+    def data_ready(self) -> None:
+        self._mark(1)
+
+    def backward_done(self) -> None:
+        self._mark(2)
+
+    def end(self) -> tuple[float, float, float, float]:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            e0, e1, e2 = self.events
+            self.t[1] = self.t[0] + e0.elapsed_time(e1) / 1000
+            self.t[2] = self.t[1] + e1.elapsed_time(e2) / 1000
+        return self.t[0], self.t[1], self.t[2], time.perf_counter()
+
+
 @dataclass
 class Meter:
     """Accumulates one step's communication time and bytes; the algorithm fills it, the engine reads it."""

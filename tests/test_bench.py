@@ -1,9 +1,13 @@
 """``downpour bench train``: real launches at 1 and 2 ranks, rows that add up, bad backends refused."""
 
+import argparse
 import json
 
 import pytest
+import torch
+from conftest import downpour, explain
 
+from downpour_lib.bench.gpu import measure
 from downpour_lib.cli import main
 
 FIELDS = {"algorithm", "backend", "model", "world_size", "samples_per_s", "scaling_efficiency",
@@ -51,3 +55,23 @@ def test_bench_train_refuses_bad_input_before_launching(capsys, args, expected):
     assert main(["bench", "train", *args]) == 2
     captured = capsys.readouterr()
     assert expected in captured.err and "rank(s)" not in captured.out
+
+
+def test_bench_gpu_without_cuda_says_so_and_exits_0(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: make gpu-check runs the benchmark")
+    proc = downpour("bench", "gpu", "--json", str(tmp_path / "g.json"))
+    assert proc.returncode == 0, explain(proc)
+    assert "no CUDA device" in proc.stdout and not (tmp_path / "g.json").exists()
+
+
+def test_bench_gpu_measures_each_algorithm_against_the_plain_loop_and_the_pipeline():
+    """The benchmark's measuring code, on the CPU with a small model (the numbers mean little
+    here; that it measures every row does)."""
+    args = argparse.Namespace(model="mlp", dataset="synthetic-cifar", batch_size=16, precision="bf16",
+                              steps=6, warmup_steps=2, algorithms="local,allreduce,sync_ps",
+                              images=48, data_workers=1)
+    rows = measure(args, torch.device("cpu"))
+    assert [r["what"] for r in rows] == ["plain PyTorch loop", "local", "allreduce", "sync_ps",
+                                         "imagefolder pipeline (1 workers)"]
+    assert all(r["images_per_s"] > 0 and r["vs_plain"] > 0 for r in rows), rows
