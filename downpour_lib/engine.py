@@ -39,7 +39,7 @@ from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
-from .data.loader import TrainBatches, loader_batches
+from .data.loader import TrainBatches, eval_batches, loader_batches
 from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError
 from .models import build_model
@@ -127,14 +127,14 @@ def default_threads(ctx: DistContext) -> int:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
-             device: torch.device) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy over the whole split."""
+             device: torch.device, workers: int = 0) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over the whole split (read by ``workers`` DataLoader
+    workers where the source is read in workers)."""
     was_training = model.training
     model.eval()
     loss_sum, correct = 0.0, 0
-    for start in range(0, len(source), batch_size):
-        x, y = source.batch(torch.arange(start, min(start + batch_size, len(source))))
-        x, y = x.to(device), y.to(device)
+    for x, y in eval_batches(source, batch_size, workers):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         out = model(x)
         loss_sum += F.cross_entropy(out, y, reduction="sum").item()
         correct += int((out.argmax(1) == y).sum())
@@ -214,12 +214,14 @@ class Trainer:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
         on the device. The same for every algorithm with the same seed and global batch."""
         config, device = self.config, self.ctx.device
-        workers = config.data_workers
-        if workers is None:  # the rank's share of the node's cores
-            workers = default_threads(self.ctx)
         return loader_batches(self.splits.train, self.sampler, steps, config.augment, config.seed,
-                              workers, device,
+                              self._data_workers(), device,
                               torch.channels_last if config.channels_last else None)
+
+    def _data_workers(self) -> int:
+        if self.config.data_workers is None:  # the rank's share of the node's cores
+            return default_threads(self.ctx)
+        return self.config.data_workers
 
     def _work(self, steps: range) -> None:
         forward = autocast(self.config.precision, self.ctx.device)
@@ -316,7 +318,7 @@ class Trainer:
     def _evaluate(self, step: int, extras: dict[str, float]) -> None:
         with self.algorithm.eval_parameters(self.model) as model:
             loss, accuracy = evaluate(model, self.splits.test, self.config.eval_batch_size,
-                                      self.ctx.device)
+                                      self.ctx.device, self._data_workers())
         self.eval_records.append(EvalRecord(self.ctx.rank, step, time.perf_counter() - self.t_start,
                                             loss, accuracy, len(self.splits.test), extras))
 

@@ -13,6 +13,7 @@ from downpour_lib.data.catalog import CIFAR_MEAN, CIFAR_STD
 from downpour_lib.data.generate import write_imagefolder, write_mnist
 from downpour_lib.data.loader import TrainBatches
 from downpour_lib.data.sources import TensorSource
+from downpour_lib.engine import evaluate
 from downpour_lib.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -97,6 +98,9 @@ def test_imagefolder_jpegs_through_workers_equal_reading_inline(tmp_path):
     assert inline[0][2].shape == (4, 3, 224, 224)
     x, _ = splits.test.batch(torch.arange(2))  # evaluation: resize + centre crop, no draws
     assert torch.equal(x, splits.test.batch(torch.arange(2))[0])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 3))
+    assert evaluate(model, splits.test, 4, CPU, workers=2) == evaluate(model, splits.test, 4, CPU)
 
 
 def test_real_data_sets_default_to_standard_augmentation_and_others_to_none(tmp_path):

@@ -40,6 +40,20 @@ class StepBatches(Sampler):
             yield [(epoch, int(i)) for i in indices]
 
 
+class Chunks(Sampler):
+    """The whole split in order, ``batch_size`` samples at a time (epoch 0): evaluation."""
+
+    def __init__(self, num_samples: int, batch_size: int) -> None:
+        self.num_samples, self.batch_size = num_samples, batch_size
+
+    def __len__(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for start in range(0, self.num_samples, self.batch_size):
+            yield [(0, i) for i in range(start, min(start + self.batch_size, self.num_samples))]
+
+
 class Samples(Dataset):
     """``source``'s samples by (epoch, index), augmented or not."""
 
@@ -101,6 +115,20 @@ class TrainBatches:
         if self._iterator is not None and hasattr(self._iterator, "_shutdown_workers"):
             self._iterator._shutdown_workers()
         self._iterator = self.loader = None
+
+
+def eval_batches(source: ImageSource, batch_size: int, workers: int
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole split, unaugmented, in order, (x, y) on the host: through DataLoader workers
+    for the sources read there (a validation set of JPEGs), else by index."""
+    if not source.in_workers or workers == 0:
+        for start in range(0, len(source), batch_size):
+            yield source.batch(torch.arange(start, min(start + batch_size, len(source))))
+        return
+    loader = DataLoader(Samples(source, False, 0), batch_sampler=Chunks(len(source), batch_size),
+                        num_workers=workers, collate_fn=collate)
+    for _, _, x, y in loader:
+        yield x, y
 
 
 def loader_batches(source: ImageSource, sampler: ShardSampler, steps: range, augment: str,
