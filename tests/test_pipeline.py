@@ -129,3 +129,23 @@ def test_two_algorithms_read_identical_batches_under_mpiexec(tmp_path):
     proc = mpi_python(3, "same_batches.py", str(root), timeout=300)
     assert proc.returncode == 0, explain(proc)
     assert "identical batches: allreduce, sgp, sync_ps" in proc.stdout, explain(proc)
+
+
+def test_reading_ahead_in_a_thread_keeps_order_hands_over_errors_and_stops_when_closed():
+    from downpour_lib.data.loader import Ahead
+
+    assert list(Ahead(iter(range(50)), depth=2)) == list(range(50))
+
+    def failing():
+        yield 1
+        raise ValueError("bad sample 2")
+
+    ahead = Ahead(failing())
+    it = iter(ahead)
+    assert next(it) == 1
+    with pytest.raises(ValueError, match="bad sample 2"):
+        next(it)
+    endless = Ahead(iter(lambda: 0, 1), depth=2)  # a producer that never ends
+    assert next(iter(endless)) == 0
+    endless.close()
+    assert not endless.thread.is_alive()

@@ -14,6 +14,8 @@ cheaper than a trip through a worker's queue.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -87,13 +89,24 @@ class TrainBatches:
         self.workers = workers if source.in_workers else 0
         self.loader: DataLoader | None = None
         self._iterator = None
+        self._ahead: Ahead | None = None
+
+    def _read(self) -> Iterator[Batch]:
+        for step in self.steps:
+            epoch, indices = self.sampler.indices(step)
+            x, y = self.source.batch(indices, epoch, self.augment, self.seed)
+            yield epoch, indices, x, y
 
     def _host_batches(self) -> Iterable[Batch]:
+        if self.workers == 0 and self.device.type == "cuda":
+            # in memory, for a GPU: gathered and pinned a step ahead in a thread (the copies
+            # release the GIL), so the host-to-device copy is asynchronous and the gather hidden
+            self._ahead = Ahead((epoch, i, x.pin_memory(), y.pin_memory())
+                                for epoch, i, x, y in self._read())
+            yield from self._ahead
+            return
         if self.workers == 0:
-            for step in self.steps:
-                epoch, indices = self.sampler.indices(step)
-                x, y = self.source.batch(indices, epoch, self.augment, self.seed)
-                yield epoch, indices, x, y
+            yield from self._read()
             return
         self.loader = DataLoader(
             Samples(self.source, self.augment, self.seed),
@@ -114,7 +127,55 @@ class TrainBatches:
     def close(self) -> None:
         if self._iterator is not None and hasattr(self._iterator, "_shutdown_workers"):
             self._iterator._shutdown_workers()
-        self._iterator = self.loader = None
+        if self._ahead is not None:
+            self._ahead.close()
+        self._iterator = self.loader = self._ahead = None
+
+
+class Ahead:
+    """Runs an iterator ``depth`` items ahead in a thread of its own; its errors surface in
+    the consumer, in order."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator, depth: int = 2) -> None:
+        self.queue: queue.Queue = queue.Queue(depth)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(items,), daemon=True,
+                                       name="downpour-batches")
+        self.thread.start()
+
+    def _put(self, entry: tuple) -> bool:
+        """Queue ``entry`` unless closed first; whether it was queued."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if not self._put((item, None)):
+                    return
+            self._put((self._END, None))
+        except BaseException as exc:  # handed to the consumer
+            self._put((self._END, exc))
+
+    def __iter__(self) -> Iterator:
+        while True:
+            item, error = self.queue.get()
+            if error is not None:
+                raise error
+            if item is self._END:
+                return
+            yield item
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
 
 
 def eval_batches(source: ImageSource, batch_size: int, workers: int
