@@ -22,10 +22,16 @@ Adding an algorithm is one module, one line in ``ALGORITHMS`` and its tests:
    values); ``step_metrics``/``eval_metrics`` add columns to the records (``staleness`` and
    ``consensus_distance`` are summarized by ``records``, which owns record analysis);
    ``eval_parameters`` if what is evaluated is not the live model (push-sum's de-biased weights).
-5. **The end.** ``close`` after a run that finished (drain what is in flight, join threads) and
+5. **Learning rate and fp16.** The engine sets the workers' optimizer to the schedule's rate
+   before each step; an update made elsewhere (a server's) asks ``self.lr_at(step)``. Under fp16
+   the engine unscales the gradients before ``after_backward`` (after it, if
+   ``reduces_in_backward``) and asks ``overflowed(found)`` whether to skip the step: by default
+   every rank agrees (a MAX allreduce); an algorithm whose ranks hold the same gradients, or step
+   alone, answers with its own finding. A skipped step reaches ``step`` with no gradients.
+6. **The end.** ``close`` after a run that finished (drain what is in flight, join threads) and
    ``abort`` after one that failed (stop, wait for no peer): the engine says which. Threads, if
    any, start in ``start``, and re-raise their errors in ``close``.
-6. **Tests** against a reference: one process on the N-times batch for synchronous methods,
+7. **Tests** against a reference: one process on the N-times batch for synchronous methods,
    exact averaging or conserved push-sum mass for gossip, PyTorch's own implementation where
    there is one; a multi-rank script in ``tests/mpi/`` under real ``mpiexec``.
 """
