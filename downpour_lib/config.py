@@ -26,7 +26,7 @@ from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
 from .options import build_options, coerce
 
-Optimizer = Literal["sgd", "adam", "adagrad"]
+Optimizer = Literal["sgd", "adam", "adamw", "adagrad"]
 Schedule = Literal["constant", "step", "cosine"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Augment = Literal["none", "standard"]
@@ -85,6 +85,9 @@ class TrainConfig:
                                      "none = the rank's share of the node's cores", default=None)
     channels_last: bool = _help("keep the model and its inputs in channels-last memory format "
                                 "(faster convolutions on GPUs with tensor cores)", default=False)
+    slow_workers: int = _help("stragglers: this many workers (the last ones) take slowdown times "
+                              "their compute time every step, sleeping the difference", default=0)
+    slowdown: float = _help("the stragglers' factor on their compute time (>= 1)", default=1.0)
     steps: int | None = _help("steps to train (give this or epochs)", default=None)
     epochs: float | None = _help("epochs to train, may be fractional (give this or steps); "
                                  "1 epoch when neither is given", default=None)
@@ -185,6 +188,10 @@ class TrainConfig:
         if self.lr_reference_batch < 1:
             raise ConfigError("lr_reference_batch", self.lr_reference_batch,
                               "must be a whole number >= 1, e.g. 256")
+        if self.slow_workers < 0:
+            raise ConfigError("slow_workers", self.slow_workers, "must be a whole number >= 0")
+        if not (math.isfinite(self.slowdown) and self.slowdown >= 1):
+            raise ConfigError("slowdown", self.slowdown, "must be a finite factor >= 1, e.g. 2")
         if self.data_workers is not None and self.data_workers < 0:
             raise ConfigError("data_workers", self.data_workers,
                               "must be a whole number >= 0 (0 = in the training process)")

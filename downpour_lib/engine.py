@@ -44,7 +44,16 @@ from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError
 from .models import build_model
 from .precision import LossScaler, autocast
-from .records import EvalRecord, Meter, RunResult, StepClock, StepRecord, frames, summarize
+from .records import (
+    EvalRecord,
+    Meter,
+    RunResult,
+    StepClock,
+    StepRecord,
+    device_sync,
+    frames,
+    summarize,
+)
 from .schedule import LRSchedule, set_lr
 
 StepCallback = Callable[[StepRecord], None]
@@ -85,6 +94,9 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
                           f"must be less than the {total} steps this run trains "
                           f"({spe} steps per epoch), or throughput has no measured step")
     algorithm.check_plan(config.options, roles, model, total)
+    if config.slow_workers > len(roles.workers):
+        raise ConfigError("slow_workers", config.slow_workers,
+                          f"this run has {len(roles.workers)} worker(s); slow at most that many")
     if config.augment == "standard" and train.augmentation is None:
         raise ConfigError("augment", config.augment,
                           f"data set {config.dataset!r} has no standard augmentation (the real "
@@ -113,6 +125,8 @@ def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
                                weight_decay=config.weight_decay)
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":  # decoupled weight decay (Loshchilov & Hutter 2019)
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     # TensorFlow's initial accumulator (0.1), not PyTorch's 0: with 0 the first update of every
     # weight is lr * sign(gradient), which asynchronous workers then repeat with stale gradients.
     return torch.optim.Adagrad(params, lr=config.lr, weight_decay=config.weight_decay,
@@ -235,6 +249,8 @@ class Trainer:
     def _steps(self, steps: range, batches, forward, params: list[torch.nn.Parameter]) -> None:
         meter, clock = self.meter, StepClock(self.ctx.device)
         scaler, algorithm = self.scaler, self.algorithm
+        slow = self.ctx.rank in self.roles.workers[len(self.roles.workers) - self.config.slow_workers:]
+        slowed = 0.0
         for step in steps:
             meter.reset()
             clock.start()
@@ -245,6 +261,8 @@ class Trainer:
             with forward:
                 loss = F.cross_entropy(self.forward_model(x), y)
             (loss if scaler is None else loss * scaler.scale).backward()
+            if slow and self.config.slow_workers:  # a straggler: F x its compute time
+                slowed = self._straggle(clock)
             clock.backward_done()
             skip = False
             if scaler is not None and not algorithm.reduces_in_backward:
@@ -261,6 +279,8 @@ class Trainer:
             exposed = meter.exposed_backward_comm_s
             extras = algorithm.step_metrics()
             extras["lr"] = self.optimizer.param_groups[0]["lr"]
+            if self.config.slow_workers:
+                extras["slowed_s"] = slowed
             if scaler is not None:
                 extras.update(loss_scale=scaler.scale, skipped=float(skip))
                 scaler.update(skip)
@@ -272,6 +292,13 @@ class Trainer:
                 bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
                 time_s=t3 - self.t_start, extras=extras)
             self._finish_step(record, point=True)
+
+    def _straggle(self, clock: StepClock) -> float:
+        """Sleep (slowdown - 1) x the forward and backward just done; the seconds slept."""
+        device_sync(self.ctx.device)
+        extra = (self.config.slowdown - 1) * (time.perf_counter() - clock.host_data_ready)
+        time.sleep(extra)
+        return extra
 
     def _unscale(self, params: list[torch.nn.Parameter]) -> bool:
         """fp16: take the loss scale off the gradients; whether the step is skipped, as every

@@ -59,6 +59,7 @@ class StepClock:
             self.events[0].record()
 
     def data_ready(self) -> None:
+        self.host_data_ready = time.perf_counter()
         self._mark(1)
 
     def backward_done(self) -> None:

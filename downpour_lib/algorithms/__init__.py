@@ -48,15 +48,20 @@ from .adpsgd import ADPSGD
 from .allreduce import AllReduce
 from .base import Algorithm, AlgorithmOptions, Roles
 from .ddp import DDP
+from .diloco import DiLoCo
 from .downpour import Downpour
 from .dpsgd import DPSGD
+from .easgd import EASGD
 from .local import Local
+from .localsgd import LocalSGD
 from .osgp import OSGP
 from .sgp import SGP
+from .slowmo import SlowMo
 from .sync_ps import SyncPS
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce, Downpour, SGP, OSGP, DPSGD, ADPSGD)}
+    cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce, Downpour, SGP, OSGP, DPSGD, ADPSGD,
+                              LocalSGD, EASGD, DiLoCo, SlowMo)}
 
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
