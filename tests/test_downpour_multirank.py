@@ -130,3 +130,23 @@ def test_evaluator_scores_checkpoints_while_downpour_trains_and_the_run_resumes(
     # the servers went on from their checkpointed versions: 3 workers x 160 pushes in all
     assert state["ranks"][0]["algorithm"]["version"] == 3 * 160
     assert second["test_accuracy"] >= first["test_accuracy"] - 0.05
+
+
+@pytest.mark.parametrize("bound", [0, 2])
+def test_bounded_staleness_refuses_staler_pushes_and_refetches(tmp_path, bound):
+    """max_staleness=0: every applied push was computed from the parameters it is applied to,
+    as in synchronous SGD (the histogram is all zero); the refused ones are counted."""
+    out = tmp_path / "run"
+    proc = mpiexec(4, str(BIN / "downpour"), "train", "--algorithm", "downpour", "--servers", "1",
+                   "--max-staleness", str(bound), "--warmstart", "0", "--model", "mlp",
+                   "--dataset", "digits", "--epochs", "3", "--threads", "1",
+                   "--output-dir", str(out), "--summary-json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, explain(proc)
+    s = read_json(tmp_path / "s.json")
+    assert s["staleness_max"] <= bound and sum(s["staleness_hist"].values()) > 0, s
+    steps = pd.read_csv(out / "steps.csv")
+    workers = steps[steps.role == "worker"]
+    applied = workers.staleness.notna().sum()
+    assert applied + workers.refused.sum() == len(workers), workers  # n_push=1: a push a step
+    servers = steps[steps.role == "server"]
+    assert len(servers) == applied  # the server recorded exactly the pushes it applied

@@ -23,6 +23,7 @@ done; that state is the run's final model and checkpoint.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +71,10 @@ class DownpourOptions(ps_placement.PSOptions):
     warmstart: int = field(default=20, metadata={
         "help": "the other workers start once the first one has made this many pushes alone "
                 "(Dean et al.'s warmstart; at most all of its pushes); 0: all start together"})
+    max_staleness: int | None = field(default=None, metadata={
+        "help": "downpour: a push computed from parameters more than this many server updates "
+                "old is refused, and its worker fetches fresh ones before its next step "
+                "(bounded staleness; 0 = every applied push is fresh); none = no bound"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -81,6 +86,11 @@ class DownpourOptions(ps_placement.PSOptions):
         if isinstance(self.warmstart, bool) or not isinstance(self.warmstart, int) \
                 or self.warmstart < 0:
             raise ConfigError("warmstart", self.warmstart, "must be a whole number of pushes >= 0")
+        if self.max_staleness is not None and (isinstance(self.max_staleness, bool) or not
+                                               isinstance(self.max_staleness, int) or
+                                               self.max_staleness < 0):
+            raise ConfigError("max_staleness", self.max_staleness,
+                              "must be a whole number of updates >= 0, or none for no bound")
 
 
 class Downpour(Algorithm):
@@ -103,6 +113,7 @@ class Downpour(Algorithm):
         self.layout = model_layout(model, len(self.servers))
         self.group = message_group(self.comm.ctx)  # collective: on every rank, before any message
         self.overflow = False  # fp16: this step's gradients overflowed here
+        self.refetch = False  # a push was refused as too stale: fetch before the next step
         self.shards = [self._shard_tensors(s) for s in range(len(self.servers))]
         self.server: ShardServer | None = None
         self.thread: ServerThread | None = None
@@ -114,7 +125,7 @@ class Downpour(Algorithm):
             params, buffers = self.shards[index]
             kind, defaults = type(optimizer), dict(optimizer.defaults)
             self.server = ShardServer(index, params, buffers, lambda ps: kind(ps, **defaults),
-                                      self.lr_at)
+                                      self.lr_at, self.options.max_staleness)
         self.is_worker = self.rank in self.workers
         # the worker's end: its own meter is the engine's; a colocated server thread gets another
         self.link = Link(self.comm.ctx, self.comm.meter, self.group)
@@ -187,7 +198,7 @@ class Downpour(Algorithm):
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         # The paper's client moves its own copy between fetches (parameters -= lr * gradient);
         # a step followed by a fetch would be overwritten, so it is skipped.
-        if self.t + 1 < self.total and (self.t + 1) % self.options.n_fetch != 0:
+        if self.t + 1 < self.total and (self.t + 1) % self.options.n_fetch != 0 and not self.refetch:
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
@@ -199,8 +210,9 @@ class Downpour(Algorithm):
         self.t += 1
         if self.t == self.total:
             self._finish()
-        elif self.t % self.options.n_fetch == 0:
+        elif self.t % self.options.n_fetch == 0 or self.refetch:
             self._fetch(account="comm")
+            self.refetch = False
 
     def step_metrics(self) -> dict[str, float]:
         """A worker's step: the staleness of the push it made (if any). A dedicated server's
@@ -216,6 +228,7 @@ class Downpour(Algorithm):
         """Push every shard's accumulated gradients (and current buffers) to its server, all
         servers at once; each receipt carries the push's staleness, which the step records."""
         staleness: dict[int, int] = {}
+        refused: list[int] = []
         works, receipts = [], {}
         for s, server in enumerate(self.servers):
             flat = self.acc[s].clone()
@@ -223,7 +236,9 @@ class Downpour(Algorithm):
             if buffers:
                 flat[flat.numel() - sum(b.numel() for b in buffers):] = flatten(buffers).cpu()
             if not self._remote(s):
-                staleness[s] = self.server.apply(flat, self.acc_version[s], self.t)[1]
+                _, staleness[s], _, applied = self.server.apply(flat, self.acc_version[s], self.t)
+                if not applied:
+                    refused.append(s)
                 continue
             receipts[s] = torch.empty(HEADER, dtype=torch.int64)
             works += [self.link.post_recv(receipts[s], server, REPLY),
@@ -232,13 +247,20 @@ class Downpour(Algorithm):
                       self.link.post_send(flat, server, PUSH_DATA)]
         self.link.wait(works, account="wait")  # mostly the server's queue: waiting
         staleness.update({s: int(r[1]) for s, r in receipts.items()})
+        refused += [s for s, r in receipts.items() if not int(r[3])]
         for a in self.acc:
             a.zero_()
         self.acc_version = None
-        values = [staleness[s] for s in range(len(self.servers))]
-        self.pushed = {"staleness": sum(values) / len(values), "staleness_max": float(max(values))}
+        self.refetch = bool(refused)
+        # the staleness of what was applied (a refused shard's is left out: nan)
+        values = [math.nan if s in refused else float(staleness[s]) for s in range(len(self.servers))]
+        applied = [v for v in values if not math.isnan(v)]
+        self.pushed = {"staleness": sum(applied) / len(applied) if applied else math.nan,
+                       "staleness_max": max(applied) if applied else math.nan}
         if len(values) > 1:
-            self.pushed.update({f"staleness_shard{s}": float(v) for s, v in enumerate(values)})
+            self.pushed.update({f"staleness_shard{s}": v for s, v in enumerate(values)})
+        if self.options.max_staleness is not None:
+            self.pushed["refused"] = float(len(refused))
 
     def _fetch(self, account: Literal["comm", "wait"] = "comm") -> None:
         """Every shard's current parameters (and buffers) into this worker's model."""

@@ -57,21 +57,27 @@ class ShardServer:
 
     def __init__(self, index: int, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 lr_at: Callable[[int], float] | None = None) -> None:
+                 lr_at: Callable[[int], float] | None = None,
+                 max_staleness: int | None = None) -> None:
         self.index = index
         self.params = [nn.Parameter(p.detach().clone()) for p in params]
         self.buffers = [b.detach().clone() for b in buffers]
         self.optimizer = make_optimizer(self.params)
         self.lr_at = lr_at  # the run's schedule, at the step of the push applied
+        self.max_staleness = max_staleness  # a staler push is refused (bounded staleness)
         self.version = 0
         self.numel = sum(t.numel() for t in [*self.params, *self.buffers])
         self.dtype = (self.params or self.buffers)[0].dtype
         self.lock = threading.Lock()
 
-    def apply(self, flat: torch.Tensor, version: int, step: int) -> tuple[int, int, int]:
+    def apply(self, flat: torch.Tensor, version: int, step: int) -> tuple[int, int, int, int]:
         """Apply one push (gradients, then buffer values) that a worker made at its ``step``
-        (whose learning rate it gets); (version before, staleness, after)."""
+        (whose learning rate it gets) from the parameters at ``version``: (version before,
+        staleness, version after, 1), or (version, staleness, version, 0) if the push is staler
+        than ``max_staleness`` and refused."""
         with self.lock:
+            if self.max_staleness is not None and self.version - version > self.max_staleness:
+                return self.version, self.version - version, self.version, 0
             if self.lr_at is not None:
                 for group in self.optimizer.param_groups:
                     group["lr"] = self.lr_at(step)
@@ -83,7 +89,7 @@ class ShardServer:
             self.optimizer.step()
             before = self.version
             self.version += 1
-            return before, before - version, self.version
+            return before, before - version, self.version, 1
 
     def read(self, out: torch.Tensor) -> int:
         """Copy the parameters and buffers into ``out``; the version they are at."""
@@ -132,9 +138,9 @@ class ServeLoop:
             kind, version = int(request[0]), int(request[1])
             if kind == PUSH:
                 link.recv(push, source, PUSH_DATA)
-                before, staleness, after = server.apply(push, version, int(request[2]))
-                link.send([header(before, staleness, after)], source, REPLY)
-                if self.on_update is not None:
+                before, staleness, after, applied = server.apply(push, version, int(request[2]))
+                link.send([header(before, staleness, after, applied)], source, REPLY)
+                if applied and self.on_update is not None:
                     self.on_update(source, staleness)
             elif kind == VERSION:
                 link.send([header(server.version)], source, REPLY)
