@@ -11,7 +11,7 @@ from downpour_lib.errors import ConfigError
 
 
 @pytest.mark.parametrize("changes, field, hint", [
-    ({"algorithm": "nope"}, "algorithm", "dpsgd, local, osgp, sgp, sync_ps"),
+    ({"algorithm": "nope"}, "algorithm", "dpsgd, easgd, local, localsgd, osgp, sgp, slowmo, sync_ps"),
     ({"model": "alexnet"}, "model", "lenet"),
     ({"dataset": "imagenet"}, "dataset", "synthetic-imagenet"),
     ({"batch_size": 0}, "batch_size", ">= 1"),
@@ -23,7 +23,7 @@ from downpour_lib.errors import ConfigError
     ({"steps": 0}, "steps", ">= 1"),
     ({"epochs": 0}, "epochs", "> 0"),
     ({"steps": 5, "warmup_steps": 5}, "warmup_steps", "less than steps=5"),
-    ({"optimizer": "lbfgs"}, "optimizer", "sgd, adam, adagrad"),
+    ({"optimizer": "lbfgs"}, "optimizer", "sgd, adam, adamw, adagrad"),
     ({"backend": "ucc"}, "backend", "auto, gloo, nccl, mpi"),
     ({"eval_every": -1}, "eval_every", ">= 0"),
     ({"timeout_s": 0}, "timeout_s", "> 0"),
