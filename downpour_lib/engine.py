@@ -94,6 +94,8 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
                           f"must be less than the {total} steps this run trains "
                           f"({spe} steps per epoch), or throughput has no measured step")
     algorithm.check_plan(config.options, roles, model, total)
+    if config.checkpoint_dir and config.options.checkpoint_refusal():
+        raise ConfigError("checkpoint_dir", config.checkpoint_dir, config.options.checkpoint_refusal())
     if config.slow_workers > len(roles.workers):
         raise ConfigError("slow_workers", config.slow_workers,
                           f"this run has {len(roles.workers)} worker(s); slow at most that many")

@@ -70,6 +70,10 @@ class AlgorithmOptions:
         launch (``.world_size`` ranks) for a run of that many workers."""
         return self.roles(check_workers(workers))
 
+    def checkpoint_refusal(self) -> str | None:
+        """Why the algorithm cannot write checkpoints with these options, or None (it can)."""
+        return None
+
 
 def check_workers(workers: Any) -> int:
     """A number of workers, or a ConfigError."""

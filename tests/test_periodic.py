@@ -11,6 +11,8 @@ from conftest import BIN, explain, mpi_python, mpiexec, read_json
 from downpour_lib import TrainConfig, Trainer
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.comm.traffic import collective_bytes
+from downpour_lib.data import load_dataset
+from downpour_lib.engine import plan_run
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
 
@@ -66,10 +68,15 @@ def test_diloco_reaches_90_percent_on_digits_sending_far_less_than_allreduce(tmp
 
 def test_localsgd_easgd_and_slowmo_reach_90_percent_on_digits():
     found = lines(mpi_python(4, "periodic.py", "accuracy", timeout=400))
-    assert set(found) == {"localsgd", "easgd", "slowmo"}
+    assert set(found) == {"localsgd", "easgd", "slowmo", "easgd async"}
     for c in found.values():
         assert c["test_accuracy"] >= 0.90, c
-        assert c["final_consensus_distance"] is not None, c
+    for name in ("localsgd", "easgd", "slowmo"):
+        assert found[name]["final_consensus_distance"] is not None, found[name]
+    # asynchronous EASGD: 3 workers around a center on rank 0, which applied every worker's
+    # exchange (one every 4 steps of each worker's own clock)
+    c = found["easgd async"]
+    assert c["num_workers"] == 3 and c["server_updates"] == 3 * (c["total_steps"] // 4), c
 
 
 def test_bad_options_are_refused():
@@ -81,6 +88,12 @@ def test_bad_options_are_refused():
         TrainConfig(algorithm="slowmo", options={"slow_momentum": -0.1})
     with pytest.raises(ConfigError, match="moving_rate=0.5.*at most 0.25 with 4 workers"):
         TrainConfig(algorithm="easgd", options={"moving_rate": 0.5}).options.roles(4)
+    with pytest.raises(ConfigError, match="mode='async'.*launch 2 ranks or more"):
+        TrainConfig(algorithm="easgd", options={"mode": "async"}).options.roles(1)
+    assert TrainConfig(algorithm="easgd", options={"mode": "async"}).options.roles_for(3).servers == (0,)
+    config = TrainConfig(algorithm="easgd", options={"mode": "async"}, checkpoint_dir="/tmp/nowhere")
+    with pytest.raises(ConfigError, match="checkpoint_dir=.*mode=async does not write checkpoints"):
+        plan_run(config, 3, load_dataset("digits").train)  # before any rank starts
     with pytest.raises(ConfigError, match="slowdown=0.5"):
         TrainConfig(slowdown=0.5)
 

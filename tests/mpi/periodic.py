@@ -97,14 +97,17 @@ def easgd_quadratic(ctx, steps=9, period=2, alpha=0.2, eta=0.3):
 
 
 def accuracy(ctx) -> int:
-    for name in ("localsgd", "easgd", "slowmo"):
-        result = Trainer(TrainConfig(algorithm=name, model="lenet", dataset="digits", epochs=10,
-                                     threads=1, backend="gloo"), ctx).run()
+    runs = [("localsgd", None), ("easgd", None), ("slowmo", None), ("easgd async", {"mode": "async"})]
+    for case, options in runs:
+        result = Trainer(TrainConfig(algorithm=case.split()[0], options=options, model="lenet",
+                                     dataset="digits", epochs=10, threads=1, backend="gloo"),
+                         ctx).run()
         if ctx.rank == 0:
-            s = result.summary
-            print(json.dumps({"case": name, "test_accuracy": s["test_accuracy"],
-                              "final_consensus_distance": s.get("final_consensus_distance")}),
-                  flush=True)
+            s, steps = result.summary, result.steps
+            print(json.dumps({"case": case, "test_accuracy": s["test_accuracy"],
+                              "final_consensus_distance": s.get("final_consensus_distance"),
+                              "num_workers": s["num_workers"], "total_steps": s["total_steps"],
+                              "server_updates": int((steps.role == "server").sum())}), flush=True)
     runtime.shutdown()
     return 0
 
