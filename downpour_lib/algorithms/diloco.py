@@ -14,7 +14,6 @@ the run ends on the global parameters.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,8 +21,7 @@ import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from ..errors import ConfigError
-from .localsgd import PERIOD_HELP, Periodic, PeriodicOptions
+from .localsgd import PERIOD_HELP, Periodic, PeriodicOptions, check_momentum, check_rate
 
 WIRE = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -40,10 +38,8 @@ class DiLoCoOptions(PeriodicOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
-            raise ConfigError("outer_lr", self.outer_lr, "must be a finite number > 0, e.g. 0.7")
-        if not 0 <= self.outer_momentum < 1:
-            raise ConfigError("outer_momentum", self.outer_momentum, "must be in [0, 1), e.g. 0.9")
+        check_rate("outer_lr", self.outer_lr, "0.7")
+        check_momentum("outer_momentum", self.outer_momentum, "0.9")
 
 
 class DiLoCo(Periodic):

@@ -16,6 +16,7 @@ step count, and the consensus distance at evaluation points.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,19 @@ from .base import Algorithm, AlgorithmOptions
 def check_steps(name: str, value: Any, least: int, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ConfigError(name, value, f"must be a whole number >= {least} ({what})")
+
+
+def check_rate(name: str, value: Any, example: str) -> None:
+    """A learning rate: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ConfigError(name, value, f"must be a finite number > 0, e.g. {example}")
+
+
+def check_momentum(name: str, value: Any, example: str) -> None:
+    """A momentum: in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(name, value, f"must be in [0, 1), e.g. {example}")
 
 
 class Periodic(Algorithm):

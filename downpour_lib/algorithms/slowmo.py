@@ -15,7 +15,6 @@ average is the average of the push-sum numerators, after which every weight is 1
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,8 +22,7 @@ import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from ..errors import ConfigError
-from .localsgd import LocalSGD, LocalSGDOptions
+from .localsgd import LocalSGD, LocalSGDOptions, check_momentum, check_rate
 from .sgp import SGP, SGPOptions
 
 
@@ -39,10 +37,8 @@ class SlowMoOptions(LocalSGDOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 <= self.slow_momentum < 1:
-            raise ConfigError("slow_momentum", self.slow_momentum, "must be in [0, 1), e.g. 0.5")
-        if not (math.isfinite(self.slow_lr) and self.slow_lr > 0):
-            raise ConfigError("slow_lr", self.slow_lr, "must be a finite number > 0, e.g. 1")
+        check_momentum("slow_momentum", self.slow_momentum, "0.5")
+        check_rate("slow_lr", self.slow_lr, "1")
 
 
 class SlowMo(LocalSGD):
