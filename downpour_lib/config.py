@@ -27,6 +27,8 @@ from .models import MODELS
 from .options import build_options, coerce
 
 Optimizer = Literal["sgd", "adam", "adamw", "adagrad"]
+#: The learning rate when neither the run nor the algorithm's default optimizer names one.
+DEFAULT_LR = 0.05
 Schedule = Literal["constant", "step", "cosine"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Augment = Literal["none", "standard"]
@@ -51,7 +53,8 @@ class TrainConfig:
     data_dir: str = _help("directory holding the real data sets' files", default="data")
     batch_size: int = _help("samples per worker per step; the global batch is this times the "
                             "number of workers", default=32)
-    lr: float = _help("learning rate", default=0.05)
+    lr: float | None = _help("learning rate; none = the algorithm's default recipe: 0.003 for "
+                             "diloco's AdamW inner steps, 0.05 otherwise", default=None)
     momentum: float | None = _help("SGD momentum (sgd only); none = 0.9 for sgd, 0 otherwise",
                                    default=None)
     weight_decay: float = _help("L2 weight decay", default=0.0)
@@ -127,6 +130,9 @@ class TrainConfig:
         options = build_options(self.algorithm, ALGORITHMS[self.algorithm].Options, self.options)
         object.__setattr__(self, "options", options)
         explicit_momentum = self.momentum is not None
+        if self.lr is None:  # the algorithm's recipe only goes with its own optimizer
+            recipe = self.optimizer is None and self.options.default_lr is not None
+            object.__setattr__(self, "lr", self.options.default_lr if recipe else DEFAULT_LR)
         if self.optimizer is None:
             object.__setattr__(self, "optimizer", self.options.default_optimizer)
         if self.momentum is None:

@@ -56,6 +56,9 @@ class AlgorithmOptions:
 
     #: The update rule when the config names none (Downpour SGD made Adagrad its default).
     default_optimizer: ClassVar[str] = "sgd"
+    #: the learning rate that goes with ``default_optimizer`` when the run names neither (None:
+    #: the run's default, 0.05)
+    default_lr: ClassVar[float | None] = None
 
     def __post_init__(self) -> None:
         check_choices(self)

