@@ -19,7 +19,8 @@ LOGIC = (ast.FunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.Try, ast
 def test_the_suite_is_there():
     assert [nb.name for nb in NOTEBOOKS] == ["00_cluster_quickstart.ipynb", "01_train_sync_ps.ipynb",
                                              "02_scaling_study.ipynb", "03_downpour_staleness.ipynb",
-                                             "04_gossip_consensus.ipynb"]
+                                             "04_gossip_consensus.ipynb",
+                                             "05_time_to_accuracy.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -155,3 +156,20 @@ def test_04_gossip_consensus(tmp_path):
     table = outputs(nb, "summary_table(runs)")
     assert all(a in table for a in algorithms) and "final_consensus_distance" in table
     assert images(nb) == 3  # consensus, accuracy against time, bytes per step
+
+
+def test_05_time_to_accuracy(tmp_path):
+    """Local ranks (the sandbox's runs are tested in test_slurm_nodes.py): two algorithms, a
+    table of seconds and megabytes to the target, both figures."""
+    nb = run_notebook(ROOT / "notebooks" / "05_time_to_accuracy.ipynb",
+                      {"algorithms": ["allreduce", "diloco"], "workers": 2, "network": "local",
+                       "stragglers": [0], "epochs": 1, "eval_every": 10, "target": 0.2,
+                       "out": str(tmp_path)})
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert list(runs.algorithm) == ["allreduce", "diloco"] and (runs.network == "local").all()
+    assert (runs.test_accuracy > 0.2).all()  # 62 steps of MNIST-1D: above chance (0.1)
+    table = outputs(nb, "study.table()")
+    assert "time_to_target_s" in table and "mb_to_target" in table and "diloco" in table
+    assert images(nb) == 2  # accuracy against time, against bytes
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
+        "accuracy_vs_bytes.png", "accuracy_vs_time.png"]

@@ -282,6 +282,34 @@ def _netns(pid: str) -> int | None:
         return None
 
 
+def test_the_accuracy_study_runs_across_both_nodes_at_each_link_rate(sandbox, tmp_path, monkeypatch):
+    """Notebook 05's study on this sandbox (borrowed: left running, its links unshaped after): each
+    run spans both hosts over links shaped to the run's rate, and its row says so."""
+    import pandas as pd
+
+    from downpour_lib.study.accuracy import plan_study, run_study
+
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    plan = plan_study({"epochs": 1, "eval_every": 20}, ["allreduce", "localsgd"], network="sandbox",
+                      links=["1gbit", "20mbit"], workers=2, stragglers=[0], target=0.2)
+    rates = []
+
+    def log(line: str) -> None:  # the rate each run met, read off the link as it started
+        if line.startswith("run "):
+            rates.append(sandbox.network.shaping(sandbox.network.node(1)))
+
+    run_study(plan, tmp_path, sandbox_dir=sandbox.dir, log=log)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert list(zip(runs.algorithm, runs.link, strict=True)) == [
+        ("allreduce", "1gbit"), ("localsgd", "1gbit"), ("allreduce", "20mbit"), ("localsgd", "20mbit")]
+    assert (runs.hosts == "node1,node2").all() and (runs.network == "sandbox").all()
+    assert (runs.backend == "gloo").all() and (runs.world_size == 2).all()
+    assert [r.lower() for r in rates] == ["1gbit", "1gbit", "20mbit", "20mbit"]
+    assert sandbox.status().running and sandbox.network.shaping(sandbox.network.node(0)) == "none"
+    evals = pd.read_csv(tmp_path / "evals.csv")
+    assert (evals.groupby("run_id").bytes_sent.max() > 0).all()
+
+
 def test_down_removes_every_namespace_link_and_file(sandbox):
     hosts = etc_hosts()
     namespaces = [sandbox.network.node(i).namespace for i in range(2)]

@@ -10,7 +10,7 @@ from conftest import ROOT
 
 from downpour_lib import provenance
 from downpour_lib.cli import main
-from downpour_lib.study import gossip_plots, scaling_plots, staleness_plots
+from downpour_lib.study import accuracy_plots, gossip_plots, scaling_plots, staleness_plots
 from downpour_lib.study.core import (
     REFERENCE_ROOT,
     STUDIES,
@@ -21,7 +21,7 @@ from downpour_lib.study.core import (
 )
 
 FIGURES = {"scaling": scaling_plots.FIGURES, "staleness": staleness_plots.FIGURES,
-           "gossip": gossip_plots.FIGURES}
+           "gossip": gossip_plots.FIGURES, "accuracy": accuracy_plots.FIGURES}
 
 
 def test_each_study_has_its_directory_here_and_in_the_reference():

@@ -14,7 +14,7 @@ from functools import partial
 from torch import nn
 
 from downpour_lib.errors import ConfigError, unknown_name
-from downpour_lib.models import cifar_resnet, inception, lenet, mlp, torchvision_models
+from downpour_lib.models import cifar_resnet, cnn1d, inception, lenet, mlp, torchvision_models
 
 InputShape = tuple[int, int, int]
 """(channels, height, width) of one image."""
@@ -89,6 +89,15 @@ _SPECS = (
         10,
         lenet.MIN_SIZE,
         lenet.lenet,
+    ),
+    ModelSpec(
+        "cnn1d",
+        'Three strided 1-D convolutions and a linear layer, for MNIST-1D (Greydanus 2020, "Scaling '
+        'down deep learning", its ConvBase)',
+        (1, 1, 40),
+        10,
+        1,
+        cnn1d.cnn1d,
     ),
     ModelSpec(
         "inception_small",

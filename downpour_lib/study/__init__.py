@@ -8,6 +8,7 @@ study          plan and runs                figures                   notebook
 scaling        ``scaling`` (``StudySpec``)  ``scaling_plots``         02
 staleness      ``staleness``                ``staleness_plots``       03
 gossip         ``gossip``                   ``gossip_plots``          04
+accuracy       ``accuracy``                 ``accuracy_plots``        05
 =============  ===========================  ========================  ============
 
 Each writes ``results/<host>/<study>/`` (``runs.csv``, its companions, ``figures/``); the committed

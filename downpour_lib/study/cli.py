@@ -91,10 +91,10 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def figure_makers() -> dict:
     """study name -> its ``make_figures(directory, out_dir=None)``."""
-    from . import gossip_plots, scaling_plots, staleness_plots
+    from . import accuracy_plots, gossip_plots, scaling_plots, staleness_plots
 
     return {"scaling": scaling_plots.make_figures, "staleness": staleness_plots.make_figures,
-            "gossip": gossip_plots.make_figures}
+            "gossip": gossip_plots.make_figures, "accuracy": accuracy_plots.make_figures}
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

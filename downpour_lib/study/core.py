@@ -43,7 +43,7 @@ from ..config import TrainConfig
 from ..errors import DownpourError
 
 #: The studies, each a directory of results/<host>/ and of results/reference/.
-STUDIES = ("scaling", "staleness", "gossip")
+STUDIES = ("scaling", "staleness", "gossip", "accuracy")
 #: The committed references, one directory per study, measured on the machine their rows name;
 #: a study run never writes here.
 REFERENCE_ROOT = "results/reference"

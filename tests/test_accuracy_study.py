@@ -1,0 +1,135 @@
+"""MNIST-1D (made offline), its 1-D CNN, and the time-and-bytes-to-accuracy study (notebook 05): its plan
+checked before anything runs, its bytes and time to target read from the records, and a small study
+under mpiexec whose CSVs show what the study is for (local SGD sends 1/period of allreduce's bytes;
+a straggler slows the synchronous run) and resume."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from downpour_lib.data import DATASETS, load_dataset
+from downpour_lib.errors import ConfigError
+from downpour_lib.models import build_model, parameter_count
+from downpour_lib.study import accuracy_plots
+from downpour_lib.study.accuracy import (
+    ALGORITHMS,
+    bytes_by_eval,
+    first_reaching,
+    plan_study,
+    plan_table,
+    run_study,
+    settings,
+)
+from downpour_lib.study.accuracy_plots import AccuracyStudy
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "downpour" / "mnist1d_seed42.npz"
+
+
+def test_mnist1d_is_the_packages_data_set_made_offline_and_cached(cache):
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    splits = load_dataset("mnist1d")
+    # the package seeds NumPy's global generator; ours is given back as it was
+    assert np.array_equal(np.random.get_state()[1], before)
+    assert cache.is_file()
+    spec = DATASETS["mnist1d"]
+    assert (len(splits.train), len(splits.test)) == (spec.train_size, spec.test_size) == (4000, 1000)
+    x, y = splits.train.batch(torch.arange(4000))
+    assert x.shape == (4000, 1, 1, 40) and set(y.tolist()) == set(range(10))
+    reference = make_dataset(get_dataset_args())
+    assert torch.allclose(x.view(4000, 40), torch.tensor(reference["x"], dtype=torch.float32))
+    assert torch.equal(y, torch.tensor(reference["y"]))
+    again = load_dataset("mnist1d")  # from the cache: the same
+    assert torch.equal(again.test.batch(torch.arange(1000))[0], splits.test.batch(torch.arange(1000))[0])
+
+
+def test_cnn1d_reads_the_signal_and_has_the_papers_size():
+    model = build_model("cnn1d", (1, 1, 40), 10)
+    # conv 1->25 k5, 25->25 k3 twice, linear 25*5 -> 10 (Greydanus 2020's ConvBase on 40 samples)
+    assert parameter_count(model) == (25 * 5 + 25) + 2 * (25 * 25 * 3 + 25) + (125 * 10 + 10)
+    assert model(torch.randn(3, 1, 1, 40)).shape == (3, 10)
+    with pytest.raises(ConfigError, match="at least 3 samples"):
+        build_model("cnn1d", (1, 1, 2), 10)
+
+
+def test_the_plan_is_every_algorithm_in_every_setting_checked_first(cache):
+    plan = plan_study({"epochs": 2}, network="sandbox", links=["1gbit", "50mbit"])
+    assert len(plan) == len(ALGORITHMS) * 4
+    table = plan_table(plan)
+    assert list(table.columns[:6]) == ["label", "network", "link", "slow_workers", "slowdown",
+                                       "target_accuracy"]
+    assert set(zip(table.link, table.slow_workers, table.slowdown, strict=True)) == {
+        ("1gbit", 0, 1.0), ("1gbit", 1, 2.0), ("50mbit", 0, 1.0), ("50mbit", 1, 2.0)}
+    sizes = dict(zip(table.algorithm, table.world_size, strict=False))
+    assert sizes["downpour"] == 5 and sizes["allreduce"] == 4  # downpour's server on a rank of its own
+    assert all(run.config.model == "cnn1d" and run.config.dataset == "mnist1d" for run in plan)
+    assert len({run.run_id for run in plan}) == len(plan)
+    assert [s.name for s in settings("local")] == ["local", "local, 1 slow x2"]
+
+
+@pytest.mark.parametrize("kwargs, field, what", [
+    ({"algorithms": ["allreduce", "nope"]}, "algorithms", "nope"),
+    ({"algorithms": []}, "algorithms", "at least one"),
+    ({"network": "cloud"}, "network", "sandbox"),
+    ({"network": "sandbox", "links": ["1gbit", "fast"]}, "links", "fast"),
+    ({"stragglers": [4]}, "stragglers", "0 to 3"),
+    ({"slowdown": 0.5}, "slowdown", ">= 1"),
+    ({"target": 1.5}, "target", "between 0 and 1"),
+    ({"base": {"algorithm": "sgp"}}, "algorithm", "sets it per run"),
+    ({"options": {"localsgd": {"period": 0}}}, "period", "0"),
+])
+def test_a_bad_plan_is_refused_naming_the_field(cache, kwargs, field, what):
+    with pytest.raises(ConfigError) as err:
+        plan_study(**{"network": "local", **kwargs})
+    assert field in str(err.value) and what in str(err.value)
+
+
+def test_bytes_and_time_to_target_come_from_every_ranks_records():
+    steps = pd.DataFrame({"rank": [0, 1, 0, 1, 2], "time_s": [1.0, 1.1, 2.0, 2.2, 2.5],
+                          "bytes_sent": [10, 20, 10, 20, 100]})
+    evals = pd.DataFrame({"time_s": [0.5, 2.1, 3.0], "accuracy": [0.2, 0.85, 0.9]})
+    assert list(bytes_by_eval(steps, evals)) == [0, 40, 160]
+    evals = evals.assign(bytes_sent=bytes_by_eval(steps, evals))
+    assert first_reaching(evals, 0.8, "time_s") == 2.1 and first_reaching(evals, 0.8, "bytes_sent") == 40
+    assert np.isnan(first_reaching(evals, 0.95, "time_s"))
+
+
+def test_a_small_study_on_local_ranks_writes_its_csvs_and_figures_and_resumes(cache, tmp_path):
+    """allreduce and localsgd (period 4) at 2 workers, with and without a straggler at 3x: local SGD
+    sends a quarter of allreduce's bytes; the straggler makes the synchronous run slower."""
+    plan = plan_study({"epochs": 2, "eval_every": 10}, ["allreduce", "localsgd"], network="local",
+                      workers=2, slowdown=3.0, target=0.3)
+    logs: list[str] = []
+    run_study(plan, tmp_path, log=logs.append)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert len(runs) == 4 and set(runs.network) == {"local"} and set(runs.link) == {"local"}
+    rows = runs.set_index(["algorithm", "slow_workers"])
+    sent = rows.bytes_sent_total
+    assert sent[("localsgd", 0)] / sent[("allreduce", 0)] == pytest.approx(0.25, abs=0.03)
+    assert rows.wall_s[("allreduce", 1)] > rows.wall_s[("allreduce", 0)]
+    assert (runs.total_steps == 124).all()  # 4,000 samples / (2 x 32) = 62 steps, 2 epochs
+    assert (runs.time_to_target_s > 0).all() and (runs.bytes_to_target > 0).all()
+    evals = pd.read_csv(tmp_path / "evals.csv")
+    per_run = evals.groupby("run_id")
+    assert (per_run.size() == 13).all()  # every 10 steps, and the last
+    assert all(g.bytes_sent.is_monotonic_increasing for _, g in per_run)
+
+    study = AccuracyStudy.load(tmp_path)
+    assert study.settings == ["local", "local, 1 slow x3"]
+    assert study.algorithms == ["allreduce", "localsgd"]
+    mb = study.table()["mb_to_target"]["local"]
+    assert mb["localsgd"] < mb["allreduce"]
+    paths = accuracy_plots.make_figures(tmp_path)
+    assert sorted(p.name for p in paths) == ["accuracy_vs_bytes.png", "accuracy_vs_time.png"]
+
+    logs.clear()
+    run_study(plan, tmp_path, log=logs.append)
+    assert logs == [f"all 4 runs are already in {tmp_path / 'runs.csv'}; nothing to run (fresh=True "
+                    "starts over)"]
