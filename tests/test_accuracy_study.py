@@ -1,7 +1,6 @@
-"""MNIST-1D (made offline), its 1-D CNN, and the time-and-bytes-to-accuracy study (notebook 05): its plan
-checked before anything runs, its bytes and time to target read from the records, and a small study
-under mpiexec whose CSVs show what the study is for (local SGD sends 1/period of allreduce's bytes;
-a straggler slows the synchronous run) and resume."""
+"""MNIST-1D (made offline), its 1-D CNN, and the time-and-bytes-to-accuracy study: its plan checked
+before anything runs, its bytes and time to target read from the records. The study itself runs in
+test_notebooks.py (notebook 05, local ranks) and test_slurm_nodes.py (across the sandbox's nodes)."""
 
 import numpy as np
 import pandas as pd
@@ -11,17 +10,14 @@ import torch
 from downpour_lib.data import DATASETS, load_dataset
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model, parameter_count
-from downpour_lib.study import accuracy_plots
 from downpour_lib.study.accuracy import (
     ALGORITHMS,
     bytes_by_eval,
     first_reaching,
     plan_study,
     plan_table,
-    run_study,
     settings,
 )
-from downpour_lib.study.accuracy_plots import AccuracyStudy
 
 
 @pytest.fixture
@@ -99,37 +95,3 @@ def test_bytes_and_time_to_target_come_from_every_ranks_records():
     evals = evals.assign(bytes_sent=bytes_by_eval(steps, evals))
     assert first_reaching(evals, 0.8, "time_s") == 2.1 and first_reaching(evals, 0.8, "bytes_sent") == 40
     assert np.isnan(first_reaching(evals, 0.95, "time_s"))
-
-
-def test_a_small_study_on_local_ranks_writes_its_csvs_and_figures_and_resumes(cache, tmp_path):
-    """allreduce and localsgd (period 4) at 2 workers, with and without a straggler at 3x: local SGD
-    sends a quarter of allreduce's bytes; the straggler makes the synchronous run slower."""
-    plan = plan_study({"epochs": 2, "eval_every": 10}, ["allreduce", "localsgd"], network="local",
-                      workers=2, slowdown=3.0, target=0.3)
-    logs: list[str] = []
-    run_study(plan, tmp_path, log=logs.append)
-    runs = pd.read_csv(tmp_path / "runs.csv")
-    assert len(runs) == 4 and set(runs.network) == {"local"} and set(runs.link) == {"local"}
-    rows = runs.set_index(["algorithm", "slow_workers"])
-    sent = rows.bytes_sent_total
-    assert sent[("localsgd", 0)] / sent[("allreduce", 0)] == pytest.approx(0.25, abs=0.03)
-    assert rows.wall_s[("allreduce", 1)] > rows.wall_s[("allreduce", 0)]
-    assert (runs.total_steps == 124).all()  # 4,000 samples / (2 x 32) = 62 steps, 2 epochs
-    assert (runs.time_to_target_s > 0).all() and (runs.bytes_to_target > 0).all()
-    evals = pd.read_csv(tmp_path / "evals.csv")
-    per_run = evals.groupby("run_id")
-    assert (per_run.size() == 13).all()  # every 10 steps, and the last
-    assert all(g.bytes_sent.is_monotonic_increasing for _, g in per_run)
-
-    study = AccuracyStudy.load(tmp_path)
-    assert study.settings == ["local", "local, 1 slow x3"]
-    assert study.algorithms == ["allreduce", "localsgd"]
-    mb = study.table()["mb_to_target"]["local"]
-    assert mb["localsgd"] < mb["allreduce"]
-    paths = accuracy_plots.make_figures(tmp_path)
-    assert sorted(p.name for p in paths) == ["accuracy_vs_bytes.png", "accuracy_vs_time.png"]
-
-    logs.clear()
-    run_study(plan, tmp_path, log=logs.append)
-    assert logs == [f"all 4 runs are already in {tmp_path / 'runs.csv'}; nothing to run (fresh=True "
-                    "starts over)"]

@@ -114,8 +114,9 @@ def test_train_from_a_config_file_with_flag_overrides(tmp_path):
 def test_models_and_datasets_listings(capsys):
     assert main(["datasets"]) == 0
     out = capsys.readouterr().out
-    assert all(n in out for n in ("digits", "synthetic-cifar", "imagefolder", "cifar100"))
+    assert all(n in out for n in ("digits", "mnist1d", "synthetic-cifar", "imagefolder", "cifar100"))
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "1,649,402" in out and "11,689,512" in out  # inception_small, torchvision resnet18
-    assert len(out.strip().splitlines()) == 13  # header + 12 models
+    # inception_small, torchvision resnet18, cnn1d
+    assert "1,649,402" in out and "11,689,512" in out and "5,210" in out
+    assert len(out.strip().splitlines()) == 14  # header + 13 models

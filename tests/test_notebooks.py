@@ -159,17 +159,33 @@ def test_04_gossip_consensus(tmp_path):
 
 
 def test_05_time_to_accuracy(tmp_path):
-    """Local ranks (the sandbox's runs are tested in test_slurm_nodes.py): two algorithms, a
-    table of seconds and megabytes to the target, both figures."""
-    nb = run_notebook(ROOT / "notebooks" / "05_time_to_accuracy.ipynb",
-                      {"algorithms": ["allreduce", "diloco"], "workers": 2, "network": "local",
-                       "stragglers": [0], "epochs": 1, "eval_every": 10, "target": 0.2,
-                       "out": str(tmp_path)})
+    """Local ranks (the sandbox's runs are tested in test_slurm_nodes.py): allreduce and localsgd
+    (period 4) at 2 workers, with and without a straggler at 3x. Local SGD sends a quarter of
+    allreduce's bytes; the straggler makes the synchronous run slower; a table of seconds and
+    megabytes to the target, both figures; run again, nothing is measured twice."""
+    params = {"algorithms": ["allreduce", "localsgd"], "workers": 2, "network": "local",
+              "stragglers": [0, 1], "slowdown": 3.0, "epochs": 1, "eval_every": 10, "target": 0.2,
+              "out": str(tmp_path)}
+    nb = run_notebook(ROOT / "notebooks" / "05_time_to_accuracy.ipynb", params)
     runs = pd.read_csv(tmp_path / "runs.csv")
-    assert list(runs.algorithm) == ["allreduce", "diloco"] and (runs.network == "local").all()
+    assert len(runs) == 4 and (runs.network == "local").all() and (runs.link == "local").all()
+    assert (runs.total_steps == 62).all()  # 4,000 samples / (2 x 32)
     assert (runs.test_accuracy > 0.2).all()  # 62 steps of MNIST-1D: above chance (0.1)
+    rows = runs.set_index(["algorithm", "slow_workers"])
+    sent = rows.bytes_sent_total
+    assert sent[("localsgd", 0)] / sent[("allreduce", 0)] == pytest.approx(0.25, abs=0.03)
+    assert rows.wall_s[("allreduce", 1)] > rows.wall_s[("allreduce", 0)]
+    assert (runs.time_to_target_s > 0).all() and (runs.bytes_to_target > 0).all()
+    evals = pd.read_csv(tmp_path / "evals.csv").groupby("run_id")
+    assert (evals.size() == 7).all()  # every 10 steps, and the last
+    assert all(g.bytes_sent.is_monotonic_increasing for _, g in evals)
     table = outputs(nb, "study.table()")
-    assert "time_to_target_s" in table and "mb_to_target" in table and "diloco" in table
+    assert "time_to_target_s" in table and "mb_to_target" in table and "local, 1 slow x3" in table
     assert images(nb) == 2  # accuracy against time, against bytes
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
         "accuracy_vs_bytes.png", "accuracy_vs_time.png"]
+
+    before = (tmp_path / "runs.csv").read_text()
+    again = run_notebook(ROOT / "notebooks" / "05_time_to_accuracy.ipynb", params)
+    assert "all 4 runs are already in" in outputs(again, "measured = run_study")
+    assert (tmp_path / "runs.csv").read_text() == before
