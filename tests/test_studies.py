@@ -39,9 +39,12 @@ def test_each_study_has_its_directory_here_and_in_the_reference():
 def test_the_committed_reference_is_one_tidy_csv_with_provenance_and_its_figures(study):
     where = ROOT / REFERENCE_ROOT / study
     runs = pd.read_csv(where / "runs.csv")
-    for column in ("run_id", "git_sha", "host", "cores", "cpu_model", "torch_version", "mpi_version",
+    for column in ("run_id", "git_sha", "host", "cores", "cpu_model", "torch_version", "launcher",
                    "algorithm", "model", "samples_per_s"):
         assert column in runs and runs[column].notna().all(), (study, column)
+    # MPI's version where MPI started the ranks (srun's ranks on the sandbox run gloo without MPI)
+    assert runs[runs.launcher == "mpi"].mpi_version.notna().all(), study
+    assert runs[runs.launcher != "mpi"].mpi_version.isna().all(), study
     assert runs.run_id.is_unique and runs.git_sha.nunique() == 1 and runs.host.nunique() == 1
     assert sorted(p.name for p in (where / "figures").iterdir()) == sorted(
         f"{name}.png" for name in FIGURES[study])
