@@ -29,7 +29,7 @@ def _forward_backward(name: str, input_shape: tuple[int, int, int], num_classes:
 
 def test_registry_order() -> None:
     assert NAMES == [
-        "mlp", "lenet", "inception_small",
+        "mlp", "lenet", "cnn1d", "inception_small",
         "resnet20", "resnet32", "resnet56", "resnet110",
         "resnet18", "resnet50", "resnet152", "vgg11", "vgg16",
     ]  # fmt: skip
