@@ -150,7 +150,10 @@ def alive(pid: int) -> bool:
 
 def test_interrupting_a_run_restarts_the_engines_and_keeps_the_caller(local_cluster):
     before = {e["pid"] for e in local_cluster.engines.values()}
-    # what "interrupt kernel" does to a notebook: SIGINT to the process waiting on the engines
+    # what "interrupt kernel" does to a notebook: SIGINT to the process waiting on the engines. A
+    # kernel turns SIGINT into KeyboardInterrupt; so must this test when it runs in the background
+    # (`make test &` from a script), where it inherits SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -158,6 +161,7 @@ def test_interrupting_a_run_restarts_the_engines_and_keeps_the_caller(local_clus
             local_cluster.run(cluster_jobs.sleep_on_rank, 0, 600)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert not {e["pid"] for e in local_cluster.engines.values()} & before
     assert local_cluster.train(TrainConfig(**TINY)).summary["world_size"] == 2
 
