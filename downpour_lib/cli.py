@@ -213,8 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .cluster.cli import add_cluster_parsers
     from .sandbox.cli import add_sandbox_parser
     from .study.cli import add_study_parsers
+    from .study.model_cli import add_model_parser
 
     add_study_parsers(sub)
+    add_model_parser(sub)
     add_bench_parser(sub)
     add_cluster_parsers(sub)
     add_sandbox_parser(sub)

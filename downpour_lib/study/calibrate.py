@@ -1,0 +1,208 @@
+"""Calibrating the performance model on this machine's measurements, and checking it against them.
+
+- The link: ``downpour bench collectives`` rows (allreduce and broadcast, one backend) fitted to the
+  alpha-beta costs of ``netmodel`` by least squares on relative error (so a 4 KiB case weighs as much
+  as a 64 MiB one: the small sizes fix alpha, the large ones beta).
+- The workloads: a study CSV's one-worker runs give each model's compute time per step (the step
+  less its communication and waiting) and, from an allreduce row, the bytes a step moves.
+- The overlap: how much of the ideal bucket pipeline the allreduce runs achieved (``perfmodel``).
+
+``compare_with_study`` then predicts every measured row from the calibration and reports the error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from .netmodel import Link, Network
+from .perfmodel import Calibration, Workload, bucketed_allreduce_s, predict
+
+#: columns of a study row that are communication or waiting, not computation
+_NOT_COMPUTE = ("comm_s", "wait_s")
+_PS = ("sync_ps", "downpour", "easgd")
+
+
+def read_collectives(path: str | os.PathLike) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("collectives", str(path), "no such file: write it with `mpiexec -n 2 "
+                          "downpour bench collectives --json FILE`") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError("collectives", str(path), f"not JSON ({exc}): give the file "
+                          "`downpour bench collectives --json` wrote") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "p50_s" in r for r in rows):
+        raise ConfigError("collectives", str(path), "not `downpour bench collectives` rows")
+    return rows
+
+
+def measure_collectives(path: str | os.PathLike, ranks: int = 2, sizes: str = "4K,256K,4M,32M",
+                        backends: str = "gloo,mpi", timeout_s: float = 300.0) -> Path:
+    """Run ``downpour bench collectives`` (allreduce and broadcast) on ``ranks`` MPI ranks here and
+    write its rows to ``path``: the measurement a calibration of this machine starts from."""
+    import subprocess
+    import sys
+
+    from ..cluster.mpiexec import find_mpiexec, run_mpiexec
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [find_mpiexec(), "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
+           sys.executable, "-m", "downpour_lib", "bench", "collectives", "--backends", backends,
+           "--ops", "allreduce,broadcast", "--sizes", sizes, "--min-time", "0.1",
+           "--min-reps", "5", "--json", str(path)]
+    proc = run_mpiexec(cmd, capture_output=True, text=True, timeout_s=timeout_s)
+    if proc.returncode != 0 or not path.is_file():
+        tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+        raise subprocess.CalledProcessError(proc.returncode, cmd, output=tail)
+    return path
+
+
+def fit_link(rows: list[dict[str, Any]], backend: str) -> Link:
+    """alpha and beta of ``backend`` from its allreduce and broadcast rows."""
+    design, times = [], []
+    for r in rows:
+        if r.get("backend") != backend or r.get("world_size", 1) < 2:
+            continue
+        n, m = r["world_size"], r["bytes"]
+        if r["op"] == "allreduce":
+            design.append((2 * (n - 1), 2 * (n - 1) / n * m))
+        elif r["op"] == "broadcast":
+            design.append((math.ceil(math.log2(n)), m))
+        else:
+            continue
+        times.append(r["p50_s"])
+    if len(times) < 2:
+        found = sorted({r.get("backend") for r in rows})
+        raise ConfigError("backend", backend, f"needs allreduce or broadcast rows at 2 or more "
+                          f"ranks at two sizes or more; the file has backends {found}")
+    a, t = np.array(design, dtype=float), np.array(times)
+    weight = 1 / t  # relative error
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a * weight[:, None], t * weight, rcond=None)
+    if alpha < 0:  # latency below resolution: fit the bandwidth alone
+        alpha = 0.0
+        inv_beta = float(np.sum(a[:, 1] * t * weight**2) / np.sum((a[:, 1] * weight) ** 2))
+    if inv_beta <= 0:
+        raise ConfigError("collectives", backend, "times do not grow with size: measure larger "
+                          "sizes (--sizes 4K,1M,64M)")
+    return Link(float(alpha), float(1 / inv_beta))
+
+
+def _compute_s(rows: pd.DataFrame) -> float:
+    return float((rows["step_s"] - rows[list(_NOT_COMPUTE)].sum(axis=1)).mean())
+
+
+def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload]:
+    """Each model's workload from the study's one-worker runs."""
+    out = {}
+    for model, runs in study.groupby("model"):
+        alone = runs[(runs["num_workers"] == 1) & ~runs["algorithm"].isin(_PS)]
+        if alone.empty:
+            alone = runs[runs["num_workers"] == 1]
+        if alone.empty:
+            continue
+        sent = runs[runs["algorithm"].isin(("allreduce", "ddp")) & (runs["num_workers"] > 1)]
+        if not sent.empty:  # a ring allreduce sends 2(n-1)/n of the buffer
+            n = sent["num_workers"]
+            nbytes = float((sent["bytes_sent_per_step"] * n / (2 * (n - 1))).median())
+        else:
+            from ..models import MODELS, build_model, parameter_count
+
+            spec = MODELS[model]
+            nbytes = 4.0 * parameter_count(build_model(model, spec.default_input,
+                                                       spec.default_classes))
+        out[model] = Workload(model, int(alone["batch_size"].iloc[0]), _compute_s(alone), nbytes,
+                              source=f"{len(alone)} one-worker runs of {source}")
+    if not out:
+        raise ConfigError("study", source, "has no one-worker runs to take compute times from: "
+                          "run the study with --workers 1,2")
+    return out
+
+
+def overlap_from_study(cal: Calibration, study: pd.DataFrame) -> float:
+    """Share of the ideal bucket pipeline the measured allreduce runs achieved, in [0, 1]."""
+    shares = []
+    for _, r in study[study["algorithm"].isin(("allreduce", "ddp"))
+                      & (study["num_workers"] > 1)].iterrows():
+        if r["model"] not in cal.workloads:
+            continue
+        full = Calibration(**{**cal.__dict__, "overlap": 1.0})
+        total, ideal = bucketed_allreduce_s(int(r["num_workers"]), cal.workloads[r["model"]], full)
+        if total - ideal > 1e-9:
+            shares.append((total - r["comm_s"]) / (total - ideal))
+    return float(min(1.0, max(0.0, np.median(shares)))) if shares else 0.0
+
+
+def calibrate(collectives: str | os.PathLike, study: str | os.PathLike,
+              backend: str | None = None, per_node: int | None = None) -> Calibration:
+    """A calibration of this machine: its link, its models' compute, its overlap."""
+    runs = _read_study(study)
+    backend = backend or str(runs["backend"].mode().iloc[0])
+    link = fit_link(read_collectives(collectives), backend)
+    per_node = per_node or int(runs["world_size"].max())
+    host = str(runs["host"].iloc[0]) if "host" in runs else "here"
+    buckets = runs["options.bucket_cap_mb"].dropna() if "options.bucket_cap_mb" in runs else []
+    cal = Calibration(f"measured-{host}", Network(link, link, per_node),
+                      workloads_from_study(runs, str(study)), collective="ring",
+                      bucket_bytes=(float(buckets.median()) if len(buckets) else 25.0) * (1 << 20),
+                      overlap=0.0, source=f"link: {backend} rows of {collectives}; compute: {study}")
+    return Calibration(**{**cal.__dict__, "overlap": overlap_from_study(cal, runs)})
+
+
+def _read_study(path: str | os.PathLike) -> pd.DataFrame:
+    try:
+        runs = pd.read_csv(path)
+    except FileNotFoundError:
+        raise ConfigError("study", str(path), "no such CSV: the committed one is "
+                          "results/reference/scaling/runs.csv") from None
+    missing = {"algorithm", "model", "num_workers", "step_s", "comm_s", "wait_s",
+               "batch_size"} - set(runs.columns)
+    if missing:
+        raise ConfigError("study", str(path), f"lacks {sorted(missing)}: give a study's runs.csv")
+    return runs
+
+
+def compare_with_study(cal: Calibration, study: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
+    """Measured and predicted step time of every (algorithm, workers, model) in the study."""
+    runs = study if isinstance(study, pd.DataFrame) else _read_study(study)
+    rows = []
+    for (algorithm, workers, model), group in runs.groupby(["algorithm", "num_workers", "model"]):
+        options = {}
+        if "options.n_fetch" in group and algorithm == "downpour":
+            options = {"n_fetch": int(group["options.n_fetch"].iloc[0]),
+                       "n_push": int(group["options.n_push"].iloc[0])}
+        p = predict(cal, algorithm, int(workers), model, options)
+        measured = float(group["step_s"].mean())
+        rows.append({"algorithm": algorithm, "workers": int(workers), "model": model,
+                     "measured_step_s": measured, "predicted_step_s": p.step_s,
+                     "error": p.step_s / measured - 1, "runs": len(group),
+                     "calibration": cal.name})
+    return pd.DataFrame(rows)
+
+
+def save(cal: Calibration, path: str | os.PathLike) -> Path:
+    from ..checkpoint import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(cal.to_dict(), indent=1) + "\n")
+    return path
+
+
+def load(path: str | os.PathLike) -> Calibration:
+    try:
+        return Calibration.from_dict(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise ConfigError("calibration", str(path), "no such file: make it with `downpour model "
+                          "calibrate`, or give --preset") from None
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError("calibration", str(path), f"not a calibration ({exc!r}): give the file "
+                          "`downpour model calibrate` wrote") from None

@@ -1,0 +1,134 @@
+"""``downpour model``: calibrate the performance model on measurements, predict with it, list the
+presets of published hardware and check the model against published results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import ConfigError
+from .core import host_dirname
+from .perfmodel import ALGORITHMS
+
+
+def default_calibration() -> Path:
+    return Path("results") / host_dirname() / "model" / "calibration.json"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give worker counts, e.g. 8,64,512") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give worker counts >= 1, e.g. 8,64,512")
+    return values
+
+
+def add_model_parser(sub: argparse._SubParsersAction) -> None:
+    from .presets import PRESETS
+
+    model = sub.add_parser("model", help="the performance model: calibrate, predict, presets, check",
+                           description=__doc__.split("\n\n")[0])
+    verbs = model.add_subparsers(dest="verb", required=True)
+
+    p = verbs.add_parser("calibrate", help="fit links and compute from this machine's measurements")
+    p.add_argument("--collectives", required=True,
+                   help="`downpour bench collectives --json` output (run under mpiexec -n 2 or more)")
+    p.add_argument("--study", default="results/reference/scaling/runs.csv",
+                   help="a scaling study's runs.csv (default: the committed reference)")
+    p.add_argument("--backend", default=None, help="whose link to fit (default: the study's)")
+    p.add_argument("--out", default=None, help=f"where the calibration goes "
+                                               f"(default: {default_calibration()})")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = verbs.add_parser("predict", help="step time, throughput and efficiency at N workers")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--preset", choices=sorted(PRESETS), help="published hardware")
+    where.add_argument("--calibration", default=None,
+                       help=f"a `downpour model calibrate` file (default: {default_calibration()})")
+    p.add_argument("--model", required=True, help="a model the calibration has compute for")
+    p.add_argument("--algorithm", default="allreduce",
+                   help=f"comma-separated, of {', '.join(ALGORITHMS)}")
+    p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
+    p.add_argument("--collective", choices=("ring", "tree", "hierarchical"), default=None,
+                   help="the allreduce algorithm (default: the calibration's)")
+    p.add_argument("--json", default=None, help="write the rows here (a JSON list)")
+    p.add_argument("--csv", default=None, help="write the rows here")
+    p.set_defaults(func=cmd_predict)
+
+    p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
+    p.set_defaults(func=cmd_presets)
+    p = verbs.add_parser("check", help="the model against published scaling results")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import calibrate, compare_with_study, save
+
+    cal = calibrate(args.collectives, args.study, backend=args.backend)
+    path = save(cal, args.out or default_calibration())
+    link = cal.network.intra
+    print(f"link: alpha {link.alpha_s * 1e6:.1f} us, beta {link.bandwidth_Bps / 1e9:.2f} GB/s; "
+          f"overlap {cal.overlap:.2f}")
+    for w in cal.workloads.values():
+        print(f"{w.model}: {w.compute_s * 1e3:.1f} ms per step of {w.batch_size}, "
+              f"{w.param_bytes / 1e6:.2f} MB per model")
+    table = compare_with_study(cal, args.study)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .calibrate import load
+    from .perfmodel import predict_rows
+    from .presets import PRESETS
+
+    cal = PRESETS[args.preset] if args.preset else load(args.calibration or default_calibration())
+    if args.collective:
+        cal = replace(cal, collective=args.collective)
+    algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+    for a in algorithms:
+        if a not in ALGORITHMS:
+            raise ConfigError("algorithm", a, "choose from " + ", ".join(ALGORITHMS))
+    rows = predict_rows(cal, algorithms, args.workers, args.model)
+    table = pd.DataFrame(rows)
+    print(f"calibration {cal.name}: {cal.source}")
+    print(table[["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.json:
+        from ..checkpoint import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from .presets import PRESETS
+
+    for cal in PRESETS.values():
+        net = cal.network
+        print(f"{cal.name}: {net.per_node} per node; inside {net.intra.bandwidth_Bps / 1e9:g} GB/s, "
+              f"across {net.inter.bandwidth_Bps / 1e9:g} GB/s; {cal.collective} allreduce")
+        print(f"  {cal.source}")
+        for w in cal.workloads.values():
+            print(f"  {w.model}: {w.compute_s * 1e3:.0f} ms per {w.batch_size} samples ({w.source})")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .presets import published_table
+
+    table = published_table().drop(columns="source")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0

@@ -1,0 +1,129 @@
+"""The performance model in the study: its curves beside the measured points, and where each algorithm
+is fastest.
+
+- ``predictions_table``: the model's rows for a study's algorithms at 1 to 1,024 workers, each
+  carrying the calibration it came from (name and source): the scaling study's
+  ``predictions.csv``.
+- ``scaling_model_figure``: measured efficiency (points with error bars, from ``runs.csv``) and the
+  model's (lines), out to 1,024 workers on a log axis.
+- ``fastest_map`` and ``fastest_map_figure``: for workers x bandwidth of the card between nodes,
+  which algorithm has the highest throughput (notebook 06, "at scale").
+
+Figures come from CSVs and calibrations only, like every study figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from .figures import figure_row, save_figure
+from .netmodel import GBIT, Link
+from .perfmodel import Calibration, predict_rows
+
+WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def model_dir(out: str | Path | None = None, root: str | Path = "results") -> Path:
+    """Where this machine's calibration, predictions and model figures go: ``out`` if given, else
+    ``<root>/<host>/model/``."""
+    from .core import host_dirname
+
+    return Path(out) if out else Path(root) / host_dirname() / "model"
+
+
+def predictions_table(cal: Calibration, algorithms, model: str,
+                      workers=WORKERS) -> pd.DataFrame:
+    """The model's prediction for each algorithm at each worker count, with its calibration."""
+    table = pd.DataFrame(predict_rows(cal, list(algorithms), list(workers), model))
+    table["calibration_source"] = cal.source
+    return table
+
+
+def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
+    """Measured efficiency (markers, error bars over repeats) and the model's (lines) per algorithm."""
+    from .scaling_plots import scaling_table
+
+    measured = scaling_table(runs)
+    fig, (ax,) = figure_row(1, 9.0)
+    names = sorted(set(measured.algorithm) | set(predictions.algorithm))
+    for i, name in enumerate(names):
+        model = predictions[predictions.algorithm == name].sort_values("workers")
+        ax.plot(model.workers, model.efficiency, "-", color=f"C{i}", alpha=0.8, label=f"{name}")
+        points = measured[measured.algorithm == name]
+        ax.errorbar(points.num_workers, points.efficiency, yerr=points.efficiency_std, fmt="o",
+                    color=f"C{i}", capsize=3, markeredgecolor="black")
+    ax.plot([], [], "-", color="gray", label="model (lines)")
+    ax.plot([], [], "o", color="gray", markeredgecolor="black", label="measured (points)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("throughput / (N x 1-worker throughput)")
+    ax.set_ylim(0, 1.1)
+    ax.grid(alpha=0.3)
+    cal = predictions.calibration.iloc[0] if len(predictions) else "?"
+    ax.set_title(f"Scaling efficiency, measured and predicted (calibration {cal})", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def fastest_map(cal: Calibration, algorithms, model: str, workers=WORKERS[1:],
+                gbits=(1, 10, 25, 100, 400)) -> pd.DataFrame:
+    """Every algorithm's throughput at every (workers, Gbit/s of a node's card), and which is fastest
+    there; the card's latency stays the calibration's."""
+    rows = []
+    for rate in gbits:
+        net = replace(cal.network, inter=Link(cal.network.inter.alpha_s, rate * GBIT))
+        at = replace(cal, network=net)
+        for r in predict_rows(at, list(algorithms), list(workers), model):
+            rows.append({**r, "gbit": rate})
+    table = pd.DataFrame(rows)
+    # within 1% of the best counts as a tie, won by the algorithm listed first (list the exact ones,
+    # allreduce, first: at equal speed an exact average beats an approximate one)
+    top = table.groupby(["gbit", "workers"]).samples_per_s.transform("max")
+    near = table[table.samples_per_s >= 0.99 * top]
+    table["fastest"] = table.index.isin(near.groupby(["gbit", "workers"]).head(1).index)
+    return table
+
+
+def fastest_map_figure(table: pd.DataFrame):
+    """A grid over workers x bandwidth, each cell coloured by its fastest algorithm and labelled
+    with it and its efficiency."""
+    best = table[table.fastest].copy()
+    names = sorted(table.algorithm.unique())
+    workers = sorted(best.workers.unique())
+    gbits = sorted(best.gbit.unique())
+    fig, (ax,) = figure_row(1, max(7.0, 0.75 * len(workers) + 2))
+    from matplotlib.colors import ListedColormap
+
+    grid = best.pivot(index="gbit", columns="workers", values="algorithm").loc[gbits, workers]
+    codes = grid.apply(lambda col: col.map(names.index))
+    ax.imshow(codes.to_numpy(dtype=float), cmap=ListedColormap([f"C{i}" for i in range(len(names))]),
+              vmin=-0.5, vmax=len(names) - 0.5, aspect="auto", origin="lower", alpha=0.55)
+    eff = best.pivot(index="gbit", columns="workers", values="efficiency").loc[gbits, workers]
+    for y, rate in enumerate(gbits):
+        for x, n in enumerate(workers):
+            ax.text(x, y, f"{grid.loc[rate, n]}\n{eff.loc[rate, n]:.0%}", ha="center",
+                    va="center", fontsize=6.5)
+    ax.set_xticks(range(len(workers)), [str(n) for n in workers])
+    ax.set_yticks(range(len(gbits)), [f"{g:g}" for g in gbits])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("Gbit/s of a node's card")
+    first = table.iloc[0]
+    ax.set_title(f"Fastest algorithm (and its efficiency), {first.model}, calibration "
+                 f"{first.calibration}; of {', '.join(names)}", fontsize=9)
+    return fig
+
+
+def make_model_figures(study_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """``scaling_model.png`` from a scaling study's ``runs.csv`` and ``predictions.csv``."""
+    from .scaling_plots import load_runs
+
+    study_dir = Path(study_dir)
+    predictions = study_dir / "predictions.csv"
+    if not predictions.is_file():
+        return []
+    out = Path(out_dir) if out_dir else study_dir / "figures"
+    fig = scaling_model_figure(load_runs(study_dir / "runs.csv"), pd.read_csv(predictions))
+    return [save_figure(fig, out / "scaling_model.png")]

@@ -1,0 +1,149 @@
+"""The network of the performance model: links in the alpha-beta (Hockney) model, and the time each
+communication pattern of our algorithms takes on them.
+
+A message of m bytes over a link costs ``alpha + m / beta`` (Hockney 1994): alpha the per-message
+latency, beta the bandwidth, per direction (links are full duplex, so a rank sends and receives at
+once). A cluster has two kinds of link: between ranks on one node (NVLink, PCIe, shared memory) and a
+node's network card, which its ranks share. The collective costs are the standard ones (Thakur,
+Rabenseifner and Gropp 2005, "Optimization of Collective Communication Operations in MPICH"; Patarasuk
+and Yuan 2009 for the bandwidth-optimal ring):
+
+- ring allreduce over n ranks: ``2(n-1) alpha + 2(n-1)/n * M / beta`` (a reduce-scatter, then an
+  allgather; the bytes are ``comm.traffic.ring_share``'s, the bus factor of nccl-tests). A ring that
+  spans nodes is as fast as its slowest hop: each node's card carries one ring hop in, one out.
+- tree allreduce (pipelined binary trees, as NCCL's double binary tree): ``2 log2(n) alpha + 2 M /
+  beta``: latency grows with log n, the bandwidth term does not shrink with n.
+- hierarchical allreduce (g ranks per node, k nodes): reduce-scatter inside the node, the g slices
+  allreduced across nodes at once (together the card carries 2(k-1)/k of M), allgather inside; what
+  our mpi backend does across nodes.
+- parameter server: each of S server shards receives M/S from each of N workers (and sends as much
+  back), so a server's card carries N*M/S each way and is the bottleneck once N > S.
+- gossip: a worker sends its model to ``peers`` others and receives as many (SGP's one peer per step).
+
+Pure functions, no ``torch.distributed``: ``perfmodel`` composes them into a step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+#: bytes per second of one Gbit/s
+GBIT = 1e9 / 8
+
+
+@dataclass(frozen=True)
+class Link:
+    """One direction of a full-duplex link in the alpha-beta model."""
+
+    alpha_s: float  # latency of one message, seconds
+    bandwidth_Bps: float  # bytes per second
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
+            raise ConfigError("alpha_s", self.alpha_s, "a latency in seconds >= 0, e.g. 5e-6")
+        if not (math.isfinite(self.bandwidth_Bps) and self.bandwidth_Bps > 0):
+            raise ConfigError("bandwidth_Bps", self.bandwidth_Bps,
+                              "a bandwidth in bytes/s > 0, e.g. 3.125e9 for 25 Gbit/s")
+
+    def transfer_s(self, nbytes: float, messages: int = 1) -> float:
+        """Seconds to move ``nbytes`` in ``messages`` messages, one after another."""
+        return messages * self.alpha_s + nbytes / self.bandwidth_Bps
+
+    def slower(self, other: Link) -> Link:
+        """The link a path over both behaves like: the larger latency, the smaller bandwidth."""
+        return Link(max(self.alpha_s, other.alpha_s), min(self.bandwidth_Bps, other.bandwidth_Bps))
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where the workers are and what joins them."""
+
+    intra: Link  # between ranks on one node
+    inter: Link  # a node's network card, shared by its ranks
+    per_node: int = 1  # workers (GPUs) per node
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.per_node, int) and self.per_node >= 1):
+            raise ConfigError("per_node", self.per_node, "workers per node, an integer >= 1")
+
+    def nodes(self, workers: int) -> int:
+        return math.ceil(workers / self.per_node)
+
+    def path(self, workers: int) -> Link:
+        """The link a pattern among ``workers`` ranks is limited by: intra-node while they fit on
+        one node, else the slower of the two."""
+        return self.intra if workers <= self.per_node else self.intra.slower(self.inter)
+
+
+def ring_allreduce_s(n: int, nbytes: float, link: Link) -> float:
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * nbytes / link.bandwidth_Bps
+
+
+def tree_allreduce_s(n: int, nbytes: float, link: Link) -> float:
+    if n <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * link.alpha_s + 2 * nbytes / link.bandwidth_Bps
+
+
+def hierarchical_allreduce_s(n: int, nbytes: float, net: Network) -> float:
+    g = min(n, net.per_node)
+    k = math.ceil(n / g)
+    inside = 0.0
+    if g > 1:  # reduce-scatter, later allgather: (g-1) steps of M/g each
+        inside = 2 * ((g - 1) * net.intra.alpha_s + (g - 1) / g * nbytes / net.intra.bandwidth_Bps)
+    if k <= 1:
+        return inside
+    across = 2 * (k - 1) * net.inter.alpha_s + 2 * (k - 1) / k * nbytes / net.inter.bandwidth_Bps
+    return inside + across
+
+
+COLLECTIVES = ("ring", "tree", "hierarchical")
+
+
+def allreduce_s(n: int, nbytes: float, net: Network, collective: str = "ring") -> float:
+    """Seconds for ``n`` workers to allreduce ``nbytes`` each."""
+    if collective == "ring":
+        return ring_allreduce_s(n, nbytes, net.path(n))
+    if collective == "tree":
+        return tree_allreduce_s(n, nbytes, net.path(n))
+    if collective == "hierarchical":
+        return hierarchical_allreduce_s(n, nbytes, net)
+    raise ConfigError("collective", collective, "choose from " + ", ".join(COLLECTIVES))
+
+
+def ps_transfer_s(workers: int, nbytes: float, servers: int, net: Network) -> float:
+    """Seconds for every worker to push ``nbytes`` to S server shards (or pull them back: the same,
+    the other direction). Servers on their own nodes: each card carries ``workers * nbytes / S`` in
+    ``workers`` messages; each worker's card sends ``nbytes`` in S messages; the slower side wins."""
+    if workers < 1 or servers < 1:
+        raise ConfigError("servers", servers, "at least one server and one worker")
+    link = net.path(workers + servers)
+    server_side = link.transfer_s(workers * nbytes / servers, messages=workers)
+    worker_side = link.transfer_s(nbytes, messages=servers)
+    return max(server_side, worker_side)
+
+
+def gossip_s(nbytes: float, peers: int, link: Link) -> float:
+    """Seconds for a worker to send its ``nbytes`` model to ``peers`` others (receiving as many at
+    the same time, on the other direction of its link)."""
+    return peers * link.transfer_s(nbytes)
+
+
+def pipeline_exposed_s(comm_s: float, buckets: int, backward_s: float) -> float:
+    """Communication left after backward when gradients are sent in ``buckets`` as they become
+    ready (DDP's and Horovod's bucketing): bucket i of B is ready at i/B of backward, buckets go one
+    after another on the link, each taking comm_s / B. What is still in flight when backward ends
+    is exposed; at least the last bucket always is."""
+    if comm_s <= 0:
+        return 0.0
+    buckets = max(1, buckets)
+    each = comm_s / buckets
+    done = 0.0
+    for i in range(1, buckets + 1):
+        done = max(done, i * backward_s / buckets) + each
+    return max(each, done - backward_s)

@@ -1,0 +1,213 @@
+"""The performance model: its costs against hand-derived references, its calibration against this
+machine's measurements (a real ``downpour bench collectives`` under mpiexec and the committed scaling
+study), and its predictions against published results."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import ROOT, downpour, explain, mpiexec
+
+from downpour_lib.comm.traffic import ring_share
+from downpour_lib.errors import ConfigError
+from downpour_lib.study import calibrate as calib
+from downpour_lib.study.netmodel import (
+    GBIT,
+    Link,
+    Network,
+    allreduce_s,
+    gossip_s,
+    pipeline_exposed_s,
+    ps_transfer_s,
+    ring_allreduce_s,
+)
+from downpour_lib.study.perfmodel import Calibration, Workload, predict
+from downpour_lib.study.presets import PARAMETERS, PRESETS, published_checks
+
+REFERENCE = ROOT / "results" / "reference" / "scaling" / "runs.csv"
+LINK = Link(1e-5, 1e9)
+
+
+def toy(per_node: int = 1, overlap: float = 1.0, compute_s: float = 0.1) -> Calibration:
+    w = Workload("m", 32, compute_s, 100e6)
+    return Calibration("toy", Network(Link(1e-6, 100e9), LINK, per_node), {"m": w},
+                       bucket_bytes=25e6, overlap=overlap)
+
+
+def test_ring_allreduce_moves_the_bytes_the_meter_counts_at_the_links_rate():
+    for n in (2, 3, 8, 64):
+        t = ring_allreduce_s(n, 1e8, Link(0.0, 1e9))
+        assert t == pytest.approx(float(ring_share("allreduce", n)) * 1e8 / 1e9)
+        assert ring_allreduce_s(n, 0, LINK) == pytest.approx(2 * (n - 1) * LINK.alpha_s)
+    assert ring_allreduce_s(1, 1e8, LINK) == 0
+
+
+def test_a_ring_across_nodes_runs_at_the_cards_rate_and_hierarchical_sends_less_latency():
+    net = Network(Link(1e-6, 100e9), Link(1e-5, 10e9), per_node=8)
+    inside = allreduce_s(8, 1e8, net)
+    across = allreduce_s(16, 1e8, net)
+    assert inside == pytest.approx(ring_allreduce_s(8, 1e8, net.intra))
+    assert across == pytest.approx(ring_allreduce_s(16, 1e8, Link(1e-5, 10e9)))
+    # 128 ranks on 16 nodes: the two-level scheme pays 2*15 card latencies, not 2*127
+    flat, two_level = allreduce_s(128, 1e5, net), allreduce_s(128, 1e5, net, "hierarchical")
+    assert two_level < flat
+    tree = allreduce_s(1024, 1e3, net, "tree")
+    assert tree == pytest.approx(2 * 10 * 1e-5 + 2 * 1e3 / 10e9)
+    with pytest.raises(ConfigError, match="collective"):
+        allreduce_s(4, 1.0, net, "butterfly")
+
+
+def test_the_parameter_server_card_is_the_bottleneck_once_workers_outnumber_shards():
+    net = Network(LINK, LINK, per_node=1)
+    assert ps_transfer_s(1, 1e8, 1, net) == pytest.approx(LINK.transfer_s(1e8))
+    assert ps_transfer_s(16, 1e8, 1, net) == pytest.approx(16 * LINK.alpha_s + 16 * 1e8 / 1e9)
+    assert ps_transfer_s(16, 1e8, 16, net) == pytest.approx(16 * LINK.alpha_s + 1e8 / 1e9)
+    assert gossip_s(1e8, 2, LINK) == pytest.approx(2 * LINK.transfer_s(1e8))
+
+
+def test_bucket_pipeline_hides_what_backward_outlasts_and_never_the_last_bucket():
+    assert pipeline_exposed_s(0.1, 1, 1.0) == pytest.approx(0.1)  # one bucket: nothing to overlap
+    assert pipeline_exposed_s(0.1, 4, 1.0) == pytest.approx(0.025)  # long backward: the last one
+    # communication-bound: 4 buckets of 1 s, ready every 0.25 s -> done at 0.25 + 4
+    assert pipeline_exposed_s(4.0, 4, 1.0) == pytest.approx(0.25 + 4 - 1)
+
+
+def test_predictions_reduce_to_their_references():
+    cal = toy(overlap=0.0)
+    one = predict(cal, "allreduce", 1, "m")
+    assert one.step_s == cal.workloads["m"].compute_s and one.efficiency == 1
+    ar = predict(cal, "allreduce", 8, "m")
+    buckets = 4  # 100 MB in 25 MB buckets, no overlap: four allreduces back to back
+    assert ar.comm_s == pytest.approx(buckets * ring_allreduce_s(8, 25e6, LINK))
+    local = predict(cal, "localsgd", 8, "m", {"period": 1})
+    assert local.comm_s == pytest.approx(ring_allreduce_s(8, 100e6, LINK))
+    assert predict(cal, "diloco", 8, "m").comm_s == pytest.approx(local.comm_s / 20)
+    assert predict(cal, "sgp", 8, "m").comm_s == pytest.approx(LINK.transfer_s(100e6))
+    assert predict(cal, "dpsgd", 8, "m").comm_s == pytest.approx(2 * LINK.transfer_s(100e6))
+    # OSGP hides its gossip behind the next step's compute: exposed only what outlasts it
+    assert predict(cal, "osgp", 8, "m").comm_s == pytest.approx(LINK.transfer_s(100e6) - 0.1)
+    assert predict(toy(compute_s=1.0), "osgp", 8, "m").comm_s == 0
+    ps = predict(cal, "sync_ps", 16, "m")
+    assert ps.comm_s == pytest.approx(2 * (16 * 1e-5 + 16 * 100e6 / 1e9))
+    ideal = predict(toy(overlap=1.0), "allreduce", 8, "m")
+    assert ideal.comm_s < ar.comm_s
+    for n in (2, 16, 256):
+        p = predict(cal, "allreduce", n, "m")
+        assert p.samples_per_s == pytest.approx(n * 32 / p.step_s)
+        assert p.efficiency == pytest.approx(cal.workloads["m"].compute_s / p.step_s)
+
+
+def test_bad_input_names_the_field():
+    cal = toy()
+    with pytest.raises(ConfigError, match="algorithm"):
+        predict(cal, "hogwild", 4, "m")
+    with pytest.raises(ConfigError, match="workers"):
+        predict(cal, "allreduce", 0, "m")
+    with pytest.raises(ConfigError, match="model.*has m"):
+        predict(cal, "allreduce", 4, "resnet50")
+    with pytest.raises(ConfigError, match="bandwidth_Bps"):
+        Link(1e-6, 0)
+    with pytest.raises(ConfigError, match="overlap"):
+        replace(cal, overlap=2.0)
+
+
+def test_fit_link_recovers_alpha_and_beta_from_rows_the_model_generates():
+    truth = Link(20e-6, 5e9)
+    rows = [{"backend": "mpi", "op": op, "bytes": m, "world_size": n,
+             "p50_s": (ring_allreduce_s(n, m, truth) if op == "allreduce"
+                       else math.ceil(math.log2(n)) * truth.alpha_s + m / truth.bandwidth_Bps)}
+            for op in ("allreduce", "broadcast") for n in (2, 4) for m in (4096, 1 << 20, 1 << 26)]
+    fitted = calib.fit_link(rows + [{"backend": "gloo", "op": "allreduce", "bytes": 1,
+                                     "world_size": 2, "p50_s": 1.0}], "mpi")
+    assert fitted.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
+    assert fitted.bandwidth_Bps == pytest.approx(truth.bandwidth_Bps, rel=1e-6)
+    with pytest.raises(ConfigError, match="backend.*nccl"):
+        calib.fit_link(rows, "nccl")
+
+
+@pytest.fixture(scope="module")
+def collectives(tmp_path_factory) -> Path:
+    """A real measurement of this machine's links: two MPI ranks, both backends."""
+    out = tmp_path_factory.mktemp("bench") / "c.json"
+    proc = mpiexec(2, "downpour", "bench", "collectives", "--backends", "gloo,mpi",
+                   "--ops", "allreduce,broadcast", "--sizes", "4K,256K,4M,32M",
+                   "--min-time", "0.1", "--min-reps", "5", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, explain(proc)
+    return out
+
+
+def test_calibrated_on_this_machine_it_predicts_the_measured_study_within_15_percent(collectives):
+    cal = calib.calibrate(collectives, REFERENCE)
+    assert cal.network.intra.bandwidth_Bps > 1e8  # shared memory: well over a gigabit
+    assert 0 <= cal.overlap <= 1
+    w = cal.workloads["inception_small"]
+    assert w.param_bytes == pytest.approx(1_649_402 * 4, rel=0.01)  # the model's parameters
+    table = calib.compare_with_study(cal, REFERENCE)
+    assert set(table["algorithm"]) == set(pd.read_csv(REFERENCE)["algorithm"])
+    assert set(table["workers"]) == {1, 2}
+    worst = table.loc[table["error"].abs().idxmax()]
+    assert abs(worst["error"]) < 0.15, table.to_string()
+
+
+def test_model_cli_calibrates_and_predicts_as_the_readme_says(collectives, tmp_path):
+    out = tmp_path / "cal.json"
+    proc = downpour("model", "calibrate", "--collectives", str(collectives), "--study",
+                    str(REFERENCE), "--out", str(out))
+    assert proc.returncode == 0, explain(proc)
+    assert "inception_small" in proc.stdout and out.is_file()
+    rows_at = tmp_path / "p.json"
+    proc = downpour("model", "predict", "--calibration", str(out), "--model", "inception_small",
+                    "--algorithm", "allreduce,sync_ps,sgp,localsgd", "--workers", "1,2,1024",
+                    "--json", str(rows_at))
+    assert proc.returncode == 0, explain(proc)
+    rows = json.loads(rows_at.read_text())
+    assert len(rows) == 12 and {r["calibration"] for r in rows} == {calib.load(out).name}
+    proc = downpour("model", "predict", "--preset", "horovod-pascal-25g", "--model", "resnet101",
+                    "--algorithm", "allreduce", "--workers", "8,64,512", "--json", str(rows_at))
+    assert proc.returncode == 0, explain(proc)
+    rows = json.loads(rows_at.read_text())
+    assert [r["workers"] for r in rows] == [8, 64, 512]
+    for r in rows:
+        assert {"algorithm", "workers", "step_s", "samples_per_s", "efficiency"} <= set(r)
+        assert 0 < r["efficiency"] <= 1
+    proc = downpour("model", "predict", "--preset", "horovod-pascal-25g", "--model", "gpt5")
+    assert proc.returncode == 2 and "model" in proc.stderr and "resnet101" in proc.stderr
+    proc = downpour("model", "calibrate", "--collectives", str(tmp_path / "none.json"))
+    assert proc.returncode == 2 and "collectives" in proc.stderr and "bench collectives" in proc.stderr
+
+
+def test_published_results_agree_within_the_stated_tolerances():
+    checks = {c.claim.split(" ")[1] if c.claim.startswith("Horovod") else "SGP": c
+              for c in published_checks()}
+    for name in ("ResNet-101", "Inception", "VGG-16"):
+        assert abs(checks[name].error) <= 0.10, checks[name]
+    assert 1.5 <= checks["SGP"].predicted <= 4.5, checks["SGP"]
+
+
+def test_parameter_server_throughput_stops_growing_as_workers_outnumber_one_server():
+    """ps_pytorch's finding: one server's card caps the job, so adding workers past it buys nothing."""
+    cal = PRESETS["sgp-v100-10g"]
+    speedup = {n: predict(cal, "sync_ps", n, "resnet50").samples_per_s
+               / predict(cal, "sync_ps", 1, "resnet50").samples_per_s for n in (1, 4, 16, 64)}
+    assert speedup[16] < 2 * speedup[4] and speedup[64] < 1.2 * speedup[16]
+    sharded = predict(cal, "sync_ps", 64, "resnet50", {"servers": 16}).samples_per_s
+    assert sharded > 4 * predict(cal, "sync_ps", 64, "resnet50").samples_per_s
+
+
+def test_preset_parameter_counts_are_the_published_models():
+    import torchvision.models as tvm
+
+    from downpour_lib.models import parameter_count
+
+    assert parameter_count(tvm.resnet101()) == PARAMETERS["resnet101"]
+    assert parameter_count(tvm.vgg16()) == PARAMETERS["vgg16"]
+    assert parameter_count(tvm.inception_v3(aux_logits=False, init_weights=False)) == \
+        PARAMETERS["inception_v3"]
+    for cal in PRESETS.values():
+        assert cal.source and all(w.source for w in cal.workloads.values())
+        assert cal.network.inter.bandwidth_Bps >= 10 * GBIT
