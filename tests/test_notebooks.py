@@ -20,7 +20,7 @@ def test_the_suite_is_there():
     assert [nb.name for nb in NOTEBOOKS] == ["00_cluster_quickstart.ipynb", "01_train_sync_ps.ipynb",
                                              "02_scaling_study.ipynb", "03_downpour_staleness.ipynb",
                                              "04_gossip_consensus.ipynb",
-                                             "05_time_to_accuracy.ipynb"]
+                                             "05_time_to_accuracy.ipynb", "06_at_scale.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -98,14 +98,23 @@ def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
     assert (runs.samples_per_s > 0).all() and (runs["options.server"].dropna() == "colocated").all()
     assert runs.cores.notna().all() and runs.cpu_model.notna().all()
     figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
-    assert figures == ["breakdown.png", "efficiency.png", "speedup.png", "throughput.png"]
-    assert images(nb) == 4
+    assert figures == ["breakdown.png", "efficiency.png", "scaling_model.png", "speedup.png",
+                       "throughput.png"]
+    assert images(nb) == 5
     assert "samples_per_s_std" in outputs(nb, "plots.scaling_table(runs)")
+    # the model's curves: both algorithms from 1 to 1,024 workers, each row naming its calibration
+    predictions = pd.read_csv(tmp_path / "predictions.csv")
+    assert sorted(set(zip(predictions.algorithm, predictions.workers, strict=True))) == \
+        sorted((a, n) for a in ("ddp", "sync_ps") for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+    assert (predictions.calibration == "measured-" + runs.host.iloc[0]).all()
+    assert predictions.calibration_source.str.contains("collectives.json").all()
+    measured_links = (tmp_path / "collectives.json").stat().st_mtime
 
     before = (tmp_path / "runs.csv").read_text()
     again = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
     assert "all 8 runs are already in" in outputs(again, "runs = run_study_on_cluster")
     assert (tmp_path / "runs.csv").read_text() == before
+    assert (tmp_path / "collectives.json").stat().st_mtime == measured_links  # measured once
 
 
 def test_03_downpour_staleness(tmp_path):
@@ -190,3 +199,24 @@ def test_05_time_to_accuracy(tmp_path):
     again = run_notebook(ROOT / "notebooks" / "05_time_to_accuracy.ipynb", params)
     assert "all 4 runs are already in" in outputs(again, "measured = run_study")
     assert (tmp_path / "runs.csv").read_text() == before
+
+
+def test_06_at_scale(tmp_path):
+    """The model calibrated here (a real bench collectives on 2 MPI ranks) on the committed scaling
+    and staleness references: every measured point predicted, the simulated staleness beside the
+    measured, the published table, the curves and the map, all written to ``out``."""
+    nb = run_notebook(ROOT / "notebooks" / "06_at_scale.ipynb",
+                      {"out": str(tmp_path), "gbits": [1, 100]})
+    reference = pd.read_csv(ROOT / "results" / "reference" / "scaling" / "runs.csv")
+    comparison = pd.read_csv(tmp_path / "comparison.csv")
+    assert set(zip(comparison.algorithm, comparison.workers, strict=True)) == \
+        set(zip(reference.algorithm, reference.num_workers, strict=True))
+    assert comparison.error.abs().max() < 0.15, comparison.to_string()
+    staleness = pd.read_csv(tmp_path / "staleness.csv")
+    assert len(staleness) == 5 and staleness.agrees.all(), staleness.to_string()
+    assert "Horovod VGG-16" in outputs(nb, "presets.published_table()")
+    for name in ("collectives.json", "calibration.json", "predictions.csv"):
+        assert (tmp_path / name).is_file(), name
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
+        "fastest.png", "scaling_model.png", "staleness_model.png"]
+    assert images(nb) == 3

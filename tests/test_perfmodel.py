@@ -211,3 +211,50 @@ def test_preset_parameter_counts_are_the_published_models():
     for cal in PRESETS.values():
         assert cal.source and all(w.source for w in cal.workloads.values())
         assert cal.network.inter.bandwidth_Bps >= 10 * GBIT
+
+
+def test_simulated_downpour_staleness_follows_the_protocol():
+    from downpour_lib.study.perfsim import simulate
+
+    fast = Link(1e-6, 1e12)  # communication negligible: staleness from the schedule alone
+    even = simulate("downpour", 2, compute_s=0.01, model_bytes=1e5, link=fast, steps=100)
+    assert set(even.staleness_hist) <= {0, 1} and sum(even.staleness_hist.values()) == 200
+    # a worker 4x slower sees about 4 of the other's updates between its fetch and its push
+    slow = simulate("downpour", 2, compute_s=0.01, model_bytes=1e5, link=fast, steps=100,
+                    slow_workers=1, slowdown=4.0)
+    assert max(slow.staleness_hist) in (4, 5) and slow.makespan_s > 3.9 * even.makespan_s
+    # bounded staleness: nothing staler than the bound is applied; the rest is refused
+    bounded = simulate("downpour", 2, compute_s=0.01, model_bytes=1e5, link=fast, steps=100,
+                       slow_workers=1, slowdown=4.0, max_staleness=0)
+    assert set(bounded.staleness_hist) == {0} and bounded.refused > 0
+    # warmstart: the second worker starts once the first has pushed 20 times, all of them fresh
+    warm = simulate("downpour", 2, compute_s=0.01, model_bytes=1e5, link=fast, steps=100,
+                    warmstart=20)
+    assert warm.staleness_hist[0] >= 20 + even.staleness_hist[0] - 20
+    assert warm.makespan_s == pytest.approx(even.makespan_s + 20 * 0.01, rel=0.01)
+    # one server card carries every push: with many workers its queue sets the pace
+    crowded = simulate("downpour", 64, compute_s=0.01, model_bytes=1e7, link=Link(1e-5, 1e9),
+                       steps=20)
+    assert crowded.server_busy > 0.9 and crowded.step_s > 0.9 * 64 * 1e7 / 1e9
+    with pytest.raises(ConfigError, match="warmstart"):
+        simulate("downpour", 2, compute_s=0.01, model_bytes=1, link=fast, warmstart=-1)
+
+
+def test_simulated_staleness_matches_the_measured_study_on_average(collectives):
+    """The staleness study's Downpour runs (committed reference), each simulated with its own
+    settings and measured compute over this machine's fitted link: the mean staleness agrees
+    within 0.25 updates or 15% (the deterministic simulation has no tail: the table reports the
+    total variation distance, not asserted)."""
+    cal = calib.calibrate(collectives, REFERENCE)
+    table, dists = calib.compare_staleness(cal.network.intra,
+                                           ROOT / "results" / "reference" / "staleness")
+    assert len(table) == 5 and table.agrees.all(), table.to_string()
+    by = table.set_index("label")
+    # pushing every step but fetching every 4th is far staler, measured and simulated alike
+    for source in ("measured_mean", "simulated_mean"):
+        assert by.loc["downpour S=1 fetch=4 push=1", source] > \
+            4 * by.loc["downpour S=1 fetch=1 push=1", source]
+    assert set(dists.source) == {"measured", "simulated"}
+    assert dists.groupby(["label", "source"]).fraction.sum().round(6).eq(1).all()
+    with pytest.raises(ConfigError, match="staleness"):
+        calib.compare_staleness(cal.network.intra, ROOT / "results" / "reference" / "scaling")

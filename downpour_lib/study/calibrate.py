@@ -1,19 +1,20 @@
 """Calibrating the performance model on this machine's measurements, and checking it against them.
 
-- The link: ``downpour bench collectives`` rows (allreduce and broadcast, one backend) fitted to the
+- The link: ``downpour bench collectives`` rows (allreduce; broadcast at two ranks) fitted to the
   alpha-beta costs of ``netmodel`` by least squares on relative error (so a 4 KiB case weighs as much
   as a 64 MiB one: the small sizes fix alpha, the large ones beta).
 - The workloads: a study CSV's one-worker runs give each model's compute time per step (the step
   less its communication and waiting) and, from an allreduce row, the bytes a step moves.
 - The overlap: how much of the ideal bucket pipeline the allreduce runs achieved (``perfmodel``).
 
-``compare_with_study`` then predicts every measured row from the calibration and reports the error.
+``compare_with_study`` then predicts every measured row from the calibration and reports the error;
+``compare_staleness`` runs the simulation of every measured Downpour run of a staleness study and sets
+the simulated staleness distribution beside the measured one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,11 @@ def measure_collectives(path: str | os.PathLike, ranks: int = 2, sizes: str = "4
 
 
 def fit_link(rows: list[dict[str, Any]], backend: str) -> Link:
-    """alpha and beta of ``backend`` from its allreduce and broadcast rows."""
+    """alpha and beta of ``backend`` from its allreduce rows (a ring's cost), and its broadcast rows
+    at two ranks (one message). A broadcast among more ranks is left out: its cost depends on the
+    backend's algorithm (gloo's root sends to every rank in turn, n-1 messages on its card; Open
+    MPI's binomial tree takes log2 n rounds), and measured on four sandbox nodes, fitting it as a tree
+    put the fitted bandwidth 17% low."""
     design, times = [], []
     for r in rows:
         if r.get("backend") != backend or r.get("world_size", 1) < 2:
@@ -75,8 +80,8 @@ def fit_link(rows: list[dict[str, Any]], backend: str) -> Link:
         n, m = r["world_size"], r["bytes"]
         if r["op"] == "allreduce":
             design.append((2 * (n - 1), 2 * (n - 1) / n * m))
-        elif r["op"] == "broadcast":
-            design.append((math.ceil(math.log2(n)), m))
+        elif r["op"] == "broadcast" and n == 2:
+            design.append((1, m))
         else:
             continue
         times.append(r["p50_s"])
@@ -100,6 +105,16 @@ def _compute_s(rows: pd.DataFrame) -> float:
     return float((rows["step_s"] - rows[list(_NOT_COMPUTE)].sum(axis=1)).mean())
 
 
+def parameter_bytes(model: str, dataset: str, data_dir: str = "data") -> float:
+    """Bytes of ``model``'s parameters (fp32) as built for ``dataset``'s images: what one
+    allreduce, push or gossip message of it carries."""
+    from ..data import load_dataset
+    from ..models import build_model, parameter_count
+
+    train = load_dataset(dataset, data_dir).train
+    return 4.0 * parameter_count(build_model(model, train.input_shape, train.num_classes))
+
+
 def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload]:
     """Each model's workload from the study's one-worker runs."""
     out = {}
@@ -114,11 +129,7 @@ def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload
             n = sent["num_workers"]
             nbytes = float((sent["bytes_sent_per_step"] * n / (2 * (n - 1))).median())
         else:
-            from ..models import MODELS, build_model, parameter_count
-
-            spec = MODELS[model]
-            nbytes = 4.0 * parameter_count(build_model(model, spec.default_input,
-                                                       spec.default_classes))
+            nbytes = parameter_bytes(model, str(runs["dataset"].iloc[0]))
         out[model] = Workload(model, int(alone["batch_size"].iloc[0]), _compute_s(alone), nbytes,
                               source=f"{len(alone)} one-worker runs of {source}")
     if not out:
@@ -141,38 +152,53 @@ def overlap_from_study(cal: Calibration, study: pd.DataFrame) -> float:
     return float(min(1.0, max(0.0, np.median(shares)))) if shares else 0.0
 
 
-def calibrate(collectives: str | os.PathLike, study: str | os.PathLike,
-              backend: str | None = None, per_node: int | None = None) -> Calibration:
-    """A calibration of this machine: its link, its models' compute, its overlap."""
+def calibrate(collectives: str | os.PathLike, study: str | os.PathLike | pd.DataFrame,
+              backend: str | None = None, per_node: int | None = None,
+              inter: Link | None = None) -> Calibration:
+    """A calibration of this machine: its link, its models' compute, its overlap (``study``: a
+    study's runs.csv, or its rows). ``per_node`` workers share the measured link (default: the
+    study's largest world); past them, nodes are joined by ``inter`` (default: the measured link)."""
     runs = _read_study(study)
     backend = backend or str(runs["backend"].mode().iloc[0])
     link = fit_link(read_collectives(collectives), backend)
     per_node = per_node or int(runs["world_size"].max())
     host = str(runs["host"].iloc[0]) if "host" in runs else "here"
     buckets = runs["options.bucket_cap_mb"].dropna() if "options.bucket_cap_mb" in runs else []
-    cal = Calibration(f"measured-{host}", Network(link, link, per_node),
-                      workloads_from_study(runs, str(study)), collective="ring",
+    between = ""
+    if inter is not None:
+        between = (f"; between nodes of {per_node} workers (assumed): "
+                   f"{inter.bandwidth_Bps * 8 / 1e9:g} Gbit/s, {inter.alpha_s * 1e6:g} us")
+    cal = Calibration(f"measured-{host}", Network(link, inter or link, per_node),
+                      workloads_from_study(runs, _name(study)), collective="ring",
                       bucket_bytes=(float(buckets.median()) if len(buckets) else 25.0) * (1 << 20),
-                      overlap=0.0, source=f"link: {backend} rows of {collectives}; compute: {study}")
+                      overlap=0.0, source=f"link: {backend} rows of {collectives}; compute: "
+                                          f"{_name(study)}{between}")
     return Calibration(**{**cal.__dict__, "overlap": overlap_from_study(cal, runs)})
 
 
-def _read_study(path: str | os.PathLike) -> pd.DataFrame:
-    try:
-        runs = pd.read_csv(path)
-    except FileNotFoundError:
-        raise ConfigError("study", str(path), "no such CSV: the committed one is "
-                          "results/reference/scaling/runs.csv") from None
+def _name(study: str | os.PathLike | pd.DataFrame) -> str:
+    return "the study's rows" if isinstance(study, pd.DataFrame) else str(study)
+
+
+def _read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
+    if isinstance(path, pd.DataFrame):
+        runs = path
+    else:
+        try:
+            runs = pd.read_csv(path)
+        except FileNotFoundError:
+            raise ConfigError("study", str(path), "no such CSV: the committed one is "
+                              "results/reference/scaling/runs.csv") from None
     missing = {"algorithm", "model", "num_workers", "step_s", "comm_s", "wait_s",
                "batch_size"} - set(runs.columns)
     if missing:
-        raise ConfigError("study", str(path), f"lacks {sorted(missing)}: give a study's runs.csv")
+        raise ConfigError("study", _name(path), f"lacks {sorted(missing)}: give a study's runs.csv")
     return runs
 
 
 def compare_with_study(cal: Calibration, study: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
     """Measured and predicted step time of every (algorithm, workers, model) in the study."""
-    runs = study if isinstance(study, pd.DataFrame) else _read_study(study)
+    runs = _read_study(study)
     rows = []
     for (algorithm, workers, model), group in runs.groupby(["algorithm", "num_workers", "model"]):
         options = {}
@@ -206,3 +232,54 @@ def load(path: str | os.PathLike) -> Calibration:
     except (KeyError, TypeError, json.JSONDecodeError) as exc:
         raise ConfigError("calibration", str(path), f"not a calibration ({exc!r}): give the file "
                           "`downpour model calibrate` wrote") from None
+
+
+#: what a simulated mean staleness must come within of the measured one: 0.25 updates, or 15%
+STALENESS_TOLERANCE = (0.25, 0.15)
+
+
+def compare_staleness(link: Link, staleness_dir: str | os.PathLike) -> tuple[pd.DataFrame,
+                                                                             pd.DataFrame]:
+    """Every Downpour run of a staleness study (``runs.csv``, ``staleness.csv``) simulated with its
+    own settings (workers, shards, n_fetch, n_push, warmstart, steps) and its measured compute per
+    step (data, forward and backward, update) over ``link``.
+
+    Returns (one row per run: measured and simulated mean staleness, share of fresh pushes, the
+    total variation distance between the distributions, and whether the means agree within
+    ``STALENESS_TOLERANCE``; the two distributions, long: label, staleness, fraction, source)."""
+    from .perfsim import simulate
+
+    directory = Path(staleness_dir)
+    try:
+        runs = pd.read_csv(directory / "runs.csv")
+        measured = pd.read_csv(directory / "staleness.csv")
+    except FileNotFoundError as exc:
+        raise ConfigError("staleness", str(directory), f"{exc.filename} is missing: give a staleness "
+                          "study's directory, e.g. results/reference/staleness") from None
+    rows, dists = [], []
+    for _, run in runs[runs["algorithm"] == "downpour"].iterrows():
+        options = {k: int(run[f"options.{k}"]) for k in ("n_fetch", "n_push", "warmstart")
+                   if f"options.{k}" in run and pd.notna(run[f"options.{k}"])}
+        compute = float(run["data_s"] + run["compute_s"] + run["update_s"])
+        sim = simulate("downpour", int(run["num_workers"]), compute_s=compute,
+                       model_bytes=float(run["bytes_sent_per_step"]) * options.get("n_push", 1),
+                       link=link, steps=int(run["steps"]), servers=int(run["num_servers"]),
+                       **options)
+        mine = measured[measured["run_id"] == run["run_id"]]
+        m = dict(zip(mine["staleness"].astype(int), mine["fraction"], strict=True))
+        s = sim.staleness_fraction
+        m_mean = sum(k * v for k, v in m.items())
+        s_mean = sum(k * v for k, v in s.items())
+        tolerance = max(STALENESS_TOLERANCE[0], STALENESS_TOLERANCE[1] * m_mean)
+        rows.append({"label": run["label"], "workers": int(run["num_workers"]),
+                     "servers": int(run["num_servers"]), **options,
+                     "measured_mean": m_mean, "simulated_mean": s_mean,
+                     "measured_fresh": m.get(0, 0.0), "simulated_fresh": s.get(0, 0.0),
+                     "tv_distance": 0.5 * sum(abs(m.get(k, 0.0) - s.get(k, 0.0))
+                                              for k in set(m) | set(s)),
+                     "agrees": abs(s_mean - m_mean) <= tolerance})
+        dists += [{"label": run["label"], "staleness": k, "fraction": v, "source": source}
+                  for source, dist in (("measured", m), ("simulated", s)) for k, v in dist.items()]
+    if not rows:
+        raise ConfigError("staleness", str(directory), "has no downpour runs to compare")
+    return pd.DataFrame(rows), pd.DataFrame(dists)

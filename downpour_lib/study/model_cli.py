@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -60,6 +61,18 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--csv", default=None, help="write the rows here")
     p.set_defaults(func=cmd_predict)
 
+    p = verbs.add_parser("validate", help="measure and predict across the multi-node Slurm sandbox's "
+                                          "shaped links (root)")
+    p.add_argument("--nodes", type=int, default=2, help="sandbox nodes, one worker each (2 to 4)")
+    p.add_argument("--links", default="500mbit,100mbit", help="link rates, comma-separated")
+    p.add_argument("--algorithms", default=None,
+                   help="comma-separated (default: allreduce,sgp,localsgd,diloco)")
+    p.add_argument("--out", default=None,
+                   help="where validation.csv goes (default: results/<host>/model/sandbox-<N>nodes)")
+    p.add_argument("--sandbox-dir", default=None,
+                   help="a running sandbox to borrow (default: the usual one, started if needed)")
+    p.set_defaults(func=cmd_validate)
+
     p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
     p.set_defaults(func=cmd_presets)
     p = verbs.add_parser("check", help="the model against published scaling results")
@@ -110,6 +123,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.csv:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from ..sandbox.slurm import SandboxError
+    from .core import StudyError
+    from .model_validate import DEFAULT_ALGORITHMS, TOLERANCE, validate_on_sandbox
+
+    algorithms = (tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
+                  if args.algorithms else DEFAULT_ALGORITHMS)
+    out = args.out or default_calibration().parent / f"sandbox-{args.nodes}nodes"
+    try:
+        table = validate_on_sandbox(out, nodes=args.nodes, algorithms=algorithms,
+                                    links=[r.strip() for r in args.links.split(",") if r.strip()],
+                                    sandbox_dir=args.sandbox_dir)
+    except (StudyError, SandboxError) as exc:
+        print(f"downpour model validate: {exc}", file=sys.stderr)
+        return 1
+    print(table[["link", "algorithm", "workers", "measured_step_s", "predicted_step_s", "error"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    worst = table.error.abs().max()
+    print(f"worst error {worst:.1%} (tolerance {TOLERANCE:.0%}); wrote {Path(out) / 'validation.csv'}")
     return 0
 
 

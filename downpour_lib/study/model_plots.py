@@ -2,14 +2,17 @@
 is fastest.
 
 - ``predictions_table``: the model's rows for a study's algorithms at 1 to 1,024 workers, each
-  carrying the calibration it came from (name and source): the scaling study's
-  ``predictions.csv``.
+  carrying the calibration it came from (name and source); ``model_for_study`` calibrates on a
+  scaling study (its one-worker runs, a ``bench collectives`` measurement beside it) and writes them
+  as the study's ``predictions.csv``.
 - ``scaling_model_figure``: measured efficiency (points with error bars, from ``runs.csv``) and the
   model's (lines), out to 1,024 workers on a log axis.
+- ``staleness_model_figure``: a measured Downpour staleness distribution beside the simulated one.
 - ``fastest_map`` and ``fastest_map_figure``: for workers x bandwidth of the card between nodes,
   which algorithm has the highest throughput (notebook 06, "at scale").
 
-Figures come from CSVs and calibrations only, like every study figure.
+Figures come from CSVs and calibrations only, like every study figure; ``scaling_plots.make_figures``
+draws ``scaling_model.png`` wherever a study has a ``predictions.csv``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .figures import figure_row, save_figure
+from .figures import figure_row
 from .netmodel import GBIT, Link
 from .perfmodel import Calibration, predict_rows
 
@@ -42,16 +45,52 @@ def predictions_table(cal: Calibration, algorithms, model: str,
     return table
 
 
+#: between nodes, where a study measured one machine: 10 Gbit/s Ethernet, 50 us a message (assumed)
+ETHERNET_10G = Link(50e-6, 10 * GBIT)
+
+
+def model_for_study(study: str | Path, out: str | Path | None = None,
+                    collectives: str | Path | None = None, ranks: int = 2, workers=WORKERS,
+                    between: Link = ETHERNET_10G) -> tuple[Calibration, pd.DataFrame]:
+    """Calibrate the model on a scaling study (its directory or ``runs.csv``) and write, into
+    ``out`` (default: the study's directory), ``collectives.json`` (measured here on ``ranks`` MPI
+    ranks unless ``collectives`` is given or one is already there), ``calibration.json`` and
+    ``predictions.csv``: every algorithm and model of the study's latest commit at ``workers``.
+
+    One machine measures the link inside a node only: the node holds as many ranks as the study's
+    largest run, and past them nodes are joined by ``between`` (an assumption, named in the
+    calibration's source, which every row carries)."""
+    from .calibrate import calibrate, measure_collectives, save
+    from .scaling_plots import load_runs
+
+    study = Path(study)
+    csv = study / "runs.csv" if study.is_dir() else study
+    out = Path(out) if out is not None else csv.parent
+    runs = load_runs(csv)
+    if collectives is None:
+        collectives = out / "collectives.json"
+        if not collectives.is_file():
+            measure_collectives(collectives, ranks=ranks)
+    cal = calibrate(collectives, runs, inter=between)
+    save(cal, out / "calibration.json")
+    table = pd.concat([predictions_table(cal, sorted(runs.algorithm.unique()), model, workers)
+                       for model in sorted(runs.model.unique())], ignore_index=True)
+    table.to_csv(out / "predictions.csv", index=False)
+    return cal, table
+
+
 def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
     """Measured efficiency (markers, error bars over repeats) and the model's (lines) per algorithm."""
     from .scaling_plots import scaling_table
 
-    measured = scaling_table(runs)
+    model = runs.model.iloc[0]  # a study trains one model; the figure shows the first
+    measured = scaling_table(runs[runs.model == model])
+    predictions = predictions[predictions.model == model]
     fig, (ax,) = figure_row(1, 9.0)
     names = sorted(set(measured.algorithm) | set(predictions.algorithm))
     for i, name in enumerate(names):
-        model = predictions[predictions.algorithm == name].sort_values("workers")
-        ax.plot(model.workers, model.efficiency, "-", color=f"C{i}", alpha=0.8, label=f"{name}")
+        curve = predictions[predictions.algorithm == name].sort_values("workers")
+        ax.plot(curve.workers, curve.efficiency, "-", color=f"C{i}", alpha=0.8, label=name)
         points = measured[measured.algorithm == name]
         ax.errorbar(points.num_workers, points.efficiency, yerr=points.efficiency_std, fmt="o",
                     color=f"C{i}", capsize=3, markeredgecolor="black")
@@ -63,8 +102,29 @@ def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
     ax.set_ylim(0, 1.1)
     ax.grid(alpha=0.3)
     cal = predictions.calibration.iloc[0] if len(predictions) else "?"
-    ax.set_title(f"Scaling efficiency, measured and predicted (calibration {cal})", fontsize=9)
+    ax.set_title(f"Scaling efficiency of {model}, measured and predicted (calibration {cal})",
+                 fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def staleness_model_figure(dists: pd.DataFrame):
+    """Per Downpour run, the measured share of pushes at each staleness (bars) and the simulated
+    one (outlined bars): ``calibrate.compare_staleness``'s second table."""
+    labels = list(dict.fromkeys(dists.label))
+    fig, axes = figure_row(len(labels), 3.2 * len(labels))
+    for ax, label in zip(axes, labels, strict=True):
+        mine = dists[dists.label == label]
+        for source, offset, style in (("measured", -0.2, {"color": "C0"}),
+                                      ("simulated", 0.2, {"fill": False, "edgecolor": "C3",
+                                                          "hatch": "//"})):
+            part = mine[mine.source == source]
+            ax.bar(part.staleness + offset, part.fraction, width=0.4, label=source, **style)
+        ax.set_title(label, fontsize=8)
+        ax.set_xlabel("staleness (server updates)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("share of pushes")
+    axes[0].legend(fontsize=7)
     return fig
 
 
@@ -114,16 +174,3 @@ def fastest_map_figure(table: pd.DataFrame):
     ax.set_title(f"Fastest algorithm (and its efficiency), {first.model}, calibration "
                  f"{first.calibration}; of {', '.join(names)}", fontsize=9)
     return fig
-
-
-def make_model_figures(study_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """``scaling_model.png`` from a scaling study's ``runs.csv`` and ``predictions.csv``."""
-    from .scaling_plots import load_runs
-
-    study_dir = Path(study_dir)
-    predictions = study_dir / "predictions.csv"
-    if not predictions.is_file():
-        return []
-    out = Path(out_dir) if out_dir else study_dir / "figures"
-    fig = scaling_model_figure(load_runs(study_dir / "runs.csv"), pd.read_csv(predictions))
-    return [save_figure(fig, out / "scaling_model.png")]

@@ -179,7 +179,8 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
         sim_alg = "easgd" if algorithm == "easgd" else algorithm
         link = net.path(workers + opts.get("servers", 0))
         sim_opts = {k: opts[k] for k in ("servers", "n_fetch", "n_push", "period", "max_lag",
-                                         "max_staleness", "slow_workers", "slowdown") if k in opts}
+                                         "max_staleness", "warmstart", "slow_workers", "slowdown")
+                    if k in opts}
         result = simulate(sim_alg, workers, compute_s=c, model_bytes=m, link=link,
                           steps=steps or simulated_steps(workers), **sim_opts)
         exposed = max(0.0, result.step_s - c)

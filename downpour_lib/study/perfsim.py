@@ -11,7 +11,8 @@ direction (links are full duplex):
   gradient to every shard and waits for the receipt, as ``Downpour._push`` does. A shard applies
   pushes in arrival order; a push's staleness is the shard's version when it is applied minus the
   version the worker fetched. With ``max_staleness`` a shard refuses a staler push and the worker
-  fetches before its next step.
+  fetches before its next step. With ``warmstart`` (Dean et al.'s, as ``Downpour.start``) the other
+  workers start once the first worker's pushes alone have moved shard 0 that many times.
 - ``adpsgd`` (Lian et al. 2018): training never waits for a peer except through ``max_lag``;
   averaging round r of a rank starts once its training finished step r and exchanges the model with
   the partner of a perfect matching between even and odd ranks, both directions at once.
@@ -84,11 +85,13 @@ def _compute(index: int, compute_s: float, slow_workers: int, slowdown: float) -
 
 
 def _downpour(env, shards, link, index, steps, compute_s, nbytes, n_fetch, n_push,
-              max_staleness, hist, refused, finish):
+              max_staleness, warm, warm_pushes, hist, refused, finish):
     part = nbytes / len(shards)
     own = _Card(env, link)
     fetched = [0] * len(shards)
     refetch = False
+    if index > 0:
+        yield warm
     for t in range(steps):
         if t % n_fetch == 0 or refetch:
             refetch = False
@@ -109,6 +112,8 @@ def _downpour(env, shards, link, index, steps, compute_s, nbytes, n_fetch, n_pus
                     continue
                 hist[staleness] += 1
                 shard.version += 1
+            if not warm.triggered and shards[0].version >= warm_pushes:
+                warm.succeed()
             # a fetch follows a push only at the n_fetch boundary; between fetches the worker
             # moves its own copy, so its next push is staler by the updates it has not fetched
     finish[index] = env.now
@@ -140,7 +145,7 @@ def partner(rank: int, round_: int, workers: int) -> int | None:
 def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: float, link: Link,
              steps: int = 200, servers: int = 1, n_fetch: int = 1, n_push: int = 1,
              period: int = 4, max_lag: int = 1, max_staleness: int | None = None,
-             slow_workers: int = 0, slowdown: float = 1.0) -> SimResult:
+             warmstart: int = 0, slow_workers: int = 0, slowdown: float = 1.0) -> SimResult:
     """Run ``steps`` steps of every worker of ``algorithm`` and measure them."""
     if algorithm not in ALGORITHMS:
         raise ConfigError("algorithm", algorithm, "simulated: " + ", ".join(ALGORITHMS))
@@ -151,6 +156,8 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
             raise ConfigError(name, value, "an integer >= 1")
     if not 0 <= slow_workers <= workers:
         raise ConfigError("slow_workers", slow_workers, f"between 0 and workers={workers}")
+    if isinstance(warmstart, bool) or not (isinstance(warmstart, int) and warmstart >= 0):
+        raise ConfigError("warmstart", warmstart, "a whole number of pushes >= 0")
     if not slowdown >= 1:
         raise ConfigError("slowdown", slowdown, "a factor >= 1 (1: no slowdown)")
     env = simpy.Environment()
@@ -161,10 +168,15 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
     if algorithm == "downpour":
         shards = [_Shard(env, link) for _ in range(servers)]
         cards = [s.card for s in shards]
+        warm = env.event()  # the first worker's warmstart is over
+        warm_pushes = min(warmstart, -(-steps // n_push))
+        if warm_pushes == 0:
+            warm.succeed()
         for i in range(workers):
             env.process(_downpour(env, shards, link, i, steps,
                                   _compute(i, compute_s, slow_workers, slowdown), model_bytes,
-                                  n_fetch, n_push, max_staleness, hist, refused, finish))
+                                  n_fetch, n_push, max_staleness, warm, warm_pushes, hist, refused,
+                                  finish))
     elif algorithm == "easgd":
         center = _Shard(env, link)
         cards = [center.card]

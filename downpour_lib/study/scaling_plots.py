@@ -7,6 +7,8 @@ its ranks shared cores. Speedup and efficiency are measured against ideal linear
 algorithm's 1-worker throughput: speedup(N) = throughput(N) / throughput(1), efficiency(N) =
 speedup(N) / N. The breakdown splits a worker's mean step into the record schema's parts
 (``records.TIME_PARTS``): data, compute, communication, wait (blocked on another rank) and update.
+Where the study has the performance model's ``predictions.csv`` (``model_plots.model_for_study``),
+``scaling_model.png`` shows the measured points beside the model's curves out to 1,024 workers.
 
 Each ``*_figure`` returns a matplotlib ``Figure`` built without pyplot (no global state, no backend
 switch), so a notebook displays it inline and ``make_figures`` saves it.
@@ -195,5 +197,12 @@ def make_figures(source: str | Path, out_dir: str | Path | None = None) -> list[
     runs = load_runs(csv)
     makers = {"throughput": throughput_figure, "speedup": speedup_figure,
               "efficiency": efficiency_figure, "breakdown": breakdown_figure}
-    return [save_figure(makers[name](runs), Path(out_dir) / f"{name}.png") for name in FIGURES]
+    saved = [save_figure(makers[name](runs), Path(out_dir) / f"{name}.png") for name in FIGURES]
+    predictions = csv.parent / "predictions.csv"
+    if predictions.is_file():  # the performance model's curves (model_plots.model_for_study)
+        from .model_plots import scaling_model_figure
+
+        saved.append(save_figure(scaling_model_figure(runs, pd.read_csv(predictions)),
+                                 Path(out_dir) / "scaling_model.png"))
+    return saved
 

@@ -1,0 +1,187 @@
+"""The performance model against measurement across real links: the multi-node Slurm sandbox.
+
+One machine's ranks talk over shared memory, so the scaling study checks the model's compute and its
+collectives' latency but never a network card. The sandbox (``sandbox/slurm.py``, root only) gives
+each node a network namespace and a link shaped with ``tc`` to a rate; this validation, for each rate:
+
+1. measures the link between the nodes: ``downpour bench collectives`` (gloo, the backend ``srun``
+   launches use) with one rank per node, fitted to the alpha-beta costs (``calibrate.fit_link``);
+2. trains each algorithm for a few steps with one worker per node (``srun --distribution=cyclic``)
+   and reads its mean step time;
+3. predicts that step time from the fitted link and the algorithm's compute per step, and reports
+   the error.
+
+The compute is measured on the same nodes with the links unshaped (hundreds of MB/s): the step less
+what it spent communicating and waiting, which includes what an algorithm's own bookkeeping costs at
+this worker count (bucket copies, hooks) and what two ranks sharing this machine's cores cost each
+other. So the calibration comes from the link measurements and the unshaped runs, never from the
+runs it predicts, and what is checked is the model's network: what shaping the link adds to a step.
+
+``downpour model validate`` runs it and writes ``validation.csv``; tests/test_slurm_nodes.py runs it
+on two nodes at two rates and asserts the stated tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..config import TrainConfig
+from ..errors import ConfigError
+from .calibrate import fit_link, parameter_bytes, read_collectives
+from .core import StudyError
+from .netmodel import Network
+from .perfmodel import Calibration, Workload, predict
+
+#: the rates of the two settings, a fast link and a slow one. The sandbox's token buckets let 4 ms of
+#: traffic pass at once after an idle spell, which a real card does not: at 1gbit that burst made
+#: steps with 2.5 ms of compute between messages up to 12% faster than the fitted link predicts
+LINKS = ("500mbit", "100mbit")
+#: the algorithms with one worker per node and no server rank (a server would share a node with a
+#: worker, and the model's server card is a node of its own)
+ALGORITHMS = ("allreduce", "ddp", "sgp", "dpsgd", "localsgd", "diloco")
+#: what ``validate_on_sandbox`` runs unless told: one of each way of communicating (bucketed
+#: allreduce every step, gossip to a peer, an average every 4 steps, DiLoCo's every 20)
+DEFAULT_ALGORITHMS = ("allreduce", "sgp", "localsgd", "diloco")
+#: a model whose step is mostly communication on these links: the MLP on 32x32x3 images has 1.6 MB
+#: of parameters and takes about 1.5 ms per step of 32 on a core; 20 steps are measured (20-39: five
+#: of localsgd's averages), or four periods where a period is longer (diloco: 80 steps, four outer
+#: steps, the last at the run's end as in any run)
+BASE: dict[str, Any] = {"model": "mlp", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 40,
+                        "warmup_steps": 20, "eval_every": 0, "final_eval": False, "threads": 1,
+                        "seed": 0}
+#: within this relative error a prediction agrees with its measurement
+TOLERANCE = 0.15
+
+
+def _config(base: dict[str, Any], algorithm: str) -> TrainConfig:
+    """``base`` for ``algorithm``, measuring at least four of its periods (a single meeting in the
+    measured steps is one noisy event: a step time of DiLoCo's varied by 20% from run to run)."""
+    config = TrainConfig.from_dict({**base, "algorithm": algorithm})
+    period = getattr(config.options, "period", 1)
+    measured = max(config.steps - config.warmup_steps, 4 * period)
+    return TrainConfig.from_dict({**base, "algorithm": algorithm,
+                                  "steps": config.warmup_steps + measured})
+
+
+def _srun(nodes: int, tasks: int, command: list[str], env: dict[str, str],
+          timeout_s: float) -> subprocess.CompletedProcess:
+    minutes = math.ceil(timeout_s / 60) + 1
+    cmd = ["srun", f"--nodes={nodes}", f"--ntasks={tasks}", "--distribution=cyclic",
+           "--kill-on-bad-exit=1", f"--time={minutes}", *command]
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise StudyError(f"{' '.join(command[:6])} ran past {timeout_s} s") from exc
+
+
+def _failed(what: str, proc: subprocess.CompletedProcess) -> StudyError:
+    tail = "\n".join(((proc.stderr or "") + (proc.stdout or "")).splitlines()[-15:])
+    return StudyError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+
+
+def _train(config: TrainConfig, nodes: int, env: dict[str, str], timeout_s: float) -> dict:
+    from .accuracy import _train_command
+
+    with tempfile.TemporaryDirectory(prefix="downpour-validate-") as tmp:
+        proc = _srun(nodes, nodes, _train_command(config, Path(tmp)), env, timeout_s)
+        summary = Path(tmp) / "out" / "summary.json"
+        if proc.returncode != 0 or not summary.is_file():
+            raise _failed(f"{config.algorithm} on {nodes} node(s)", proc)
+        return json.loads(summary.read_text())
+
+
+def _collectives(path: Path, nodes: int, env: dict[str, str], timeout_s: float) -> Path:
+    command = [sys.executable, "-m", "downpour_lib", "bench", "collectives", "--backends", "gloo",
+               "--ops", "allreduce,broadcast", "--sizes", "256K,1M,4M", "--min-time", "0.2",
+               "--min-reps", "3", "--json", str(path)]
+    proc = _srun(nodes, nodes, command, env, timeout_s)
+    if proc.returncode != 0 or not path.is_file():
+        raise _failed(f"bench collectives on {nodes} nodes", proc)
+    return path
+
+
+def workload_of(summary: dict) -> Workload:
+    """A model's workload from a run's summary: its step less communication and waiting, and the
+    bytes of its parameters."""
+    compute = summary["step_s"] - summary["comm_s"] - summary["wait_s"]
+    nbytes = parameter_bytes(summary["model"], summary["dataset"], summary["data_dir"])
+    return Workload(summary["model"], int(summary["batch_size"]), compute, nbytes,
+                    source=f"{summary['algorithm']} on {summary['hosts']}, links unshaped")
+
+
+def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[str] = LINKS,
+                        algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
+                        base: dict[str, Any] | None = None, sandbox_dir: str | None = None,
+                        timeout_s: float = 300.0,
+                        log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Measure and predict every algorithm at ``nodes`` workers (one per node) at each link rate;
+    the table (also ``out/validation.csv``, with each rate's ``collectives-<rate>.json`` and
+    ``calibration-<rate>.json`` beside it)."""
+    from ..sandbox.netns import parse_rate
+    from .accuracy import SandboxNodes
+    from .calibrate import save
+
+    if not (isinstance(nodes, int) and nodes >= 2):
+        raise ConfigError("nodes", nodes, "at least 2: the link between nodes is what is validated")
+    for rate in links:
+        parse_rate(rate)
+    for name in algorithms:
+        if name not in ALGORITHMS:
+            raise ConfigError("algorithms", name, "one worker per node and no server rank: "
+                              + ", ".join(ALGORITHMS))
+    base = {**BASE, **(base or {})}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with SandboxNodes(sandbox_dir, nodes=nodes, timeout_s=timeout_s, log=log) as where:
+        env = where.env()
+        where.sandbox.up(bandwidth="none")
+        where.link = "none"
+        # compute per step, per algorithm: the same ranks with the link out of the way (unshaped,
+        # hundreds of MB/s), less what they spent communicating and waiting
+        configs = {name: _config(base, name) for name in algorithms}
+        workloads = {}
+        for name, config in configs.items():
+            workloads[name] = workload_of(_train(config, nodes, env, timeout_s))
+            log(f"{name} unshaped: {workloads[name].compute_s * 1e3:.2f} ms of compute per step")
+        for rate in links:
+            where.sandbox.up(bandwidth=rate)
+            where.link = rate
+            measured = _collectives(out / f"collectives-{rate}.json", nodes, env, timeout_s)
+            link = fit_link(read_collectives(measured), "gloo")
+            log(f"{rate}: alpha {link.alpha_s * 1e6:.0f} us, beta {link.bandwidth_Bps / 1e6:.1f} MB/s")
+            network = Network(link, link, per_node=1)
+            for name, config in configs.items():
+                w = workloads[name]
+                cal = Calibration(f"sandbox-{nodes}x-{rate}", network, {w.model: w},
+                                  collective="ring",
+                                  source=f"gloo rows of {measured.name} ({nodes} sandbox nodes at "
+                                         f"{rate}); compute: {w.source}")
+                if name == algorithms[0]:
+                    save(cal, out / f"calibration-{rate}.json")
+                summary = _train(config, nodes, env, timeout_s)
+                options = {k.split(".", 1)[1]: v for k, v in summary.items()
+                           if k.startswith("options.")}
+                p = predict(cal, name, nodes, w.model, options)
+                rows.append({"link": rate, "algorithm": name, "workers": nodes,
+                             "measured_step_s": summary["step_s"], "predicted_step_s": p.step_s,
+                             "error": p.step_s / summary["step_s"] - 1,
+                             "compute_s": w.compute_s,
+                             "measured_comm_s": summary["comm_s"] + summary["wait_s"],
+                             "predicted_comm_s": p.comm_s, "hosts": summary["hosts"],
+                             "calibration": cal.name, "calibration_source": cal.source})
+                log(f"{rate} {name}: measured {summary['step_s'] * 1e3:.1f} ms, predicted "
+                    f"{p.step_s * 1e3:.1f} ms ({rows[-1]['error']:+.0%})")
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "validation.csv", index=False)
+    return table
