@@ -16,13 +16,15 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
 
-# Every study, each by its notebook, into results/<host>/{scaling,staleness,gossip,accuracy}/; each
-# resumes (runs already in this machine's CSVs at this commit are skipped) and redraws its figures.
-# Notebook 05 runs on the multi-node Slurm sandbox as root, on local ranks otherwise.
-studies: study   ## every study: notebooks 02, 03, 04, 05 headless
+# Every study, each by its notebook, into results/<host>/{scaling,staleness,gossip,accuracy,model}/;
+# each resumes (runs already in this machine's CSVs at this commit are skipped) and redraws its
+# figures. Notebook 05 runs on the multi-node Slurm sandbox as root, on local ranks otherwise;
+# notebook 06 calibrates the performance model here and checks it against the references.
+studies: study   ## every study: notebooks 02 to 06 headless
 	$(BIN)/downpour notebook run notebooks/03_downpour_staleness.ipynb
 	$(BIN)/downpour notebook run notebooks/04_gossip_consensus.ipynb
 	$(BIN)/downpour notebook run notebooks/05_time_to_accuracy.ipynb
+	$(BIN)/downpour notebook run notebooks/06_at_scale.ipynb
 
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -24,6 +24,15 @@ FIGURES = {"scaling": scaling_plots.FIGURES, "staleness": staleness_plots.FIGURE
            "gossip": gossip_plots.FIGURES, "accuracy": accuracy_plots.FIGURES}
 
 
+def figures(study: str, directory) -> list[str]:
+    """The PNGs a study's directory gets: its figures, and the performance model's curves where
+    the scaling study has the model's predictions.csv."""
+    names = list(FIGURES[study])
+    if study == "scaling" and (directory / "predictions.csv").is_file():
+        names.append("scaling_model")
+    return sorted(f"{name}.png" for name in names)
+
+
 def test_each_study_has_its_directory_here_and_in_the_reference():
     host = host_dirname()
     assert host == provenance.machine()["host"].replace(" ", "_")
@@ -46,8 +55,11 @@ def test_the_committed_reference_is_one_tidy_csv_with_provenance_and_its_figures
     assert runs[runs.launcher == "mpi"].mpi_version.notna().all(), study
     assert runs[runs.launcher != "mpi"].mpi_version.isna().all(), study
     assert runs.run_id.is_unique and runs.git_sha.nunique() == 1 and runs.host.nunique() == 1
-    assert sorted(p.name for p in (where / "figures").iterdir()) == sorted(
-        f"{name}.png" for name in FIGURES[study])
+    assert sorted(p.name for p in (where / "figures").iterdir()) == figures(study, where)
+    if study == "scaling":  # the model's curves, each row naming the calibration it came from
+        predictions = pd.read_csv(where / "predictions.csv")
+        assert set(predictions.algorithm) == set(runs.algorithm)
+        assert predictions.workers.max() == 1024 and predictions.calibration_source.notna().all()
 
 
 def test_downpour_plot_redraws_every_study_from_its_csvs_alone(tmp_path, monkeypatch, capsys):
@@ -61,10 +73,10 @@ def test_downpour_plot_redraws_every_study_from_its_csvs_alone(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert main(["plot"]) == 0
     for study in STUDIES:
-        assert sorted(p.name for p in (here / study / "figures").iterdir()) == sorted(
-            f"{name}.png" for name in FIGURES[study]), study
+        assert sorted(p.name for p in (here / study / "figures").iterdir()) == \
+            figures(study, here / study), study
     out = capsys.readouterr().out
-    assert out.count("wrote ") == sum(len(f) for f in FIGURES.values())
+    assert out.count("wrote ") == sum(len(figures(study, here / study)) for study in STUDIES)
 
     shutil.rmtree(here / "gossip" / "figures")
     assert main(["plot", str(here / "gossip"), "--figures", str(tmp_path / "elsewhere")]) == 0

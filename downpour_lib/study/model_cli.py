@@ -64,7 +64,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("validate", help="measure and predict across the multi-node Slurm sandbox's "
                                           "shaped links (root)")
     p.add_argument("--nodes", type=int, default=2, help="sandbox nodes, one worker each (2 to 4)")
-    p.add_argument("--links", default="500mbit,100mbit", help="link rates, comma-separated")
+    p.add_argument("--links", default="200mbit,100mbit", help="link rates, comma-separated")
     p.add_argument("--algorithms", default=None,
                    help="comma-separated (default: allreduce,sgp,localsgd,diloco)")
     p.add_argument("--out", default=None,

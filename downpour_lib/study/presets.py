@@ -38,6 +38,13 @@ def _sgp_node(model: str, images_per_s_per_gpu: float) -> Workload:
                            "DeepLearningExamples, ResNet-50 v1.5 for PyTorch, DGX-1V; about)")
 
 
+def _sgp_cluster(name: str, card: Link, source: str) -> Calibration:
+    """SGP's experiments: a worker is a node of 8 V100, one card between nodes."""
+    return Calibration(name, Network(intra=card, inter=card, per_node=1),
+                       {"resnet50": _sgp_node("resnet50", 360)}, collective="ring",
+                       bucket_bytes=25 * MIB, overlap=1.0, source=source)
+
+
 PRESETS: dict[str, Calibration] = {
     "horovod-pascal-25g": Calibration(
         "horovod-pascal-25g",
@@ -52,21 +59,15 @@ PRESETS: dict[str, Calibration] = {
         source=f"{_HOROVOD}: 128 servers x 4 Pascal GPUs, RoCE 25 Gbit/s, NCCL 2 ring; fusion "
                "buffer 64 MiB (HOROVOD_FUSION_THRESHOLD's default). Assumed: PCIe 3 x16 inside a "
                "server (12 GB/s, 5 us), 10 us per RoCE message."),
-    "sgp-v100-10g": Calibration(
-        "sgp-v100-10g",
-        Network(intra=Link(50e-6, 10 * GBIT), inter=Link(50e-6, 10 * GBIT), per_node=1),
-        {"resnet50": _sgp_node("resnet50", 360)},
-        collective="ring", bucket_bytes=25 * MIB, overlap=1.0,
-        source='Assran et al. 2019, "Stochastic Gradient Push for Distributed Deep Learning", '
-               "section 6: 32 nodes x 8 V100, 10 Gbit/s Ethernet; a worker is a node. Assumed: "
-               "50 us per TCP message; DDP's 25 MiB buckets for AllReduce SGD."),
-    "sgp-v100-ib100": Calibration(
-        "sgp-v100-ib100",
-        Network(intra=Link(5e-6, 100 * GBIT), inter=Link(5e-6, 100 * GBIT), per_node=1),
-        {"resnet50": _sgp_node("resnet50", 360)},
-        collective="ring", bucket_bytes=25 * MIB, overlap=1.0,
-        source="Assran et al. 2019, section 6: the same 32 x 8 V100 on 100 Gbit/s InfiniBand. "
-               "Assumed: 5 us per message."),
+    "sgp-v100-10g": _sgp_cluster(
+        "sgp-v100-10g", Link(50e-6, 10 * GBIT),
+        'Assran et al. 2019, "Stochastic Gradient Push for Distributed Deep Learning", section 6: '
+        "32 nodes x 8 V100, 10 Gbit/s Ethernet; a worker is a node. Assumed: 50 us per TCP "
+        "message; DDP's 25 MiB buckets for AllReduce SGD."),
+    "sgp-v100-ib100": _sgp_cluster(
+        "sgp-v100-ib100", Link(5e-6, 100 * GBIT),
+        "Assran et al. 2019, section 6: the same 32 x 8 V100 on 100 Gbit/s InfiniBand. Assumed: "
+        "5 us per message."),
     "dgx-h100-ib400": Calibration(
         "dgx-h100-ib400",
         # 8 H100 per node on NVLink 4 (450 GB/s each way per GPU), one 400 Gbit/s NDR card per GPU
