@@ -238,12 +238,20 @@ def test_simulated_downpour_staleness_follows_the_protocol():
     assert crowded.server_busy > 0.9 and crowded.step_s > 0.9 * 64 * 1e7 / 1e9
     with pytest.raises(ConfigError, match="warmstart"):
         simulate("downpour", 2, compute_s=0.01, model_bytes=1, link=fast, warmstart=-1)
+    # steps that vary break the phase lock: a wider distribution, the same one for the same seed
+    jittered = simulate("downpour", 2, compute_s=0.01, model_bytes=1e5, link=fast, steps=100,
+                        jitter=0.3, seed=1)
+    assert len(jittered.staleness_hist) > len(even.staleness_hist)
+    assert jittered == simulate("downpour", 2, compute_s=0.01, model_bytes=1e5, link=fast,
+                                steps=100, jitter=0.3, seed=1)
+    with pytest.raises(ConfigError, match="jitter"):
+        simulate("downpour", 2, compute_s=0.01, model_bytes=1, link=fast, jitter=-0.1)
 
 
 def test_simulated_staleness_matches_the_measured_study_on_average(collectives):
     """The staleness study's Downpour runs (committed reference), each simulated with its own
     settings and measured compute over this machine's fitted link: the mean staleness agrees
-    within 0.25 updates or 15% (the deterministic simulation has no tail: the table reports the
+    within half an update or 15% (the deterministic simulation has no tail: the table reports the
     total variation distance, not asserted)."""
     cal = calib.calibrate(collectives, REFERENCE)
     table, dists = calib.compare_staleness(cal.network.intra,

@@ -234,8 +234,11 @@ def load(path: str | os.PathLike) -> Calibration:
                           "`downpour model calibrate` wrote") from None
 
 
-#: what a simulated mean staleness must come within of the measured one: 0.25 updates, or 15%
-STALENESS_TOLERANCE = (0.25, 0.15)
+#: what a simulated mean staleness must come within of the measured one: half an update, or 15%
+#: where that is more. The simulation is deterministic, so two equal workers lock into one phase,
+#: as the measured ones nearly do (their server serves one request at a time); which phase moves
+#: with the link's fitted latency, and with it a mean by up to 0.25 updates (fetch=4, push=1)
+STALENESS_TOLERANCE = (0.5, 0.15)
 
 
 def compare_staleness(link: Link, staleness_dir: str | os.PathLike) -> tuple[pd.DataFrame,

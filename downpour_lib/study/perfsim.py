@@ -25,7 +25,10 @@ ranks, as ``--slow-workers`` chooses them. Pure Python over ``simpy``; no ``torc
 
 from __future__ import annotations
 
+import math
+import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import simpy
@@ -80,8 +83,15 @@ class _Shard:
         self.version = 0
 
 
-def _compute(index: int, compute_s: float, slow_workers: int, slowdown: float) -> float:
-    return compute_s * (slowdown if index < slow_workers else 1.0)
+def _compute(index: int, compute_s: float, slow_workers: int, slowdown: float, jitter: float,
+             seed: int) -> Callable[[], float]:
+    """Worker ``index``'s step times: ``compute_s`` (times ``slowdown`` for the slow ones), each
+    drawn from a gamma distribution of that mean whose coefficient of variation is ``jitter``."""
+    mean = compute_s * (slowdown if index < slow_workers else 1.0)
+    if jitter == 0:
+        return lambda: mean
+    rng, shape = random.Random(seed * 1_000_003 + index), 1 / jitter**2
+    return lambda: mean * rng.gammavariate(shape, 1 / shape)
 
 
 def _downpour(env, shards, link, index, steps, compute_s, nbytes, n_fetch, n_push,
@@ -99,7 +109,7 @@ def _downpour(env, shards, link, index, steps, compute_s, nbytes, n_fetch, n_pus
                              + [env.process(shard.card.carry(shard.card.send, part))
                                 for shard in shards])
             fetched = [shard.version for shard in shards]
-        yield env.timeout(compute_s)
+        yield env.timeout(compute_s())
         if (t + 1) % n_push == 0 or t + 1 == steps:
             sends = [env.process(own.carry(own.send, nbytes))]
             sends += [env.process(shard.card.carry(shard.card.recv, part)) for shard in shards]
@@ -122,7 +132,7 @@ def _downpour(env, shards, link, index, steps, compute_s, nbytes, n_fetch, n_pus
 def _easgd(env, center, link, index, steps, compute_s, nbytes, period, finish):
     own = _Card(env, link)
     for t in range(steps):
-        yield env.timeout(compute_s)
+        yield env.timeout(compute_s())
         if (t + 1) % period == 0:
             yield env.all_of([env.process(own.carry(own.send, nbytes)),
                               env.process(center.card.carry(center.card.recv, nbytes))])
@@ -145,8 +155,11 @@ def partner(rank: int, round_: int, workers: int) -> int | None:
 def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: float, link: Link,
              steps: int = 200, servers: int = 1, n_fetch: int = 1, n_push: int = 1,
              period: int = 4, max_lag: int = 1, max_staleness: int | None = None,
-             warmstart: int = 0, slow_workers: int = 0, slowdown: float = 1.0) -> SimResult:
-    """Run ``steps`` steps of every worker of ``algorithm`` and measure them."""
+             warmstart: int = 0, slow_workers: int = 0, slowdown: float = 1.0,
+             jitter: float = 0.0, seed: int = 0) -> SimResult:
+    """Run ``steps`` steps of every worker of ``algorithm`` and measure them. With ``jitter`` > 0
+    each step's compute varies (gamma-distributed, that coefficient of variation, drawn from
+    ``seed``): a real run's steps do, and without it two equal workers lock into one phase."""
     if algorithm not in ALGORITHMS:
         raise ConfigError("algorithm", algorithm, "simulated: " + ", ".join(ALGORITHMS))
     for name, value in (("workers", workers), ("steps", steps), ("servers", servers),
@@ -158,6 +171,8 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
         raise ConfigError("slow_workers", slow_workers, f"between 0 and workers={workers}")
     if isinstance(warmstart, bool) or not (isinstance(warmstart, int) and warmstart >= 0):
         raise ConfigError("warmstart", warmstart, "a whole number of pushes >= 0")
+    if not (math.isfinite(jitter) and 0 <= jitter < 10):
+        raise ConfigError("jitter", jitter, "a coefficient of variation >= 0, e.g. 0.2 (0: none)")
     if not slowdown >= 1:
         raise ConfigError("slowdown", slowdown, "a factor >= 1 (1: no slowdown)")
     env = simpy.Environment()
@@ -174,7 +189,7 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
             warm.succeed()
         for i in range(workers):
             env.process(_downpour(env, shards, link, i, steps,
-                                  _compute(i, compute_s, slow_workers, slowdown), model_bytes,
+                                  _compute(i, compute_s, slow_workers, slowdown, jitter, seed), model_bytes,
                                   n_fetch, n_push, max_staleness, warm, warm_pushes, hist, refused,
                                   finish))
     elif algorithm == "easgd":
@@ -182,11 +197,12 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
         cards = [center.card]
         for i in range(workers):
             env.process(_easgd(env, center, link, i, steps,
-                               _compute(i, compute_s, slow_workers, slowdown), model_bytes,
+                               _compute(i, compute_s, slow_workers, slowdown, jitter, seed), model_bytes,
                                period, finish))
     else:
-        _adpsgd(env, link, workers, steps, compute_s, model_bytes, max_lag, slow_workers,
-                slowdown, finish)
+        _adpsgd(env, link, workers, steps, [_compute(i, compute_s, slow_workers, slowdown, jitter,
+                                                     seed) for i in range(workers)],
+                model_bytes, max_lag, finish)
     env.run()
     makespan = max(finish)
     busy = max((c.busy for c in cards), default=0.0)
@@ -194,17 +210,15 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
                      dict(sorted(hist.items())), refused[0], busy / makespan if makespan else 0.0)
 
 
-def _adpsgd(env, link, workers, steps, compute_s, nbytes, max_lag, slow_workers, slowdown,
-            finish):
+def _adpsgd(env, link, workers, steps, computes, nbytes, max_lag, finish):
     """Each rank: a training process and an averaging process (its thread)."""
     trained = [[env.event() for _ in range(steps)] for _ in range(workers)]
     averaged = [[env.event() for _ in range(steps)] for _ in range(workers)]
     cards = [_Card(env, link) for _ in range(workers)]
 
     def train(i: int):
-        c = _compute(i, compute_s, slow_workers, slowdown)
         for t in range(steps):
-            yield env.timeout(c)
+            yield env.timeout(computes[i]())
             if t - max_lag >= 0:  # the update of step t waits for round t - max_lag
                 yield averaged[i][t - max_lag]
             trained[i][t].succeed()
