@@ -12,3 +12,18 @@ from .records import RunResult
 
 __all__ = ["RunResult", "TrainConfig", "Trainer", "plan_run", "runtime", "train"]
 __version__ = "0.1.0"
+
+
+def _in_a_notebook() -> None:
+    """Imported in IPython (a notebook, a console): bad input fails a cell with one line."""
+    import sys
+
+    ipython = sys.modules.get("IPython")  # never imported here: a rank or a script pays nothing
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        from .notebooks import one_line_errors
+
+        one_line_errors(shell)
+
+
+_in_a_notebook()

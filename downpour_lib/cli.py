@@ -84,6 +84,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig.from_dict({**values, "options": options})
 
 
+#: the fields whose check fails only on the rank that writes there
+OUTPUT_FIELDS = ("output_dir", "checkpoint_dir", "summary_json")
+
+
 def _refuse(exc: Exception, speak: bool) -> int:
     """Exit status 2 for bad input, with its message from the ranks that ``speak``."""
     if speak:
@@ -94,6 +98,7 @@ def _refuse(exc: Exception, speak: bool) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
     from .engine import Trainer, plan_run
+    from .paths import check_output_file
 
     placement = discover(os.environ)
 
@@ -104,9 +109,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         splits = load_dataset(config.dataset, config.data_dir)
-        plan = plan_run(config, placement.world_size, splits.train, warn)
-    except (ConfigError, DataError) as exc:  # every rank fails alike; one message is enough
-        return _refuse(exc, placement.rank == 0)
+        plan = plan_run(config, placement.world_size, splits.train, warn, rank=placement.rank)
+        if placement.rank == 0:  # rank 0 writes the summary
+            check_output_file("summary_json", getattr(args, "summary_json", None))
+    except (ConfigError, DataError) as exc:
+        # a bad setting fails every rank alike, one message is enough; an output path fails the
+        # rank that writes it, and the launcher ends the others (before any rendezvous)
+        return _refuse(exc, placement.rank == 0 or getattr(exc, "field", None) in OUTPUT_FIELDS)
     try:
         runtime.check_device(config.backend, config.device, placement.local_rank)
     except ConfigError as exc:  # a node's devices: its first rank speaks for it

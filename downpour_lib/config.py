@@ -235,13 +235,17 @@ class TrainConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError("config", str(path), "no such file; give a .yaml, .yml or .json file")
-        text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            values = read_yaml(text) or {}
-        elif path.suffix == ".json":
-            values = json.loads(text)
-        else:
+        if path.suffix not in (".yaml", ".yml", ".json"):
             raise ConfigError("config", str(path), "use a .yaml, .yml or .json file")
+        text = path.read_text()
+        if path.suffix == ".json":
+            try:
+                values = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError("config", str(path), f"line {exc.lineno}, column {exc.colno}: "
+                                  f"{exc.msg}") from None
+        else:
+            values = read_yaml(text, str(path)) or {}
         if not isinstance(values, dict):
             raise ConfigError("config", str(path), "the file must hold a mapping of field: value")
         options = {**(values.get("options") or {}), **(overrides.pop("options", None) or {})}
@@ -267,9 +271,10 @@ def _milestones(value: Any) -> tuple[float, ...]:
     return tuple(out)
 
 
-def read_yaml(text: str) -> Any:
+def read_yaml(text: str, name: str = "<text>") -> Any:
     """YAML, with numbers such as 1e-3 read as numbers (YAML 1.2 does; PyYAML's YAML 1.1 wants
-    1.0e-3 and reads 1e-3 as a string, which a number field here refuses)."""
+    1.0e-3 and reads 1e-3 as a string, which a number field here refuses). A syntax error is a
+    ConfigError naming ``name`` (the file), the line and the column, counted from 1."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -278,4 +283,11 @@ def read_yaml(text: str) -> Any:
     Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                                  re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
                                  list("-+.0123456789"))
-    return yaml.load(text, Loader=Loader)  # a SafeLoader: plain data only
+    try:
+        return yaml.load(text, Loader=Loader)  # a SafeLoader: plain data only
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = " ".join(str(x) for x in (getattr(exc, "context", None),
+                                         getattr(exc, "problem", None)) if x) or str(exc)
+        raise ConfigError("config", name, where + what) from None

@@ -43,6 +43,7 @@ from .data.loader import TrainBatches, eval_batches, loader_batches
 from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError
 from .models import build_model
+from .paths import check_output_dir
 from .precision import LossScaler, autocast
 from .records import (
     EvalRecord,
@@ -79,13 +80,20 @@ def quiet(message: str) -> None:
 
 
 def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
-             report: Callable[[str], None] = warn) -> RunPlan:
+             report: Callable[[str], None] = warn, rank: int | None = None) -> RunPlan:
     """Everything about the run's shape that can be wrong, checked without talking to anyone.
-    ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load."""
+    ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load. The
+    output paths are checked on the rank that writes each (``rank``; None: every path, e.g. on
+    the machine that submits a run to a cluster)."""
     algorithm = ALGORITHMS[config.algorithm]
     roles = config.options.roles(world_size)  # ConfigError if the world does not fit
+    if rank is None or rank == 0:  # rank 0 gathers the records and writes them
+        check_output_dir("output_dir", config.output_dir)
+    if rank is None or rank == roles.evaluator:  # the evaluator writes the checkpoints
+        check_output_dir("checkpoint_dir", config.checkpoint_dir)
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
         model = build_model(config.model, train.input_shape, train.num_classes)
+    _warn_one_bucket(config, model, report)
     spe = ShardSampler(len(train), config.batch_size, 0, len(roles.workers),
                        config.seed).steps_per_epoch
     total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * spe)
@@ -119,6 +127,21 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     if every is None:  # not given: keep the cadence of the run this one continues
         every = (state["config"].get("checkpoint_every") or 0) if config.checkpoint_dir else 0
     return RunPlan(roles, spe, total, start, str(path), every)
+
+
+def _warn_one_bucket(config: TrainConfig, model: nn.Module, report: Callable[[str], None]) -> None:
+    """A bucket raised past the model's size: one bucket, so nothing of the allreduce overlaps
+    backward. Legal, and pointless unless meant (as the config warns for momentum that does
+    nothing)."""
+    cap = getattr(config.options, "bucket_cap_mb", None)
+    default = type(config.options)().bucket_cap_mb if cap is not None else None
+    if cap is None or cap <= default:
+        return
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if cap * 2**20 >= nbytes:
+        report(f"bucket_cap_mb={cap:g} holds the whole model ({nbytes / 2**20:.2f} MB of "
+               f"parameters) in one bucket: its allreduce starts only after backward, with no "
+               f"overlap; leave it at {default:g} or give one smaller than the model")
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:

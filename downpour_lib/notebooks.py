@@ -27,6 +27,21 @@ class NotebookError(DownpourError):
     """A cell raised; the message holds the notebook, the cell and the traceback."""
 
 
+def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
+    stb = [f"{etype.__name__}: {value}"]
+    shell._showtraceback(etype, value, stb)  # a custom handler shows its own traceback
+    return stb
+
+
+def one_line_errors(shell) -> None:
+    """In an IPython ``shell``: bad input (``ConfigError``, ``DataError``) shows as the one line the
+    command line gives (``algorithms='nope' is not valid: choose from ...``), not as a traceback
+    through the library: the cell still fails, and the line names the parameter and what works."""
+    from .errors import DataError
+
+    shell.set_custom_exc((ConfigError, DataError), _one_line)
+
+
 def parameters_cell(nb) -> int:
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):

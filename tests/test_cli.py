@@ -1,5 +1,7 @@
 """The command line: bad input exits 2 naming field, value and fix; good input trains."""
 
+import os
+import subprocess
 import typing
 from typing import Literal
 
@@ -12,24 +14,91 @@ from downpour_lib.cli import build_parser, config_from_args, main
 ALGORITHM_NAMES = ", ".join(sorted(ALGORITHMS))  # every registered one, as the error lists them
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--algorithm", "nope"], f"algorithm='nope' is not valid: choose one of {ALGORITHM_NAMES}"),
-    (["--batch-size", "0"], "batch_size=0"),
-    (["--lr", "-1"], "lr=-1.0"),
-    (["--lr", "inf"], "lr=inf is not valid: must be a finite number > 0"),
-    (["--lr", "nan"], "lr=nan is not valid: must be a finite number > 0"),
-    (["--weight-decay", "inf"], "weight_decay=inf is not valid: must be a finite number >= 0"),
-    (["--algorithm", "allreduce", "--bucket-cap-mb", "inf"], "bucket_cap_mb=inf is not valid"),
-    (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both"),
-    (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8"),
-    (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks"),
-    (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"], "has no such option (its options: server, servers)"),
-    (["--batch-size", "lots"], "batch_size='lots'"),
-    (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "/nonexistent/x/MNIST/raw"),
-])
-def test_bad_input_exits_2_with_a_useful_message(capsys, args, expected):
-    assert main(["train", *args]) == 2
-    assert expected in capsys.readouterr().err
+#: Every bad input tried on `downpour train`, as a new user would: (flags, what stderr must say,
+#: exit status). {tmp} is a fresh directory, {file} a file in it, {yaml} a config file with a YAML
+#: syntax error on line 2, {json} one with a JSON syntax error. The list grows with the code.
+BAD_INPUTS = [
+    (["--algorithm", "nope"], f"algorithm='nope' is not valid: choose one of {ALGORITHM_NAMES}", 2),
+    (["--batch-size", "0"], "batch_size=0", 2),
+    (["--lr", "-1"], "lr=-1.0", 2),
+    (["--lr", "inf"], "lr=inf is not valid: must be a finite number > 0", 2),
+    (["--lr", "nan"], "lr=nan is not valid: must be a finite number > 0", 2),
+    (["--weight-decay", "inf"], "weight_decay=inf is not valid: must be a finite number >= 0", 2),
+    (["--algorithm", "allreduce", "--bucket-cap-mb", "inf"], "bucket_cap_mb=inf is not valid", 2),
+    (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both", 2),
+    (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8", 2),
+    (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks", 2),
+    (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"],
+     "has no such option (its options: server, servers)", 2),
+    (["--batch-size", "lots"], "batch_size='lots'", 2),
+    (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "/nonexistent/x/MNIST/raw", 2),
+    (["--output-dir", "{file}"], "output_dir='{file}' is not valid: is a file, and a directory is wanted", 2),
+    (["--checkpoint-dir", "{file}/ckpt"], "checkpoint_dir='{file}/ckpt' is not valid: cannot be created: "
+                                         "{file} is a file, not a directory", 2),
+    (["--summary-json", "{tmp}"],
+     "summary_json='{tmp}' is not valid: is a directory, and a file is wanted", 2),
+    (["--summary-json", "{file}/s.json"], "summary_json='{file}/s.json' is not valid: cannot be created", 2),
+    (["--config", "{yaml}"], "config='{yaml}' is not valid: line 2, column 8: mapping values are not "
+                             "allowed here", 2),
+    (["--config", "{json}"], "config='{json}' is not valid: line 1, column 13: Expecting property name", 2),
+]
+
+
+@pytest.mark.parametrize("args, expected, status", BAD_INPUTS,
+                         ids=[" ".join(a)[:40] for a, _, _ in BAD_INPUTS])
+def test_bad_input_exits_with_a_useful_message(capsys, tmp_path, args, expected, status):
+    places = {"tmp": str(tmp_path), "file": str(tmp_path / "afile"), "yaml": str(tmp_path / "run.yaml"),
+              "json": str(tmp_path / "run.json")}
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "run.yaml").write_text("algorithm: local\n  steps: 3\n")
+    (tmp_path / "run.json").write_text('{"steps": 3,}')
+    assert main(["train", *(a.format(**places) for a in args)]) == status
+    err = capsys.readouterr().err
+    assert expected.format(**places) in err and "Traceback" not in err
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    """A directory no file can be made in: a read-only mount as root (root passes permission
+    bits, as it does on a cluster's scratch), a directory without write permission otherwise."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    if os.geteuid() == 0:
+        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(where)],
+                               capture_output=True, text=True)
+        if mount.returncode != 0:
+            pytest.skip(f"cannot mount a read-only tmpfs here: {mount.stderr.strip()}")
+        yield where
+        subprocess.run(["umount", str(where)], check=True)
+    else:
+        where.chmod(0o555)
+        yield where
+        where.chmod(0o755)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("flag", ["--output-dir", "--checkpoint-dir", "--summary-json"])
+def test_an_unwritable_output_path_is_refused_before_any_training(unwritable, ranks, flag):
+    """Found in the pre-flight, not at the first write: exit 2 with one message naming the field,
+    and under mpiexec no rank is left waiting for the one that refused."""
+    field = flag[2:].replace("-", "_")
+    path = unwritable / ("summary.json" if field == "summary_json" else "out")
+    args = ["train", "--algorithm", "sync_ps", "--steps", "5", "--threads", "1", flag, str(path)]
+    proc = downpour(*args) if ranks == 1 else mpiexec(ranks, str(BIN / "downpour"), *args, timeout=120)
+    assert proc.returncode == 2, explain(proc)
+    message = f"{field}='{path}' is not valid: cannot be created: {unwritable}: "
+    assert proc.stderr.count(message) == 1, explain(proc)
+    assert "Read-only file system" in proc.stderr or "Permission denied" in proc.stderr
+    assert "samples/s" not in proc.stdout and not (unwritable / "out").exists()
+
+
+def test_a_bucket_larger_than_the_model_warns_of_no_overlap(capsys):
+    """Legal, and pointless unless meant: one bucket, so the allreduce waits for all of backward."""
+    assert main(["train", "--algorithm", "allreduce", "--bucket-cap-mb", "1000", "--steps", "3",
+                 "--threads", "1"]) == 0
+    assert "bucket_cap_mb=1000 holds the whole model" in capsys.readouterr().err
+    assert main(["train", "--algorithm", "allreduce", "--steps", "3", "--threads", "1"]) == 0
+    assert "bucket_cap_mb" not in capsys.readouterr().err  # the default: no warning
 
 
 def test_flags_text_is_parsed_into_each_fields_type(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from downpour_lib.errors import ConfigError
-from downpour_lib.notebooks import inject_parameters, parameter_names, run_notebook
+from downpour_lib.notebooks import NotebookError, inject_parameters, parameter_names, run_notebook
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 LOGIC = (ast.FunctionDef, ast.ClassDef, ast.For, ast.While, ast.If, ast.Try, ast.Lambda,
@@ -46,6 +46,25 @@ def test_parameters_are_injected_after_the_parameters_cell_and_checked():
     assert len(injected.cells) == len(nb.cells) + 1  # the original is untouched
     with pytest.raises(ConfigError, match="parameter='stepz'"):
         inject_parameters(nb, {"stepz": 7})
+
+
+@pytest.mark.parametrize("notebook, parameters, message, cell", [
+    ("02_scaling_study", {"algorithms": ["nope"]},
+     "ConfigError: algorithms='nope' is not valid: choose from local, sync_ps", "study_spec("),
+    ("06_at_scale", {"preset": "nope"},
+     "ConfigError: preset='nope' is not valid: choose one of dgx-h100-ib400", "map_preset("),
+])
+def test_a_bad_parameter_fails_the_first_cell_that_uses_it_with_one_line(tmp_path, notebook,
+                                                                         parameters, message, cell):
+    """The message the command line gives (field, value, what works), not a traceback through the
+    library, from the first cell after the parameters (before any cluster or measurement)."""
+    with pytest.raises(NotebookError) as failed:
+        run_notebook(ROOT / "notebooks" / f"{notebook}.ipynb", {**parameters, "out": str(tmp_path)})
+    text = str(failed.value)
+    assert message in text and "Traceback" not in text and "File " not in text, text
+    failing = text.split("------------------")[1]
+    assert cell in failing, text
+    assert not any(tmp_path.iterdir())  # nothing measured, nothing written
 
 
 @pytest.fixture(autouse=True)

@@ -128,6 +128,31 @@ def staleness_model_figure(dists: pd.DataFrame):
     return fig
 
 
+def map_preset(preset: str, model: str, algorithms, gbits) -> Calibration:
+    """The preset a fastest-algorithm map is drawn on, with the map's settings checked up front (a
+    notebook's parameters: ``preset``, ``preset_model``, ``map_algorithms``, ``gbits``)."""
+    from ..errors import ConfigError, unknown_name
+    from .perfmodel import ALGORITHMS
+    from .presets import PRESETS
+
+    if preset not in PRESETS:
+        raise unknown_name("preset", preset, PRESETS)
+    cal = PRESETS[preset]
+    if model not in cal.workloads:
+        raise ConfigError("preset_model", model, f"preset {preset!r} has "
+                          + ", ".join(sorted(cal.workloads)))
+    if isinstance(algorithms, str) or not algorithms:
+        raise ConfigError("map_algorithms", algorithms, "a list of algorithms, e.g. "
+                          '["allreduce", "sgp", "localsgd"]')
+    for name in algorithms:
+        if name not in ALGORITHMS:
+            raise unknown_name("map_algorithms", name, ALGORITHMS)
+    if isinstance(gbits, str) or not gbits or not all(
+            isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0 for g in gbits):
+        raise ConfigError("gbits", gbits, "a list of link rates in Gbit/s > 0, e.g. [1, 10, 100]")
+    return cal
+
+
 def fastest_map(cal: Calibration, algorithms, model: str, workers=WORKERS[1:],
                 gbits=(1, 10, 25, 100, 400)) -> pd.DataFrame:
     """Every algorithm's throughput at every (workers, Gbit/s of a node's card), and which is fastest
