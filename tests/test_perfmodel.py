@@ -177,6 +177,20 @@ def test_model_cli_calibrates_and_predicts_as_the_readme_says(collectives, tmp_p
         assert 0 < r["efficiency"] <= 1
     proc = downpour("model", "predict", "--preset", "horovod-pascal-25g", "--model", "gpt5")
     assert proc.returncode == 2 and "model" in proc.stderr and "resnet101" in proc.stderr
+    # an algorithm's options: 16 shards relieve Downpour's one server card
+    per_server = {}
+    for servers in ("1", "16"):
+        proc = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
+                        "--algorithm", "downpour", "--workers", "64", "--option",
+                        f"downpour.servers={servers}", "--json", str(rows_at))
+        assert proc.returncode == 0, explain(proc)
+        (row,) = json.loads(rows_at.read_text())
+        per_server[servers] = row["samples_per_s"]
+        assert row["options.servers"] == int(servers)
+    assert per_server["16"] > 4 * per_server["1"]
+    proc = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
+                    "--algorithm", "downpour", "--option", "downpour.lr=2")
+    assert proc.returncode == 2 and "option='downpour.lr=2'" in proc.stderr, explain(proc)
     proc = downpour("model", "calibrate", "--collectives", str(tmp_path / "none.json"))
     assert proc.returncode == 2 and "collectives" in proc.stderr and "bench collectives" in proc.stderr
 

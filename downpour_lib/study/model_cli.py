@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from .core import host_dirname
-from .perfmodel import ALGORITHMS
+from .perfmodel import ALGORITHMS, MODELLED_OPTIONS
 
 
 def default_calibration() -> Path:
@@ -27,6 +27,20 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give worker counts >= 1, e.g. 8,64,512")
     return values
+
+
+def _option(text: str) -> tuple[str, str, object]:
+    """``ALG.KEY=VALUE`` -> (algorithm, key, value as int, float or text)."""
+    head, sep, raw = text.partition("=")
+    algorithm, dot, key = head.partition(".")
+    if not (sep and dot and algorithm and key and raw):
+        raise argparse.ArgumentTypeError(f"{text!r}: give ALG.KEY=VALUE, e.g. downpour.servers=16")
+    for kind in (int, float):
+        try:
+            return algorithm, key, kind(raw)
+        except ValueError:
+            pass
+    return algorithm, key, raw
 
 
 def add_model_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +71,9 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
     p.add_argument("--collective", choices=("ring", "tree", "hierarchical"), default=None,
                    help="the allreduce algorithm (default: the calibration's)")
+    p.add_argument("--option", action="append", default=[], type=_option, metavar="ALG.KEY=VALUE",
+                   help="an algorithm's option, e.g. downpour.servers=16, easgd.mode=async, "
+                        "localsgd.period=8, downpour.slow_workers=1 (repeat for more)")
     p.add_argument("--json", default=None, help="write the rows here (a JSON list)")
     p.add_argument("--csv", default=None, help="write the rows here")
     p.set_defaults(func=cmd_predict)
@@ -110,7 +127,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     for a in algorithms:
         if a not in ALGORITHMS:
             raise ConfigError("algorithm", a, "choose from " + ", ".join(ALGORITHMS))
-    rows = predict_rows(cal, algorithms, args.workers, args.model)
+    options: dict[str, dict] = {}
+    for algorithm, key, value in args.option:
+        if algorithm not in algorithms:
+            raise ConfigError("option", f"{algorithm}.{key}={value}",
+                              f"an option of one of the --algorithm list ({', '.join(algorithms)})")
+        if key not in MODELLED_OPTIONS:
+            raise ConfigError("option", f"{algorithm}.{key}={value}",
+                              "the model reads " + ", ".join(MODELLED_OPTIONS))
+        options.setdefault(algorithm, {})[key] = value
+    rows = predict_rows(cal, algorithms, args.workers, args.model, options)
     table = pd.DataFrame(rows)
     print(f"calibration {cal.name}: {cal.source}")
     print(table[["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]]

@@ -48,6 +48,11 @@ DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+#: the options a prediction reads (others, e.g. a learning rate, do not change a step's time)
+MODELLED_OPTIONS = ("servers", "n_fetch", "n_push", "period", "mode", "peers", "max_lag",
+                    "max_staleness", "warmstart", "slow_workers", "slowdown")
+
+
 @dataclass(frozen=True)
 class Workload:
     """One model on one device: what a worker computes per step."""
