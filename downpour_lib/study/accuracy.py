@@ -174,7 +174,9 @@ def plan_table(plan: Sequence[PlannedRun]) -> pd.DataFrame:
 
 # -- measuring ---------------------------------------------------------------------------------------
 
-def _train_command(config: TrainConfig, directory: Path) -> list[str]:
+def train_command(config: TrainConfig, directory: Path) -> list[str]:
+    """One rank's ``downpour train`` of ``config`` (written to ``directory``), its records to
+    ``directory/out`` (steps.csv, evals.csv, summary.json): what a launcher runs on every rank."""
     path = directory / "config.json"
     path.write_text(json.dumps(config.to_dict(), default=str))
     return [sys.executable, "-m", "downpour_lib", "train", "--config", str(path),
@@ -215,7 +217,7 @@ class LocalRanks:
             raise StudyError(str(exc)) from None
         with tempfile.TemporaryDirectory(prefix="downpour-run-") as tmp:
             cmd = [mpiexec, "-n", str(run.world_size), "--oversubscribe", "--bind-to", "none",
-                   *_train_command(run.config, Path(tmp))]
+                   *train_command(run.config, Path(tmp))]
             try:
                 proc = run_mpiexec(cmd, capture_output=True, text=True, timeout_s=self.timeout_s)
             except subprocess.TimeoutExpired as exc:
@@ -275,7 +277,7 @@ class SandboxNodes:
         with tempfile.TemporaryDirectory(prefix="downpour-run-") as tmp:
             cmd = ["srun", f"--nodes={self.nodes}", f"--ntasks={run.world_size}",
                    "--distribution=cyclic", "--kill-on-bad-exit=1", f"--time={minutes}",
-                   *_train_command(run.config, Path(tmp))]
+                   *train_command(run.config, Path(tmp))]
             try:
                 proc = subprocess.run(cmd, env=self.env(), capture_output=True, text=True,
                                       timeout=self.timeout_s)

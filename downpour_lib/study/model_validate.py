@@ -94,10 +94,10 @@ def _failed(what: str, proc: subprocess.CompletedProcess) -> StudyError:
 
 
 def _train(config: TrainConfig, nodes: int, env: dict[str, str], timeout_s: float) -> dict:
-    from .accuracy import _train_command
+    from .accuracy import train_command
 
     with tempfile.TemporaryDirectory(prefix="downpour-validate-") as tmp:
-        proc = _srun(nodes, nodes, _train_command(config, Path(tmp)), env, timeout_s)
+        proc = _srun(nodes, nodes, train_command(config, Path(tmp)), env, timeout_s)
         summary = Path(tmp) / "out" / "summary.json"
         if proc.returncode != 0 or not summary.is_file():
             raise _failed(f"{config.algorithm} on {nodes} node(s)", proc)
@@ -125,7 +125,7 @@ def workload_of(summary: dict, link: Link) -> Workload:
     bytes of the model's parameters. What is left is what the step costs besides the link: compute,
     the algorithm's own bookkeeping, and waiting for peers whose steps vary."""
     nbytes = parameter_bytes(summary["model"], summary["dataset"], summary["data_dir"])
-    nodes = len(str(summary["hosts"]).split(","))
+    workers = int(summary["num_workers"])
     options = {k.split(".", 1)[1]: v for k, v in summary.items() if k.startswith("options.")}
 
     def workload(compute_s: float) -> Workload:
@@ -136,7 +136,7 @@ def workload_of(summary: dict, link: Link) -> Workload:
     for _ in range(3):
         w = workload(compute)
         cal = Calibration("unshaped", Network(link, link, per_node=1), {w.model: w})
-        compute = summary["step_s"] - predict(cal, summary["algorithm"], nodes, w.model,
+        compute = summary["step_s"] - predict(cal, summary["algorithm"], workers, w.model,
                                               options).comm_s
     return workload(compute)
 
