@@ -179,7 +179,7 @@ def test_the_committed_reference_names_its_machine_and_shows_a_small_spread():
     assert sorted(zip(crowded.algorithm, crowded.num_workers, strict=True)) == [("downpour", 2),
                                                                               ("sync_ps", 2)]
     assert sorted(p.name for p in (REFERENCE / "figures").iterdir()) == [
-        "breakdown.png", "efficiency.png", "speedup.png", "throughput.png"]
+        "breakdown.png", "efficiency.png", "scaling_model.png", "speedup.png", "throughput.png"]
 
 
 def test_run_id_is_keyed_by_host_and_commit(monkeypatch):

@@ -5,14 +5,13 @@ is fastest.
   carrying the calibration it came from (name and source); ``model_for_study`` calibrates on a
   scaling study (its one-worker runs, a ``bench collectives`` measurement beside it) and writes them
   as the study's ``predictions.csv``.
-- ``scaling_model_figure``: measured efficiency (points with error bars, from ``runs.csv``) and the
-  model's (lines), out to 1,024 workers on a log axis.
 - ``staleness_model_figure``: a measured Downpour staleness distribution beside the simulated one.
 - ``fastest_map`` and ``fastest_map_figure``: for workers x bandwidth of the card between nodes,
   which algorithm has the highest throughput (notebook 06, "at scale").
 
-Figures come from CSVs and calibrations only, like every study figure; ``scaling_plots.make_figures``
-draws ``scaling_model.png`` wherever a study has a ``predictions.csv``.
+Figures come from CSVs and calibrations only, like every study figure; the curves beside a scaling
+study's measured points are ``scaling_plots.scaling_model_figure``, drawn by its ``make_figures``
+wherever the study has a ``predictions.csv``.
 """
 
 from __future__ import annotations
@@ -77,35 +76,6 @@ def model_for_study(study: str | Path, out: str | Path | None = None,
                        for model in sorted(runs.model.unique())], ignore_index=True)
     table.to_csv(out / "predictions.csv", index=False)
     return cal, table
-
-
-def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
-    """Measured efficiency (markers, error bars over repeats) and the model's (lines) per algorithm."""
-    from .scaling_plots import scaling_table
-
-    model = runs.model.iloc[0]  # a study trains one model; the figure shows the first
-    measured = scaling_table(runs[runs.model == model])
-    predictions = predictions[predictions.model == model]
-    fig, (ax,) = figure_row(1, 9.0)
-    names = sorted(set(measured.algorithm) | set(predictions.algorithm))
-    for i, name in enumerate(names):
-        curve = predictions[predictions.algorithm == name].sort_values("workers")
-        ax.plot(curve.workers, curve.efficiency, "-", color=f"C{i}", alpha=0.8, label=name)
-        points = measured[measured.algorithm == name]
-        ax.errorbar(points.num_workers, points.efficiency, yerr=points.efficiency_std, fmt="o",
-                    color=f"C{i}", capsize=3, markeredgecolor="black")
-    ax.plot([], [], "-", color="gray", label="model (lines)")
-    ax.plot([], [], "o", color="gray", markeredgecolor="black", label="measured (points)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("workers")
-    ax.set_ylabel("throughput / (N x 1-worker throughput)")
-    ax.set_ylim(0, 1.1)
-    ax.grid(alpha=0.3)
-    cal = predictions.calibration.iloc[0] if len(predictions) else "?"
-    ax.set_title(f"Scaling efficiency of {model}, measured and predicted (calibration {cal})",
-                 fontsize=9)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-    return fig
 
 
 def staleness_model_figure(dists: pd.DataFrame):

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..records import TIME_PARTS
 from .core import latest_commit
-from .figures import save_figure
+from .figures import figure_row, save_figure
 
 GROUP = ["algorithm", "model", "dataset", "batch_size"]
 FIGURES = ("throughput", "speedup", "efficiency", "breakdown")
@@ -188,6 +188,33 @@ def breakdown_figure(runs: pd.DataFrame):
     return fig
 
 
+def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
+    """Measured efficiency (markers, error bars over repeats) and the model's (lines) per algorithm."""
+    model = runs.model.iloc[0]  # a study trains one model; the figure shows the first
+    measured = scaling_table(runs[runs.model == model])
+    predictions = predictions[predictions.model == model]
+    fig, (ax,) = figure_row(1, 9.0)
+    names = sorted(set(measured.algorithm) | set(predictions.algorithm))
+    for i, name in enumerate(names):
+        curve = predictions[predictions.algorithm == name].sort_values("workers")
+        ax.plot(curve.workers, curve.efficiency, "-", color=f"C{i}", alpha=0.8, label=name)
+        points = measured[measured.algorithm == name]
+        ax.errorbar(points.num_workers, points.efficiency, yerr=points.efficiency_std, fmt="o",
+                    color=f"C{i}", capsize=3, markeredgecolor="black")
+    ax.plot([], [], "-", color="gray", label="model (lines)")
+    ax.plot([], [], "o", color="gray", markeredgecolor="black", label="measured (points)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("throughput / (N x 1-worker throughput)")
+    ax.set_ylim(0, 1.1)
+    ax.grid(alpha=0.3)
+    cal = predictions.calibration.iloc[0] if len(predictions) else "?"
+    ax.set_title(f"Scaling efficiency of {model}, measured and predicted (calibration {cal})",
+                 fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
 def make_figures(source: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Every scaling figure from the study's CSV (``source``: the CSV, or the study's directory
     holding ``runs.csv``), as PNGs in ``out_dir`` (default: ``figures/`` beside the CSV)."""
@@ -200,8 +227,6 @@ def make_figures(source: str | Path, out_dir: str | Path | None = None) -> list[
     saved = [save_figure(makers[name](runs), Path(out_dir) / f"{name}.png") for name in FIGURES]
     predictions = csv.parent / "predictions.csv"
     if predictions.is_file():  # the performance model's curves (model_plots.model_for_study)
-        from .model_plots import scaling_model_figure
-
         saved.append(save_figure(scaling_model_figure(runs, pd.read_csv(predictions)),
                                  Path(out_dir) / "scaling_model.png"))
     return saved
