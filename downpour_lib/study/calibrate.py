@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from .netmodel import Link, Network
-from .perfmodel import Calibration, Workload, bucketed_allreduce_s, predict
+from .perfmodel import Calibration, Workload, bucketed_allreduce_s, modelled_options, predict
 
 #: columns of a study row that are communication or waiting, not computation
 _NOT_COMPUTE = ("comm_s", "wait_s")
@@ -141,11 +142,11 @@ def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload
 def overlap_from_study(cal: Calibration, study: pd.DataFrame) -> float:
     """Share of the ideal bucket pipeline the measured allreduce runs achieved, in [0, 1]."""
     shares = []
+    full = replace(cal, overlap=1.0)
     for _, r in study[study["algorithm"].isin(("allreduce", "ddp"))
                       & (study["num_workers"] > 1)].iterrows():
         if r["model"] not in cal.workloads:
             continue
-        full = Calibration(**{**cal.__dict__, "overlap": 1.0})
         total, ideal = bucketed_allreduce_s(int(r["num_workers"]), cal.workloads[r["model"]], full)
         if total - ideal > 1e-9:
             shares.append((total - r["comm_s"]) / (total - ideal))
@@ -173,7 +174,7 @@ def calibrate(collectives: str | os.PathLike, study: str | os.PathLike | pd.Data
                       bucket_bytes=(float(buckets.median()) if len(buckets) else 25.0) * (1 << 20),
                       overlap=0.0, source=f"link: {backend} rows of {collectives}; compute: "
                                           f"{_name(study)}{between}")
-    return Calibration(**{**cal.__dict__, "overlap": overlap_from_study(cal, runs)})
+    return replace(cal, overlap=overlap_from_study(cal, runs))
 
 
 def _name(study: str | os.PathLike | pd.DataFrame) -> str:
@@ -201,11 +202,7 @@ def compare_with_study(cal: Calibration, study: str | os.PathLike | pd.DataFrame
     runs = _read_study(study)
     rows = []
     for (algorithm, workers, model), group in runs.groupby(["algorithm", "num_workers", "model"]):
-        options = {}
-        if "options.n_fetch" in group and algorithm == "downpour":
-            options = {"n_fetch": int(group["options.n_fetch"].iloc[0]),
-                       "n_push": int(group["options.n_push"].iloc[0])}
-        p = predict(cal, algorithm, int(workers), model, options)
+        p = predict(cal, algorithm, int(workers), model, modelled_options(group.iloc[0]))
         measured = float(group["step_s"].mean())
         rows.append({"algorithm": algorithm, "workers": int(workers), "model": model,
                      "measured_step_s": measured, "predicted_step_s": p.step_s,
@@ -261,8 +258,8 @@ def compare_staleness(link: Link, staleness_dir: str | os.PathLike) -> tuple[pd.
                           "study's directory, e.g. results/reference/staleness") from None
     rows, dists = [], []
     for _, run in runs[runs["algorithm"] == "downpour"].iterrows():
-        options = {k: int(run[f"options.{k}"]) for k in ("n_fetch", "n_push", "warmstart")
-                   if f"options.{k}" in run and pd.notna(run[f"options.{k}"])}
+        options = {k: v for k, v in modelled_options(run).items()
+                   if k in ("n_fetch", "n_push", "warmstart")}
         compute = float(run["data_s"] + run["compute_s"] + run["update_s"])
         sim = simulate("downpour", int(run["num_workers"]), compute_s=compute,
                        model_bytes=float(run["bytes_sent_per_step"]) * options.get("n_push", 1),

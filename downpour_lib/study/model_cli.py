@@ -124,9 +124,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.collective:
         cal = replace(cal, collective=args.collective)
     algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
-    for a in algorithms:
-        if a not in ALGORITHMS:
-            raise ConfigError("algorithm", a, "choose from " + ", ".join(ALGORITHMS))
     options: dict[str, dict] = {}
     for algorithm, key, value in args.option:
         if algorithm not in algorithms:

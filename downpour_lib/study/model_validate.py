@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from .calibrate import fit_link, parameter_bytes, read_collectives
 from .core import StudyError
 from .netmodel import Link, Network
-from .perfmodel import Calibration, Workload, predict
+from .perfmodel import Calibration, Workload, modelled_options, predict
 
 #: the rates of the two settings. The sandbox's token buckets let max(64 KB, 4 ms) of traffic pass
 #: at once after an idle spell, which a real card does not: with the 1.6 MB model that is 4% of a
@@ -126,7 +126,7 @@ def workload_of(summary: dict, link: Link) -> Workload:
     the algorithm's own bookkeeping, and waiting for peers whose steps vary."""
     nbytes = parameter_bytes(summary["model"], summary["dataset"], summary["data_dir"])
     workers = int(summary["num_workers"])
-    options = {k.split(".", 1)[1]: v for k, v in summary.items() if k.startswith("options.")}
+    options = modelled_options(summary)
 
     def workload(compute_s: float) -> Workload:
         return Workload(summary["model"], int(summary["batch_size"]), max(compute_s, 1e-6), nbytes,
@@ -191,9 +191,7 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
                                   source=f"gloo rows of {measured.name} ({nodes} sandbox nodes at "
                                          f"{rate}); compute: {w.source}")
                 summary = _train(config, nodes, env, timeout_s)
-                options = {k.split(".", 1)[1]: v for k, v in summary.items()
-                           if k.startswith("options.")}
-                p = predict(cal, name, nodes, w.model, options)
+                p = predict(cal, name, nodes, w.model, modelled_options(summary))
                 rows.append({"link": rate, "algorithm": name, "workers": nodes,
                              "measured_step_s": summary["step_s"], "predicted_step_s": p.step_s,
                              "error": p.step_s / summary["step_s"] - 1,

@@ -24,6 +24,7 @@ predicts time per step, not steps to a target.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -132,6 +133,18 @@ class Prediction:
         return row
 
 
+def modelled_options(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a prediction reads from a run's summary or study row (its ``options.KEY``
+    entries; missing and NaN ones left out, whole numbers from a CSV's floats made ints)."""
+    out = {}
+    for key in MODELLED_OPTIONS:
+        value = row.get(f"options.{key}")
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[key] = int(value) if isinstance(value, float) and value.is_integer() else value
+    return out
+
+
 def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     if algorithm not in ALGORITHMS:
         raise ConfigError("algorithm", algorithm, "choose from " + ", ".join(ALGORITHMS))
@@ -181,12 +194,11 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
     else:  # asynchronous: simulated
         from .perfsim import simulate
 
-        sim_alg = "easgd" if algorithm == "easgd" else algorithm
         link = net.path(workers + opts.get("servers", 0))
         sim_opts = {k: opts[k] for k in ("servers", "n_fetch", "n_push", "period", "max_lag",
                                          "max_staleness", "warmstart", "slow_workers", "slowdown")
                     if k in opts}
-        result = simulate(sim_alg, workers, compute_s=c, model_bytes=m, link=link,
+        result = simulate(algorithm, workers, compute_s=c, model_bytes=m, link=link,
                           steps=steps or simulated_steps(workers), **sim_opts)
         exposed = max(0.0, result.step_s - c)
         if result.staleness_hist:
