@@ -26,7 +26,7 @@ import random
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,13 @@ TEMP = re.compile(r"^\.ckpt-\d+\.pt\.[a-z0-9_]+\.tmp$")
 SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer",
             "lr_schedule", "lr_warmup_epochs", "lr_milestones", "lr_decay", "lr_scaling",
             "precision", "augment")
+
+#: Fields that do not make another run (``resume=auto`` looks for a checkpoint equal in every
+#: other field): how long, where things go, how the ranks run and wait.
+NOT_THE_RUN = ("steps", "epochs", "eval_every", "eval_batch_size", "final_eval", "threads",
+               "data_workers", "warmup_steps", "timeout_s", "output_dir", "checkpoint_dir",
+               "checkpoint_every", "resume", "preempt_signal", "requeue", "data_dir", "backend",
+               "device")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -194,15 +201,45 @@ def resolve(resume: str, report: Callable[[str], None]) -> Path:
                                         "earlier run or one of its ckpt-<step>.pt files")
 
 
+def find_resumable(directory: str | os.PathLike, config: dict[str, Any], world_size: int,
+                   report: Callable[[str], None]) -> Path | None:
+    """``resume=auto``: the newest checkpoint in ``directory`` that loads and was written by this
+    configuration on as many ranks, or None (the run starts from scratch). What is passed over, and
+    why, is reported."""
+    for _, path in reversed(scan(directory)):
+        try:
+            state = load(path, mmap=True)
+        except CheckpointError as exc:
+            report(f"resume auto: skipping {exc}")
+            continue
+        different = _difference(state, config, [k for k in config if k not in NOT_THE_RUN])
+        if different is None and state["world_size"] != world_size:
+            different = f"world_size={state['world_size']}, this launch has {world_size}"
+        if different is None:
+            return path
+        report(f"resume auto: skipping {path}, another configuration ({different})")
+    return None
+
+
+def _difference(state: dict[str, Any], config: dict[str, Any],
+                fields: Sequence[str] = SAME_RUN) -> str | None:
+    """The first of ``fields`` (by default those a resumed run must keep) that ``config``
+    changes, as name=written value."""
+    written = state["config"]
+    for name in fields:
+        if name in written and written[name] != config.get(name):  # older checkpoints lack some
+            return f"{name}={written[name]!r}"
+    return None
+
+
 def check_resume(state: dict[str, Any], path: Path, config: dict[str, Any], world_size: int,
                  total_steps: int) -> int:
     """Refuse to continue a different run; the step to continue from."""
-    written = state["config"]
-    for name in SAME_RUN:
-        if name in written and written[name] != config.get(name):  # older checkpoints lack some
-            raise ConfigError(name, config.get(name),
-                              f"the checkpoint {path} was written with {name}={written.get(name)!r}; "
-                              "a resumed run must keep it")
+    different = _difference(state, config)
+    if different is not None:
+        name = different.split("=", 1)[0]
+        raise ConfigError(name, config.get(name), f"the checkpoint {path} was written with "
+                                                  f"{different}; a resumed run must keep it")
     if state["world_size"] != world_size:
         raise ConfigError("resume", str(path),
                           f"was written by a run of {state['world_size']} ranks but this launch has "

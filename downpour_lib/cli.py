@@ -18,8 +18,10 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from . import preempt
 from .algorithms import ALGORITHMS
 from .comm import runtime
+from .comm.collectives import Communicator
 from .comm.launch_env import discover
 from .config import TrainConfig
 from .errors import ConfigError, DataError
@@ -95,6 +97,23 @@ def _refuse(exc: Exception, speak: bool) -> int:
     return USAGE_ERROR
 
 
+def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistContext) -> int:
+    """Every rank, once the preemption checkpoint is written: rank 0 says so and requeues the
+    Slurm batch job; then all exit together with PREEMPTED (none before the requeue is made)."""
+    if ctx.rank == 0:
+        preempt.say(f"{config.algorithm} {stop}")
+        requeue = config.requeue if config.requeue is not None else preempt.slurm_batch()
+        if requeue:
+            preempt.requeue(preempt.say)
+        else:
+            preempt.say("to continue, run the same command again with --resume auto (or --resume "
+                        f"{config.checkpoint_dir})" if config.checkpoint_dir else
+                        "give --checkpoint-dir for a preempted run to write a checkpoint")
+    Communicator.world().barrier()
+    runtime.shutdown()
+    return preempt.PREEMPTED
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
     from .engine import Trainer, plan_run
@@ -108,6 +127,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
+        if preempt.in_slurm_job() and config.checkpoint_dir and "resume" not in vars(args) \
+                and config.resume is None:  # a requeued job continues where it stopped
+            config = dataclasses.replace(config, resume="auto")
         splits = load_dataset(config.dataset, config.data_dir)
         plan = plan_run(config, placement.world_size, splits.train, warn, rank=placement.rank)
         if placement.rank == 0:  # rank 0 writes the summary
@@ -122,7 +144,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _refuse(exc, placement.local_rank == 0)
     with runtime.abort_on_error():
         ctx = runtime.init(config.backend, config.device, config.timeout_s)
-        result = Trainer(config, ctx, splits, plan).run()
+        try:
+            result = Trainer(config, ctx, splits, plan).run()
+        except preempt.Preempted as stop:
+            return _preempted(stop, config, ctx)
         if result is not None:
             if getattr(args, "summary_json", None):
                 result.write_summary_json(args.summary_json)

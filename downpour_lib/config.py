@@ -25,6 +25,7 @@ from .data import DATASETS
 from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
 from .options import build_options, coerce
+from .preempt import check_signal
 
 Optimizer = Literal["sgd", "adam", "adamw", "adagrad"]
 #: The learning rate when neither the run nor the algorithm's default optimizer names one.
@@ -118,7 +119,17 @@ class TrainConfig:
                                          "it continues", default=None)
     resume: str | None = _help("continue the run whose checkpoints are in this directory (from its "
                                "latest complete checkpoint) or in this checkpoint file; "
-                               "checkpoint_dir defaults to that directory", default=None)
+                               "checkpoint_dir defaults to that directory; auto = the newest "
+                               "checkpoint of this configuration in checkpoint_dir, else from "
+                               "scratch (the default of `downpour train` in a Slurm job)",
+                               default=None)
+    preempt_signal: str = _help("this signal stops the run at the next step: the ranks agree, write "
+                                "one checkpoint and exit with status 75 (Slurm: sbatch "
+                                "--signal=USR2@120); USR2, USR1, TERM, INT, HUP, or none",
+                                default="USR2")
+    requeue: bool | None = _help("after a preemption checkpoint, rank 0 runs `scontrol requeue "
+                                 "$SLURM_JOB_ID`; none = yes inside a Slurm batch job",
+                                 default=None)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -140,6 +151,10 @@ class TrainConfig:
         if self.optimizer not in typing.get_args(Optimizer):
             raise ConfigError("optimizer", self.optimizer,
                               "choose one of " + ", ".join(typing.get_args(Optimizer)))
+        if self.resume == "auto" and self.checkpoint_dir is None:
+            raise ConfigError("resume", "auto", "looks for checkpoints in checkpoint_dir: give "
+                                                "checkpoint_dir too")
+        check_signal(self.preempt_signal)
         if self.resume is not None and self.checkpoint_dir is None and not self.resume.endswith(".pt"):
             object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
         if self.checkpoint_every is None and self.resume is None:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint, provenance
+from . import checkpoint, preempt, provenance
 from .algorithms import ALGORITHMS, Roles
 from .checkpoint import atomic_write_text
 from .comm.collectives import Comm
@@ -115,13 +115,26 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
         raise ConfigError("precision", config.precision,
                           "fp16's loss scale does not go with accumulation_steps > 1 (each micro-"
                           "batch would need its own check); use bf16, or accumulation_steps=1")
+    fresh = RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every or 0)
     if config.resume is None:
-        return RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every)
-    path = checkpoint.resolve(config.resume, report)
+        return fresh
+    if config.resume == "auto":  # a requeued job: its own newest checkpoint, if it wrote one
+        path = checkpoint.find_resumable(config.checkpoint_dir, config.to_dict(), world_size, report)
+        if path is None:
+            report(f"resume auto: no checkpoint of this configuration in {config.checkpoint_dir}: "
+                   "starting from scratch")
+            return fresh
+        report(f"resume auto: continuing from {path}")
+    else:
+        path = checkpoint.resolve(config.resume, report)
     try:
         state = checkpoint.load(path, mmap=True)
     except CheckpointError as exc:
         raise ConfigError("resume", config.resume, f"{exc}; give another checkpoint") from None
+    if config.resume == "auto" and int(state["step"]) >= total:
+        raise ConfigError("resume", "auto", f"{path} is this configuration's finished run "
+                          f"({state['step']} of {total} steps): give more steps to continue it, or "
+                          "another checkpoint_dir (sbatch: another --job-name) to start afresh")
     start = checkpoint.check_resume(state, path, config.to_dict(), world_size, total)
     every = config.checkpoint_every
     if every is None:  # not given: keep the cadence of the run this one continues
@@ -217,6 +230,12 @@ class Trainer:
         if self.plan.resume_path is not None:
             checkpoint.restore(checkpoint.load(self.plan.resume_path), ctx.rank, self.model,
                                self.optimizer, self.algorithm, self.scaler)
+        # preemption: a signal sets a flag; the ranks agree to stop at a step (``preempt``)
+        self.signal, self.control, self.stopper = preempt.SIGNAL, None, None
+        if config.preempt_signal != "none":
+            self.signal.install(config.preempt_signal)
+            self.control = preempt.control_group(ctx)  # collective, the same on every rank
+            self.stopper = self.algorithm.stopper(self.control, self.signal)
         self.sampler = None
         if self.role == "worker":
             self.sampler = ShardSampler(len(train), config.batch_size,
@@ -233,13 +252,19 @@ class Trainer:
                              desc=f"{self.config.algorithm} x{len(self.roles.workers)}")
         steps = range(self.start_step, self.plan.total_steps)
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
+        if self.stopper is not None and preempt.vote(self.control, self.signal.requested()):
+            self.progress.close()  # signalled while setting up: nothing new to save
+            raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path)
         self.t_start = time.perf_counter()
+        stopped: _Stopped | None = None
         try:
             self.algorithm.start(steps)
             if self.role == "worker":
                 self._work(steps)
             else:
                 self.algorithm.serve(steps, self._served)
+        except _Stopped as stop:  # preempted: this rank stopped at a step the ranks agreed on
+            stopped = stop
         except BaseException:
             self.progress.close()
             self.algorithm.abort()  # the algorithm is told how the run ended, never left to guess
@@ -247,7 +272,23 @@ class Trainer:
         self.progress.close()
         self.algorithm.close()
         wall_s = time.perf_counter() - self.t_start
+        if self.stopper is not None:
+            self._end_of_preemption(stopped)
         return self._gather(wall_s)
+
+    def _end_of_preemption(self, stopped: _Stopped | None) -> None:
+        """After the steps, on every rank: whether the evaluator stopped early (its checkpoint is
+        the run's), told to all; if it did, every rank raises ``Preempted``."""
+        self.stopper.close()
+        mine = stopped if self.ctx.rank == self.roles.evaluator else None
+        verdict = torch.tensor([float(mine is not None), float(mine.completed if mine else 0)])
+        if self.control is not None:
+            self.control.allreduce(verdict, op="max", account=None)
+        if verdict[0] > 0:
+            completed = int(verdict[1])
+            path = (str(checkpoint.checkpoint_path(self.config.checkpoint_dir, completed))
+                    if self.config.checkpoint_dir else None)
+            raise preempt.Preempted(completed, self.plan.total_steps, path)
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
@@ -361,6 +402,11 @@ class Trainer:
             extras = self.algorithm.eval_metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
                 self._evaluate(step, extras)
+        if self.stopper is not None and not last and self.stopper.at_point(step):
+            self.progress.update(1)
+            if self.config.checkpoint_dir:
+                self._checkpoint(step + 1, final=False, over=True)
+            raise _Stopped(step + 1)
         if self.config.checkpoint_dir and (last or _every(step, self.config.checkpoint_every)):
             self._checkpoint(step + 1, final=last)
         self.progress.update(1)
@@ -374,9 +420,10 @@ class Trainer:
         self.eval_records.append(EvalRecord(self.ctx.rank, step, time.perf_counter() - self.t_start,
                                             loss, accuracy, len(self.splits.test), extras))
 
-    def _checkpoint(self, completed: int, final: bool) -> None:
+    def _checkpoint(self, completed: int, final: bool, over: bool | None = None) -> None:
         """Save the state after ``completed`` steps: the evaluator writes its model and every
-        rank's state, as the algorithm collects them."""
+        rank's state, as the algorithm collects them. ``over``: no rank trains after this
+        checkpoint (the last step, or a preemption): ``final`` unless told."""
         model = None
         if self.ctx.rank == self.roles.evaluator:
             with self.algorithm.eval_parameters(self.model) as evaluated:
@@ -384,7 +431,7 @@ class Trainer:
         ranks = self.algorithm.collect_states(
             lambda: checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict(),
                                           self.scaler),
-            final)
+            final if over is None else over)
         if ranks is None:
             return
         checkpoint.save(self.config.checkpoint_dir, checkpoint.assemble(
@@ -423,6 +470,14 @@ class Trainer:
             atomic_write_text(out / "evals.csv", evals.to_csv(index=False))
             result.write_summary_json(str(out / "summary.json"))
         return result
+
+
+class _Stopped(Exception):  # noqa: N818 -- control flow: the loop ends at an agreed step
+    """Raised out of a worker's steps or a server's loop after the preemption checkpoint."""
+
+    def __init__(self, completed: int) -> None:
+        super().__init__(completed)
+        self.completed = completed
 
 
 def _every(step: int, every: int) -> bool:

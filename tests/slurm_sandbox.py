@@ -61,10 +61,12 @@ BATCH = Path(__file__).resolve().parents[1] / "cluster_profiles" / "launch_multi
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
-def submit_batch(env, output: Path, nodes: int, per_node: int, **variables: str) -> str:
-    """Submit cluster_profiles/launch_multinode.sbatch with these DOWNPOUR_* ``variables``; its job id."""
+def submit_batch(env, output: Path, nodes: int, per_node: int, *sbatch: str, **variables: str) -> str:
+    """Submit cluster_profiles/launch_multinode.sbatch with these DOWNPOUR_* ``variables`` (the
+    checkpoints beside ``output`` unless given); its job id. ``sbatch`` options go first."""
+    variables.setdefault("DOWNPOUR_CHECKPOINTS", str(output.with_suffix(".ckpt")))
     proc = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
-                           f"--output={output}", str(BATCH)], env={**env, **variables},
+                           f"--output={output}", *sbatch, str(BATCH)], env={**env, **variables},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, explain(proc)
     return proc.stdout.strip().split(";")[0]
@@ -79,3 +81,36 @@ def wait_for_jobs(env, jobs: dict[str, str], timeout_s: float) -> dict[str, str]
             break
         time.sleep(0.5)
     return states
+
+
+def job_processes(job: str, ranks_only: bool = False, node: str | None = None) -> list[int]:
+    """The live processes of Slurm job ``job`` (only its training ranks; only those on ``node``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        environ = process_environ(pid)
+        if state == "Z" or f"SLURM_JOB_ID={job}".encode() not in environ:
+            continue
+        if ranks_only and process_comm(pid) != "downpour":  # the console script: a rank, not its launcher
+            continue
+        if node is not None and f"SLURMD_NODENAME={node}".encode() not in environ:
+            continue
+        found.append(int(pid))
+    return found
+
+
+def process_environ(pid: str) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def process_comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

@@ -16,7 +16,18 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT, downpour, explain, launch_env
-from slurm_sandbox import FLAGS, job_state, running_sandbox, squeue, submit_batch, unavailable, wait_for_jobs
+from slurm_sandbox import (
+    FLAGS,
+    job_processes,
+    job_state,
+    process_comm,
+    process_environ,
+    running_sandbox,
+    squeue,
+    submit_batch,
+    unavailable,
+    wait_for_jobs,
+)
 
 from downpour_lib.sandbox import SandboxError, SlurmSandbox
 from downpour_lib.sandbox.slurm import NETNS_ETC, pmix_available
@@ -184,25 +195,6 @@ def submit(env, tmp_path: Path, launcher: str, flags: list[str], per_node: int =
                         DOWNPOUR_ARGS=" ".join(flags), DOWNPOUR_SUMMARY=str(tmp_path / "summary.json"))
 
 
-def job_processes(job: str, ranks_only: bool = False, node: str | None = None) -> list[int]:
-    """The live processes of Slurm job ``job`` (only its training ranks; only those on ``node``)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        environ = _environ(pid)
-        if state == "Z" or f"SLURM_JOB_ID={job}".encode() not in environ:
-            continue
-        if ranks_only and _comm(pid) != "downpour":  # the console script: a rank, not its launcher
-            continue
-        if node is not None and f"SLURMD_NODENAME={node}".encode() not in environ:
-            continue
-        found.append(int(pid))
-    return found
-
-
 def wait_until(condition, timeout_s: float, what: str) -> float:
     start = time.monotonic()
     while not condition():
@@ -257,7 +249,7 @@ def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sa
     wait_until(training(tmp_path, job), 120, "training under way")
     netns = os.stat(f"/var/run/netns/{sandbox.network.node(1).namespace}").st_ino
     on_node2 = [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if _netns(p) == netns]
-    assert any(_comm(str(p)) == "slurmd" for p in on_node2)
+    assert any(process_comm(str(p)) == "slurmd" for p in on_node2)
     for pid in on_node2:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -349,20 +341,6 @@ def test_down_removes_every_namespace_link_and_file(sandbox):
     assert etc_hosts() == hosts
     marker = f"SLURM_CONF={sandbox.conf}".encode()
     left = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
-            if marker in _environ(pid) and _comm(pid) in ("slurmd", "slurmctld", "slurmstepd")]
+            if marker in process_environ(pid) and process_comm(pid) in ("slurmd", "slurmctld", "slurmstepd")]
     assert left == []
     assert sandbox.down().stopped  # and again
-
-
-def _environ(pid: str) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
-
-
-def _comm(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""

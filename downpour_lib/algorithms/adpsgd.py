@@ -153,6 +153,10 @@ class ADPSGD(Decentralized):
     Options = ADPSGDOptions
     options: ADPSGDOptions
 
+    @property
+    def stop_lag(self) -> int:  # training may run max_lag steps ahead of its partners' rounds
+        return self.options.max_lag + 1
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)
         self.step_index = 0

@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..comm.collectives import Comm
+from ..comm.collectives import Comm, Communicator
 from ..options import AlgorithmOptions, Roles
+from ..preempt import StepVote, Stopper, StopSignal
 
 
 class Algorithm:
@@ -115,10 +116,21 @@ class Algorithm:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    def stopper(self, control: Communicator | None, signal: StopSignal) -> Stopper:
+        """How this algorithm's ranks agree to stop early when ``signal`` arrives (preemption;
+        ``control`` is a group of every rank for the purpose). Default: a vote every step, read
+        ``stop_lag`` steps later, so every rank stops after the same step; right where every rank
+        takes the same steps. An algorithm whose ranks do not (Downpour) agrees by its messages."""
+        return StepVote(control, signal, lag=self.stop_lag)
+
+    #: Steps between a vote and its reading (``stopper``): 1 costs no waiting where ranks step
+    #: together; an algorithm that lets ranks drift apart gives its bound, so the vote adds none.
+    stop_lag: int = 1
+
     def close(self) -> None:
-        """The run finished on every rank: finish what is still in flight (this may communicate),
-        join threads, release what ``setup`` took. The engine calls it after the last step; a
-        training loop of your own calls it too."""
+        """The run finished on every rank (or stopped early where ``stopper`` agreed): finish
+        what is still in flight (this may communicate), join threads, release what ``setup``
+        took. The engine calls it after the last step; a training loop of your own calls it too."""
 
     def abort(self) -> None:
         """The run failed, on this rank or another, and the job is being taken down: stop threads

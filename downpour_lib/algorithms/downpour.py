@@ -37,6 +37,7 @@ from torch import nn
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import HEADER, Link, header, message_group
 from ..errors import ConfigError
+from ..preempt import Stopper, StopSignal
 from ..records import Meter
 from . import ps_placement
 from .base import Algorithm, Roles
@@ -135,6 +136,8 @@ class Downpour(Algorithm):
         self.pushed: dict[str, float] = {}
         self.final: list[dict[str, Any]] | None = None
         self.finished = False
+        self.stop_heard = False  # a server said the run is stopping (preemption)
+        self.signal: StopSignal | None = None
         return model
 
     def _shard_tensors(self, s: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -160,7 +163,7 @@ class Downpour(Algorithm):
             remote = [w for w in self.workers if w != self.rank]
             self.thread = ServerThread(ServeLoop(
                 self.server, Link(self.comm.ctx, Meter(self.comm.ctx.device), self.group), remote,
-                local_done=self.local_done))
+                local_done=self.local_done, signal=self.signal))
             self.thread.start()
         # Warmstart: wait until the first worker's pushes alone have moved the parameters (its
         # pushes are the only ones until then, so server 0's version counts them). Asking again
@@ -171,7 +174,8 @@ class Downpour(Algorithm):
             reply = torch.empty(HEADER, dtype=torch.int64)
             self.link.wait([self.link.post_recv(reply, self.servers[0], REPLY),
                             self.link.post_send(header(VERSION), self.servers[0], REQUEST)])
-            if int(reply[0]) >= warm:
+            if int(reply[0]) >= warm or int(reply[1]):  # warm, or the run is stopping
+                self.stop_heard |= bool(int(reply[1]))
                 break
             time.sleep(0.005)
         self._fetch(account="comm")
@@ -279,6 +283,7 @@ class Downpour(Algorithm):
         self.link.wait(works, account)
         for s, reply, out in remote:
             self.versions[s] = int(reply[0])
+            self.stop_heard |= bool(int(reply[1]))
             self._install(s, out)
 
     def _install(self, s: int, flat: torch.Tensor) -> None:
@@ -294,7 +299,7 @@ class Downpour(Algorithm):
                 continue
             reply = torch.empty(HEADER, dtype=torch.int64)
             self.link.wait([self.link.post_recv(reply, server, REPLY),
-                            self.link.post_send(header(kind), server, REQUEST)])
+                            self.link.post_send(header(kind, int(self.stopping)), server, REQUEST)])
             data = torch.empty(int(reply[0]), dtype=torch.uint8)
             self.link.recv(data, server, DATA)
             states[s] = from_bytes(data)
@@ -308,13 +313,39 @@ class Downpour(Algorithm):
 
     def _finish(self) -> None:
         """After the last push: the workers say DONE; the evaluator's FINAL request waits for the
-        evaluation (``_final``), so that waiting for the other workers is not part of its step."""
+        evaluation (``_final``), so that waiting for the other workers is not part of its step.
+        A worker that stops early says so in it, and its servers tell the other workers."""
         self.local_done.set()
         if self.rank != self.evaluator:
             for s, server in enumerate(self.servers):
                 if self._remote(s):
-                    self.link.send([header(DONE)], server, REQUEST)
+                    self.link.send([header(DONE, int(self.stopping))], server, REQUEST)
         self.finished = True
+
+    # -- preemption: agreed by the servers' replies, not by a vote ------------------------------
+
+    stopping = False  # this worker stopped before its last step
+
+    def stopper(self, control, signal: StopSignal) -> Stopper:
+        self.signal = signal
+        return _StopByMessages(self)
+
+    def stop_heard_locally(self) -> bool:
+        """The signal here, or the run's stop heard from a server (by reply, or by the colocated
+        server's loop)."""
+        loop = self.thread.loop if self.thread is not None else None
+        return (self.signal is not None and self.signal.requested()) or self.stop_heard or (
+            loop is not None and loop.stopping)
+
+    def stop_early(self) -> None:
+        """This worker's last step was the one just taken: push what it accumulated, tell the
+        servers it is done and stopping."""
+        if self.finished:
+            return
+        if self.acc_version is not None:
+            self._push()
+        self.stopping = True
+        self._finish()
 
     def _final(self) -> list[dict[str, Any]]:
         """The evaluator, once its steps are done: every shard's final state (each server sends it
@@ -340,7 +371,8 @@ class Downpour(Algorithm):
             on_update(updates, None)
             updates += 1
 
-        ServeLoop(self.server, self.link, self.workers, on_update=applied).run()
+        ServeLoop(self.server, self.link, self.workers, on_update=applied,
+                  signal=self.signal).run()
 
     # -- evaluation and checkpoints -------------------------------------------------------------
 
@@ -398,3 +430,19 @@ class Downpour(Algorithm):
         # launcher's abort ends the others; a colocated server thread is a daemon and ends with
         # the process.
         self.thread = None
+
+
+class _StopByMessages(Stopper):
+    """Downpour's agreement to stop: a worker that has the signal, or has heard from a server that
+    the run is stopping, stops after its step; its DONE tells the servers, whose replies tell the
+    other workers (at their next fetch). Nobody waits for anybody; the evaluator's checkpoint holds
+    the servers' final shards, sent once every worker has stopped."""
+
+    def __init__(self, algorithm: Downpour) -> None:
+        self.algorithm = algorithm
+
+    def at_point(self, step: int) -> bool:
+        if not self.algorithm.stop_heard_locally():
+            return False
+        self.algorithm.stop_early()
+        return True

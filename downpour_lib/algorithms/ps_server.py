@@ -10,14 +10,16 @@ The protocol (fixed layouts; ``p2p.HEADER`` int64 slots per header):
 
     worker -> server  REQUEST  (kind, version, 0, 0); a PUSH is followed by PUSH_DATA: the shard's
                       accumulated gradients, then its buffers, as one flat tensor
-    server -> worker  REPLY    PUSH:  (version before, staleness, version after, 0), the receipt
-                               FETCH: (version, 0, 0, 0), then DATA: the shard's parameters+buffers
+    server -> worker  REPLY    PUSH:  (version before, staleness, version after, applied), the receipt
+                               FETCH: (version, stopping, 0, 0), then DATA: the shard's parameters
+                               and buffers; stopping = 1 once the run is being preempted
                                SNAPSHOT / FINAL: (bytes, version, 0, 0), then DATA: torch.save'd
                                shard state (parameters, buffers, optimizer state, version)
-                               VERSION: (version, 0, 0, 0); the warmstart (Dean et al. let one
+                               VERSION: (version, stopping, 0, 0); the warmstart (Dean et al. let one
                                replica train alone before "unleashing" the others) asks until the
                                first worker's pushes have moved the version far enough
-    DONE and FINAL say the worker has pushed for the last time; a FINAL is answered once every
+    DONE and FINAL (kind, stopped early, 0, 0) say the worker has pushed for the last time (and
+    whether it stopped early, for a preemption, which the server passes on); a FINAL is answered once every
     worker is done, which is how the evaluator gets the final parameters. The loop ends when every
     worker is done, so every push is applied (and acknowledged) before a server stops.
 """
@@ -118,13 +120,22 @@ class ServeLoop:
 
     ``on_update(source, staleness)`` runs after each applied push (the engine's server records).
     ``local_done``, on a colocated rank, is set by the rank's own worker (which uses the shard
-    directly, not by message) when it has pushed for the last time."""
+    directly, not by message) when it has pushed for the last time.
+
+    Preemption: once the server has the ``signal`` itself, or a worker stopped early (its DONE or
+    FINAL says so), ``stopping`` is set and every FETCH and VERSION reply carries it, so each
+    worker stops at its next step."""
 
     def __init__(self, server: ShardServer, link: Link, workers: Sequence[int],
                  on_update: Callable[[int, int], None] | None = None,
-                 local_done: threading.Event | None = None) -> None:
+                 local_done: threading.Event | None = None, signal: Any = None) -> None:
         self.server, self.link, self.workers = server, link, set(workers)
-        self.on_update, self.local_done = on_update, local_done
+        self.on_update, self.local_done, self.signal = on_update, local_done, signal
+        self.stopping = False
+
+    def _stopping(self) -> int:
+        self.stopping |= self.signal is not None and self.signal.requested()
+        return int(self.stopping)
 
     def run(self) -> None:
         server, link = self.server, self.link
@@ -143,15 +154,16 @@ class ServeLoop:
                 if applied and self.on_update is not None:
                     self.on_update(source, staleness)
             elif kind == VERSION:
-                link.send([header(server.version)], source, REPLY)
+                link.send([header(server.version, self._stopping())], source, REPLY)
             elif kind == FETCH:
                 version = server.read(out)
-                link.send([header(version)], source, REPLY)
+                link.send([header(version, self._stopping())], source, REPLY)
                 link.send([out], source, DATA)
             elif kind == SNAPSHOT:
                 self._send_snapshot(source)
             elif kind in (DONE, FINAL):
                 done.add(source)
+                self.stopping |= bool(version)  # the worker stopped early: a preemption
                 if kind == FINAL:
                     finals.append(source)  # answered once every worker is done
             else:

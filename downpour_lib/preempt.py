@@ -1,0 +1,205 @@
+"""Preemption and time limits: a signal asks the run to stop, the ranks agree on a step, checkpoint
+together and exit with ``PREEMPTED``; in a Slurm batch job rank 0 first requeues it.
+
+The conventions of submitit and Lightning's ``SLURMEnvironment(auto_requeue=True)``: Slurm sends
+``SIGUSR2`` (``--signal=USR2@120``, sent that many seconds before the time limit; ``USR1`` is left
+alone, as NCCL may catch it) and the handler does nothing but set a flag. Acting in the handler
+would mean checkpointing from inside whatever the rank was doing (a collective, a push), on one rank
+while the others go on. Instead the ranks agree at a step boundary:
+
+* ranks that take the same steps (every algorithm but Downpour) vote: after each step every rank
+  starts a MAX allreduce of its flag on a group of its own and reads the vote of ``lag`` steps
+  before, which has long completed, so the vote costs no waiting. Every rank reads the same vote
+  at the same step, so they stop together, at the step after the signal (``lag`` = 1);
+* Downpour's workers never wait for each other: a worker that has the signal stops at its next
+  step, and its servers tell the others in their replies (``Algorithm.stopper``).
+
+Then one checkpoint is written the usual way (atomically, by the evaluator), every rank learns that
+the run stopped early from one last vote, rank 0 runs ``scontrol requeue $SLURM_JOB_ID``, and every
+rank exits with status ``PREEMPTED``. The requeued job starts the same script again; ``--resume
+auto`` (the default in a Slurm job) continues from the newest checkpoint of the same configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+import torch
+
+from .comm.collectives import Communicator
+from .comm.runtime import DistContext
+from .errors import ConfigError
+
+#: The exit status of a rank that stopped for a preemption signal, with its checkpoint written
+#: (sysexits' EX_TEMPFAIL: "a temporary failure; the user is invited to retry").
+PREEMPTED = 75
+#: ``preempt_signal``'s choices; none: no handler and no vote (the signal's default action).
+SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "none")
+
+
+def check_signal(name: str) -> str:
+    if name not in SIGNALS:
+        raise ConfigError("preempt_signal", name,
+                          f"choose one of {', '.join(SIGNALS)} (USR2 is Slurm's and submitit's "
+                          "convention: sbatch --signal=USR2@120)")
+    return name
+
+
+class Preempted(Exception):  # noqa: N818 -- an outcome, not an error: the job is to be requeued
+    """The run stopped early for a preemption signal, after ``completed`` steps; ``checkpoint`` is
+    the one it wrote (None if it stopped before its first step, or has no checkpoint_dir)."""
+
+    def __init__(self, completed: int, total: int, checkpoint: str | None) -> None:
+        self.completed, self.total, self.checkpoint = completed, total, checkpoint
+        where = (f"checkpoint {checkpoint}" if checkpoint else
+                 "no checkpoint (it stopped before its first step: a resumed run starts from "
+                 "scratch)" if completed == 0 else "no checkpoint (no checkpoint_dir was given)")
+        super().__init__(f"preempted after {completed} of {total} steps; {where}")
+
+
+class StopSignal:
+    """The process's preemption flag, set by the signal handler (and by nothing else in a run)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.received_at: float | None = None
+        self.installed: str | None = None
+
+    def install(self, name: str) -> bool:
+        """Handle signal ``name`` (one of ``SIGNALS``) by setting the flag; False if it cannot be
+        done here (not the main thread, e.g. a worker thread of a notebook kernel)."""
+        check_signal(name)
+        if name == "none" or name == self.installed:
+            return name != "none"
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        signum = getattr(signal, f"SIG{name}")
+        signal.signal(signum, self._handle)
+        self.installed = name
+        from . import EARLY_SIGNALS  # `downpour train` holds the signal while it starts
+
+        if signum in EARLY_SIGNALS:
+            self._handle(signum, None)
+        EARLY_SIGNALS.clear()
+        return True
+
+    def _handle(self, signum: int, frame) -> None:
+        # only a flag: the rank may be inside a collective, a push or a checkpoint write
+        if self.received_at is None:
+            self.received_at = time.time()
+        self._event.set()
+
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def clear(self) -> None:
+        """Forget a signal (a run that was stopped by it is over; the next one starts clean)."""
+        self._event.clear()
+        self.received_at = None
+
+
+#: The flag of this process; ``Trainer`` installs its handler, the agreement reads it.
+SIGNAL = StopSignal()
+
+
+def control_group(ctx: DistContext) -> Communicator | None:
+    """A group of every rank for the votes alone, so they never interleave with an algorithm's own
+    collectives (threads, DDP's hooks): gloo, or under the ``mpi`` backend a communicator of its
+    own (torch cannot add a gloo group to an MPI world). Collective: every rank, same order."""
+    if ctx.world_size == 1:
+        return None
+    from .comm.groups import new_group
+
+    return new_group(range(ctx.world_size), backend="mpi" if ctx.backend == "mpi" else "gloo")
+
+
+def vote(control: Communicator | None, mine: bool) -> bool:
+    """Whether any rank says yes; blocking, on every rank."""
+    if control is None:
+        return mine
+    flag = torch.tensor([float(mine)])
+    control.allreduce(flag, op="max", account=None)
+    return bool(flag.item())
+
+
+class Stopper:
+    """When a rank stops early, decided at its step boundaries (``at_point``, after each step)."""
+
+    def at_point(self, step: int) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The run's steps are over: finish whatever is in flight (collective on every rank)."""
+
+
+class StepVote(Stopper):
+    """Ranks that take the same steps stop at the same one: the vote started after step t is read
+    after step t + ``lag`` (every rank reads the same result at the same step)."""
+
+    def __init__(self, control: Communicator | None, signal_: StopSignal, lag: int = 1) -> None:
+        self.control, self.signal, self.lag = control, signal_, max(1, lag)
+        self.pending: deque[tuple[object, torch.Tensor]] = deque()
+
+    def at_point(self, step: int) -> bool:
+        if self.control is None:
+            return self.signal.requested()
+        flag = torch.tensor([float(self.signal.requested())])
+        self.pending.append((self.control.allreduce(flag, op="max", async_op=True, account=None),
+                             flag))
+        if len(self.pending) <= self.lag:
+            return False
+        work, result = self.pending.popleft()
+        work.wait()
+        return bool(result.item())
+
+    def close(self) -> None:
+        while self.pending:  # started on every rank alike: wait for them, so none is left behind
+            self.pending.popleft()[0].wait()
+
+
+# -- Slurm ---------------------------------------------------------------------------------------
+
+def in_slurm_job(env: Mapping[str, str] = os.environ) -> bool:
+    return bool(env.get("SLURM_JOB_ID"))
+
+
+def slurm_batch(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process runs inside a Slurm batch job (sbatch sets ENVIRONMENT=BATCH there;
+    srun and salloc alone do not), where requeueing is what a preempted run wants."""
+    return bool(env.get("SLURM_JOB_ID")) and env.get("ENVIRONMENT") == "BATCH"
+
+
+def requeue(report: Callable[[str], None], env: Mapping[str, str] = os.environ) -> bool:
+    """``scontrol requeue $SLURM_JOB_ID``: the job goes back to the queue and starts again (Slurm
+    ends this allocation). Whether it worked; what went wrong is reported, not raised: the
+    checkpoint is written, and resubmitting the script by hand resumes it just as well."""
+    job = env.get("SLURM_JOB_ID")
+    scontrol = shutil.which("scontrol")
+    if not job or scontrol is None:
+        report("not requeued: " + ("no SLURM_JOB_ID" if not job else "no scontrol on PATH") +
+               "; submit the same job again to resume")
+        return False
+    try:
+        proc = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        report(f"scontrol requeue {job} failed ({exc}); submit the same job again to resume")
+        return False
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        report(f"scontrol requeue {job} failed ({detail[-1] if detail else proc.returncode}): "
+               "was the job submitted with --no-requeue? Submit it again to resume")
+        return False
+    report(f"requeued Slurm job {job} (scontrol requeue); it resumes from its checkpoint")
+    return True
+
+
+def say(message: str) -> None:
+    print(f"downpour: {message}", file=sys.stderr, flush=True)

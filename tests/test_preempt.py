@@ -1,0 +1,263 @@
+"""Preemption on the real Slurm sandbox: cluster_profiles/launch_multinode.sbatch jobs signalled with
+USR2 mid-run (`scancel --signal=USR2 --batch`, as Slurm's --signal=USR2@T or a preemption would),
+checkpointed, requeued by rank 0 (`scontrol requeue`) and resumed (`--resume auto`), to the end.
+
+Five jobs run at once on the one node (they are small): sync_ps and allreduce must end with the
+parameters of an uninterrupted run (1e-6); Downpour, whose servers' shards are in the checkpoint,
+must reach 0.90 on digits; a storm of signals through the checkpoint write must leave every
+checkpoint loadable; a signal before the first step must start the requeued run from scratch.
+Slurm holds a requeued job for two minutes before it may start again; the test lets it start at
+once (`scontrol update StartTime=now`), which changes nothing else.
+
+The decisions themselves (who stops when, on which step) and resume auto are also checked without
+Slurm, below, under mpiexec.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BIN, explain, launch_env, mpiexec, mpiexec_path, read_json
+from slurm_sandbox import job_processes, job_state, running_sandbox, submit_batch
+
+from downpour_lib import TrainConfig, checkpoint, preempt
+from downpour_lib.errors import ConfigError
+
+SYNC = ["--model=mlp", "--dataset=digits", "--steps=1500", "--batch-size=16", "--threads=1",
+        "--checkpoint-every=100", "--final-eval=false", "--backend=gloo"]
+JOBS = {  # name: (ranks, flags)
+    "sync_ps": (3, ["--algorithm=sync_ps", *SYNC]),
+    "allreduce": (2, ["--algorithm=allreduce", *SYNC]),
+    "storm": (2, ["--algorithm=allreduce", *SYNC]),
+    "downpour": (3, ["--algorithm=downpour", "--servers=1", "--model=lenet", "--dataset=digits",
+                     "--epochs=10", "--threads=1", "--checkpoint-every=50"]),
+    "early": (2, ["--algorithm=allreduce", "--model=mlp", "--dataset=digits", "--steps=200",
+                  "--threads=1", "--final-eval=false"]),
+}
+REFERENCES = ("sync_ps", "allreduce")  # uninterrupted, under mpiexec, on the same backend
+
+
+def ckpt_dir(root: Path, name: str) -> Path:
+    return root / f"{name}.ckpt"
+
+
+def scancel_usr2(env, job: str) -> None:
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job], env=env, capture_output=True,
+                   timeout=30)
+
+
+def requeued(env, job: str) -> bool:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True,
+                         text=True, timeout=30).stdout
+    return "JobState=PENDING" in out and "Restarts=0" not in out
+
+
+def storm(job: str, stop: threading.Event) -> None:
+    """USR2 to every rank of ``job`` every few milliseconds: some land during the checkpoint
+    write, some during the vote, some after it."""
+    while not stop.is_set():
+        for pid in job_processes(job, ranks_only=True):
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Submit the five jobs, signal each at its moment, let each requeued one start at once;
+    name -> (state, log, directory)."""
+    root = tmp_path_factory.mktemp("preempt")
+    references = {name: subprocess.Popen(
+        [mpiexec_path(), "-n", str(JOBS[name][0]), "--oversubscribe", "--bind-to", "none",
+         str(BIN / "downpour"),
+         "train", *JOBS[name][1], "--checkpoint-dir", str(ckpt_dir(root / "reference", name))],
+        env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name in REFERENCES}
+    with running_sandbox(root / "slurm") as box:
+        env = box.env(launch_env())
+        ids = {name: submit_batch(env, root / f"{name}.out", 1, ranks,
+                                  DOWNPOUR_ARGS=" ".join(flags),
+                                  DOWNPOUR_CHECKPOINTS=str(ckpt_dir(root, name)),
+                                  DOWNPOUR_SUMMARY=str(root / f"{name}.json"))
+               for name, (ranks, flags) in JOBS.items()}
+        signalled: set[str] = set()
+        hurried: set[str] = set()
+        stop_storm = threading.Event()
+        deadline = time.monotonic() + 600
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            for name, job in ids.items():
+                if name not in signalled:
+                    if name == "early":  # the ranks have just started: they are importing torch
+                        due = len(job_processes(job, ranks_only=True)) == JOBS[name][0]
+                        if due:
+                            time.sleep(1.0)
+                    else:
+                        first = 50 if name == "downpour" else 100
+                        due = checkpoint.checkpoint_path(ckpt_dir(root, name), first).exists()
+                    if due:
+                        signalled.add(name)
+                        scancel_usr2(env, job)
+                        if name == "storm":
+                            threading.Thread(target=storm, args=(job, stop_storm), daemon=True).start()
+                elif name not in hurried and requeued(env, job):
+                    if name == "storm":
+                        stop_storm.set()
+                    hurried.add(name)
+                    time.sleep(1.0)  # the storm's last signals are spent
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                                   capture_output=True, timeout=30)
+            states = {name: job_state(env, job) for name, job in ids.items()}
+            if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for s in states.values()):
+                break
+            time.sleep(0.05)
+        stop_storm.set()
+        for name, job in ids.items():  # whatever is left (a failed test) goes with the sandbox
+            if states.get(name) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+    for name, proc in references.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"reference {name}:\n{out[-3000:]}"
+    return {name: (states.get(name), (root / f"{name}.out").read_text(), root) for name in JOBS}
+
+
+def final_model(directory: Path, step: int) -> dict[str, torch.Tensor]:
+    return checkpoint.load(checkpoint.checkpoint_path(directory, step))["model"]
+
+
+def preempted_at(log: str) -> int:
+    line = next(line for line in log.splitlines() if " preempted after " in line)
+    return int(line.split(" preempted after ", 1)[1].split()[0])
+
+
+def assert_requeued_and_resumed(name: str, state: str, log: str) -> int:
+    assert state == "COMPLETED", f"{name}: {state}\n{log}"
+    assert log.count("requeued Slurm job") == 1, log
+    assert "(start 1)" in log and "downpour: summary in" in log, log
+    completed = preempted_at(log)
+    assert "resume auto: continuing from " in log and f"ckpt-{completed:08d}.pt" in log, log
+    return completed
+
+
+@pytest.mark.parametrize("name", REFERENCES)
+def test_a_requeued_synchronous_run_ends_with_the_uninterrupted_parameters(jobs, name):
+    state, log, root = jobs[name]
+    completed = assert_requeued_and_resumed(name, state, log)
+    assert 100 <= completed < 1500  # signalled after its first periodic checkpoint, long before the end
+    resumed, reference = final_model(ckpt_dir(root, name), 1500), \
+        final_model(ckpt_dir(root / "reference", name), 1500)
+    diff = max((resumed[k] - reference[k]).abs().max().item() for k in reference)
+    assert diff <= 1e-6, (name, diff)
+    s = read_json(root / f"{name}.json")
+    assert s["start_step"] == completed and s["total_steps"] == 1500
+
+
+def test_a_requeued_downpour_run_resumes_its_servers_and_reaches_90_percent(jobs):
+    state, log, root = jobs["downpour"]
+    completed = assert_requeued_and_resumed("downpour", state, log)
+    ckpt = checkpoint.load(checkpoint.checkpoint_path(ckpt_dir(root, "downpour"), completed))
+    assert not ckpt["final"] and ckpt["ranks"][0]["algorithm"]["version"] > 0  # server 0's shard
+    s = read_json(root / "downpour.json")
+    assert s["start_step"] == completed and s["test_accuracy"] >= 0.90, s
+
+
+def test_signals_through_the_checkpoint_write_leave_every_checkpoint_loadable(jobs):
+    state, log, root = jobs["storm"]
+    completed = assert_requeued_and_resumed("storm", state, log)
+    found = checkpoint.scan(ckpt_dir(root, "storm"))
+    assert completed in [step for step, _ in found]
+    for _, path in found:
+        checkpoint.load(path)  # raises if torn
+    assert not list(ckpt_dir(root, "storm").glob(".ckpt-*"))  # no temporary file left behind
+    resumed, reference = final_model(ckpt_dir(root, "storm"), 1500), \
+        final_model(ckpt_dir(root / "reference", "allreduce"), 1500)
+    assert max((resumed[k] - reference[k]).abs().max().item() for k in reference) <= 1e-6
+
+
+def test_a_signal_before_the_first_step_starts_the_requeued_run_from_scratch(jobs):
+    state, log, root = jobs["early"]
+    assert state == "COMPLETED", log
+    assert "preempted after 0 of 200 steps; no checkpoint (it stopped before its first step" in log
+    assert "requeued Slurm job" in log
+    assert f"resume auto: no checkpoint of this configuration in {ckpt_dir(root, 'early')}: " \
+           "starting from scratch" in log, log
+    assert read_json(root / "early.json")["start_step"] == 0
+
+
+# -- without Slurm -------------------------------------------------------------------------------
+
+def test_preempt_signal_and_resume_auto_are_checked():
+    with pytest.raises(ConfigError, match="preempt_signal='KILL' is not valid: choose one of USR2"):
+        TrainConfig(preempt_signal="KILL")
+    with pytest.raises(ConfigError, match="resume='auto' is not valid: looks for checkpoints in "
+                                          "checkpoint_dir"):
+        TrainConfig(resume="auto")
+    assert preempt.slurm_batch({"SLURM_JOB_ID": "7", "ENVIRONMENT": "BATCH"})
+    assert not preempt.slurm_batch({"SLURM_JOB_ID": "7"})  # srun or salloc alone: no requeue
+
+
+def test_resume_auto_takes_the_newest_checkpoint_of_this_configuration(tmp_path):
+    from downpour_lib import train
+
+    run = {"algorithm": "local", "model": "mlp", "dataset": "digits", "batch_size": 16,
+           "checkpoint_dir": str(tmp_path), "checkpoint_every": 4}
+    train(TrainConfig(**run, steps=8))
+    # another configuration, newer files (ckpt-5, ckpt-10)
+    train(TrainConfig(**{**run, "lr": 0.01, "checkpoint_every": 5}, steps=10))
+    seen: list[str] = []
+    from downpour_lib.data import load_dataset
+    from downpour_lib.engine import plan_run
+
+    digits = load_dataset("digits").train
+    plan = plan_run(TrainConfig(**run, steps=12, resume="auto"), 1, digits, seen.append)
+    assert plan.start_step == 8 and plan.resume_path == str(checkpoint.checkpoint_path(tmp_path, 8))
+    assert any("another configuration (lr=0.01)" in line for line in seen), seen
+    fresh = plan_run(TrainConfig(**{**run, "seed": 1}, steps=12, resume="auto"), 1, digits,
+                     seen.append)
+    assert fresh.start_step == 0 and seen[-1].endswith("starting from scratch")
+    with pytest.raises(ConfigError, match="is this configuration's finished run \\(8 of 8 steps\\)"):
+        plan_run(TrainConfig(**run, steps=8, resume="auto"), 1, digits, seen.append)
+
+
+@pytest.mark.parametrize("algorithm, ranks", [("sync_ps", 3)])  # on the mpi backend (Slurm: gloo)
+def test_under_mpiexec_every_rank_stops_checkpoints_once_and_exits_75(tmp_path, algorithm, ranks):
+    """USR2 to mpiexec, which passes it to every rank; the run is not in Slurm, so it says how to
+    continue instead of requeueing. Then --resume auto continues it to the end."""
+    flags = [f"--algorithm={algorithm}", "--model=mlp", "--dataset=digits", "--steps=4000",
+             "--threads=1", "--final-eval=false", "--checkpoint-dir", str(tmp_path),
+             "--checkpoint-every=100"]
+    env = launch_env()
+    proc = subprocess.Popen([mpiexec_path(), "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
+                             str(BIN / "downpour"), "train", *flags], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = checkpoint.checkpoint_path(tmp_path, 100)
+    deadline = time.monotonic() + 300
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == preempt.PREEMPTED, out[-3000:]
+    completed = preempted_at(out)
+    assert out.count(" preempted after ") == 1  # rank 0 speaks for all
+    assert "run the same command again with --resume auto" in out
+    assert "requeue" not in out.replace("--resume auto", "")
+    assert [s for s, _ in checkpoint.scan(tmp_path)][-1] == completed < 4000
+    resumed = mpiexec(ranks, str(BIN / "downpour"), "train", *flags, "--resume", "auto",
+                      "--summary-json", str(tmp_path / "s.json"), timeout=300)
+    assert resumed.returncode == 0, explain(resumed)
+    assert read_json(tmp_path / "s.json")["start_step"] == completed
+
+
+def test_the_early_hold_applies_to_downpour_train_alone():
+    """Importing the library holds no signal in another program: USR2 keeps its default action."""
+    code = "import signal, downpour_lib; print(signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "True", explain(proc)
