@@ -105,7 +105,9 @@ def all_gather_into_tensor(g, dt, k, case, async_op=False):
 
 def gather(g, dt, k, case, async_op=False):
     outs = [torch.zeros(k, dtype=dt) for _ in range(gsize(g))] if grank(g) == 0 else None
-    dist.gather(make(dt, k, seed_of(case, g)), outs, group=g, group_dst=0)
+    work = dist.gather(make(dt, k, seed_of(case, g)), outs, group=g, group_dst=0, async_op=async_op)
+    if async_op:
+        work.wait()
     return outs or []
 
 
@@ -113,7 +115,9 @@ def scatter(g, dt, k, case, async_op=False):
     root = gsize(g) - 1
     ins = [make(dt, k, seed_of(case, g, i)) for i in range(gsize(g))] if grank(g) == root else None
     out = torch.zeros(k, dtype=dt)
-    dist.scatter(out, ins, group=g, group_src=root)
+    work = dist.scatter(out, ins, group=g, group_src=root, async_op=async_op)
+    if async_op:
+        work.wait()
     return [out]
 
 
@@ -176,7 +180,8 @@ OPS.update({"all_reduce_coalesced": all_reduce_coalesced, "broadcast": broadcast
             "reduce_scatter": reduce_scatter_list, "all_to_all_single": all_to_all_single,
             "all_to_all_single uneven": all_to_all_uneven, "all_to_all": all_to_all_list,
             "barrier": barrier})
-ASYNC = ["all_reduce SUM", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor SUM"]
+ASYNC = ["all_reduce SUM", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor SUM", "gather",
+         "scatter"]
 
 
 def refused(op_name, dtype):

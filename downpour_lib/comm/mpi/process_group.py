@@ -360,15 +360,16 @@ class MPIProcessGroup(dist.ProcessGroup):
         y = _one(output_tensors, "scatter")
         root, comm, direct = opts.rootRank, self._comm, self._direct()
         out = Operand(y, True, direct)
-        send = None
+        flat, counts = None, []
         if self._r == root:
             inputs = input_tensors[0] if len(input_tensors) == 1 else []
             counts = _same(inputs, y, self._n, "scatter")
             flat = _concat(inputs, counts, direct)
-            send = vspec(flat, counts)
 
         def run() -> None:
-            comm.Scatterv(send, out.spec(), root)
+            # the closure holds ``flat`` itself: a buffer made from its address would not keep it
+            # alive until a queued scatter runs
+            comm.Scatterv(None if flat is None else vspec(flat, counts), out.spec(), root)
             out.finish()
 
         return self._issue("scatter", run, output_tensors, opts.asyncOp)
