@@ -254,6 +254,7 @@ class Trainer:
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
         if self.stopper is not None and preempt.vote(self.control, self.signal.requested()):
             self.progress.close()  # signalled while setting up: nothing new to save
+            self.signal.clear()  # answered: a later run in this process starts clean
             raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path)
         self.t_start = time.perf_counter()
         stopped: _Stopped | None = None
@@ -288,6 +289,7 @@ class Trainer:
             completed = int(verdict[1])
             path = (str(checkpoint.checkpoint_path(self.config.checkpoint_dir, completed))
                     if self.config.checkpoint_dir else None)
+            self.signal.clear()
             raise preempt.Preempted(completed, self.plan.total_steps, path)
 
     def batches(self, steps: range) -> TrainBatches:

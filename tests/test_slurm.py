@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, wa
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
 from downpour_lib.cluster.profiles import profile_dir
+from downpour_lib.cluster.session import ClusterPreempted
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def test_up_is_idempotent_and_the_node_is_idle(sandbox):
     assert status.returncode == 0 and f"export SLURM_CONF={sandbox.conf}" in status.stdout, explain(status)
 
 
-def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference):
+def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference, tmp_path, monkeypatch):
     ipcluster = [str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", "2", "--daemonize"]
     install = subprocess.run([str(BIN / "downpour"), "profiles", "install"], env=env,
                              capture_output=True, text=True, timeout=120)
@@ -70,6 +72,7 @@ def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference):
             assert squeue(env) == ["ipengine- RUNNING"]  # one job holds every engine
             assert sorted(cluster.engines) == [0, 1]
             result = cluster.train(TrainConfig(**TINY))
+            preempted_and_resumed(cluster, env, tmp_path, monkeypatch)
         finally:
             cluster.stop()
         s = result.summary
@@ -94,6 +97,37 @@ def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference):
     while squeue(env) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert squeue(env) == []  # `ipcluster stop` cancelled the engine job
+
+
+def preempted_and_resumed(cluster, env, tmp_path: Path, monkeypatch) -> None:
+    """The engines' job gets USR2 mid-run (as at its time limit, --signal=B:USR2@120): train()
+    says it was preempted and how to go on; restart_engines() and the same call finish the run."""
+    config = TrainConfig(**{**TINY, "algorithm": "allreduce", "steps": 3000, "final_eval": False,
+                            "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 100})
+    job = cluster.slurm_job()
+    assert job and squeue(env, "%i") == [job]
+
+    def signal_after_the_first_checkpoint() -> None:
+        first = tmp_path / "ckpt" / "ckpt-00000100.pt"
+        deadline = time.monotonic() + 120
+        while not first.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        subprocess.run(["scancel", "--signal=USR2", "--batch", job], env=env, timeout=30)
+
+    signaller = threading.Thread(target=signal_after_the_first_checkpoint, daemon=True)
+    signaller.start()
+    with pytest.raises(ClusterPreempted) as stopped:
+        cluster.train(config)
+    signaller.join()
+    message = str(stopped.value)
+    assert f"the engines' Slurm job {job} got the preemption signal" in message, message
+    assert "cluster.restart_engines()" in message and "resume='auto'" in message
+    completed = int(message.split("preempted after ", 1)[1].split()[0])
+    assert 100 <= completed < 3000
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # ipyparallel's scancel and sbatch, here
+    cluster.restart_engines()  # a new engine job
+    resumed = cluster.train(config).summary
+    assert resumed["start_step"] == completed and resumed["total_steps"] == 3000
 
 
 def test_multinode_sbatch_script(env, reference, tmp_path):

@@ -38,6 +38,9 @@ L.sbatch_args = []        # more #SBATCH lines, e.g. ["--constraint=a100", "--ex
 L.mpi_launcher = "mpiexec"  # or "srun" (needs Slurm's PMIx plugin: srun --mpi=list)
 L.srun_args = ["--mpi=pmix"]
 L.mpiexec_args = ["--bind-to", "none"]
+# Seconds before the time limit at which Slurm sends USR2: a run on the engines checkpoints (give
+# TrainConfig a checkpoint_dir) and stops; cluster.restart_engines() and the same train() call resume.
+L.preempt_lead = 120
 # Shell lines run in the job before the engines start. The engines run this same Python
 # (sys.executable), so on a shared file system nothing is needed; on most sites you load the MPI
 # that mpi4py was built against, e.g.:

@@ -28,7 +28,15 @@ TEMPLATE = """#!/bin/bash
 #SBATCH --export=ALL
 {sbatch_lines}
 {setup_lines}
-{launch} {program_and_args}
+# In the background, so that this shell can pass a USR2 (--signal=B:USR2@T: the time limit is near,
+# or the site preempts the job) on to the engines: a run on them checkpoints and stops.
+{launch} {program_and_args} &
+engines=$!
+trap 'kill -USR2 "$engines" 2>/dev/null' USR2
+while :; do
+    wait "$engines" && status=0 || status=$?
+    kill -0 "$engines" 2>/dev/null || exit "$status"   # still running: the trap only ended wait
+done
 """
 
 
@@ -56,6 +64,10 @@ class SlurmMPIEngineSetLauncher(SlurmEngineSetLauncher):
     mpiexec_args = List(Unicode(), ["--bind-to", "none"], config=True,
                         help="mpiexec options (the count comes from -n)")
     srun_args = List(Unicode(), ["--mpi=pmix"], config=True, help="srun options")
+    preempt_lead = Integer(120, config=True,
+                           help="seconds before the time limit at which Slurm sends USR2 (sbatch "
+                                "--signal=B:USR2@T), on which a run on the engines checkpoints and "
+                                "stops; one step plus one checkpoint write, with a margin; 0 = none")
 
     @default("mpiexec")
     def _default_mpiexec(self):
@@ -93,6 +105,8 @@ class SlurmMPIEngineSetLauncher(SlurmEngineSetLauncher):
             options.append(f"--ntasks-per-node={tasks_per_node}")
         if self.cpus_per_task:
             options.append(f"--cpus-per-task={self.cpus_per_task}")
+        if self.preempt_lead:
+            options.append(f"--signal=B:USR2@{self.preempt_lead}")
         return [f"#SBATCH {o}" for o in options + list(self.sbatch_args)]
 
     def launch_command(self, n: int) -> str:

@@ -61,10 +61,14 @@ def job_world(world_size: int, backend: str = "auto", device: str = "auto",
 
 def train(config: dict[str, Any], world_size: int):
     """Train ``config`` on ranks 0..world_size-1; rank 0 returns the ``RunResult``, others None."""
+    from .. import preempt
     from ..config import TrainConfig
     from ..engine import Trainer
 
     cfg = TrainConfig.from_dict(config)
+    if preempt.in_slurm_job() and cfg.checkpoint_dir and cfg.resume is None:
+        # engines in a Slurm job: after a preemption and a restart, the same call resumes
+        cfg = TrainConfig.from_dict({**config, "resume": "auto"})
     with job_world(world_size, cfg.backend, cfg.device, cfg.timeout_s) as ctx:
         return None if ctx is None else Trainer(cfg, ctx).run()
 

@@ -77,6 +77,25 @@ class ClusterRunError(DownpourError):
         super().__init__("\n".join(lines))
 
 
+class ClusterPreempted(DownpourError):
+    """A run on the engines stopped for a preemption signal (the engines' Slurm job is near its
+    time limit, or the site preempts it), after writing its checkpoint."""
+
+
+def _preempted(exc: ClusterRunError, job: str | None) -> ClusterPreempted | None:
+    """The ``ClusterPreempted`` a failed run is, if its ranks stopped for a preemption signal."""
+    stopped = [f for f in exc.failures if f.error.startswith("Preempted: ")]
+    if not stopped:
+        return None
+    what = stopped[0].error.removeprefix("Preempted: ")
+    where = f"the engines' Slurm job {job}" if job else "the engines"
+    return ClusterPreempted(
+        f"{where} got the preemption signal (its time limit is near, or the site preempts it), so "
+        f"the run stopped: {what}. To continue: cluster.restart_engines() (a new engine job for "
+        "slurm-mpi), then call train() with the same config: on Slurm engines it resumes from the "
+        "newest checkpoint of that configuration in its checkpoint_dir (resume='auto').")
+
+
 class ClusterTimeout(DownpourError):
     """A job ran past its time limit, or a rank went silent (stopped, hung or gone) and the others
     timed out waiting for it; the engines were restarted. ``silent``: the ranks that went silent
@@ -328,9 +347,20 @@ class ClusterSession:
                               f"this cluster has {self.size} engines; start one with at least "
                               f"{world_size} (start_cluster(profile, n={world_size}))")
         plan_run(config, world_size, load_dataset(config.dataset, config.data_dir).train)
-        results = self.run(remote.train, config.to_dict(), world_size, timeout_s=timeout_s,
-                           what=f"{config.algorithm} on {world_size} rank(s)")
+        try:
+            results = self.run(remote.train, config.to_dict(), world_size, timeout_s=timeout_s,
+                               what=f"{config.algorithm} on {world_size} rank(s)")
+        except ClusterRunError as exc:
+            raise _preempted(exc, self.slurm_job()) or exc from None
         return results[0]
+
+    def slurm_job(self) -> str | None:
+        """The Slurm job id of the engines (slurm-mpi), else None."""
+        for engine_set in (getattr(self.cluster, "engines", None) or {}).values():
+            job = getattr(engine_set, "job_id", None)  # ipyparallel's batch launchers keep it
+            if job:
+                return str(job)
+        return None
 
     def launch(self, config, world_size: int, timeout_s: float) -> dict[str, Any]:
         """A ``run_study`` launcher: the run's summary row, exactly as ``downpour train
