@@ -62,6 +62,31 @@ def test_a_rank_waiting_for_a_late_peer_sleeps_instead_of_spinning():
     assert max(shares.values()) < 0.15, shares
 
 
+PROFILED_OPS = ["all_reduce", "all_reduce shared memory", "all_reduce_coalesced",
+                "all_reduce_coalesced shared memory", "broadcast", "reduce", "all_gather",
+                "all_gather_into_tensor", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor",
+                "all_to_all", "all_to_all_single", "barrier", "all_gather_into_tensor_coalesced",
+                "reduce_scatter_tensor_coalesced"]
+
+
+def test_every_operation_records_the_profiler_event_native_backends_record():
+    """Under torch.profiler (record_shapes=True), each call is one async event named mpi:<op> (native
+    ProcessGroupMPI's names) with its inputs' shapes and dtypes, sync and async, point-to-point
+    too, and DDP's bucket allreduces; results stay right."""
+    proc = mpi_python(2, "profiled.py")
+    assert proc.returncode == 0, explain(proc)
+    rows = json_lines(proc)
+    cases = [f"{op} {mode}" for op in PROFILED_OPS for mode in ("sync", "async")]
+    cases += ["send/recv", "isend/irecv", "recv any source", "ddp backward", "no profiler"]
+    for rank in (0, 1):
+        assert [r["case"] for r in rows if r["rank"] == rank] == cases
+    assert [r for r in rows if not r["ok"]] == []
+    by_case = {(r["rank"], r["case"]): r["events"] for r in rows}
+    assert by_case[0, "all_reduce async"] == [{"name": "mpi:all_reduce", "async": True,
+                                               "shapes": [[2, 3]], "dtypes": ["float"]}]
+    assert [e["name"] for e in by_case[1, "recv any source"]] == ["mpi:recvAnySource"]
+
+
 @pytest.mark.parametrize("script, args", [("failing_rank.py", ["sync_ps", "mpi"]),
                                           ("failing_rank_raw.py", [])],
                          ids=["runtime.abort_on_error", "plain init_process_group"])

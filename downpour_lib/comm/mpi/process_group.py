@@ -21,12 +21,17 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from . import profiling
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .shm import ShmAllreduce
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork
 
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
+# profiler event names (``profiling``) where they are not "mpi:" + the operation's name: native
+# ProcessGroupMPI's for the operations it has, torch's op names for the others
+_EVENTS = {"allreduce": "mpi:all_reduce", "allreduce_coalesced": "mpi:all_reduce_coalesced",
+           "all_to_all_single": "mpi:all_to_all"}
 
 
 def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
@@ -123,16 +128,32 @@ class MPIProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"MPIProcessGroup(rank={self._r}, size={self._n})"
 
-    def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = True) -> dist._Work:
+    def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = True,
+               inputs: list[torch.Tensor] = ()) -> dist._Work:
         """Run ``fn`` (blocking MPI calls) now or on the executor. ``gated``: every member must have
         issued the operation before ``fn`` starts (``liveness.gate``); the shared-memory
-        allreduce waits with a deadline of its own and decides for itself."""
+        allreduce waits with a deadline of its own and decides for itself. ``inputs``: what the
+        profiler's event records (``profiling``)."""
         if not self._open:
             raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")
         run = partial(self._guarded, name, fn, gated)
+        if profiling.active():
+            return self._issue_profiled(name, run, result, async_op, inputs)
         if async_op:
             return EXECUTOR.submit(name, run, result, self._timeout_s)
         EXECUTOR.run_now(run, self._timeout_s)
+        return DoneWork(result)
+
+    def _issue_profiled(self, name: str, run, result: list, async_op: bool,
+                        inputs: list[torch.Tensor]) -> dist._Work:
+        """``_issue`` while a profiler records: the operation's event spans it (``profiling``)."""
+        event = profiling.begin(_EVENTS.get(name, "mpi:" + name), inputs)
+        if async_op:
+            return EXECUTOR.submit(name, run, result, self._timeout_s, event)
+        try:
+            EXECUTOR.run_now(run, self._timeout_s)
+        finally:
+            profiling.end_elsewhere(event)
         return DoneWork(result)
 
     def _guarded(self, name: str, fn, gated: bool) -> None:
@@ -161,14 +182,14 @@ class MPIProcessGroup(dist.ProcessGroup):
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
             return self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
-                               opts.asyncOp, gated=False)
+                               opts.asyncOp, gated=False, inputs=tensors)
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:
             self._allreduce_in_place(x.local, red)
             x.finish()
 
-        return self._issue("allreduce", run, tensors, opts.asyncOp, gated=False)
+        return self._issue("allreduce", run, tensors, opts.asyncOp, gated=False, inputs=tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -185,7 +206,8 @@ class MPIProcessGroup(dist.ProcessGroup):
                     if x is not t:
                         t.copy_(x)
 
-            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp, gated=False)
+            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp, gated=False,
+                               inputs=tensors)
         counts = [t.numel() for t in tensors]
         flat = _concat(tensors, counts, self._direct(red.python))
 
@@ -193,7 +215,8 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._allreduce_in_place(flat, red)
             _split_into(flat, counts, tensors)
 
-        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp, gated=False)
+        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp, gated=False,
+                           inputs=tensors)
 
     def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
         """On the executing thread: large single-node buffers through shared memory (whose barrier
@@ -221,7 +244,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             else:
                 comm.Reduce(x.spec(), None, red.op, root)
 
-        return self._issue("reduce", run, tensors, opts.asyncOp)
+        return self._issue("reduce", run, tensors, opts.asyncOp, inputs=tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         y = _one(output_tensors, "reduce_scatter")
@@ -234,12 +257,12 @@ class MPIProcessGroup(dist.ProcessGroup):
         direct = self._direct(red.python)
         flat, out = _concat(inputs, counts, direct), Operand(y, True, direct)
         return self._issue("reduce_scatter", self._reduce_scatter(flat, out, counts, red),
-                           output_tensors, opts.asyncOp)
+                           output_tensors, opts.asyncOp, inputs=inputs)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         return self._issue("reduce_scatter_tensor", self._reduce_scatter_into(output, input, opts),
-                           [output], opts.asyncOp)
+                           [output], opts.asyncOp, inputs=[input])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -247,7 +270,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         opts = opts or dist.ReduceScatterOptions()
         runs = [self._reduce_scatter_into(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         return self._issue("reduce_scatter_tensor_coalesced", lambda: [r() for r in runs], outputs,
-                           opts.asyncOp)
+                           opts.asyncOp, inputs=inputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -288,7 +311,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             comm.Bcast(x.spec(), root)
             x.finish()
 
-        return self._issue("broadcast", run, tensors, opts.asyncOp)
+        return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = _one(input_tensors, "all_gather")
@@ -307,18 +330,18 @@ class MPIProcessGroup(dist.ProcessGroup):
                 comm.Allgatherv(x.spec(), vspec(flat, counts))
             _split_into(flat, counts, outputs)
 
-        return self._issue("all_gather", run, output_tensors, _async(opts))
+        return self._issue("all_gather", run, output_tensors, _async(opts), inputs=input_tensors)
 
     def all_gather_single(self, output, input, opts=None):
         return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
-                           _async(opts))
+                           _async(opts), inputs=[input])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         runs = [self._all_gather_into(o, i) for o, i in zip(outputs, inputs, strict=True)]
         return self._issue("all_gather_into_tensor_coalesced", lambda: [r() for r in runs], outputs,
-                           _async(opts))
+                           _async(opts), inputs=inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -345,7 +368,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         x = Operand(t, False, direct)
         if self._r != root:
             return self._issue("gather", lambda: comm.Gatherv(x.spec(), None, root), [],
-                               opts.asyncOp)
+                               opts.asyncOp, inputs=input_tensors)
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
         counts = _same(outputs, t, self._n, "gather")
         flat = scratch(sum(counts), t, direct)
@@ -354,13 +377,13 @@ class MPIProcessGroup(dist.ProcessGroup):
             comm.Gatherv(x.spec(), vspec(flat, counts), root)
             _split_into(flat, counts, outputs)
 
-        return self._issue("gather", run, output_tensors, opts.asyncOp)
+        return self._issue("gather", run, output_tensors, opts.asyncOp, inputs=input_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts):
         y = _one(output_tensors, "scatter")
         root, comm, direct = opts.rootRank, self._comm, self._direct()
         out = Operand(y, True, direct)
-        flat, counts = None, []
+        flat, counts, inputs = None, [], []
         if self._r == root:
             inputs = input_tensors[0] if len(input_tensors) == 1 else []
             counts = _same(inputs, y, self._n, "scatter")
@@ -372,7 +395,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             comm.Scatterv(None if flat is None else vspec(flat, counts), out.spec(), root)
             out.finish()
 
-        return self._issue("scatter", run, output_tensors, opts.asyncOp)
+        return self._issue("scatter", run, output_tensors, opts.asyncOp, inputs=inputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         check_dtype(input.dtype, "all_to_all_single")
@@ -389,7 +412,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             comm.Alltoallv(vspec(x.local, send_counts), vspec(y.local, recv_counts))
             y.finish()
 
-        return self._issue("all_to_all_single", run, [output], _async(opts))
+        return self._issue("all_to_all_single", run, [output], _async(opts), inputs=[input])
 
     alltoall_base = all_to_all_single
 
@@ -406,7 +429,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             comm.Alltoallv(vspec(flat_in, send_counts), vspec(flat_out, recv_counts))
             _split_into(flat_out, recv_counts, output_tensors)
 
-        return self._issue("all_to_all", run, output_tensors, _async(opts))
+        return self._issue("all_to_all", run, output_tensors, _async(opts), inputs=input_tensors)
 
     def barrier(self, opts=None):
         return self._issue("barrier", _nothing, [], _async(opts))  # the gate is the barrier
@@ -416,8 +439,10 @@ class MPIProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "send")
         x = Operand(t, False, self._direct())
         EXECUTOR.check()
-        return RequestWork(self._comm.Isend(x.spec(), dstRank, tag), tensors, self._timeout_s,
-                           f"send to rank {dstRank}", self.explain, keep=x.local, group=self._name)
+        request = self._comm.Isend(x.spec(), dstRank, tag)
+        event = profiling.begin("mpi:send", tensors) if profiling.active() else None
+        return RequestWork(request, tensors, self._timeout_s, f"send to rank {dstRank}", self.explain,
+                           keep=x.local, group=self._name, event=event)
 
     def recv(self, tensors, srcRank, tag):
         return self._recv(tensors, srcRank, tag)
@@ -429,9 +454,14 @@ class MPIProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "recv")
         y = Operand(t, True, self._direct())
         EXECUTOR.check()
-        what = "recv from any rank" if source == MPI.ANY_SOURCE else f"recv from rank {source}"
-        return RequestWork(self._comm.Irecv(y.spec(), source, tag), tensors, self._timeout_s, what,
-                           self.explain, finish=y.finish, group=self._name)
+        request = self._comm.Irecv(y.spec(), source, tag)
+        anysource = source == MPI.ANY_SOURCE
+        event = None
+        if profiling.active():
+            event = profiling.begin("mpi:recvAnySource" if anysource else "mpi:recv", tensors)
+        what = "recv from any rank" if anysource else f"recv from rank {source}"
+        return RequestWork(request, tensors, self._timeout_s, what, self.explain, finish=y.finish,
+                           group=self._name, event=event)
 
     # -- life cycle ---------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 from torch.futures import Future
 
+from . import profiling
 from .liveness import BACKSTOP_S, WATCHDOG, CommTimeout, PeerTimeout, wait_request
 
 
@@ -122,14 +123,15 @@ class QueuedWork(dist._Work):
 
 class RequestWork(dist._Work):
     """A point-to-point operation: an MPI request, and what to do once it completes. ``wait`` naps
-    until it completes, and past ``timeout_s`` raises what ``explain`` makes of the timeout."""
+    until it completes, and past ``timeout_s`` raises what ``explain`` makes of the timeout.
+    ``event``: its profiler event (``profiling.begin``), which ends when it completes."""
 
     def __init__(self, request: MPI.Request, result: list, timeout_s: float, what: str,
                  explain: Callable[[PeerTimeout], CommTimeout],
                  finish: Callable[[], None] | None = None, keep: object = None,
-                 group: str = "default group") -> None:
+                 group: str = "default group", event: object = None) -> None:
         super().__init__()
-        self._group = group
+        self._group, self._event = group, event
         self._request, self._result, self._finish = request, result, finish
         self._timeout_s, self._what, self._explain = timeout_s, what, explain
         self._keep = keep  # a staged send buffer must outlive the request
@@ -139,8 +141,16 @@ class RequestWork(dist._Work):
     def _complete(self, status: MPI.Status) -> None:
         self._source = status.Get_source()
         self._completed, self._keep = True, None
-        if self._finish is not None:
-            self._finish()
+        try:
+            if self._finish is not None:
+                self._finish()
+        finally:
+            self._end_event()
+
+    def _end_event(self) -> None:
+        if self._event is not None:
+            event, self._event = self._event, None
+            profiling.end_elsewhere(event)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         if not self._completed:
@@ -149,6 +159,7 @@ class RequestWork(dist._Work):
             try:
                 wait_request(self._request, _seconds(timeout, self._timeout_s), self._what, status)
             except PeerTimeout as exc:
+                self._end_event()
                 raise self._explain(exc) from None
             finally:
                 WATCHDOG.leave()
@@ -260,15 +271,27 @@ class Executor:
                 self._drain(timeout_s)
             fn()
 
-    def submit(self, name: str, fn: Callable[[], None], result: list,
-               timeout_s: float) -> dist._Work:
-        """Queue ``fn`` (or run it now when there is no thread); returns its work handle."""
+    def submit(self, name: str, fn: Callable[[], None], result: list, timeout_s: float,
+               event: object = None) -> dist._Work:
+        """Queue ``fn`` (or run it now when there is no thread); returns its work handle.
+        ``event``: a profiler event (``profiling.begin``) that ends when the work completes."""
         if self._thread is None:
-            self.run_now(fn, timeout_s)
+            try:
+                self.run_now(fn, timeout_s)
+            finally:
+                if event is not None:
+                    profiling.end_elsewhere(event)
             return DoneWork(result)
         work = QueuedWork(name, result, timeout_s, self)
         with self._lock:
-            self._check()
+            try:
+                self._check()
+            except BaseException:
+                if event is not None:
+                    profiling.end_elsewhere(event)
+                raise
+            if event is not None:  # before the thread can complete the work
+                profiling.end_with(event, work.get_future())
             self._last = work
             self._queue.put((fn, work))
         return work
