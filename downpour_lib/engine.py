@@ -254,6 +254,7 @@ class Trainer:
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
         if self.stopper is not None and preempt.vote(self.control, self.signal.requested()):
             self.progress.close()  # signalled while setting up: nothing new to save
+            self.control.close() if self.control is not None else None
             self.signal.clear()  # answered: a later run in this process starts clean
             raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path)
         self.t_start = time.perf_counter()
@@ -282,9 +283,10 @@ class Trainer:
         the run's), told to all; if it did, every rank raises ``Preempted``."""
         self.stopper.close()
         mine = stopped if self.ctx.rank == self.roles.evaluator else None
-        verdict = torch.tensor([float(mine is not None), float(mine.completed if mine else 0)])
+        verdict = [float(mine is not None), float(mine.completed if mine else 0)]
         if self.control is not None:
-            self.control.allreduce(verdict, op="max", account=None)
+            verdict = self.control.vote(verdict).tolist()
+            self.control.close()
         if verdict[0] > 0:
             completed = int(verdict[1])
             path = (str(checkpoint.checkpoint_path(self.config.checkpoint_dir, completed))

@@ -7,10 +7,10 @@ alone, as NCCL may catch it) and the handler does nothing but set a flag. Acting
 would mean checkpointing from inside whatever the rank was doing (a collective, a push), on one rank
 while the others go on. Instead the ranks agree at a step boundary:
 
-* ranks that take the same steps (every algorithm but Downpour) vote: after each step every rank
-  starts a MAX allreduce of its flag on a group of its own and reads the vote of ``lag`` steps
-  before, which has long completed, so the vote costs no waiting. Every rank reads the same vote
-  at the same step, so they stop together, at the step after the signal (``lag`` = 1);
+* ranks that take the same steps (every algorithm but Downpour) vote: about every quarter second
+  of steps every rank starts a MAX allreduce of its flag on a group of its own and reads the
+  previous vote, which has long completed, so voting costs no waiting (``StepVote``). Every rank
+  reads the same vote at the same step, so they stop together, within about half a second;
 * Downpour's workers never wait for each other: a worker that has the signal stops at its next
   step, and its servers tell the others in their replies (``Algorithm.stopper``).
 
@@ -22,6 +22,7 @@ auto`` (the default in a Slurm job) continues from the newest checkpoint of the 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -29,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 
 import torch
@@ -110,24 +110,55 @@ class StopSignal:
 SIGNAL = StopSignal()
 
 
-def control_group(ctx: DistContext) -> Communicator | None:
-    """A group of every rank for the votes alone, so they never interleave with an algorithm's own
-    collectives (threads, DDP's hooks): gloo, or under the ``mpi`` backend a communicator of its
-    own (torch cannot add a gloo group to an MPI world). Collective: every rank, same order."""
-    if ctx.world_size == 1:
-        return None
-    from .comm.groups import new_group
+class Control:
+    """Every rank, for the votes alone, so they never interleave with an algorithm's own
+    collectives (threads, DDP's hooks): a gloo group (its own thread completes a vote while the
+    rank computes), or under the ``mpi`` backend a duplicate of its MPI communicator, on which a
+    vote is MPI's nonblocking allreduce (the backend's queued collectives would keep its one thread
+    spinning in a blocking allreduce for a whole step: half the throughput of a small model)."""
 
-    return new_group(range(ctx.world_size), backend="mpi" if ctx.backend == "mpi" else "gloo")
+    def __init__(self, ctx: DistContext) -> None:
+        self.group: Communicator | None = None
+        self.mpi = None
+        if ctx.backend == "mpi":
+            from .comm.mpi import backend
+
+            self.mpi = backend.world().Dup()  # collective: every rank, same order
+        else:  # torch cannot add a gloo group to an MPI world, but can to any other
+            from .comm.groups import new_group
+
+            self.group = new_group(range(ctx.world_size), backend="gloo")
+
+    def start(self, values: list[float]) -> Callable[[], torch.Tensor]:
+        """A MAX allreduce of ``values`` started now; call the result to wait for it."""
+        flags = torch.tensor(values, dtype=torch.float64)
+        if self.mpi is not None:
+            from mpi4py import MPI
+
+            out = torch.empty_like(flags)
+            request = self.mpi.Iallreduce(flags.numpy(), out.numpy(), op=MPI.MAX)
+            # the closure holds both buffers until MPI is done with them
+            return lambda: (request.Wait(), flags, out)[2]
+        work = self.group.allreduce(flags, op="max", async_op=True, account=None)
+        return lambda: (work.wait(), flags)[1]
+
+    def vote(self, values: list[float]) -> torch.Tensor:
+        return self.start(values)()
+
+    def close(self) -> None:
+        if self.mpi is not None:
+            self.mpi.Free()
+            self.mpi = None
 
 
-def vote(control: Communicator | None, mine: bool) -> bool:
+def control_group(ctx: DistContext) -> Control | None:
+    """The votes' ``Control``, None in a world of one. Collective: every rank, same order."""
+    return Control(ctx) if ctx.world_size > 1 else None
+
+
+def vote(control: Control | None, mine: bool) -> bool:
     """Whether any rank says yes; blocking, on every rank."""
-    if control is None:
-        return mine
-    flag = torch.tensor([float(mine)])
-    control.allreduce(flag, op="max", account=None)
-    return bool(flag.item())
+    return mine if control is None else bool(control.vote([float(mine)])[0])
 
 
 class Stopper:
@@ -140,29 +171,60 @@ class Stopper:
         """The run's steps are over: finish whatever is in flight (collective on every rank)."""
 
 
-class StepVote(Stopper):
-    """Ranks that take the same steps stop at the same one: the vote started after step t is read
-    after step t + ``lag`` (every rank reads the same result at the same step)."""
+class Unstoppable(Stopper):
+    """An algorithm whose ranks cannot stop together, and that writes no checkpoint to resume from
+    (asynchronous EASGD: its server takes no steps): the signal is reported once, and the run goes
+    on until the job ends."""
 
-    def __init__(self, control: Communicator | None, signal_: StopSignal, lag: int = 1) -> None:
-        self.control, self.signal, self.lag = control, signal_, max(1, lag)
-        self.pending: deque[tuple[object, torch.Tensor]] = deque()
+    def __init__(self, signal_: StopSignal, why: str) -> None:
+        self.signal, self.why, self.told = signal_, why, False
+
+    def at_point(self, step: int) -> bool:
+        if self.signal.requested() and not self.told:
+            say(f"preemption signal received, but {self.why}: the run goes on")
+            self.told = True
+        return False
+
+
+class StepVote(Stopper):
+    """Ranks that take the same steps stop at the same one. A vote is started at a step and read
+    at the next vote's step, at least ``lag`` steps later, when it has long completed; votes are
+    about ``interval_s`` apart (a tiny model's steps take a millisecond, and a vote on gloo a
+    tenth of one). Each vote also carries the slowest rank's seconds per step, from which every
+    rank computes the same step for the next vote, so they all read the same result at the same
+    step, and stop after it: within about two intervals and two steps of the signal."""
+
+    def __init__(self, control: Control | None, signal_: StopSignal, lag: int = 1,
+                 interval_s: float = 0.25) -> None:
+        self.control, self.signal = control, signal_
+        self.lag, self.interval_s = max(1, lag), interval_s
+        self.next: int | None = None  # the step of the next vote; None: the first point
+        self.pending: Callable[[], torch.Tensor] | None = None
+        self.since: tuple[int, float] | None = None  # the last vote's step and time
 
     def at_point(self, step: int) -> bool:
         if self.control is None:
             return self.signal.requested()
-        flag = torch.tensor([float(self.signal.requested())])
-        self.pending.append((self.control.allreduce(flag, op="max", async_op=True, account=None),
-                             flag))
-        if len(self.pending) <= self.lag:
+        if self.next is not None and step < self.next:
             return False
-        work, result = self.pending.popleft()
-        work.wait()
-        return bool(result.item())
+        gap = self.lag
+        if self.pending is not None:
+            stop, step_s = self.pending().tolist()
+            if stop:
+                self.pending = None
+                return True
+            if step_s > 0:  # every rank computes the same gap from the same result
+                gap = max(self.lag, min(10_000, math.ceil(self.interval_s / step_s)))
+        now = time.perf_counter()
+        step_s = (now - self.since[1]) / (step - self.since[0]) if self.since else 0.0
+        self.pending = self.control.start([float(self.signal.requested()), step_s])
+        self.since, self.next = (step, now), step + gap
+        return False
 
     def close(self) -> None:
-        while self.pending:  # started on every rank alike: wait for them, so none is left behind
-            self.pending.popleft()[0].wait()
+        if self.pending is not None:  # started on every rank alike: none is left behind
+            self.pending()
+            self.pending = None
 
 
 # -- Slurm ---------------------------------------------------------------------------------------

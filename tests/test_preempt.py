@@ -227,10 +227,24 @@ def test_resume_auto_takes_the_newest_checkpoint_of_this_configuration(tmp_path)
         plan_run(TrainConfig(**run, steps=8, resume="auto"), 1, digits, seen.append)
 
 
+def rank_pid(marker: str, rank: int) -> int | None:
+    """The process of MPI rank ``rank`` whose command line has ``marker``."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in cmdline and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            return int(pid)
+    return None
+
+
 @pytest.mark.parametrize("algorithm, ranks", [("sync_ps", 3)])  # on the mpi backend (Slurm: gloo)
-def test_under_mpiexec_every_rank_stops_checkpoints_once_and_exits_75(tmp_path, algorithm, ranks):
-    """USR2 to mpiexec, which passes it to every rank; the run is not in Slurm, so it says how to
-    continue instead of requeueing. Then --resume auto continues it to the end."""
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algorithm, ranks):
+    """USR2 to the last rank alone (a worker, not the rank that writes): the vote tells the others,
+    all stop at one step (else they would hang in the next one), one checkpoint, exit 75. Not in
+    Slurm, it says how to continue instead of requeueing; --resume auto continues to the end."""
     flags = [f"--algorithm={algorithm}", "--model=mlp", "--dataset=digits", "--steps=4000",
              "--threads=1", "--final-eval=false", "--checkpoint-dir", str(tmp_path),
              "--checkpoint-every=100"]
@@ -242,7 +256,7 @@ def test_under_mpiexec_every_rank_stops_checkpoints_once_and_exits_75(tmp_path, 
     deadline = time.monotonic() + 300
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    proc.send_signal(signal.SIGUSR2)
+    os.kill(rank_pid(str(tmp_path), ranks - 1), signal.SIGUSR2)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == preempt.PREEMPTED, out[-3000:]
     completed = preempted_at(out)

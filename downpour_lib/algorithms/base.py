@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..comm.collectives import Comm, Communicator
+from ..comm.collectives import Comm
 from ..options import AlgorithmOptions, Roles
-from ..preempt import StepVote, Stopper, StopSignal
+from ..preempt import Control, StepVote, Stopper, StopSignal
 
 
 class Algorithm:
@@ -116,15 +116,16 @@ class Algorithm:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-    def stopper(self, control: Communicator | None, signal: StopSignal) -> Stopper:
+    def stopper(self, control: Control | None, signal: StopSignal) -> Stopper:
         """How this algorithm's ranks agree to stop early when ``signal`` arrives (preemption;
-        ``control`` is a group of every rank for the purpose). Default: a vote every step, read
-        ``stop_lag`` steps later, so every rank stops after the same step; right where every rank
-        takes the same steps. An algorithm whose ranks do not (Downpour) agrees by its messages."""
+        ``control`` is a group of every rank for the purpose). Default: votes a fraction of a
+        second apart, each read at least ``stop_lag`` steps later, so every rank stops after the
+        same step; right where every rank takes the same steps. An algorithm whose ranks do not
+        (Downpour) agrees by its messages."""
         return StepVote(control, signal, lag=self.stop_lag)
 
-    #: Steps between a vote and its reading (``stopper``): 1 costs no waiting where ranks step
-    #: together; an algorithm that lets ranks drift apart gives its bound, so the vote adds none.
+    #: The fewest steps between a vote and its reading (``stopper``): 1 costs no waiting where
+    #: ranks step together; an algorithm that lets ranks drift apart gives its bound.
     stop_lag: int = 1
 
     def close(self) -> None:

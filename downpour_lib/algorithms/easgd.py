@@ -35,6 +35,7 @@ from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import HEADER, Link, header, message_group
 from ..errors import ConfigError
 from ..options import check_workers
+from ..preempt import Unstoppable
 from .base import Roles
 from .localsgd import Periodic, PeriodicOptions
 from .ps_server import DATA, DONE, FETCH, FINAL, PUSH, PUSH_DATA, REQUEST
@@ -86,6 +87,11 @@ class EASGD(Periodic):
     name = "easgd"
     Options = EASGDOptions
     options: EASGDOptions
+
+    def stopper(self, control, signal):
+        if self.options.mode == "async":  # its server takes no steps to vote at
+            return Unstoppable(signal, "easgd with mode=async cannot stop early or checkpoint")
+        return super().stopper(control, signal)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         model = super().setup(model, optimizer)  # every rank, the server too: one start

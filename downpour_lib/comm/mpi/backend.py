@@ -92,6 +92,11 @@ def use_world(comm) -> None:
     _world = comm
 
 
+def world():
+    """The mpi4py communicator whose ranks are torch's ranks (``use_world``'s, or COMM_WORLD)."""
+    return _world if _world is not None else _mpi().COMM_WORLD
+
+
 def _mpi():
     """mpi4py's MPI module: importing it initializes MPI (with mpi4py's default, THREAD_MULTIPLE)."""
     try:
