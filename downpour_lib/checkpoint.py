@@ -47,7 +47,7 @@ SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "o
 #: other field): how long, where things go, how the ranks run and wait.
 NOT_THE_RUN = ("steps", "epochs", "eval_every", "eval_batch_size", "final_eval", "threads",
                "data_workers", "warmup_steps", "timeout_s", "output_dir", "checkpoint_dir",
-               "checkpoint_every", "resume", "preempt_signal", "requeue", "data_dir", "backend",
+               "checkpoint_every", "resume", "preempt_signal", "requeue", "trace", "data_dir", "backend",
                "device")
 
 

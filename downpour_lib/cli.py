@@ -87,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 #: the fields whose check fails only on the rank that writes there
-OUTPUT_FIELDS = ("output_dir", "checkpoint_dir", "summary_json")
+OUTPUT_FIELDS = ("output_dir", "checkpoint_dir", "summary_json", "trace")
 
 
 def _refuse(exc: Exception, speak: bool) -> int:

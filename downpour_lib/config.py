@@ -123,6 +123,10 @@ class TrainConfig:
                                "checkpoint of this configuration in checkpoint_dir, else from "
                                "scratch (the default of `downpour train` in a Slurm job)",
                                default=None)
+    trace: str | None = _help("write a timeline of every rank's steps here (trace.json: data, "
+                              "forward and backward, each bucket's allreduce, waits, updates, "
+                              "server updates, gossip; open it at https://ui.perfetto.dev)",
+                              default=None)
     preempt_signal: str = _help("this signal stops the run at the next step: the ranks agree, write "
                                 "one checkpoint and exit with status 75 (Slurm: sbatch "
                                 "--signal=USR2@120); USR2, USR1, TERM, INT, HUP, or none",

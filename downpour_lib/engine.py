@@ -17,6 +17,7 @@ write nothing).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint, preempt, provenance
+from . import checkpoint, preempt, provenance, trace
 from .algorithms import ALGORITHMS, Roles
 from .checkpoint import atomic_write_text
 from .comm.collectives import Comm
@@ -87,8 +88,9 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     the machine that submits a run to a cluster)."""
     algorithm = ALGORITHMS[config.algorithm]
     roles = config.options.roles(world_size)  # ConfigError if the world does not fit
-    if rank is None or rank == 0:  # rank 0 gathers the records and writes them
+    if rank is None or rank == 0:  # rank 0 gathers the records (and the trace) and writes them
         check_output_dir("output_dir", config.output_dir)
+        check_output_dir("trace", config.trace)
     if rank is None or rank == roles.evaluator:  # the evaluator writes the checkpoints
         check_output_dir("checkpoint_dir", config.checkpoint_dir)
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
@@ -211,6 +213,8 @@ class Trainer:
         self.config = config
         torch.set_num_threads(config.threads or default_threads(ctx))
         self.meter = Meter(ctx.device)
+        self.tracer = trace.Tracer(ctx.rank) if config.trace else None
+        self.meter.tracer = self.tracer
         self.comm = Comm(ctx, self.meter)
         self.algorithm = ALGORITHMS[config.algorithm](config.options, self.comm)
         self.roles = self.plan.roles
@@ -258,6 +262,8 @@ class Trainer:
             self.signal.clear()  # answered: a later run in this process starts clean
             raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path)
         self.t_start = time.perf_counter()
+        if self.tracer is not None:
+            self.tracer.t0 = self.t_start  # every rank's clock starts at the barrier
         stopped: _Stopped | None = None
         try:
             self.algorithm.start(steps)
@@ -347,6 +353,8 @@ class Trainer:
             algorithm.after_step(self.model)
             t0, t1, t2, t3 = clock.end()
             exposed = meter.exposed_backward_comm_s
+            if self.tracer is not None:
+                self._trace_step(step, t0, t1, t2, t3, exposed)
             extras = algorithm.step_metrics()
             extras["lr"] = self.optimizer.param_groups[0]["lr"]
             if self.config.slow_workers:
@@ -362,6 +370,17 @@ class Trainer:
                 bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
                 time_s=t3 - self.t_start, extras=extras)
             self._finish_step(record, point=True)
+
+    def _trace_step(self, step: int, t0: float, t1: float, t2: float, t3: float,
+                    exposed: float) -> None:
+        """The step's spans, from the marks its record is made of."""
+        span = self.tracer.span
+        span(f"step {step}", t0, t3)
+        span("data", t0, t1)
+        span("forward+backward", t1, t2)
+        span("update", t2, t3)  # the algorithm's hooks and the optimizer
+        if exposed:  # DDP's buckets: the part backward did not hide (its record counts it)
+            span("buckets: exposed wait", t2 - exposed, t2, "comm", account="comm")
 
     def _straggle(self, clock: StepClock) -> float:
         """Sleep (slowdown - 1) x the forward and backward just done; the seconds slept."""
@@ -383,6 +402,8 @@ class Trainer:
         last = self.step_records[-1].time_s if self.step_records else 0.0
         step_s = (now - self.t_start) - last
         index = update if step is None else step
+        if self.tracer is not None:
+            self.tracer.span(f"update {index}", now - step_s, now, "server")
         self._finish_step(StepRecord(
             rank=self.ctx.rank, role="server", step=index,
             epoch=index // self.plan.steps_per_epoch, samples=0, loss=float("nan"), data_s=0.0,
@@ -405,7 +426,8 @@ class Trainer:
         if (last and self.config.final_eval) or _every(step, self.config.eval_every):
             extras = self.algorithm.eval_metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
-                self._evaluate(step, extras)
+                with self.tracer.timed("evaluate") if self.tracer else contextlib.nullcontext():
+                    self._evaluate(step, extras)
         if self.stopper is not None and not last and self.stopper.at_point(step):
             self.progress.update(1)
             if self.config.checkpoint_dir:
@@ -438,16 +460,25 @@ class Trainer:
             final if over is None else over)
         if ranks is None:
             return
+        start = time.perf_counter()
         checkpoint.save(self.config.checkpoint_dir, checkpoint.assemble(
             completed, final, time.perf_counter() - self.t_start, self.config.to_dict(),
             self.ctx.world_size, model, ranks))
+        if self.tracer is not None:
+            self.tracer.span(f"checkpoint {completed}", start, time.perf_counter())
 
     # -- results -----------------------------------------------------------------------------
 
     def _gather(self, wall_s: float) -> RunResult | None:
-        gathered = self.comm.gather_object((self.step_records, self.eval_records), root=0)
+        events = self.tracer.export() if self.tracer is not None else None
+        gathered = self.comm.gather_object((self.step_records, self.eval_records, events), root=0)
         if gathered is None:
             return None
+        if self.config.trace:
+            trace.write(Path(self.config.trace) / "trace.json",
+                        [(r, f"rank {r} ({self.roles.role(r)})" + (
+                            f" on {self.ctx.hosts[r]}" if r < len(self.ctx.hosts) else ""), part[2])
+                         for r, part in enumerate(gathered)])
         steps, evals = frames([s for part in gathered for s in part[0]],
                               [e for part in gathered for e in part[1]])
         config = self.config.to_dict()

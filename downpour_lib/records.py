@@ -84,24 +84,28 @@ class Meter:
     exposed_backward_comm_s: float = 0.0  # comm that overlapped backward but was not hidden by it
     bytes_sent: int = 0
     bytes_received: int = 0
+    tracer: Any = field(default=None, repr=False)  # trace.Tracer: timed blocks become spans
 
     def reset(self) -> None:
         self.comm_s = self.wait_s = self.exposed_backward_comm_s = 0.0
         self.bytes_sent = self.bytes_received = 0
 
     @contextmanager
-    def timed(self, account: Literal["comm", "wait"]) -> Iterator[None]:
+    def timed(self, account: Literal["comm", "wait"], label: str | None = None) -> Iterator[None]:
+        """Time the block into ``account``; traced, it is a span named ``label`` (or the account)."""
         device_sync(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
             device_sync(self.device)
-            elapsed = time.perf_counter() - start
+            end = time.perf_counter()
             if account == "comm":
-                self.comm_s += elapsed
+                self.comm_s += end - start
             else:
-                self.wait_s += elapsed
+                self.wait_s += end - start
+            if self.tracer is not None:
+                self.tracer.span(label or account, start, end, "comm", account=account)
 
     def count(self, sent: int = 0, received: int = 0) -> None:
         self.bytes_sent += int(sent)

@@ -25,6 +25,7 @@ Distributed: Experiences on Accelerating Data Parallel Training"):
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,6 +175,12 @@ class GradientBuckets:
             bucket.wire.copy_(bucket.buffer)
             send = bucket.wire
         bucket.handle = self.comm.allreduce(send, async_op=True)
+        tracer = self.comm.meter.tracer if self.comm.meter is not None else None
+        if tracer is not None and bucket.handle._works:  # launch to completion, on its own track
+            start, index = time.perf_counter(), self.buckets.index(bucket)
+            bucket.handle._works[0].get_future().add_done_callback(
+                lambda _: tracer.span(f"bucket {index} allreduce", start, time.perf_counter(),
+                                      "buckets", bytes=nbytes(send)))
 
     def _poke(self) -> None:
         """Ask the oldest unfinished collective how it is doing: backends that progress only inside
@@ -191,7 +198,7 @@ class GradientBuckets:
         if self.micro < self.k - 1:
             self.micro += 1
             return False
-        with self.comm.timed("comm"):  # what backward did not hide
+        with self.comm.timed("comm", "buckets: exposed wait"):  # what backward did not hide
             for bucket in self.buckets:
                 bucket.pending = 0
             self._launch_ready()

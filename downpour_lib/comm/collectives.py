@@ -170,11 +170,13 @@ class Communicator:
 
     # -- the meter ----------------------------------------------------------------------------------
 
-    def timed(self, account: Account | None = "comm") -> AbstractContextManager[None]:
-        """A block whose time goes to ``account`` (no meter, or account None: nowhere)."""
+    def timed(self, account: Account | None = "comm",
+              label: str | None = None) -> AbstractContextManager[None]:
+        """A block whose time goes to ``account`` (no meter, or account None: nowhere); ``label``
+        names it in a trace."""
         if self.meter is None or account is None:
             return nullcontext()
-        return self.meter.timed(account)
+        return self.meter.timed(account, label)
 
     def count(self, sent: int = 0, received: int = 0) -> None:
         """Count bytes moved outside this communicator's collectives (e.g. by a thread's messages)."""
@@ -404,7 +406,7 @@ class Communicator:
                 self.meter.count(*collective_bytes(name, moved, self.size, self.rank, root))
             return Handle([work], finish, result)
         if metered:
-            with self.meter.timed(account):
+            with self.meter.timed(account, name):
                 call(False)
             self.meter.count(*collective_bytes(name, moved, self.size, self.rank, root))
         else:

@@ -34,8 +34,13 @@ def _metered_allreduce(state: _HookState,
     buffer.div_(comm.size)
     future = dist.all_reduce(buffer, group=comm.group, async_op=True).get_future()
 
+    start, tracer = state.last_launch, comm.meter.tracer if comm.meter is not None else None
+
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         state.last_done = time.perf_counter()
+        if tracer is not None:  # launch to completion, on its own track
+            tracer.span(f"bucket {bucket.index()} allreduce", start, state.last_done, "buckets",
+                        bytes=nbytes(buffer))
         return fut.value()[0]
 
     return future.then(finished)

@@ -76,7 +76,7 @@ class Gossip:
              account: Account = "comm") -> Exchange:
         if not self.comm.active:
             return Exchange([], [], [])
-        with self.comm.timed(account):
+        with self.comm.timed(account, "gossip: post"):
             posted = exchange(message, to, receive_from, tag)
         n = nbytes(message)  # point to point: one message per peer, no collective's share
         self.comm.count(sent=n * len(to), received=n * len(receive_from))
@@ -84,7 +84,7 @@ class Gossip:
 
     def complete(self, posted: Exchange, account: Account = "wait") -> list[torch.Tensor]:
         """Wait for ``posted``; the time counts in ``account`` (waiting on peers, by default)."""
-        with self.comm.timed(account):
+        with self.comm.timed(account, "gossip: exchange"):
             return posted.wait()
 
 

@@ -71,7 +71,7 @@ class Link:
         return dist.irecv(tensor, src=src, tag=tag, group=self.group)
 
     def wait(self, works: Sequence, account: Account = "wait") -> None:
-        with self.meter.timed(account):
+        with self.meter.timed(account, "messages"):
             for w in works:
                 w.wait()
 
@@ -85,7 +85,7 @@ class Link:
 
     def recv_any(self, tensor: torch.Tensor, tag: int, account: Account = "wait") -> int:
         """Receive the next message with ``tag`` from whichever rank sends first; its rank."""
-        with self.meter.timed(account):
+        with self.meter.timed(account, "receive (any rank)"):
             source = dist.recv(tensor, src=None, tag=tag, group=self.group)
         self.meter.count(received=nbytes(tensor))
         return int(source)
