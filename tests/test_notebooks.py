@@ -102,6 +102,9 @@ def test_01_train_sync_ps():
     summary = outputs(nb, "result = cluster.train(config)")
     assert "sync_ps" in summary and "world_size" in summary
     assert images(nb) == 2  # the curves and the breakdown
+    timeline = outputs(nb, "from dataclasses import replace")  # the trace: the server's updates too
+    assert "trace.json at https://ui.perfetto.dev" in timeline
+    assert all(kind in timeline for kind in ("forward+backward", "update N", "step N")), timeline
 
 
 def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
