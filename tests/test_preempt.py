@@ -2,10 +2,11 @@
 USR2 mid-run (`scancel --signal=USR2 --batch`, as Slurm's --signal=USR2@T or a preemption would),
 checkpointed, requeued by rank 0 (`scontrol requeue`) and resumed (`--resume auto`), to the end.
 
-Five jobs run at once on the one node (they are small): sync_ps and allreduce must end with the
-parameters of an uninterrupted run (1e-6); Downpour, whose servers' shards are in the checkpoint,
-must reach 0.90 on digits; a storm of signals through the checkpoint write must leave every
-checkpoint loadable; a signal before the first step must start the requeued run from scratch.
+Four jobs run at once on the one node (they are small): sync_ps and allreduce must end with the
+parameters of an uninterrupted run (1e-6), the allreduce one through a storm of signals across its
+checkpoint write, which must leave every checkpoint loadable; Downpour, whose servers' shards are in
+the checkpoint, must reach 0.90 on digits; a signal before the first step must start the requeued
+run from scratch.
 Slurm holds a requeued job for two minutes before it may start again; the test lets it start at
 once (`scontrol update StartTime=now`), which changes nothing else.
 
@@ -33,8 +34,7 @@ SYNC = ["--model=mlp", "--dataset=digits", "--steps=1500", "--batch-size=16", "-
         "--checkpoint-every=100", "--final-eval=false", "--backend=gloo"]
 JOBS = {  # name: (ranks, flags)
     "sync_ps": (3, ["--algorithm=sync_ps", *SYNC]),
-    "allreduce": (2, ["--algorithm=allreduce", *SYNC]),
-    "storm": (2, ["--algorithm=allreduce", *SYNC]),
+    "allreduce": (2, ["--algorithm=allreduce", *SYNC]),  # signalled by a storm
     "downpour": (3, ["--algorithm=downpour", "--servers=1", "--model=lenet", "--dataset=digits",
                      "--epochs=10", "--threads=1", "--checkpoint-every=50"]),
     "early": (2, ["--algorithm=allreduce", "--model=mlp", "--dataset=digits", "--steps=200",
@@ -72,7 +72,7 @@ def storm(job: str, stop: threading.Event) -> None:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    """Submit the five jobs, signal each at its moment, let each requeued one start at once;
+    """Submit the four jobs, signal each at its moment, let each requeued one start at once;
     name -> (state, log, directory)."""
     root = tmp_path_factory.mktemp("preempt")
     references = {name: subprocess.Popen(
@@ -106,10 +106,10 @@ def jobs(tmp_path_factory):
                     if due:
                         signalled.add(name)
                         scancel_usr2(env, job)
-                        if name == "storm":
+                        if name == "allreduce":
                             threading.Thread(target=storm, args=(job, stop_storm), daemon=True).start()
                 elif name not in hurried and requeued(env, job):
-                    if name == "storm":
+                    if name == "allreduce":
                         stop_storm.set()
                     hurried.add(name)
                     time.sleep(1.0)  # the storm's last signals are spent
@@ -170,16 +170,15 @@ def test_a_requeued_downpour_run_resumes_its_servers_and_reaches_90_percent(jobs
 
 
 def test_signals_through_the_checkpoint_write_leave_every_checkpoint_loadable(jobs):
-    state, log, root = jobs["storm"]
-    completed = assert_requeued_and_resumed("storm", state, log)
-    found = checkpoint.scan(ckpt_dir(root, "storm"))
+    """The allreduce job's signals came every few milliseconds until it left RUNNING: some in the
+    vote, some in the write, some after it (its final parameters are checked above)."""
+    state, log, root = jobs["allreduce"]
+    completed = assert_requeued_and_resumed("allreduce", state, log)
+    found = checkpoint.scan(ckpt_dir(root, "allreduce"))
     assert completed in [step for step, _ in found]
     for _, path in found:
         checkpoint.load(path)  # raises if torn
-    assert not list(ckpt_dir(root, "storm").glob(".ckpt-*"))  # no temporary file left behind
-    resumed, reference = final_model(ckpt_dir(root, "storm"), 1500), \
-        final_model(ckpt_dir(root / "reference", "allreduce"), 1500)
-    assert max((resumed[k] - reference[k]).abs().max().item() for k in reference) <= 1e-6
+    assert not list(ckpt_dir(root, "allreduce").glob(".ckpt-*"))  # no temporary file left behind
 
 
 def test_a_signal_before_the_first_step_starts_the_requeued_run_from_scratch(jobs):
