@@ -22,7 +22,7 @@ from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, wa
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
 from downpour_lib.cluster.profiles import profile_dir
-from downpour_lib.cluster.session import ClusterPreempted
+from downpour_lib.cluster.session import ClusterError, ClusterPreempted
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +128,16 @@ def preempted_and_resumed(cluster, env, tmp_path: Path, monkeypatch) -> None:
     cluster.restart_engines()  # a new engine job
     resumed = cluster.train(config).summary
     assert resumed["start_step"] == completed and resumed["total_steps"] == 3000
+    # the engine job ends under them (here cancelled; at a site, its time limit): the next call
+    # says how it ended and how to go on, not only that the engines are gone
+    job = cluster.slurm_job()
+    subprocess.run(["scancel", job], env=env, timeout=30)
+    deadline = time.monotonic() + 120
+    while cluster.client.ids and time.monotonic() < deadline:
+        time.sleep(0.5)
+    with pytest.raises(ClusterError, match=f"the engines' Slurm job {job} is CANCELLED "
+                                           r"\(it was cancelled\)\); call cluster.restart_engines"):
+        cluster.train(config)
 
 
 def test_multinode_sbatch_script(env, reference, tmp_path):

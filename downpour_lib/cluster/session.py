@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -313,10 +314,30 @@ class ClusterSession:
         registered = set(self.client.ids)
         gone = [rank for rank, e in self.engines.items() if e["engine_id"] not in registered]
         if gone:
+            ended = self.slurm_job_ended()
             raise ClusterError(
                 f"cannot run {what}: the engine(s) of rank(s) {', '.join(map(str, gone))} of "
-                f"{self.size} are gone (killed, crashed or their node lost); call "
-                "cluster.restart_engines() to start all the engines again, then run it again")
+                f"{self.size} are gone (" + (ended or "killed, crashed or their node lost") +
+                "); call cluster.restart_engines() to start all the engines again, then run it "
+                "again (a run with a checkpoint_dir resumes from its newest checkpoint)")
+
+    def slurm_job_ended(self) -> str | None:
+        """How the engines' Slurm job ended, if it did: "the engines' Slurm job 12 is TIMEOUT (it
+        reached its time limit)"; None if it runs, or there is none, or Slurm cannot say."""
+        job = self.slurm_job()
+        if job is None:
+            return None
+        try:
+            out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
+                                 text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        state = next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+        why = {"TIMEOUT": "it reached its time limit", "PREEMPTED": "the site preempted it",
+               "NODE_FAIL": "a node failed", "CANCELLED": "it was cancelled",
+               "FAILED": "it failed", "COMPLETED": "it ended", "OUT_OF_MEMORY": "out of memory",
+               "DEADLINE": "it reached its deadline"}
+        return f"the engines' Slurm job {job} is {state} ({why[state]})" if state in why else None
 
     def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
         from ipyparallel.error import RemoteError
@@ -351,6 +372,13 @@ class ClusterSession:
             results = self.run(remote.train, config.to_dict(), world_size, timeout_s=timeout_s,
                                what=f"{config.algorithm} on {world_size} rank(s)")
         except ClusterRunError as exc:
+            ended = self.slurm_job_ended()  # killed with the job at its limit, or preempted
+            if ended and not _preempted(exc, None):
+                raise ClusterPreempted(
+                    f"{ended}, and the run on its engines with it. To continue: "
+                    "cluster.restart_engines(), then train() with the same config: on Slurm engines "
+                    "it resumes from the newest checkpoint of that configuration in its "
+                    "checkpoint_dir (resume='auto'), if it wrote one") from exc
             raise _preempted(exc, self.slurm_job()) or exc from None
         return results[0]
 
