@@ -26,10 +26,12 @@ def _hold_early_preemption() -> None:
         elif arg.startswith("--preempt-signal="):
             name = arg.split("=", 1)[1]
     if name in ("USR2", "USR1", "TERM", "INT", "HUP"):
-        signal.signal(getattr(signal, f"SIG{name}"), lambda signum, frame: EARLY_SIGNALS.append(signum))
+        HELD.append(getattr(signal, f"SIG{name}"))
+        signal.signal(HELD[0], lambda signum, frame: EARLY_SIGNALS.append(signum))
 
 
 EARLY_SIGNALS: list[int] = []  # preemption signals held before the run's handler was installed
+HELD: list[int] = []  # the signal held (none: this is not `downpour train`)
 _hold_early_preemption()
 
 from .comm import runtime  # noqa: E402 -- after the signal is held

@@ -77,19 +77,38 @@ class StopSignal:
         """Handle signal ``name`` (one of ``SIGNALS``) by setting the flag; False if it cannot be
         done here (not the main thread, e.g. a worker thread of a notebook kernel)."""
         check_signal(name)
-        if name == "none" or name == self.installed:
-            return name != "none"
+        if name == "none":
+            self._release_early_hold()
+            return False
+        if name == self.installed:
+            return True
         if threading.current_thread() is not threading.main_thread():
             return False
         signum = getattr(signal, f"SIG{name}")
         signal.signal(signum, self._handle)
         self.installed = name
-        from . import EARLY_SIGNALS  # `downpour train` holds the signal while it starts
+        from . import EARLY_SIGNALS, HELD  # `downpour train` holds the signal while it starts
 
+        if HELD and HELD[0] != signum:  # held another (the flag's), given another by a config file
+            self._release_early_hold()
         if signum in EARLY_SIGNALS:
             self._handle(signum, None)
         EARLY_SIGNALS.clear()
+        HELD.clear()
         return True
+
+    @staticmethod
+    def _release_early_hold() -> None:
+        """preempt_signal=none (from a config file; the flag is seen at once): the signal
+        ``downpour train`` held while starting gets its default action back, and one that came
+        meanwhile is delivered again."""
+        from . import EARLY_SIGNALS, HELD
+
+        if HELD and threading.current_thread() is threading.main_thread():
+            signal.signal(HELD[0], signal.SIG_DFL)
+            if HELD[0] in EARLY_SIGNALS:
+                os.kill(os.getpid(), HELD[0])
+            HELD.clear()
 
     def _handle(self, signum: int, frame) -> None:
         # only a flag: the rank may be inside a collective, a push or a checkpoint write
