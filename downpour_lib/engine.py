@@ -258,7 +258,8 @@ class Trainer:
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
         if self.stopper is not None and preempt.vote(self.control, self.signal.requested()):
             self.progress.close()  # signalled while setting up: nothing new to save
-            self.control.close() if self.control is not None else None
+            if self.control is not None:
+                self.control.close()
             self.signal.clear()  # answered: a later run in this process starts clean
             raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path)
         self.t_start = time.perf_counter()
