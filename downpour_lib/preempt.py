@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from ._early import EARLY_SIGNALS, HELD  # `downpour train` holds the signal while it starts
 from .comm.collectives import Communicator
 from .comm.runtime import DistContext
 from .errors import ConfigError
@@ -87,8 +88,6 @@ class StopSignal:
         signum = getattr(signal, f"SIG{name}")
         signal.signal(signum, self._handle)
         self.installed = name
-        from . import EARLY_SIGNALS, HELD  # `downpour train` holds the signal while it starts
-
         if HELD and HELD[0] != signum:  # held another (the flag's), given another by a config file
             self._release_early_hold()
         if signum in EARLY_SIGNALS:
@@ -102,8 +101,6 @@ class StopSignal:
         """preempt_signal=none (from a config file; the flag is seen at once): the signal
         ``downpour train`` held while starting gets its default action back, and one that came
         meanwhile is delivered again."""
-        from . import EARLY_SIGNALS, HELD
-
         if HELD and threading.current_thread() is threading.main_thread():
             signal.signal(HELD[0], signal.SIG_DFL)
             if HELD[0] in EARLY_SIGNALS:
