@@ -102,17 +102,21 @@ def test_the_engine_job_script_carries_the_site_settings(tmp_path):
     script = (tmp_path / "slurm_engine-t.sbatch").read_text()
     for line in ("#SBATCH --ntasks=8", "#SBATCH --partition=gpu", "#SBATCH --account=proj1",
                  "#SBATCH --time=02:00:00", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4",
-                 "module load openmpi/5"):
+                 "#SBATCH --signal=B:USR2@120", "module load openmpi/5",
+                 """trap 'kill -USR2 "$engines" 2>/dev/null' USR2"""):  # preemption reaches the engines
         assert line in script.splitlines(), script
-    launch = script.splitlines()[-1].split()
-    assert launch[1:5] == ["-n", "8", "--bind-to", "none"] and launch[-4:] == [
-        "python", "-m", "ipyparallel.engine", "--mpi"]
+    launch = next(line for line in script.splitlines() if "ipyparallel.engine" in line).split()
+    assert launch[1:5] == ["-n", "8", "--bind-to", "none"] and launch[-5:] == [
+        "python", "-m", "ipyparallel.engine", "--mpi", "&"]
     assert stat.S_IMODE((tmp_path / "slurm_engine-t.sbatch").stat().st_mode) == 0o700
 
     launcher.mpi_launcher = "srun"
     launcher.write_batch_script(8)
-    last = (tmp_path / "slurm_engine-t.sbatch").read_text().splitlines()[-1]
-    assert last.startswith("srun --mpi=pmix python -m ipyparallel.engine --mpi")
+    script = (tmp_path / "slurm_engine-t.sbatch").read_text()
+    assert "srun --mpi=pmix python -m ipyparallel.engine --mpi &" in script.splitlines()
+    launcher.preempt_lead = 0
+    launcher.write_batch_script(8)
+    assert "#SBATCH --signal" not in (tmp_path / "slurm_engine-t.sbatch").read_text()
 
 
 def test_engines_per_node_is_for_batch_profiles_and_must_divide_the_engines():
