@@ -135,7 +135,7 @@ class Control:
 
     def __init__(self, ctx: DistContext) -> None:
         self.group: Communicator | None = None
-        self.mpi = None
+        self.mpi, self.timeout_s = None, ctx.timeout_s
         if ctx.backend == "mpi":
             from .comm.mpi import backend
 
@@ -151,10 +151,14 @@ class Control:
         if self.mpi is not None:
             from mpi4py import MPI
 
+            from .comm.mpi.liveness import wait_request
+
             out = torch.empty_like(flags)
             request = self.mpi.Iallreduce(flags.numpy(), out.numpy(), op=MPI.MAX)
+            # the job's timeout, and the heartbeat's word on a silent rank, as every MPI wait here;
             # the closure holds both buffers until MPI is done with them
-            return lambda: (request.Wait(), flags, out)[2]
+            return lambda: (wait_request(request, self.timeout_s, "the preemption vote"),
+                            flags, out)[2]
         work = self.group.allreduce(flags, op="max", async_op=True, account=None)
         return lambda: (work.wait(), flags)[1]
 
