@@ -47,8 +47,10 @@ STUDIES = ("scaling", "staleness", "gossip", "accuracy")
 #: The committed references, one directory per study, measured on the machine their rows name;
 #: a study run never writes here.
 REFERENCE_ROOT = "results/reference"
-#: Where a run writes or starts from, not what it computes: left out of its identity.
-NOT_IDENTITY = ("output_dir", "checkpoint_dir", "checkpoint_every", "resume")
+#: Where a run writes or starts from, and how it is stopped or watched, not what it computes:
+#: left out of its identity.
+NOT_IDENTITY = ("output_dir", "checkpoint_dir", "checkpoint_every", "resume", "trace",
+                "preempt_signal", "requeue")
 
 
 class StudyError(DownpourError):
