@@ -71,7 +71,6 @@ class StopSignal:
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self.received_at: float | None = None
         self.installed: str | None = None
 
     def install(self, name: str) -> bool:
@@ -109,8 +108,6 @@ class StopSignal:
 
     def _handle(self, signum: int, frame) -> None:
         # only a flag: the rank may be inside a collective, a push or a checkpoint write
-        if self.received_at is None:
-            self.received_at = time.time()
         self._event.set()
 
     def requested(self) -> bool:
@@ -119,7 +116,6 @@ class StopSignal:
     def clear(self) -> None:
         """Forget a signal (a run that was stopped by it is over; the next one starts clean)."""
         self._event.clear()
-        self.received_at = None
 
 
 #: The flag of this process; ``Trainer`` installs its handler, the agreement reads it.

@@ -83,6 +83,12 @@ class ClusterPreempted(DownpourError):
     time limit, or the site preempts it), after writing its checkpoint."""
 
 
+#: What a notebook does after a preemption (or the engine job's end), said by both errors.
+CONTINUE = ("To continue: cluster.restart_engines() (a new engine job for slurm-mpi), then call "
+            "train() with the same config: on Slurm engines it resumes from the newest checkpoint "
+            "of that configuration in its checkpoint_dir (resume='auto')")
+
+
 def _preempted(exc: ClusterRunError, job: str | None) -> ClusterPreempted | None:
     """The ``ClusterPreempted`` a failed run is, if its ranks stopped for a preemption signal."""
     stopped = [f for f in exc.failures if f.error.startswith("Preempted: ")]
@@ -92,9 +98,7 @@ def _preempted(exc: ClusterRunError, job: str | None) -> ClusterPreempted | None
     where = f"the engines' Slurm job {job}" if job else "the engines"
     return ClusterPreempted(
         f"{where} got the preemption signal (its time limit is near, or the site preempts it), so "
-        f"the run stopped: {what}. To continue: cluster.restart_engines() (a new engine job for "
-        "slurm-mpi), then call train() with the same config: on Slurm engines it resumes from the "
-        "newest checkpoint of that configuration in its checkpoint_dir (resume='auto').")
+        f"the run stopped: {what}. {CONTINUE}.")
 
 
 class ClusterTimeout(DownpourError):
@@ -372,14 +376,12 @@ class ClusterSession:
             results = self.run(remote.train, config.to_dict(), world_size, timeout_s=timeout_s,
                                what=f"{config.algorithm} on {world_size} rank(s)")
         except ClusterRunError as exc:
-            ended = self.slurm_job_ended()  # killed with the job at its limit, or preempted
-            if ended and not _preempted(exc, None):
-                raise ClusterPreempted(
-                    f"{ended}, and the run on its engines with it. To continue: "
-                    "cluster.restart_engines(), then train() with the same config: on Slurm engines "
-                    "it resumes from the newest checkpoint of that configuration in its "
-                    "checkpoint_dir (resume='auto'), if it wrote one") from exc
-            raise _preempted(exc, self.slurm_job()) or exc from None
+            preempted = _preempted(exc, self.slurm_job())
+            ended = None if preempted else self.slurm_job_ended()  # killed with the job
+            if ended:
+                raise ClusterPreempted(f"{ended}, and the run on its engines with it. {CONTINUE}, "
+                                       "if it wrote one.") from exc
+            raise preempted or exc from None
         return results[0]
 
     def slurm_job(self) -> str | None:
