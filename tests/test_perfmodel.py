@@ -26,7 +26,7 @@ from downpour_lib.study.netmodel import (
     ps_transfer_s,
     ring_allreduce_s,
 )
-from downpour_lib.study.perfmodel import Calibration, Workload, predict
+from downpour_lib.study.perfmodel import Calibration, Workload, modelled_options, predict
 from downpour_lib.study.presets import PARAMETERS, PRESETS, published_checks
 
 REFERENCE = ROOT / "results" / "reference" / "scaling" / "runs.csv"
@@ -75,6 +75,21 @@ def test_bucket_pipeline_hides_what_backward_outlasts_and_never_the_last_bucket(
     assert pipeline_exposed_s(0.1, 4, 1.0) == pytest.approx(0.025)  # long backward: the last one
     # communication-bound: 4 buckets of 1 s, ready every 0.25 s -> done at 0.25 + 4
     assert pipeline_exposed_s(4.0, 4, 1.0) == pytest.approx(0.25 + 4 - 1)
+
+
+def test_gossip_fanout_is_read_from_the_options_the_algorithms_take():
+    """A run's summary says --peers-per-step and --topology the way SGP and D-PSGD take them
+    (options.peers_per_step, options.topology); the model sends to as many peers."""
+    cal, one = toy(overlap=0.0), LINK.transfer_s(100e6)
+    row = {"options.topology": "exponential", "options.peers_per_step": 2.0, "options.lr": 0.1}
+    assert modelled_options(row) == {"topology": "exponential", "peers_per_step": 2}
+    assert predict(cal, "sgp", 8, "m", modelled_options(row)).comm_s == pytest.approx(2 * one)
+    assert predict(cal, "sgp", 8, "m", {"topology": "ring"}).comm_s == pytest.approx(2 * one)
+    assert predict(cal, "sgp", 8, "m", {"topology": "complete"}).comm_s == pytest.approx(7 * one)
+    assert predict(cal, "dpsgd", 2, "m").comm_s == pytest.approx(one)  # a ring of two: one peer
+    assert predict(cal, "sgp", 4, "m", {"peers_per_step": 9}).comm_s == pytest.approx(3 * one)
+    with pytest.raises(ConfigError, match="topology.*torus.*exponential, ring or complete"):
+        predict(cal, "sgp", 8, "m", {"topology": "torus"})
 
 
 def test_predictions_reduce_to_their_references():

@@ -45,13 +45,14 @@ DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "localsgd": {"period": 4}, "slowmo": {"period": 4}, "easgd": {"period": 4, "mode": "sync"},
     "diloco": {"period": 20}, "sync_ps": {"servers": 1}, "downpour": {"servers": 1, "n_fetch": 1,
                                                                    "n_push": 1},
-    "sgp": {"peers": 1}, "osgp": {"peers": 1}, "dpsgd": {"peers": 2},
+    "sgp": {"topology": "exponential", "peers_per_step": 1},
+    "osgp": {"topology": "exponential", "peers_per_step": 1}, "dpsgd": {"topology": "ring"},
 }
 
 
 #: the options a prediction reads (others, e.g. a learning rate, do not change a step's time)
-MODELLED_OPTIONS = ("servers", "n_fetch", "n_push", "period", "mode", "peers", "max_lag",
-                    "max_staleness", "warmstart", "slow_workers", "slowdown")
+MODELLED_OPTIONS = ("servers", "n_fetch", "n_push", "period", "mode", "topology", "peers_per_step",
+                    "max_lag", "max_staleness", "warmstart", "slow_workers", "slowdown")
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,16 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
     return {**DEFAULT_OPTIONS.get(algorithm, {}), **(options or {})}
 
 
+def gossip_peers(workers: int, opts: Mapping[str, Any]) -> int:
+    """How many others a gossip worker sends its model to per step, from the options SGP, OSGP and
+    D-PSGD take: the exponential graph's ``peers_per_step``, a ring's two neighbours, or everyone."""
+    topology = opts.get("topology", "exponential")
+    fanout = {"exponential": opts.get("peers_per_step", 1), "ring": 2, "complete": workers - 1}
+    if topology not in fanout:
+        raise ConfigError("topology", topology, "exponential, ring or complete")
+    return min(int(fanout[topology]), workers - 1)
+
+
 def bucketed_allreduce_s(workers: int, w: Workload, cal: Calibration) -> tuple[float, float]:
     """(all of the allreduce, what of it backward does not hide) for one step's gradients."""
     buckets = max(1, math.ceil(w.param_bytes / cal.bucket_bytes))
@@ -183,7 +194,7 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
         exposed = 2 * ps_transfer_s(workers, m, opts["servers"], net)
         sent = m
     elif algorithm in GOSSIP:
-        peers = min(opts["peers"], workers - 1)
+        peers = gossip_peers(workers, opts)
         comm = gossip_s(m, peers, net.path(workers))
         exposed = max(0.0, comm - c) if algorithm == "osgp" else comm
         sent = peers * m
