@@ -9,6 +9,7 @@ DOWNPOUR_REQUIRE_SLURM=1 (CI), where a skip fails.
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -242,6 +243,28 @@ def test_scancel_leaves_no_process_on_any_node(env, tmp_path):
     subprocess.run(["scancel", job], env=env, check=True, timeout=30)
     wait_until(lambda: not job_processes(job), 30, "every process of the cancelled job gone")
     wait_until(lambda: not squeue(env, "%i"), 30, "the queue empty")
+
+
+def test_a_signal_to_the_job_steps_under_mpiexec_preempts_and_requeues(env, tmp_path):
+    """--signal=USR2@T (no B:) signals the job's steps, not the batch shell: under mpiexec that is
+    Open MPI's daemon on node2 (srun started it) and node2's rank, not mpiexec and node1's rank. The
+    daemon, started ignoring USR2, lives; the rank's flag stops both ranks at one step, with one
+    checkpoint and a requeue (the daemon used to die of the signal, and the job with it)."""
+    job = submit(env, tmp_path, "mpiexec", LONG + [f"--checkpoint-dir={tmp_path / 'ckpt'}"])
+    try:
+        wait_until(training(tmp_path, job), 120, "training under way")
+        subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True, timeout=30)
+        log = tmp_path / "job.out"
+        ended = ("requeued Slurm job", "lost communication with a remote daemon")
+        wait_until(lambda: any(e in log.read_text(errors="replace") for e in ended), 60, "the end")
+        text = log.read_text(errors="replace")
+        assert ended[1] not in text and ended[0] in text, text
+        wait_until(lambda: job_state(env, job) == "PENDING", 30, "the job back in the queue")
+    finally:
+        subprocess.run(["scancel", job], env=env, timeout=30)
+    step = int(re.search(r"preempted after (\d+) of 1000000 steps; checkpoint (\S+)", text)[1])
+    assert (tmp_path / "ckpt" / f"ckpt-{step:08d}.pt").is_file(), text
+    wait_until(lambda: not job_processes(job), 30, "every process of the job gone")
 
 
 def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sandbox, env, tmp_path):
