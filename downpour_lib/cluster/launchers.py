@@ -29,7 +29,8 @@ TEMPLATE = """#!/bin/bash
 {sbatch_lines}
 {setup_lines}
 # In the background, so that this shell can pass a USR2 (--signal=B:USR2@T: the time limit is near,
-# or the site preempts the job) on to the engines: a run on them checkpoints and stops.
+# or a preemption where the site sets PreemptParameters=send_user_signal) on to the engines: a run on
+# them checkpoints and stops.
 {launch} {program_and_args} &
 engines=$!
 trap 'kill -USR2 "$engines" 2>/dev/null' USR2
