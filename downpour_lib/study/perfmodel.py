@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..topology import exponential_offsets, make_topology
 from .netmodel import Network, allreduce_s, gossip_s, pipeline_exposed_s, ps_transfer_s
 
 MIB = 1 << 20
@@ -153,13 +154,13 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
 
 
 def gossip_peers(workers: int, opts: Mapping[str, Any]) -> int:
-    """How many others a gossip worker sends its model to per step, from the options SGP, OSGP and
-    D-PSGD take: the exponential graph's ``peers_per_step``, a ring's two neighbours, or everyone."""
-    topology = opts.get("topology", "exponential")
-    fanout = {"exponential": opts.get("peers_per_step", 1), "ring": 2, "complete": workers - 1}
-    if topology not in fanout:
-        raise ConfigError("topology", topology, "exponential, ring or complete")
-    return min(int(fanout[topology]), workers - 1)
+    """How many others a gossip worker sends its model to per step: the out-peers of the graph the
+    run builds from its ``topology`` and ``peers_per_step`` (at a sweep's small N, where the
+    exponential graph has fewer hops than asked for, all of them)."""
+    name, per_step = opts.get("topology", "exponential"), int(opts.get("peers_per_step", 1))
+    if name == "exponential":
+        per_step = min(per_step, max(1, len(exponential_offsets(workers))))
+    return len(make_topology(name, workers, per_step).out_peers(0, 0))
 
 
 def bucketed_allreduce_s(workers: int, w: Workload, cal: Calibration) -> tuple[float, float]:
