@@ -145,7 +145,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     with runtime.abort_on_error():
         ctx = runtime.init(config.backend, config.device, config.timeout_s)
         try:
-            result = Trainer(config, ctx, splits, plan).run()
+            result = Trainer(config, ctx, splits, plan, log_progress=True).run()
         except preempt.Preempted as stop:
             return _preempted(stop, config, ctx)
         if result is not None:

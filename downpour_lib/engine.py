@@ -31,9 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
-
 from . import checkpoint, preempt, provenance, trace
+from .progress import progress
 from .algorithms import ALGORITHMS, Roles
 from .checkpoint import atomic_write_text
 from .comm.collectives import Comm
@@ -200,8 +199,11 @@ class Trainer:
     """One rank's part of a run. ``run()`` returns the full ``RunResult`` on rank 0, None elsewhere."""
 
     def __init__(self, config: TrainConfig, ctx: DistContext, splits: Splits | None = None,
-                 plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = ()) -> None:
-        self.ctx, self.callbacks = ctx, list(callbacks)
+                 plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = (),
+                 log_progress: bool = False) -> None:
+        """``log_progress``: where the reporting rank's stderr is not a terminal, print a
+        progress line now and then (``progress.ProgressLines``; the command line's batch logs)."""
+        self.ctx, self.callbacks, self.log_progress = ctx, list(callbacks), log_progress
         self.splits = splits or load_dataset(config.dataset, config.data_dir)
         self.plan = plan or plan_run(config, ctx.world_size, self.splits.train,
                                      warn if ctx.rank == 0 else quiet)
@@ -251,9 +253,11 @@ class Trainer:
     # -- the loops ---------------------------------------------------------------------------
 
     def run(self) -> RunResult | None:
-        show = self.ctx.rank == self.roles.evaluator and sys.stderr.isatty()
-        self.progress = tqdm(total=self.plan.total_steps, initial=self.start_step, disable=not show,
-                             desc=f"{self.config.algorithm} x{len(self.roles.workers)}")
+        workers = len(self.roles.workers)
+        self.progress = progress(self.plan.total_steps, self.start_step,
+                                 f"{self.config.algorithm} x{workers}",
+                                 self.config.batch_size * workers,
+                                 self.ctx.rank == self.roles.evaluator, self.log_progress)
         steps = range(self.start_step, self.plan.total_steps)
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
         if self.stopper is not None and preempt.vote(self.control, self.signal.requested()):
@@ -263,6 +267,7 @@ class Trainer:
             self.signal.clear()  # answered: a later run in this process starts clean
             raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path)
         self.t_start = time.perf_counter()
+        self.progress.start()
         if self.tracer is not None:
             self.tracer.t0 = self.t_start  # every rank's clock starts at the barrier
         stopped: _Stopped | None = None
@@ -424,6 +429,8 @@ class Trainer:
         if not point:
             return
         step, last = record.step, record.step + 1 == self.plan.total_steps
+        if record.role == "worker":
+            self.progress.set_loss(record.loss)
         if (last and self.config.final_eval) or _every(step, self.config.eval_every):
             extras = self.algorithm.eval_metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
@@ -437,8 +444,6 @@ class Trainer:
         if self.config.checkpoint_dir and (last or _every(step, self.config.checkpoint_every)):
             self._checkpoint(step + 1, final=last)
         self.progress.update(1)
-        if record.role == "worker":
-            self.progress.set_postfix(loss=f"{record.loss:.3f}", refresh=False)
 
     def _evaluate(self, step: int, extras: dict[str, float]) -> None:
         with self.algorithm.eval_parameters(self.model) as model:
