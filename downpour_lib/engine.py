@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from . import checkpoint, preempt, provenance, trace
-from .progress import progress
 from .algorithms import ALGORITHMS, Roles
 from .checkpoint import atomic_write_text
 from .comm.collectives import Comm
@@ -41,10 +41,11 @@ from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
 from .data.loader import TrainBatches, eval_batches, loader_batches
 from .data.sources import ImageSource
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, Diverged
 from .models import build_model
 from .paths import check_output_dir
 from .precision import LossScaler, autocast
+from .progress import progress
 from .records import (
     EvalRecord,
     Meter,
@@ -365,8 +366,10 @@ class Trainer:
             extras["lr"] = self.optimizer.param_groups[0]["lr"]
             if self.config.slow_workers:
                 extras["slowed_s"] = slowed
+            floor = False  # fp16: overflowed at the smallest scale, which no halving can fix
             if scaler is not None:
                 extras.update(loss_scale=scaler.scale, skipped=float(skip))
+                floor = skip and scaler.scale <= 1.0
                 scaler.update(skip)
             record = StepRecord(
                 rank=self.ctx.rank, role="worker", step=step, epoch=epoch, samples=len(indices),
@@ -375,6 +378,7 @@ class Trainer:
                 update_s=max(0.0, t3 - t2 - meter.comm_s - meter.wait_s), step_s=t3 - t0,
                 bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
                 time_s=t3 - self.t_start, extras=extras)
+            _check_finite(record, skip, floor)  # before a diverged model is evaluated or saved
             self._finish_step(record, point=True)
 
     def _trace_step(self, step: int, t0: float, t1: float, t2: float, t3: float,
@@ -519,6 +523,23 @@ class _Stopped(Exception):  # noqa: N818 -- control flow: the loop ends at an ag
     def __init__(self, completed: int) -> None:
         super().__init__(completed)
         self.completed = completed
+
+
+def _check_finite(record: StepRecord, skipped: bool, floor: bool) -> None:
+    """Raise ``Diverged`` at a worker's first non-finite loss. Under fp16 a step skipped for
+    overflow is the loss scale's business, not divergence, unless the scale is already at its
+    floor: then no halving can help, and the run would skip every step to its end.
+
+    No rank asks another: the loss is read here anyway, so the check costs nothing per step, and
+    the rank that raises ends the job (``runtime.abort_on_error``: MPI_Abort, or the launcher and
+    the process group's timeout) as any rank's failure does, so none is left waiting. Where the
+    ranks average gradients or parameters, a NaN reaches every worker within a step, so their
+    errors name the same step (seen with sync_ps and allreduce on 3 ranks)."""
+    if floor:
+        raise Diverged(record.step, record.rank, "fp16 gradients overflow even at the smallest "
+                                                 f"loss scale, 1 (train loss {record.loss})")
+    if not skipped and not math.isfinite(record.loss):
+        raise Diverged(record.step, record.rank, f"the train loss is {record.loss}")
 
 
 def _every(step: int, every: int) -> bool:

@@ -31,6 +31,16 @@ class CheckpointError(DownpourError):
     """A checkpoint file is unreadable, incomplete, or not a downpour checkpoint."""
 
 
+class Diverged(DownpourError, FloatingPointError):
+    """Training diverged: a worker's loss is not finite (or, in fp16, its gradients overflow even
+    at the smallest loss scale). ``step`` and ``rank`` say where it was seen first."""
+
+    def __init__(self, step: int, rank: int, why: str) -> None:
+        self.step, self.rank = step, rank
+        super().__init__(f"training diverged at step {step} on rank {rank}: {why}; lower the "
+                         "learning rate (lr) or warm it up (lr_warmup_epochs)")
+
+
 def unknown_name(field: str, value: Any, choices: Iterable[str]) -> ConfigError:
     """The error for a name that is not in a registry; lists the valid names."""
     return ConfigError(field, value, "choose one of " + ", ".join(sorted(choices)))

@@ -1,10 +1,15 @@
-"""What a run tells its user: progress in a batch log."""
+"""What a run tells its user: progress in a batch log, divergence as an error."""
 
 import io
 import re
 
-from conftest import BIN, explain, mpiexec
+import pytest
+import torch
+from conftest import BIN, downpour, explain, mpiexec
 
+from downpour_lib import TrainConfig, Trainer
+from downpour_lib.comm.runtime import DistContext
+from downpour_lib.errors import Diverged
 from downpour_lib.progress import ProgressLines
 
 LINE = re.compile(r"^downpour: allreduce x2: step (\d+) of (\d+) \((\d+)%\), ([\d.]+) samples/s, "
@@ -54,3 +59,47 @@ def test_progress_lines_are_at_least_a_second_apart(monkeypatch):
         progress.update()
     # 10 s in all: one line a second at most (the tenths come every second), and the last step
     assert 2 <= out.getvalue().count("\n") <= 11 and "step 1000 of 1000" in out.getvalue()
+
+
+# -- divergence ----------------------------------------------------------------------------------
+
+DIVERGING = dict(algorithm="sync_ps", model="mlp", dataset="digits", lr=1000.0, threads=1,
+                 batch_size=32, warmup_steps=0, final_eval=False, seed=0)
+
+
+def test_divergence_stops_at_the_first_non_finite_loss_in_one_process():
+    with pytest.raises(Diverged, match=r"training diverged at step \d+ on rank 0: the train loss "
+                                       r"is (nan|inf)") as info:
+        Trainer(TrainConfig(steps=40, **DIVERGING), DistContext.single()).run()
+    first = info.value.step
+    assert info.value.rank == 0 and first >= 1
+    # the reference: the same run cut just before that step trains with finite losses throughout
+    result = Trainer(TrainConfig(steps=first, **DIVERGING), DistContext.single()).run()
+    assert result.steps.loss.notna().all() and torch.isfinite(
+        torch.tensor(result.steps.loss.to_numpy())).all()
+
+
+def test_fp16_divergence_ends_when_the_loss_scale_can_fall_no_further():
+    """fp16 skips an overflowed step (the scale halves) rather than calling it divergence; only
+    when the scale is at its floor (1) and the step still overflows does the run end."""
+    with pytest.raises(Diverged, match="fp16 gradients overflow even at the smallest loss scale"
+                       ) as info:
+        Trainer(TrainConfig(steps=200, precision="fp16", **DIVERGING), DistContext.single()).run()
+    before = Trainer(TrainConfig(steps=info.value.step, precision="fp16", **DIVERGING),
+                     DistContext.single())
+    steps = before.run().steps
+    # the steps before it ran to the end: overflowed ones skipped, halving the scale down to 1
+    assert steps.skipped.sum() >= 16 and before.scaler.scale == 1.0
+
+
+@pytest.mark.parametrize("ranks, algorithm", [(1, "sync_ps"), (3, "sync_ps")])
+def test_lr_1000_exits_non_zero_naming_the_step_and_rank(ranks, algorithm):
+    args = ["train", "--algorithm", algorithm, "--lr", "1000", "--steps", "60", *TINY]
+    proc = downpour(*args) if ranks == 1 else mpiexec(ranks, str(BIN / "downpour"), *args,
+                                                      timeout=300)
+    assert proc.returncode != 0, explain(proc)
+    found = re.findall(r"training diverged at step (\d+) on rank (\d+): the train loss is", proc.stderr)
+    assert found, explain(proc)
+    workers = {"0"} if ranks == 1 else ({"1", "2"} if algorithm == "sync_ps" else {"0", "1", "2"})
+    assert all(int(step) < 59 and rank in workers for step, rank in found), explain(proc)
+    assert "final train loss" not in proc.stdout, explain(proc)
