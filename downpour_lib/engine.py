@@ -88,6 +88,8 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     the machine that submits a run to a cluster)."""
     algorithm = ALGORITHMS[config.algorithm]
     roles = config.options.roles(world_size)  # ConfigError if the world does not fit
+    if len(roles.workers) == 1 and algorithm.one_worker:
+        report(f"{config.algorithm} with one worker: {algorithm.one_worker}")
     if rank is None or rank == 0:  # rank 0 gathers the records (and the trace) and writes them
         check_output_dir("output_dir", config.output_dir)
         check_output_dir("trace", config.trace)

@@ -1,4 +1,6 @@
-"""What a run tells its user: progress in a batch log, divergence as an error."""
+"""What a run tells its user: progress in a batch log, divergence as an error, and the settings
+that used to run quietly as something else (one worker, an empty checkpoint directory, a resume).
+"""
 
 import io
 import re
@@ -7,8 +9,9 @@ import pytest
 import torch
 from conftest import BIN, downpour, explain, mpiexec
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, Trainer, plan_run
 from downpour_lib.comm.runtime import DistContext
+from downpour_lib.data import load_dataset
 from downpour_lib.errors import Diverged
 from downpour_lib.progress import ProgressLines
 
@@ -100,6 +103,30 @@ def test_lr_1000_exits_non_zero_naming_the_step_and_rank(ranks, algorithm):
     assert proc.returncode != 0, explain(proc)
     found = re.findall(r"training diverged at step (\d+) on rank (\d+): the train loss is", proc.stderr)
     assert found, explain(proc)
-    workers = {"0"} if ranks == 1 else ({"1", "2"} if algorithm == "sync_ps" else {"0", "1", "2"})
+    workers = {"0"} if ranks == 1 else {"1", "2"}  # rank 0 is sync_ps's server
     assert all(int(step) < 59 and rank in workers for step, rank in found), explain(proc)
     assert "final train loss" not in proc.stdout, explain(proc)
+
+
+# -- settings that ran quietly as something else -------------------------------------------------
+
+@pytest.mark.parametrize("algorithm, world, warned", [
+    ("downpour", 1, "sequential SGD"), ("downpour", 2, "sequential SGD"),
+    ("adpsgd", 1, "plain SGD"), ("downpour", 3, None), ("adpsgd", 2, None),
+    ("allreduce", 1, None)])
+def test_asynchronous_algorithms_with_one_worker_say_what_they_are(algorithm, world, warned):
+    said = []
+    plan_run(TrainConfig(algorithm=algorithm, model="mlp", dataset="digits", steps=5,
+                         warmup_steps=0), world, load_dataset("digits").train, said.append)
+    if warned is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0].startswith(f"{algorithm} with one worker: ") \
+            and warned in said[0] and "launch" in said[0], said
+
+
+def test_downpour_on_one_rank_warns_on_the_command_line():
+    proc = downpour("train", "--algorithm", "downpour", "--steps", "3", "--warmup-steps", "0",
+                    *TINY)
+    assert proc.returncode == 0, explain(proc)
+    assert "downpour train: warning: downpour with one worker: " in proc.stderr, explain(proc)

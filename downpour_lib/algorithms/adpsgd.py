@@ -152,6 +152,8 @@ class ADPSGD(Decentralized):
     name = "adpsgd"
     Options = ADPSGDOptions
     options: ADPSGDOptions
+    one_worker = ("it has no peer to average with, so this run is plain SGD, not AD-PSGD; "
+                  "launch an even number of ranks (2 or more) to measure AD-PSGD")
 
     @property
     def stop_lag(self) -> int:  # training may run max_lag steps ahead of its partners' rounds

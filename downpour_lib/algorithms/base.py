@@ -37,6 +37,10 @@ class Algorithm:
     #: optimizer's own), and whether fp16 loss scaling is on (``precision``).
     lr_at: Callable[[int], float] | None = None
     loss_scaling: bool = False
+    #: What the algorithm becomes with one worker, where that is not what its name promises
+    #: (``plan_run`` warns with it): every algorithm runs at world size 1, but an asynchronous
+    #: one then has nothing to be asynchronous with.
+    one_worker: ClassVar[str] = ""
 
     def __init__(self, options: AlgorithmOptions, comm: Comm) -> None:
         self.options, self.comm = options, comm

@@ -98,6 +98,9 @@ class Downpour(Algorithm):
     name = "downpour"
     Options = DownpourOptions
     options: DownpourOptions
+    one_worker = ("it pushes and fetches in turn, never stale, so this run is sequential SGD "
+                  "with the server's optimizer, not asynchronous Downpour; launch 2 or more "
+                  "workers to measure Downpour")
 
     @classmethod
     def check_plan(cls, options: DownpourOptions, roles: Roles, model: nn.Module,
