@@ -195,6 +195,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                           "for a run that has not written one yet)")
     if not args.watch and (args.until_step or args.timeout_s):
         raise ConfigError("watch", False, "--until-step and --timeout-s only apply with --watch")
+    from .checkpoint import scan
+
+    if not args.watch and not scan(args.checkpoint_dir):
+        raise ConfigError("checkpoint_dir", args.checkpoint_dir,
+                          "holds no checkpoint: expected files named ckpt-<step>.pt, which "
+                          "`downpour train --checkpoint-dir DIR` writes; give a run's "
+                          "checkpoint_dir (or --watch to wait for a run that has not written one)")
     import torch
 
     torch.set_num_threads(args.threads)  # few: the cores belong to the training it watches
@@ -203,6 +210,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if stopped == "timeout":
         print(f"downpour evaluate: stopped after {args.timeout_s} s without the final checkpoint",
               flush=True)
+    csv = args.csv or os.path.join(args.checkpoint_dir, "evals.csv")
+    if stopped == "scored before":
+        print(f"downpour evaluate: nothing new: the checkpoints in {args.checkpoint_dir} are "
+              f"scored in {csv} already", flush=True)
+    if stopped == "unreadable":
+        print(f"downpour evaluate: error: no checkpoint in {args.checkpoint_dir} could be read "
+              "(each is named above)", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

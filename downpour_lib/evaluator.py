@@ -125,10 +125,14 @@ class Evaluator:
 def run(directory: str, csv: str | None = None, watch: bool = False, poll_s: float = 2.0,
         until_step: int | None = None, timeout_s: float | None = None, device: str = "cpu",
         batch_size: int = 512, data_dir: str | None = None) -> str:
-    """Score ``directory``'s checkpoints into ``csv`` (default: DIR/evals.csv), once or watching."""
+    """Score ``directory``'s checkpoints into ``csv`` (default: DIR/evals.csv), once or watching.
+    Once: "once" if it scored any; if none, "scored before" if some are in the CSV already (the
+    others, if any, were reported unreadable), "unreadable" if none is."""
     evaluator = Evaluator(Path(directory), Path(csv) if csv else Path(directory) / "evals.csv",
                           torch.device(device), batch_size, data_dir)
     if not watch:
-        evaluator.poll()
-        return "once"
+        if evaluator.poll():
+            return "once"
+        present = {step for step, _ in checkpoint.scan(directory)}
+        return "scored before" if present & evaluator.scored else "unreadable"
     return evaluator.watch(poll_s, until_step, timeout_s)

@@ -5,11 +5,13 @@ that used to run quietly as something else (one worker, an empty checkpoint dire
 import io
 import re
 
+import pandas as pd
 import pytest
 import torch
 from conftest import BIN, downpour, explain, mpiexec
 
 from downpour_lib import TrainConfig, Trainer, plan_run
+from downpour_lib.cli import main
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
 from downpour_lib.errors import Diverged
@@ -130,3 +132,29 @@ def test_downpour_on_one_rank_warns_on_the_command_line():
                     *TINY)
     assert proc.returncode == 0, explain(proc)
     assert "downpour train: warning: downpour with one worker: " in proc.stderr, explain(proc)
+
+
+def test_evaluate_on_a_directory_without_checkpoints_exits_2(tmp_path, capsys):
+    assert main(["evaluate", "--checkpoint-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint_dir='{tmp_path}' is not valid: holds no checkpoint: expected files " \
+           "named ckpt-<step>.pt" in err, err
+
+
+def test_evaluate_says_when_nothing_is_new_and_fails_when_nothing_reads(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    Trainer(TrainConfig(algorithm="local", model="mlp", dataset="digits", steps=4, threads=1,
+                        warmup_steps=0, final_eval=False, checkpoint_dir=str(ckpt),
+                        checkpoint_every=2), DistContext.single()).run()
+    assert main(["evaluate", "--checkpoint-dir", str(ckpt)]) == 0
+    assert "step 4: test loss" in capsys.readouterr().out
+    assert len(pd.read_csv(ckpt / "evals.csv")) == 2
+    assert main(["evaluate", "--checkpoint-dir", str(ckpt)]) == 0  # the CSV has both already
+    assert f"nothing new: the checkpoints in {ckpt} are scored in {ckpt / 'evals.csv'} already" \
+        in capsys.readouterr().out
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "ckpt-00000002.pt").write_bytes(b"not a checkpoint")
+    assert main(["evaluate", "--checkpoint-dir", str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert "skipping" in err and f"no checkpoint in {broken} could be read" in err, err
