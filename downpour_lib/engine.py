@@ -239,6 +239,10 @@ class Trainer:
         if self.plan.resume_path is not None:
             checkpoint.restore(checkpoint.load(self.plan.resume_path), ctx.rank, self.model,
                                self.optimizer, self.algorithm, self.scaler)
+            if ctx.rank == 0:
+                print(f"downpour: resumed from {self.plan.resume_path}: {self.start_step} of "
+                      f"{self.plan.total_steps} steps done, continuing at step {self.start_step}",
+                      file=sys.stderr, flush=True)
         # preemption: a signal sets a flag; the ranks agree to stop at a step (``preempt``)
         self.signal, self.control, self.stopper = preempt.SIGNAL, None, None
         if config.preempt_signal != "none":

@@ -158,3 +158,15 @@ def test_evaluate_says_when_nothing_is_new_and_fails_when_nothing_reads(tmp_path
     assert main(["evaluate", "--checkpoint-dir", str(broken)]) == 1
     err = capsys.readouterr().err
     assert "skipping" in err and f"no checkpoint in {broken} could be read" in err, err
+
+
+def test_a_resumed_run_says_which_checkpoint_and_step_it_continues_from(tmp_path, capsys):
+    base = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
+                final_eval=False, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    Trainer(TrainConfig(steps=4, **base), DistContext.single()).run()
+    capsys.readouterr()
+    result = Trainer(TrainConfig(steps=6, resume=str(tmp_path), **base), DistContext.single()).run()
+    assert result.summary["start_step"] == 4
+    err = capsys.readouterr().err
+    assert f"downpour: resumed from {tmp_path / 'ckpt-00000004.pt'}: 4 of 6 steps done, " \
+           "continuing at step 4" in err, err
