@@ -239,11 +239,13 @@ def rank_pid(marker: str, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("algorithm, ranks", [("sync_ps", 3)])  # on the mpi backend (Slurm: gloo)
-def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algorithm, ranks):
-    """USR2 to the last rank alone (a worker, not the rank that writes): the vote tells the others,
-    all stop at one step (else they would hang in the next one), one checkpoint, exit 75. Not in
-    Slurm, it says how to continue instead of requeueing; --resume auto continues to the end."""
+@pytest.mark.parametrize("algorithm, ranks, name", [("sync_ps", 3, "USR2"), ("sync_ps", 3, "TERM")])
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algorithm, ranks, name):
+    """USR2 (TERM) to the last rank alone (a worker, not the rank that writes): the vote tells the
+    others, all stop at one step (else they would hang in the next one), one checkpoint, exit 75
+    (143, as torchrun and Lightning treat a TERM: scancel, a time limit). Not in Slurm, it says how
+    to continue instead of requeueing; --resume auto continues to the end. On the mpi backend
+    (Slurm's tests: gloo)."""
     flags = [f"--algorithm={algorithm}", "--model=mlp", "--dataset=digits", "--steps=4000",
              "--threads=1", "--final-eval=false", "--checkpoint-dir", str(tmp_path),
              "--checkpoint-every=100"]
@@ -255,13 +257,18 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algori
     deadline = time.monotonic() + 300
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    os.kill(rank_pid(str(tmp_path), ranks - 1), signal.SIGUSR2)
+    os.kill(rank_pid(str(tmp_path), ranks - 1), getattr(signal, f"SIG{name}"))
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == preempt.PREEMPTED, out[-3000:]
-    completed = preempted_at(out)
-    assert out.count(" preempted after ") == 1  # rank 0 speaks for all
+    said = " stopped by SIGTERM after " if name == "TERM" else " preempted after "
+    assert proc.returncode == (preempt.TERMINATED if name == "TERM" else preempt.PREEMPTED), out[-3000:]
+    assert out.count(said) == 1, out[-3000:]  # rank 0 speaks for all
+    completed = int(out.split(said, 1)[1].split()[0])
+    assert completed >= 100  # after its first periodic checkpoint: what it wrote since is kept
     assert "run the same command again with --resume auto" in out
-    assert "requeue" not in out.replace("--resume auto", "")
+    if name == "TERM":
+        assert "not requeued: after a SIGTERM" in out, out[-3000:]
+    else:
+        assert "requeue" not in out.replace("--resume auto", "")
     assert [s for s, _ in checkpoint.scan(tmp_path)][-1] == completed < 4000
     resumed = mpiexec(ranks, str(BIN / "downpour"), "train", *flags, "--resume", "auto",
                       "--summary-json", str(tmp_path / "s.json"), timeout=300)
@@ -274,3 +281,29 @@ def test_the_early_hold_applies_to_downpour_train_alone():
     code = "import signal, downpour_lib; print(signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "True", explain(proc)
+
+
+def test_a_requeued_start_that_makes_no_progress_is_not_requeued_again(tmp_path, monkeypatch, capsys):
+    """A signal before the first step (as every start gets it when the time limit is not longer
+    than the lead): on the job's first start the batch script is told to requeue (exit 75); on a
+    restart that began at the same step it stopped at, it is not (exit 1, saying why)."""
+    from downpour_lib.cli import main
+
+    flags = ["train", "--algorithm", "local", "--model", "mlp", "--dataset", "digits", "--threads", "1",
+             "--warmup-steps", "1", "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "4"]
+    assert main([*flags, "--steps", "4"]) == 0
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("ENVIRONMENT", "BATCH")
+    monkeypatch.setenv("DOWNPOUR_BATCH_REQUEUES", "1")
+    for restarts, status, said in ((0, preempt.PREEMPTED, "the batch script requeues the job"),
+                                   (1, preempt.STALLED, "not requeued: this start (restart 1 of")):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
+        preempt.SIGNAL._handle(signal.SIGUSR2, None)  # came while it started
+        capsys.readouterr()
+        assert main([*flags, "--steps", "8"]) == status  # resume auto: the default in a Slurm job
+        err = capsys.readouterr().err
+        assert "resume auto: continuing from" in err and "preempted after 4 of 8 steps" in err, err
+        assert said in err, err
+    assert not preempt.SIGNAL.requested()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back after the run
+
