@@ -139,7 +139,7 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
-    from .engine import Trainer, plan_run
+    from .engine import Trainer, plan_run, quiet
     from .paths import check_output_file
 
     placement = discover(os.environ)
@@ -157,7 +157,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 and config.resume is None:  # a requeued job continues where it stopped
             config = dataclasses.replace(config, resume="auto")
         splits = load_dataset(config.dataset, config.data_dir)
-        plan = plan_run(config, placement.world_size, splits.train, warn,
+        say = quiet if preflight and preempt.in_slurm_job() else warn  # the ranks say it again
+        plan = plan_run(config, placement.world_size, splits.train, say,
                         rank=None if preflight else placement.rank)  # None: every rank's paths
         if placement.rank == 0:  # rank 0 writes the summary
             check_output_file("summary_json", getattr(args, "summary_json", None))
