@@ -108,6 +108,7 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
     Slurm batch job; then all exit together with PREEMPTED (none before the requeue is made).
     Stopped by SIGTERM: exit TERMINATED, not requeued. A requeued start that made no progress:
     exit STALLED, not requeued again (it would loop)."""
+    preempt.SIGNAL.ignore()  # answered: a later one must not kill a rank on its way out
     status = (preempt.TERMINATED if stop.terminated else
               preempt.STALLED if stop.completed <= stop.started and preempt.restarts() else
               preempt.PREEMPTED)
@@ -127,6 +128,7 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
                         "lead (give a longer --time, or a shorter lead), or a preemption as soon "
                         f"as it starts. Submit it again to continue, with {again}")
         elif requeue and config.requeue is None and preempt.batch_requeues():
+            preempt.note_preempted()
             preempt.say("the batch script requeues the job")
         elif requeue:
             preempt.requeue(preempt.say)
@@ -182,6 +184,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             result = Trainer(config, ctx, splits, plan).run()
         except preempt.Preempted as stop:
             return _preempted(stop, config, ctx)
+        preempt.SIGNAL.ignore()  # the run is over: a signal now has nothing to stop
         if result is not None:
             if getattr(args, "summary_json", None):
                 result.write_summary_json(args.summary_json)

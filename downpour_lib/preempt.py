@@ -144,6 +144,14 @@ class StopSignal:
     def requested(self) -> bool:
         return self._event.is_set()
 
+    def ignore(self) -> None:
+        """The run is over: its signal is ignored from now on (Python's exit would give it back its
+        default action, and a late one, e.g. the second of two, would kill the rank mid-exit,
+        with another status than the one the run chose). ``install`` takes it again."""
+        if self.installed is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(getattr(signal, f"SIG{self.installed}"), signal.SIG_IGN)
+            self.installed = None
+
     def terminated(self) -> bool:
         """Whether the stop was asked by SIGTERM (no requeue) rather than the preemption signal."""
         return self._term.is_set()
@@ -317,6 +325,20 @@ def restarts(env: Mapping[str, str] = os.environ) -> int:
         return int(env.get("SLURM_RESTART_COUNT") or 0)
     except ValueError:
         return 0
+
+
+def note_preempted(env: Mapping[str, str] = os.environ) -> None:
+    """Rank 0, before any rank exits: tell the batch script the run was preempted, in the file it
+    names (``DOWNPOUR_PREEMPTED_FILE``). The ranks' exit status alone does not survive srun: the
+    first rank to exit 75 makes ``srun --kill-on-bad-exit`` kill the others mid-exit."""
+    path = env.get("DOWNPOUR_PREEMPTED_FILE")
+    if path:
+        from .checkpoint import atomic_write_text
+
+        try:
+            atomic_write_text(path, f"{PREEMPTED}\n")
+        except OSError as exc:
+            say(f"could not write {path} ({exc}): the batch script may not requeue the job")
 
 
 def batch_requeues(env: Mapping[str, str] = os.environ) -> bool:

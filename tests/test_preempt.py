@@ -113,7 +113,8 @@ def jobs(tmp_path_factory):
                             time.sleep(1.0)
                     else:
                         first = 50 if name == "downpour" else 100
-                        due = checkpoint.checkpoint_path(ckpt_dir(root, name), first).exists()
+                        # its first periodic checkpoint, or a later one (older ones are pruned)
+                        due = any(s >= first for s, _ in checkpoint.scan(ckpt_dir(root, name)))
                     if due:
                         signalled.add(name)
                         scancel_usr2(env, job)
@@ -161,7 +162,7 @@ def term_jobs(tmp_path_factory):
         cancelled, deadline = False, time.monotonic() + 400
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
-            if not cancelled and checkpoint.checkpoint_path(ckpt_dir(root, "scancel"), 100).exists():
+            if not cancelled and checkpoint.scan(ckpt_dir(root, "scancel")):  # ckpt-100, or later
                 subprocess.run(["scancel", ids["scancel"]], env=env, capture_output=True, timeout=30)
                 cancelled = True
             states = {name: job_state(env, job) for name, job in ids.items()}
