@@ -48,7 +48,7 @@ SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "o
 NOT_THE_RUN = ("steps", "epochs", "eval_every", "eval_batch_size", "final_eval", "threads",
                "data_workers", "warmup_steps", "timeout_s", "output_dir", "checkpoint_dir",
                "checkpoint_every", "resume", "preempt_signal", "requeue", "trace", "data_dir", "backend",
-               "device")
+               "device", "keep_checkpoints")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -140,6 +140,33 @@ def save(directory: str | os.PathLike, state: dict[str, Any]) -> Path:
     path = checkpoint_path(directory, int(state["step"]))
     atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+def prune(directory: str | os.PathLike, keep: int, config: dict[str, Any], world_size: int,
+          protect: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """Delete this configuration's periodic checkpoints in ``directory`` but its newest ``keep``;
+    the deleted paths, oldest first. Left alone: final checkpoints, other configurations' (as
+    ``find_resumable`` tells them apart), files that do not load, temporary files and ``protect``
+    (the checkpoint a run resumed from). Called once a new checkpoint is in place, so the newest
+    is whole before an older one goes; each deletion is one unlink, so a reader (``resume``,
+    ``evaluate --watch``) finds a whole file or none, and one that has it open keeps reading it."""
+    kept, doomed = 0, []
+    spared = {Path(p).resolve() for p in protect}
+    fields = [k for k in config if k not in NOT_THE_RUN]
+    for _, path in reversed(scan(directory)):
+        try:
+            state = load(path, mmap=True)
+        except CheckpointError:
+            continue
+        if state["final"] or state["world_size"] != world_size \
+                or _difference(state, config, fields) is not None:
+            continue
+        kept += 1
+        if kept > keep and path.resolve() not in spared:
+            doomed.append(path)
+    for path in reversed(doomed):
+        path.unlink(missing_ok=True)
+    return doomed[::-1]
 
 
 def load(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:

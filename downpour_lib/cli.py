@@ -50,6 +50,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="YAML or JSON file of TrainConfig fields; flags override it")
     p.add_argument("--summary-json", help="rank 0 writes the run's summary row here")
+    p.add_argument("--preflight", action="store_true",
+                   help="check everything that can be checked before training (the flags, the "
+                        "data, the output paths, the checkpoint to resume; in a Slurm job, for its "
+                        "SLURM_NTASKS ranks, and its time left against DOWNPOUR_SIGNAL_LEAD "
+                        "seconds), then exit: 0, or 2 with what to change. One process, before the "
+                        "launcher starts any rank (the batch script runs it)")
     helps = field_help(TrainConfig)
     defaults = TrainConfig.__dataclass_fields__
     group = p.add_argument_group("training")
@@ -99,27 +105,49 @@ def _refuse(exc: Exception, speak: bool) -> int:
 
 def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistContext) -> int:
     """Every rank, once the preemption checkpoint is written: rank 0 says so and requeues the
-    Slurm batch job; then all exit together with PREEMPTED (none before the requeue is made)."""
+    Slurm batch job; then all exit together with PREEMPTED (none before the requeue is made).
+    Stopped by SIGTERM: exit TERMINATED, not requeued. A requeued start that made no progress:
+    exit STALLED, not requeued again (it would loop)."""
+    preempt.SIGNAL.ignore()  # answered: a later one must not kill a rank on its way out
+    status = (preempt.TERMINATED if stop.terminated else
+              preempt.STALLED if stop.completed <= stop.started and preempt.restarts() else
+              preempt.PREEMPTED)
     if ctx.rank == 0:
         preempt.say(f"{config.algorithm} {stop}")
+        again = (f"--resume auto (or --resume {config.checkpoint_dir})" if config.checkpoint_dir
+                 else "a --checkpoint-dir, for the run to leave a checkpoint")
         requeue = config.requeue if config.requeue is not None else preempt.slurm_batch()
-        if requeue:
+        if status == preempt.TERMINATED:
+            preempt.say("not requeued: after a SIGTERM (scancel, the time limit, a preemption) a "
+                        "requeue is Slurm's to make; to continue, run the same command again with "
+                        f"{again} (in a Slurm job --resume auto is the default)")
+        elif status == preempt.STALLED:
+            preempt.say(f"not requeued: this start (restart {preempt.restarts()} of the job) began "
+                        f"at step {stop.started} and was stopped before it took a step, so the "
+                        "signal comes at every start: a time limit not longer than the --signal "
+                        "lead (give a longer --time, or a shorter lead), or a preemption as soon "
+                        f"as it starts. Submit it again to continue, with {again}")
+        elif requeue and config.requeue is None and preempt.batch_requeues():
+            preempt.note_preempted()
+            preempt.say("the batch script requeues the job")
+        elif requeue:
             preempt.requeue(preempt.say)
         else:
-            preempt.say("to continue, run the same command again with --resume auto (or --resume "
-                        f"{config.checkpoint_dir})" if config.checkpoint_dir else
-                        "give --checkpoint-dir for a preempted run to write a checkpoint")
+            preempt.say(f"to continue, run the same command again with {again}")
     Communicator.world().barrier()
     runtime.shutdown()
-    return preempt.PREEMPTED
+    return status
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
-    from .engine import Trainer, plan_run
+    from .engine import Trainer, plan_run, quiet
     from .paths import check_output_file
 
     placement = discover(os.environ)
+    preflight = getattr(args, "preflight", False)
+    if preflight and os.environ.get("SLURM_NTASKS", "").isdigit():  # the job's ranks, not this one
+        placement = dataclasses.replace(placement, rank=0, world_size=int(os.environ["SLURM_NTASKS"]))
 
     def warn(message: str) -> None:
         if placement.rank == 0:  # every rank sees the same; one message is enough
@@ -131,9 +159,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                 and config.resume is None:  # a requeued job continues where it stopped
             config = dataclasses.replace(config, resume="auto")
         splits = load_dataset(config.dataset, config.data_dir)
-        plan = plan_run(config, placement.world_size, splits.train, warn, rank=placement.rank)
+        say = quiet if preflight and preempt.in_slurm_job() else warn  # the ranks say it again
+        plan = plan_run(config, placement.world_size, splits.train, say,
+                        rank=None if preflight else placement.rank)  # None: every rank's paths
         if placement.rank == 0:  # rank 0 writes the summary
             check_output_file("summary_json", getattr(args, "summary_json", None))
+        if preflight:
+            lead = os.environ.get("DOWNPOUR_SIGNAL_LEAD", "")
+            if lead.isdigit() and config.preempt_signal != "none":
+                preempt.check_time_limit(int(lead))
+            return 0
     except (ConfigError, DataError) as exc:
         # a bad setting fails every rank alike, one message is enough; an output path fails the
         # rank that writes it, and the launcher ends the others (before any rendezvous)
@@ -142,12 +177,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         runtime.check_device(config.backend, config.device, placement.local_rank)
     except ConfigError as exc:  # a node's devices: its first rank speaks for it
         return _refuse(exc, placement.local_rank == 0)
-    with runtime.abort_on_error():
+    # scancel, the time limit: SIGTERM stops the run at a step too, with its checkpoint
+    with preempt.SIGNAL.stopping_on_term(), runtime.abort_on_error():
         ctx = runtime.init(config.backend, config.device, config.timeout_s)
         try:
             result = Trainer(config, ctx, splits, plan, log_progress=True).run()
         except preempt.Preempted as stop:
             return _preempted(stop, config, ctx)
+        preempt.SIGNAL.ignore()  # the run is over: a signal now has nothing to stop
         if result is not None:
             if getattr(args, "summary_json", None):
                 result.write_summary_json(args.summary_json)

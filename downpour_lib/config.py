@@ -117,11 +117,17 @@ class TrainConfig:
     checkpoint_every: int | None = _help("also checkpoint every this many steps; 0 = only at the "
                                          "end; none = 0, or when resuming, the cadence of the run "
                                          "it continues", default=None)
+    keep_checkpoints: int = _help("keep this configuration's newest this many periodic (and "
+                                  "preemption) checkpoints in checkpoint_dir, deleting older ones "
+                                  "once a newer one is written; the final checkpoint and the one "
+                                  "a run resumed from are always kept", default=3)
     resume: str | None = _help("continue the run whose checkpoints are in this directory (from its "
                                "latest complete checkpoint) or in this checkpoint file; "
                                "checkpoint_dir defaults to that directory; auto = the newest "
                                "checkpoint of this configuration in checkpoint_dir, else from "
-                               "scratch (the default of `downpour train` in a Slurm job)",
+                               "scratch (the default of `downpour train` in a Slurm job); "
+                               "never = from scratch even in a Slurm job, its checkpoints "
+                               "replacing those of the same steps in checkpoint_dir",
                                default=None)
     trace: str | None = _help("write a timeline of every rank's steps here (trace.json: data, "
                               "forward and backward, each bucket's allreduce, waits, updates, "
@@ -159,9 +165,10 @@ class TrainConfig:
             raise ConfigError("resume", "auto", "looks for checkpoints in checkpoint_dir: give "
                                                 "checkpoint_dir too")
         check_signal(self.preempt_signal)
-        if self.resume is not None and self.checkpoint_dir is None and not self.resume.endswith(".pt"):
+        if self.resume not in (None, "never") and self.checkpoint_dir is None \
+                and not self.resume.endswith(".pt"):
             object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
-        if self.checkpoint_every is None and self.resume is None:
+        if self.checkpoint_every is None and self.resume in (None, "never"):
             object.__setattr__(self, "checkpoint_every", 0)  # a resumed run's is read by plan_run
         if self.augment is None:
             object.__setattr__(self, "augment",
@@ -217,6 +224,10 @@ class TrainConfig:
             raise ConfigError("slow_workers", self.slow_workers, "must be a whole number >= 0")
         if not (math.isfinite(self.slowdown) and self.slowdown >= 1):
             raise ConfigError("slowdown", self.slowdown, "must be a finite factor >= 1, e.g. 2")
+        if self.keep_checkpoints < 1:
+            raise ConfigError("keep_checkpoints", self.keep_checkpoints,
+                              "must be a whole number >= 1 (the newest checkpoint is always kept; "
+                              "e.g. 3)")
         if self.data_workers is not None and self.data_workers < 0:
             raise ConfigError("data_workers", self.data_workers,
                               "must be a whole number >= 0 (0 = in the training process)")

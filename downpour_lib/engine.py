@@ -120,7 +120,7 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
                           "fp16's loss scale does not go with accumulation_steps > 1 (each micro-"
                           "batch would need its own check); use bf16, or accumulation_steps=1")
     fresh = RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every or 0)
-    if config.resume is None:
+    if config.resume in (None, "never"):
         return fresh
     if config.resume == "auto":  # a requeued job: its own newest checkpoint, if it wrote one
         path = checkpoint.find_resumable(config.checkpoint_dir, config.to_dict(), world_size, report)
@@ -137,8 +137,10 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
         raise ConfigError("resume", config.resume, f"{exc}; give another checkpoint") from None
     if config.resume == "auto" and int(state["step"]) >= total:
         raise ConfigError("resume", "auto", f"{path} is this configuration's finished run "
-                          f"({state['step']} of {total} steps): give more steps to continue it, or "
-                          "another checkpoint_dir (sbatch: another --job-name) to start afresh")
+                          f"({state['step']} of {total} steps): give more steps to continue it; "
+                          "to train it again, give another checkpoint_dir (sbatch: another "
+                          "--job-name or DOWNPOUR_CHECKPOINTS), or resume=never (--resume never) "
+                          "to start from scratch in this one")
     start = checkpoint.check_resume(state, path, config.to_dict(), world_size, total)
     every = config.checkpoint_every
     if every is None:  # not given: keep the cadence of the run this one continues
@@ -267,12 +269,15 @@ class Trainer:
                                  self.ctx.rank == self.roles.evaluator, self.log_progress)
         steps = range(self.start_step, self.plan.total_steps)
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
-        if self.stopper is not None and preempt.vote(self.control, self.signal.requested()):
+        stop, term = (preempt.vote_stop(self.control, self.signal) if self.stopper is not None
+                      else (False, False))
+        if stop:
             self.progress.close()  # signalled while setting up: nothing new to save
             if self.control is not None:
                 self.control.close()
             self.signal.clear()  # answered: a later run in this process starts clean
-            raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path)
+            raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path,
+                                    self.start_step, term)
         self.t_start = time.perf_counter()
         self.progress.start()
         if self.tracer is not None:
@@ -302,7 +307,8 @@ class Trainer:
         the run's), told to all; if it did, every rank raises ``Preempted``."""
         self.stopper.close()
         mine = stopped if self.ctx.rank == self.roles.evaluator else None
-        verdict = [float(mine is not None), float(mine.completed if mine else 0)]
+        verdict = [float(mine is not None), float(mine.completed if mine else 0),
+                   float(self.signal.terminated())]  # any rank's TERM: no requeue
         if self.control is not None:
             verdict = self.control.vote(verdict).tolist()
             self.control.close()
@@ -311,7 +317,8 @@ class Trainer:
             path = (str(checkpoint.checkpoint_path(self.config.checkpoint_dir, completed))
                     if self.config.checkpoint_dir else None)
             self.signal.clear()
-            raise preempt.Preempted(completed, self.plan.total_steps, path)
+            raise preempt.Preempted(completed, self.plan.total_steps, path, self.start_step,
+                                    verdict[2] > 0)
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
@@ -477,9 +484,13 @@ class Trainer:
         if ranks is None:
             return
         start = time.perf_counter()
+        config = self.config.to_dict()
         checkpoint.save(self.config.checkpoint_dir, checkpoint.assemble(
-            completed, final, time.perf_counter() - self.t_start, self.config.to_dict(),
+            completed, final, time.perf_counter() - self.t_start, config,
             self.ctx.world_size, model, ranks))
+        resumed = [self.plan.resume_path] if self.plan.resume_path else []
+        checkpoint.prune(self.config.checkpoint_dir, self.config.keep_checkpoints, config,
+                         self.ctx.world_size, resumed)
         if self.tracer is not None:
             self.tracer.span(f"checkpoint {completed}", start, time.perf_counter())
 

@@ -61,12 +61,14 @@ BATCH = Path(__file__).resolve().parents[1] / "cluster_profiles" / "launch_multi
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
-def submit_batch(env, output: Path, nodes: int, per_node: int, *sbatch: str, **variables: str) -> str:
-    """Submit cluster_profiles/launch_multinode.sbatch with these DOWNPOUR_* ``variables`` (the
-    checkpoints beside ``output`` unless given); its job id. ``sbatch`` options go first."""
+def submit_batch(env, output: Path, nodes: int, per_node: int, *sbatch: str, script: Path = BATCH,
+                 **variables: str) -> str:
+    """Submit cluster_profiles/launch_multinode.sbatch (or ``script``) with these DOWNPOUR_*
+    ``variables`` (the checkpoints beside ``output`` unless given); its job id. ``sbatch`` options
+    go first."""
     variables.setdefault("DOWNPOUR_CHECKPOINTS", str(output.with_suffix(".ckpt")))
     proc = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
-                           f"--output={output}", *sbatch, str(BATCH)], env={**env, **variables},
+                           f"--output={output}", *sbatch, str(script)], env={**env, **variables},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, explain(proc)
     return proc.stdout.strip().split(";")[0]

@@ -274,3 +274,63 @@ def test_evaluate_cli_refuses_bad_input(capsys, args, expected):
 
     assert main(["evaluate", *args]) == 2
     assert expected in capsys.readouterr().err
+
+
+def test_only_the_newest_periodic_checkpoints_are_kept_and_none_is_ever_torn(tmp_path):
+    """keep_checkpoints=2: after every step every checkpoint file in the directory loads, the newest
+    written is there, and at most two periodic ones are; at the end the two newest and the final
+    remain. Another configuration's checkpoints and an earlier run's final one are left alone."""
+    # another configuration (periodic 5, final 7), and this configuration's finished run (3)
+    train(algorithm="local", steps=7, lr=0.01, checkpoint_dir=str(tmp_path), checkpoint_every=5)
+    train(algorithm="local", steps=3, checkpoint_dir=str(tmp_path))
+    seen = []
+
+    def check(record):
+        found = checkpoint.scan(tmp_path)
+        states = {step: checkpoint.load(path) for step, path in found}  # raises if one is torn
+        periodic = [s for s, st in states.items() if not st["final"] and st["config"]["lr"] != 0.01]
+        assert len(periodic) <= 2, periodic
+        if record.step >= 2:  # its first checkpoint (after step 2) was written at step index 1
+            assert max(periodic) == (record.step // 2) * 2, (record.step, periodic)
+        assert not list(tmp_path.glob(".ckpt-*"))  # no temporary file left behind
+        seen.append(periodic)
+
+    config = TrainConfig(**{**FAST, "algorithm": "local", "steps": 20, "checkpoint_dir": str(tmp_path),
+                            "checkpoint_every": 2, "keep_checkpoints": 2})
+    Trainer(config, DistContext.single(), callbacks=[check]).run()
+    assert [s for s, _ in checkpoint.scan(tmp_path)] == [3, 5, 7, 16, 18, 20]
+    assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 5))["config"]["lr"] == 0.01
+    assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 3))["final"]
+    assert [2, 4] in seen and [4, 6] in seen  # pruned as it went, not only at the end
+
+
+def test_the_checkpoint_a_run_resumed_from_is_never_pruned(tmp_path):
+    train(algorithm="local", steps=12, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2)
+    assert [s for s, _ in checkpoint.scan(tmp_path / "a")] == [6, 8, 10, 12]  # default: keep 3
+    eight = checkpoint.checkpoint_path(tmp_path / "a", 8)
+    train(algorithm="local", steps=20, resume=str(eight), checkpoint_dir=str(tmp_path / "a"),
+          checkpoint_every=2, keep_checkpoints=1)
+    # every periodic one but the newest goes (12 too, no longer the final one once the run went
+    # past it), except 8: the one it resumed from
+    assert [s for s, _ in checkpoint.scan(tmp_path / "a")] == [8, 18, 20]
+
+
+def test_keep_checkpoints_and_resume_never_are_checked_and_documented(tmp_path, capsys):
+    from downpour_lib.cli import main
+
+    with pytest.raises(ConfigError, match="keep_checkpoints=0 is not valid: must be a whole number >= 1"):
+        TrainConfig(keep_checkpoints=0)
+    flags = ["train", "--algorithm", "local", "--model", "mlp", "--dataset", "digits", "--threads", "1",
+             "--warmup-steps", "1", "--steps", "4", "--checkpoint-dir", str(tmp_path)]
+    assert main([*flags, "--keep-checkpoints", "-1"]) == 2
+    assert "keep_checkpoints=-1 is not valid" in capsys.readouterr().err
+    assert main(flags) == 0
+    # the same again finds its finished run in the pre-flight, exit 2, and says the ways on
+    capsys.readouterr()
+    assert main([*flags, "--resume", "auto", "--preflight"]) == 2
+    err = capsys.readouterr().err
+    assert "is this configuration's finished run (4 of 4 steps)" in err, err
+    assert "another --job-name or DOWNPOUR_CHECKPOINTS" in err and "--resume never" in err, err
+    assert main([*flags, "--resume", "never", "--preflight"]) == 0
+    assert main([*flags, "--resume", "never", "--summary-json", str(tmp_path / "s.json")]) == 0
+    assert read_json(tmp_path / "s.json")["start_step"] == 0  # from scratch, in the same directory

@@ -1,12 +1,16 @@
 """Preemption on the real Slurm sandbox: cluster_profiles/launch_multinode.sbatch jobs signalled with
 USR2 mid-run (`scancel --signal=USR2 --batch`, as Slurm's --signal=USR2@T or a preemption would),
-checkpointed, requeued by rank 0 (`scontrol requeue`) and resumed (`--resume auto`), to the end.
+checkpointed, requeued by the batch script (`scontrol requeue`, once the ranks' last words are in the
+log) and resumed (`--resume auto`), to the end.
 
 Four jobs run at once on the one node (they are small): sync_ps and allreduce must end with the
 parameters of an uninterrupted run (1e-6), the allreduce one through a storm of signals across its
 checkpoint write, which must leave every checkpoint loadable; Downpour, whose servers' shards are in
 the checkpoint, must reach 0.90 on digits; a signal before the first step must start the requeued
-run from scratch.
+run from scratch. Three more, on a sandbox of their own, meet SIGTERM and the time limit: a plain
+`scancel` and the hard time limit of a job without --signal must leave a checkpoint of the step they
+stopped at (exit 143, not requeued), and a --time not longer than the script's signal lead is
+refused before any rank starts.
 Slurm holds a requeued job for two minutes before it may start again; the test lets it start at
 once (`scontrol update StartTime=now`), which changes nothing else.
 
@@ -25,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import BIN, explain, launch_env, mpiexec, mpiexec_path, read_json
-from slurm_sandbox import job_processes, job_state, running_sandbox, submit_batch
+from slurm_sandbox import BATCH, job_processes, job_state, running_sandbox, submit_batch
 
 from downpour_lib import TrainConfig, checkpoint, preempt
 from downpour_lib.errors import ConfigError
@@ -41,6 +45,13 @@ JOBS = {  # name: (ranks, flags)
                   "--threads=1", "--final-eval=false"]),
 }
 REFERENCES = ("sync_ps", "allreduce")  # uninterrupted, under mpiexec, on the same backend
+LONG = ["--algorithm=allreduce", "--model=mlp", "--dataset=digits", "--steps=10000000", "--threads=1",
+        "--final-eval=false", "--backend=gloo"]
+TERM_JOBS = {  # name: (ranks, flags, sbatch options); submitted first, so they start at once
+    "scancel": (2, [*LONG, "--checkpoint-every=100"], []),  # a plain scancel after ckpt-100
+    "timelimit": (1, LONG, ["--time=1"]),  # no --signal: the limit's TERM; no periodic checkpoint
+    "short": (1, LONG, ["--time=1"]),  # the script's --signal=USR2@120 outlasts the limit: refused
+}
 
 
 def ckpt_dir(root: Path, name: str) -> Path:
@@ -102,7 +113,8 @@ def jobs(tmp_path_factory):
                             time.sleep(1.0)
                     else:
                         first = 50 if name == "downpour" else 100
-                        due = checkpoint.checkpoint_path(ckpt_dir(root, name), first).exists()
+                        # its first periodic checkpoint, or a later one (older ones are pruned)
+                        due = any(s >= first for s, _ in checkpoint.scan(ckpt_dir(root, name)))
                     if due:
                         signalled.add(name)
                         scancel_usr2(env, job)
@@ -129,6 +141,49 @@ def jobs(tmp_path_factory):
     return {name: (states.get(name), (root / f"{name}.out").read_text(), root) for name in JOBS}
 
 
+@pytest.fixture(scope="module")
+def term_jobs(tmp_path_factory):
+    """The three TERM_JOBS at once, on a sandbox of their own (the four above fill the node):
+    scancel one after its first checkpoint, let the others meet their time limit;
+    name -> (state, log, directory, exit code, restarts). About a minute and a half: Slurm's
+    shortest limit is a minute, and it checks limits every half minute."""
+    root = tmp_path_factory.mktemp("term")
+    no_signal = root / "no_signal.sbatch"  # the script as a site's without --signal would be
+    no_signal.write_text("".join(line for line in BATCH.read_text().splitlines(keepends=True)
+                                 if not line.startswith("#SBATCH --signal")))
+    with running_sandbox(root / "slurm") as box:
+        env = box.env(launch_env())
+        ids = {name: submit_batch(env, root / f"{name}.out", 1, ranks, *sbatch,
+                                  script=no_signal if name == "timelimit" else BATCH,
+                                  DOWNPOUR_ARGS=" ".join(flags),
+                                  DOWNPOUR_CHECKPOINTS=str(ckpt_dir(root, name)),
+                                  DOWNPOUR_SUMMARY=str(root / f"{name}.json"))
+               for name, (ranks, flags, sbatch) in TERM_JOBS.items()}
+        cancelled, deadline = False, time.monotonic() + 400
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            if not cancelled and checkpoint.scan(ckpt_dir(root, "scancel")):  # ckpt-100, or later
+                subprocess.run(["scancel", ids["scancel"]], env=env, capture_output=True, timeout=30)
+                cancelled = True
+            states = {name: job_state(env, job) for name, job in ids.items()}
+            if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for s in states.values()):
+                break
+            time.sleep(0.2)
+        found = {name: (states.get(name), (root / f"{name}.out").read_text(), root,
+                        job_field(env, job, "ExitCode"), job_field(env, job, "Restarts"))
+                 for name, job in ids.items()}
+        for name, job in ids.items():  # whatever is left (a failed test) goes with the sandbox
+            if states.get(name) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+    return found
+
+
+def job_field(env, job: str, name: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True,
+                         text=True, timeout=30).stdout
+    return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}=")), "")
+
+
 def final_model(directory: Path, step: int) -> dict[str, torch.Tensor]:
     return checkpoint.load(checkpoint.checkpoint_path(directory, step))["model"]
 
@@ -141,6 +196,10 @@ def preempted_at(log: str) -> int:
 def assert_requeued_and_resumed(name: str, state: str, log: str) -> int:
     assert state == "COMPLETED", f"{name}: {state}\n{log}"
     assert log.count("requeued Slurm job") == 1, log
+    # the ranks' last words, then the script's, before the requeue ended the job's first start
+    first = log.split("(start 1)", 1)[0]
+    ranks, script = first.find(" preempted after "), first.find("downpour: preempted; the checkpoint is in ")
+    assert 0 <= ranks < first.find("the batch script requeues the job") < script, log
     assert "(start 1)" in log and "downpour: summary in" in log, log
     completed = preempted_at(log)
     assert "resume auto: continuing from " in log and f"ckpt-{completed:08d}.pt" in log, log
@@ -191,6 +250,56 @@ def test_a_signal_before_the_first_step_starts_the_requeued_run_from_scratch(job
     assert read_json(root / "early.json")["start_step"] == 0
 
 
+def stopped_by_term_at(name: str, term_jobs) -> int:
+    """The step a SIGTERM stopped job ``name`` at, checked: its checkpoint is there and loads,
+    the ranks and the script said so, it was not requeued, and resume auto continues from it."""
+    from downpour_lib.data import load_dataset
+    from downpour_lib.engine import plan_run
+
+    state, log, root, exit_code, restarts = term_jobs[name]
+    said = next((line for line in log.splitlines() if " stopped by SIGTERM after " in line), None)
+    assert said is not None, f"{name}: {state}\n{log}"
+    completed = int(said.split(" stopped by SIGTERM after ", 1)[1].split()[0])
+    path = checkpoint.checkpoint_path(ckpt_dir(root, name), completed)
+    assert f"checkpoint {path}" in said and checkpoint.load(path)["step"] == completed
+    # the ranks' words, and the script's as the TERM came (its last ones, unless KillWait ran out)
+    assert "not requeued: after a SIGTERM" in log and "downpour: SIGTERM (scancel, the time limit" in log, log
+    assert restarts == "0" and "requeued Slurm job" not in log, log
+    config = TrainConfig(algorithm="allreduce", model="mlp", dataset="digits", steps=10_000_000,
+                         threads=1, final_eval=False, backend="gloo",
+                         checkpoint_dir=str(ckpt_dir(root, name)), resume="auto")  # LONG's run
+    plan = plan_run(config, TERM_JOBS[name][0], load_dataset("digits").train)
+    assert plan.start_step == completed and plan.resume_path == str(path)
+    return completed
+
+
+def test_scancel_stops_the_run_at_a_step_with_its_checkpoint(term_jobs):
+    """A plain scancel: TERM to every rank, KILL 5 s later (the sandbox's KillWait): the ranks
+    stop at the next step, write a checkpoint past the periodic one, exit 143."""
+    state, log, _, exit_code, _ = term_jobs["scancel"]
+    assert state == "CANCELLED", log
+    assert stopped_by_term_at("scancel", term_jobs) > 100  # what it trained since ckpt-100 is kept
+
+
+def test_the_time_limit_without_a_signal_leaves_a_checkpoint(term_jobs):
+    """A job without --signal at its time limit (1 minute): Slurm's TERM, then KILL after
+    KillWait; the run had no periodic checkpoint, and leaves one of the step it stopped at."""
+    state, log, root, exit_code, _ = term_jobs["timelimit"]
+    assert state == "TIMEOUT", log
+    if exit_code == "143:0":  # the script outlived KillWait (else its words came as the TERM did)
+        assert "downpour: stopped by SIGTERM (scancel, the time limit, or a preemption); status 143" in log
+    completed = stopped_by_term_at("timelimit", term_jobs)
+    assert [s for s, _ in checkpoint.scan(ckpt_dir(root, "timelimit"))] == [completed]
+
+
+def test_a_time_limit_not_longer_than_the_signal_lead_is_refused_before_any_rank_starts(term_jobs):
+    state, log, root, exit_code, _ = term_jobs["short"]
+    assert (state, exit_code) == ("FAILED", "2:0"), (state, exit_code, log)
+    assert "downpour train: error: time limit='00:01:00' is not valid: this job has " in log, log
+    assert "(--signal=USR2@120)" in log and "--time=00:12:00" in log, log
+    assert "preempted" not in log and not ckpt_dir(root, "short").exists(), log
+
+
 # -- without Slurm -------------------------------------------------------------------------------
 
 def test_preempt_signal_and_resume_auto_are_checked():
@@ -239,11 +348,13 @@ def rank_pid(marker: str, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("algorithm, ranks", [("sync_ps", 3)])  # on the mpi backend (Slurm: gloo)
-def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algorithm, ranks):
-    """USR2 to the last rank alone (a worker, not the rank that writes): the vote tells the others,
-    all stop at one step (else they would hang in the next one), one checkpoint, exit 75. Not in
-    Slurm, it says how to continue instead of requeueing; --resume auto continues to the end."""
+@pytest.mark.parametrize("algorithm, ranks, name", [("sync_ps", 3, "USR2"), ("sync_ps", 3, "TERM")])
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algorithm, ranks, name):
+    """USR2 (TERM) to the last rank alone (a worker, not the rank that writes): the vote tells the
+    others, all stop at one step (else they would hang in the next one), one checkpoint, exit 75
+    (143, as torchrun and Lightning treat a TERM: scancel, a time limit). Not in Slurm, it says how
+    to continue instead of requeueing; --resume auto continues to the end. On the mpi backend
+    (Slurm's tests: gloo)."""
     flags = [f"--algorithm={algorithm}", "--model=mlp", "--dataset=digits", "--steps=4000",
              "--threads=1", "--final-eval=false", "--checkpoint-dir", str(tmp_path),
              "--checkpoint-every=100"]
@@ -255,13 +366,18 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algori
     deadline = time.monotonic() + 300
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    os.kill(rank_pid(str(tmp_path), ranks - 1), signal.SIGUSR2)
+    os.kill(rank_pid(str(tmp_path), ranks - 1), getattr(signal, f"SIG{name}"))
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == preempt.PREEMPTED, out[-3000:]
-    completed = preempted_at(out)
-    assert out.count(" preempted after ") == 1  # rank 0 speaks for all
+    said = " stopped by SIGTERM after " if name == "TERM" else " preempted after "
+    assert proc.returncode == (preempt.TERMINATED if name == "TERM" else preempt.PREEMPTED), out[-3000:]
+    assert out.count(said) == 1, out[-3000:]  # rank 0 speaks for all
+    completed = int(out.split(said, 1)[1].split()[0])
+    assert completed >= 100  # after its first periodic checkpoint: what it wrote since is kept
     assert "run the same command again with --resume auto" in out
-    assert "requeue" not in out.replace("--resume auto", "")
+    if name == "TERM":
+        assert "not requeued: after a SIGTERM" in out, out[-3000:]
+    else:
+        assert "requeue" not in out.replace("--resume auto", "")
     assert [s for s, _ in checkpoint.scan(tmp_path)][-1] == completed < 4000
     resumed = mpiexec(ranks, str(BIN / "downpour"), "train", *flags, "--resume", "auto",
                       "--summary-json", str(tmp_path / "s.json"), timeout=300)
@@ -274,3 +390,29 @@ def test_the_early_hold_applies_to_downpour_train_alone():
     code = "import signal, downpour_lib; print(signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "True", explain(proc)
+
+
+def test_a_requeued_start_that_makes_no_progress_is_not_requeued_again(tmp_path, monkeypatch, capsys):
+    """A signal before the first step (as every start gets it when the time limit is not longer
+    than the lead): on the job's first start the batch script is told to requeue (exit 75); on a
+    restart that began at the same step it stopped at, it is not (exit 1, saying why)."""
+    from downpour_lib.cli import main
+
+    flags = ["train", "--algorithm", "local", "--model", "mlp", "--dataset", "digits", "--threads", "1",
+             "--warmup-steps", "1", "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "4"]
+    assert main([*flags, "--steps", "4"]) == 0
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("ENVIRONMENT", "BATCH")
+    monkeypatch.setenv("DOWNPOUR_BATCH_REQUEUES", "1")
+    for restarts, status, said in ((0, preempt.PREEMPTED, "the batch script requeues the job"),
+                                   (1, preempt.STALLED, "not requeued: this start (restart 1 of")):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
+        preempt.SIGNAL._handle(signal.SIGUSR2, None)  # came while it started
+        capsys.readouterr()
+        assert main([*flags, "--steps", "8"]) == status  # resume auto: the default in a Slurm job
+        err = capsys.readouterr().err
+        assert "resume auto: continuing from" in err and "preempted after 4 of 8 steps" in err, err
+        assert said in err, err
+    assert not preempt.SIGNAL.requested()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back after the run
+
