@@ -227,6 +227,14 @@ class ClusterSession:
                 if p.pid != os.getpid():
                     self._processes.setdefault(p.pid, p)
 
+    def local_pids(self) -> list[int]:
+        """The engines' process ids on this machine and the controller's, if this session
+        started it: whose CPU time is a job's own, not other work's (``study.load``)."""
+        here = socket.gethostname()
+        pids = [e["pid"] for e in self.engines.values() if e["host"] == here]
+        process = getattr(getattr(self.cluster, "controller", None), "process", None)
+        return pids + ([process.pid] if getattr(process, "pid", None) else [])
+
     @property
     def ranks(self) -> dict[int, int]:
         """engine id -> MPI rank."""
