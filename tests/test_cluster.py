@@ -134,9 +134,46 @@ def test_a_stopped_engine_is_named_as_the_silent_rank_not_the_one_that_waited(lo
     assert str(error).startswith("stop_on_rank: rank(s) 1 went silent"), str(error)
     assert "waited 5 s in allreduce" in error.failures[0].error, error.failures[0]
     assert "the engines were restarted" in str(error)
-    assert not {e["pid"] for e in local_cluster.engines.values()} & before
     assert not alive(stopped), "the stopped engine outlived the restart"
     assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
+
+
+def test_an_engine_stopped_during_train_is_the_silent_rank_of_a_cluster_timeout(local_cluster):
+    """SIGSTOP from outside (Ctrl-Z, a debugger, a stuck node) on one engine of a training run:
+    ClusterTimeout names it in .silent, not ClusterRunError with ipyparallel's tracebacks; the
+    engines restart and the next run trains."""
+    config = TrainConfig(**{**TINY, "algorithm": "allreduce", "steps": 100_000, "eval_every": 0,
+                            "final_eval": False, "timeout_s": 20})
+    before = {e["pid"] for e in local_cluster.engines.values()}
+    victim = local_cluster.engines[1]["pid"]
+    stopped_at: list[float] = []
+
+    def stop() -> None:
+        stopped_at.append(time.monotonic())
+        os.kill(victim, signal.SIGSTOP)
+
+    timer = threading.Timer(8.0, stop)  # start-up or training: either way, mid-call
+    timer.start()
+    try:
+        with pytest.raises(ClusterTimeout) as caught:
+            local_cluster.train(config)
+        took = time.monotonic() - stopped_at[0]
+    finally:
+        timer.cancel()
+        if alive(victim):
+            os.kill(victim, signal.SIGCONT)
+    error = caught.value
+    assert error.silent == [1], str(error)
+    text = str(error)
+    assert text.startswith("allreduce on 2 rank(s): rank(s) 1 went silent"), text
+    assert f"pid {victim}" in text or "heartbeat" in text, text
+    assert "Traceback" not in text and "ipyparallel" not in text, text
+    print(f"ClusterTimeout {took:.1f} s after the SIGSTOP, at timeout_s=20")
+    assert not alive(victim), "the stopped engine outlived the restart"
+    again = local_cluster.train(TrainConfig(**TINY))
+    assert again.summary["world_size"] == 2
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
 
 
 def alive(pid: int) -> bool:
