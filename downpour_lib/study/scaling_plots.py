@@ -276,9 +276,10 @@ def model_gaps(runs: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
                            on=["algorithm", "model", "num_workers"])
     one = measured[measured.num_workers == 1].set_index(["algorithm", "model"])
     table = table[table.num_workers > 1].reset_index(drop=True)
-    table["compute_1_s"] = [one.compute_s.get((a, m), float("nan")) if "compute_s" in one
-                            else float("nan") for a, m in zip(table.algorithm, table.model,
-                                                              strict=True)]
+    for part in TIME_PARTS:  # each part of the 1-worker step, beside this point's
+        table[f"{part.removesuffix('_s')}_1_s"] = [
+            one[part].get((a, m), float("nan")) if part in one else float("nan")
+            for a, m in zip(table.algorithm, table.model, strict=True)]
     table["gap"] = table.efficiency - table.predicted
     limit = (2 * table.efficiency_std.fillna(0)).clip(lower=MODEL_TOLERANCE)
     table["differs"] = table.gap.abs() > limit
@@ -287,28 +288,37 @@ def model_gaps(runs: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
 
 
 def _why(row) -> str:
+    """The measured step's parts against the model's, and what on this machine explains them."""
+    causes = []
+    if row.ranks_exceed_cores:
+        causes.append(f"{row.world_size} ranks on {row.cores:g} cores")
+    if row.under_load:
+        causes.append(f"other processes took up to {row.load_others_share:.0%} of the cores")
+    where = f" ({', '.join(causes)})" if causes else ""
+    if row.gap > 0:
+        return ("faster than the model: its 1-worker runs, which calibrate it, were slower than "
+                "this point's (load while they ran?)")
     reasons = []
     growth = getattr(row, "compute_s", float("nan")) / row.compute_1_s
-    if row.gap < 0 and growth > 1.15:
-        causes = []
-        if row.ranks_exceed_cores:
-            causes.append(f"{row.world_size} ranks on {row.cores:g} cores")
-        elif row.cores == row.cores:
-            causes.append(f"{row.world_size} ranks sharing {row.cores:g} cores' caches and memory")
-        if row.under_load:
-            causes.append(f"other processes took up to {row.load_others_share:.0%} of the cores")
-        reasons.append(f"compute per step grew {growth:.2f}x over 1 worker ("
-                       f"{row.compute_1_s:.2f} -> {row.compute_s:.2f} s"
-                       + (f": {', '.join(causes)}" if causes else "") + "); the model keeps the "
-                       "1-worker compute")
+    if growth > 1.15:
+        reasons.append(f"compute per step grew {growth:.2f}x over 1 worker ({row.compute_1_s:.2f} "
+                       f"-> {row.compute_s:.2f} s{': ' + ', '.join(causes) if causes else ''}); "
+                       "the model keeps the 1-worker compute")
+        where = ""
     comm = getattr(row, "comm_s", 0.0) + getattr(row, "wait_s", 0.0)
-    if row.gap < 0 and comm - row.predicted_comm_s > 0.05 * row.predicted_compute_s:
+    if comm - row.predicted_comm_s > 0.05 * row.predicted_compute_s:
         reasons.append(f"communication and waiting took {comm:.3f} s a step against the model's "
                        f"{row.predicted_comm_s:.3f} s")
-    if row.gap > 0:
-        reasons.append("faster than the model: its 1-worker runs, which calibrate it, were slower "
-                       "than this point's (load while they ran?)")
-    return "; ".join(reasons) or "not explained by the step's parts (see breakdown.png)"
+    if not reasons:
+        deltas = {part.removesuffix("_s"): getattr(row, part, float("nan"))
+                  - getattr(row, f"{part.removesuffix('_s')}_1_s") for part in TIME_PARTS}
+        before = sum(getattr(row, f"{p.removesuffix('_s')}_1_s") for p in TIME_PARTS)
+        grown = ", ".join(f"{name} {delta:+.3f}" for name, delta in deltas.items()
+                          if delta == delta and abs(delta) >= 0.005)
+        reasons.append(f"a worker's step grew {before:.2f} -> {before + sum(deltas.values()):.2f} "
+                       f"s in small parts ({grown or 'none over 5 ms'} s); the model adds only "
+                       f"{row.predicted_comm_s:.3f} s of communication to the 1-worker step")
+    return "; ".join(reasons) + where
 
 
 def model_notes(runs: pd.DataFrame, predictions: pd.DataFrame) -> list[str]:
@@ -336,8 +346,14 @@ def _model_caption(gaps: pd.DataFrame) -> str:
                      "over its 1-worker time (ranks shared the cores"
                      + (", under load" if off.under_load.any() else "")
                      + "); the model assumes each worker keeps its 1-worker compute.")
-    else:
-        lines.append("Why: see `scaling_plots.model_notes` (printed by the study) per point.")
+    else:  # no one cause: each point's own (the study prints them all)
+        import textwrap
+
+        for row in off.head(3).itertuples():
+            lines += textwrap.wrap(f"{row.algorithm} at {row.num_workers} workers: {row.why}", 150)
+        if len(off) > 3:
+            lines.append(f"... and {len(off) - 3} more (scaling_plots.model_notes, printed by the "
+                         "study)")
     return "\n".join(lines)
 
 
@@ -347,8 +363,13 @@ def _span(values: pd.Series) -> str:
     return low if low == high else f"{low}-{high}"
 
 
+#: model curves closer than this everywhere are drawn as one line (named after all of them)
+SAME_CURVE = 0.02
+
+
 def _merged_curves(predictions: pd.DataFrame, names: list[str]):
-    """The model's curves, algorithms whose curves coincide (within 0.005 everywhere) drawn as one,
+    """The model's curves, algorithms whose curves coincide (within ``SAME_CURVE`` everywhere: closer
+    than a line's width on the figure) drawn as one,
     labelled with all their names: (color, label, curve)."""
     groups: list[tuple[list[str], pd.DataFrame]] = []
     for name in names:
@@ -357,7 +378,8 @@ def _merged_curves(predictions: pd.DataFrame, names: list[str]):
             continue
         for members, first in groups:
             if (list(first.workers) == list(curve.workers)
-                    and abs(first.efficiency.to_numpy() - curve.efficiency.to_numpy()).max() < 0.005):
+                    and abs(first.efficiency.to_numpy() - curve.efficiency.to_numpy()).max()
+                    < SAME_CURVE):
                 members.append(name)
                 break
         else:
@@ -410,8 +432,8 @@ def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
     far.set_xscale("log", base=2)
     far.set_xlabel("workers")
     far.set_ylim(0, 1.15)
-    far.set_title("the model out to 1,024 workers (curves that coincide are drawn once)",
-                  fontsize=9)
+    far.set_title(f"the model out to 1,024 workers (curves within {SAME_CURVE} of each other "
+                  "drawn once)", fontsize=9)
     far.legend(fontsize=7, loc="lower left")
     for ax in (near, far):
         ax.grid(alpha=0.3)
