@@ -31,6 +31,7 @@ from downpour_lib.cluster import (
 from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
+from downpour_lib.study.load import COLUMNS as LOAD_COLUMNS
 from downpour_lib.study.scaling import StudySpec, run_study, run_study_on_cluster
 
 TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
@@ -214,7 +215,8 @@ def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
     assert by_cluster.run_id.tolist() == by_mpiexec.run_id.tolist()
     assert by_cluster.world_size.tolist() == [1, 2]
     measured = {"samples_per_s", "step_s", "data_s", "compute_s", "comm_s", "wait_s", "update_s",
-                "wall_s", "timestamp", "final_train_loss", "test_loss", "test_accuracy"}
+                "wall_s", "timestamp", "final_train_loss", "test_loss", "test_accuracy",
+                *LOAD_COLUMNS}  # how busy the machine was during each run
     same = [c for c in by_mpiexec.columns if c not in measured]
     pd.testing.assert_frame_equal(by_cluster[same], by_mpiexec[same])
     for column in ("final_train_loss", "test_loss"):  # the same training, whoever launched it
