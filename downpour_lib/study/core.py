@@ -259,14 +259,16 @@ def pending(plan: Sequence[PlannedRun], store: StudyStore, fresh: bool = False) 
 def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *, fresh: bool = False,
              log: Callable[[str], None] = print,
              before_first: Callable[[], None] | None = None,
-             own_pids: Callable[[], Iterable[int]] | None = None) -> list[str]:
+             own_pids: Callable[[], Iterable[int]] | None = None,
+             announce: bool = False) -> list[str]:
     """Measure every run of ``plan`` not yet in ``store`` (all of them if ``fresh``), adding one row
     each; ``before_first`` is called once before the first run that is measured (e.g. to warm up
     fresh engines). Each row also records how busy the machine was while the run ran
     (``load.LoadProbe``; ``own_pids``: the run's processes that are not this process's
     descendants, e.g. the engines of a cluster started elsewhere), and the log counts the runs
-    ("run 3 of 48"). A run that fails is logged and the others go on; then StudyError lists the
-    failures. Returns the run ids of the plan, in plan order."""
+    ("done  3 of 48: ...", and with ``announce`` "run   3 of 48: ..." as each starts, for studies
+    whose measure says nothing before its run). A run that fails is logged and the others go on;
+    then StudyError lists the failures. Returns the run ids of the plan, in plan order."""
     if fresh:
         store.clear()
     done = store.done()
@@ -283,7 +285,8 @@ def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *,
         if not warmed:
             before_first()
             warmed = True
-        log(f"run   {count}: {run.label} ...")
+        if announce:
+            log(f"run   {count}: {run.label} ...")
         try:
             with LoadProbe(own_pids) as probe:
                 outcome = measure(run)

@@ -29,6 +29,10 @@ from typing import Any
 #: 1% standard error of its 10 measured steps.
 LOADED_SHARE = 0.10
 
+#: /proc/stat counts in ticks of 10 ms per core: over a shorter run the share is noise (a
+#: 3 ms run read 107% of 2 cores), so it is left NaN and the run is not flagged.
+MIN_WINDOW_S = 1.0
+
 COLUMNS = ("load_avg_1m_start", "load_avg_1m_end", "load_window_s", "load_others_cpu_s",
            "load_others_share", "under_load")
 
@@ -103,7 +107,7 @@ class LoadProbe:
         # a process there at the start counts from then; one born during the run, all of it
         own = sum(max(0.0, cpu - own0.get(pid, 0.0)) for pid, cpu in own1.items())
         others = share = float("nan")
-        if busy0 is not None and busy1 is not None and window > 0:
+        if busy0 is not None and busy1 is not None and window >= MIN_WINDOW_S:
             others = max(0.0, busy1 - busy0 - own)
             share = others / (window * self.cores)
         self._columns = {

@@ -192,7 +192,7 @@ def run_study(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] =
         return Outcome(summary, note=f"{summary['samples_per_s']:.1f} samples/s")
 
     run_plan(spec.planned(), StudyStore.of_csv(spec.csv), measure, fresh=fresh, log=log,
-             own_pids=own_pids)
+             own_pids=own_pids, announce=True)
     return pd.read_csv(spec.csv)
 
 
