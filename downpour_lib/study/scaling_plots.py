@@ -23,7 +23,7 @@ import pandas as pd
 from ..records import TIME_PARTS
 from .core import latest_commit
 from .figures import figure_grid, measured_on, save_figure
-from .load import LOADED_SHARE
+from .load import LOADED_SHARE, MIN_WINDOW_S
 
 GROUP = ["algorithm", "model", "dataset", "batch_size"]
 FIGURES = ("throughput", "speedup", "efficiency", "breakdown")
@@ -287,6 +287,13 @@ def model_gaps(runs: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _seconds(before: float, after: float) -> str:
+    """'0.40 -> 0.70 s', or '1.2 -> 3.7 ms' for steps too short for hundredths of a second."""
+    if max(before, after) >= 0.1:
+        return f"{before:.2f} -> {after:.2f} s"
+    return f"{before * 1e3:.1f} -> {after * 1e3:.1f} ms"
+
+
 def _why(row) -> str:
     """The measured step's parts against the model's, and what on this machine explains them."""
     causes = []
@@ -301,8 +308,9 @@ def _why(row) -> str:
     reasons = []
     growth = getattr(row, "compute_s", float("nan")) / row.compute_1_s
     if growth > 1.15:
-        reasons.append(f"compute per step grew {growth:.2f}x over 1 worker ({row.compute_1_s:.2f} "
-                       f"-> {row.compute_s:.2f} s{': ' + ', '.join(causes) if causes else ''}); "
+        reasons.append(f"compute per step grew {growth:.2f}x over 1 worker ("
+                       f"{_seconds(row.compute_1_s, row.compute_s)}"
+                       f"{': ' + ', '.join(causes) if causes else ''}); "
                        "the model keeps the 1-worker compute")
         where = ""
     comm = getattr(row, "comm_s", 0.0) + getattr(row, "wait_s", 0.0)
@@ -473,10 +481,18 @@ def report(runs: pd.DataFrame, saved, predictions: pd.DataFrame | None = None) -
                      f"breakdown; the CSV's under_load column); {int(table.under_load.sum())} of "
                      f"{len(table)} points have such repeats, so their means are low and their "
                      "spread wide. Rerun on a quiet machine (fresh = True) for numbers to compare.")
+    elif "under_load" not in runs:
+        lines.append("this CSV predates the load columns: how busy the machine was is unknown")
     else:
-        lines.append(f"no run was measured under load (other processes took less than "
-                     f"{LOADED_SHARE:.0%} of the cores)" if "under_load" in runs else
-                     "this CSV predates the load columns: how busy the machine was is unknown")
+        unknown = int(others_share(runs).isna().sum())
+        if unknown == len(runs):
+            lines.append(f"how busy the machine was is unknown: every run was shorter than "
+                         f"{MIN_WINDOW_S:g} s, too short for /proc/stat to tell")
+        else:
+            lines.append(f"no run was measured under load (other processes took less than "
+                         f"{LOADED_SHARE:.0%} of the cores)" + (
+                             f"; unknown for {unknown} run(s) shorter than {MIN_WINDOW_S:g} s"
+                             if unknown else ""))
     if predictions is not None and len(predictions):
         notes = model_notes(runs[runs.model == runs.model.iloc[0]], predictions)
         if notes:
