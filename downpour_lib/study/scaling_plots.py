@@ -138,7 +138,7 @@ def _subtitle(runs: pd.DataFrame) -> str:
                 f"commit {str(first.get('git_sha', '?'))[:10]}"]
     loaded = load_summary(runs)
     return (setting + "\nmeasured on " + ", ".join(machine)
-            + (f"\n{LOADED_MARK}: {loaded}" if loaded else ""))
+            + (f"\n{loaded}: marked (red x; ! in the breakdown)" if loaded else ""))
 
 
 def _by_algorithm(table: pd.DataFrame):
