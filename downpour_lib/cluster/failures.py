@@ -116,9 +116,10 @@ LOST = "EngineError:"
 
 
 def silent_in(failures: list[EngineFailure]) -> set[int]:
-    """The ranks the failures name as silent: those a waiting rank's CommTimeout names, and those
-    whose engine the controller lost (no heartbeat: stopped, hung or dead)."""
-    silent = {f.rank for f in failures if f.error.startswith(LOST)}
+    """The ranks the failures name as silent: those a waiting rank's CommTimeout names. (An engine
+    the controller lost may be dead instead, e.g. with its Slurm job: ``ClusterSession`` counts it
+    silent only where it sees its process alive.)"""
+    silent: set[int] = set()
     for f in failures:
         found = SILENT.search(f.error)
         if found:

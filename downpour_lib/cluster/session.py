@@ -253,8 +253,8 @@ class ClusterSession:
                 now: float, silent_s: float | None) -> dict[int, str]:
         """rank -> how it was seen, of the ranks known to be silent now (see ``run``)."""
         silent = {rank: "" for rank in silent_in(failures)}
-        for f in failures:
-            if f.error.startswith(LOST):
+        for f in failures:  # lost by the controller, alive here: stopped or hung, not dead
+            if f.error.startswith(LOST) and self._process_status(f.rank) not in (None, "zombie"):
                 silent[f.rank] = "the controller stopped hearing its engine's heartbeat"
         if silent_s is None:
             return silent
