@@ -24,7 +24,17 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # IPython colours its tracebacks
 
 
 class NotebookError(DownpourError):
-    """A cell raised; the message holds the notebook, the cell and the traceback."""
+    """A cell raised; the message holds the notebook, the cell and the traceback. ``bad_input``:
+    where the cell refused a setting (``ConfigError``, ``DataError``), its one line (naming the
+    notebook), which is all a caller needs to say; else ''."""
+
+    def __init__(self, message: str, bad_input: str = "") -> None:
+        super().__init__(message)
+        self.bad_input = bad_input
+
+
+#: the exceptions a cell raises for bad input, which ``one_line_errors`` shows as one line
+BAD_INPUT = ("ConfigError", "DataError")
 
 
 def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
@@ -103,18 +113,33 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
     import nbformat
     from nbclient.exceptions import CellExecutionError
 
-    path = Path(path).resolve()
-    nb = inject_parameters(nbformat.read(path, as_version=4), parameters or {})
+    shown, path = str(path), Path(path).resolve()
+    if not path.is_file():
+        raise ConfigError("notebook", shown, "no such file" + (" (a directory)" if path.is_dir()
+                          else "") + ": give a notebook, e.g. notebooks/02_scaling_study.ipynb")
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 -- nbformat raises many kinds for a file it cannot read
+        raise ConfigError("notebook", shown, f"not a Jupyter notebook ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    nb = inject_parameters(nb, parameters or {})
     # The kernel is this Python's ipykernel; its kernelspec says just "python", so put this
     # environment's bin first on PATH (mpiexec and ipengine come from there too).
     kernel_env = dict(os.environ if env is None else env)
     kernel_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), kernel_env.get("PATH", "")])
+    # ipykernel's debugger warns, on the kernel's stderr, that frozen modules may hide breakpoints:
+    # noise in a headless run's output, above any error it has to show
+    kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    # the kernel's own WARNINGs (e.g. "running over TCP without encryption", on this machine's
+    # loopback) would stand above a run's output and its errors: only its errors show
     client = _client_class(echo)(nb, timeout=int(timeout_s), kernel_name="python3",
+                                 extra_arguments=["--IPKernelApp.log_level=ERROR"],
                                  resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute(env=kernel_env)
     except CellExecutionError as exc:
-        raise NotebookError(f"{path.name} failed:\n" + ANSI.sub("", str(exc))) from None
+        bad = f"{path.name}: {ANSI.sub('', exc.evalue)}" if exc.ename in BAD_INPUT else ""
+        raise NotebookError(f"{path.name} failed:\n" + ANSI.sub("", str(exc)), bad) from None
     finally:
         if output is not None:
             atomic_write_text(output, nbformat.writes(nb))

@@ -6,7 +6,7 @@ import typing
 from typing import Literal
 
 import pytest
-from conftest import BIN, downpour, explain, mpiexec, read_json
+from conftest import BIN, ROOT, downpour, explain, mpiexec, read_json
 
 from downpour_lib.algorithms import ALGORITHMS
 from downpour_lib.cli import build_parser, config_from_args, main
@@ -41,20 +41,42 @@ BAD_INPUTS = [
     (["--config", "{yaml}"], "config='{yaml}' is not valid: line 2, column 8: mapping values are not "
                              "allowed here", 2),
     (["--config", "{json}"], "config='{json}' is not valid: line 1, column 13: Expecting property name", 2),
+    # other commands: a row starting with a command word runs that command instead of train
+    (["notebook", "run", "{tmp}/nope.ipynb"],
+     "notebook='{tmp}/nope.ipynb' is not valid: no such file: give a notebook", 2),
+    (["notebook", "run", "{json}"], "notebook='{json}' is not valid: not a Jupyter notebook", 2),
+    (["notebook", "run", "{nb}", "-p", "workers=[1,"],
+     "parameter workers='[1,' is not valid: ", 2),
+    (["notebook", "run", "{nb}", "-p", "profile='local-mpi"],
+     "parameter profile=\"'local-mpi\" is not valid", 2),
+    (["notebook", "run", "{nb}", "-p", "stepz=3"],
+     "parameter='stepz' is not valid: the notebook's parameters are algorithms, workers", 2),
+    (["notebook", "run", "{nb}", "-p", "algorithms=['nope']", "-p", "out={tmp}"],
+     "downpour notebook: error: 02_scaling_study.ipynb: algorithms='nope' is not valid: choose "
+     "from local, sync_ps", 2),
+    (["model", "predict", "--model", "nope"], "model='nope' is not valid: choose one of ", 2),
+    (["model", "predict", "--model", "inception_small", "--algorithm", "allreduce,nope"],
+     "algorithm='nope' is not valid: choose one of ", 2),
+    (["model", "predict", "--model", "inception_small", "--calibration", "{tmp}/none.json"],
+     "calibration='{tmp}/none.json' is not valid: no such file", 2),
 ]
+COMMANDS = ("notebook", "model")
 
 
 @pytest.mark.parametrize("args, expected, status", BAD_INPUTS,
                          ids=[" ".join(a)[:40] for a, _, _ in BAD_INPUTS])
 def test_bad_input_exits_with_a_useful_message(capsys, tmp_path, args, expected, status):
     places = {"tmp": str(tmp_path), "file": str(tmp_path / "afile"), "yaml": str(tmp_path / "run.yaml"),
-              "json": str(tmp_path / "run.json")}
+              "json": str(tmp_path / "run.json"),
+              "nb": str(ROOT / "notebooks" / "02_scaling_study.ipynb")}
     (tmp_path / "afile").write_text("")
     (tmp_path / "run.yaml").write_text("algorithm: local\n  steps: 3\n")
     (tmp_path / "run.json").write_text('{"steps": 3,}')
-    assert main(["train", *(a.format(**places) for a in args)]) == status
+    argv = [a.format(**places) for a in args]
+    assert main(argv if args[0] in COMMANDS else ["train", *argv]) == status
     err = capsys.readouterr().err
     assert expected.format(**places) in err and "Traceback" not in err
+    assert "-------" not in err and "Kernel" not in err  # no dump of a notebook's cell
 
 
 @pytest.fixture
@@ -189,3 +211,24 @@ def test_models_and_datasets_listings(capsys):
     # inception_small, torchvision resnet18, cnn1d
     assert "1,649,402" in out and "11,689,512" in out and "5,210" in out
     assert len(out.strip().splitlines()) == 14  # header + 13 models
+
+
+def test_model_predict_reads_the_calibration_make_study_wrote(tmp_path, monkeypatch, capsys):
+    """`make study` calibrates the model into results/<host>/scaling/; `model predict` right after
+    it reads that file (and says which), and names a missing calibration's two places and makers."""
+    from downpour_lib.study.core import host_dirname
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["model", "predict", "--model", "inception_small"]) == 2
+    err = capsys.readouterr().err
+    here = f"results/{host_dirname()}"
+    assert f"calibration='{here}/scaling/calibration.json' is not valid: no such file, nor " \
+           f"{here}/model/calibration.json: run `make study`" in err, err
+    written = tmp_path / here / "scaling" / "calibration.json"
+    written.parent.mkdir(parents=True)
+    written.write_text((ROOT / "results/reference/scaling/calibration.json").read_text())
+    assert main(["model", "predict", "--model", "inception_small", "--algorithm", "allreduce,sgp",
+                 "--workers", "2,64"]) == 0
+    out = capsys.readouterr().out
+    assert f"({here}/scaling/calibration.json)" in out and out.count("allreduce") >= 2, out
+

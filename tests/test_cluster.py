@@ -31,6 +31,7 @@ from downpour_lib.cluster import (
 from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
+from downpour_lib.study.load import COLUMNS as LOAD_COLUMNS
 from downpour_lib.study.scaling import StudySpec, run_study, run_study_on_cluster
 
 TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
@@ -134,9 +135,46 @@ def test_a_stopped_engine_is_named_as_the_silent_rank_not_the_one_that_waited(lo
     assert str(error).startswith("stop_on_rank: rank(s) 1 went silent"), str(error)
     assert "waited 5 s in allreduce" in error.failures[0].error, error.failures[0]
     assert "the engines were restarted" in str(error)
-    assert not {e["pid"] for e in local_cluster.engines.values()} & before
     assert not alive(stopped), "the stopped engine outlived the restart"
     assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
+
+
+def test_an_engine_stopped_during_train_is_the_silent_rank_of_a_cluster_timeout(local_cluster):
+    """SIGSTOP from outside (Ctrl-Z, a debugger, a stuck node) on one engine of a training run:
+    ClusterTimeout names it in .silent, not ClusterRunError with ipyparallel's tracebacks; the
+    engines restart and the next run trains."""
+    config = TrainConfig(**{**TINY, "algorithm": "allreduce", "steps": 100_000, "eval_every": 0,
+                            "final_eval": False, "timeout_s": 20})
+    before = {e["pid"] for e in local_cluster.engines.values()}
+    victim = local_cluster.engines[1]["pid"]
+    stopped_at: list[float] = []
+
+    def stop() -> None:
+        stopped_at.append(time.monotonic())
+        os.kill(victim, signal.SIGSTOP)
+
+    timer = threading.Timer(8.0, stop)  # start-up or training: either way, mid-call
+    timer.start()
+    try:
+        with pytest.raises(ClusterTimeout) as caught:
+            local_cluster.train(config)
+        took = time.monotonic() - stopped_at[0]
+    finally:
+        timer.cancel()
+        if alive(victim):
+            os.kill(victim, signal.SIGCONT)
+    error = caught.value
+    assert error.silent == [1], str(error)
+    text = str(error)
+    assert text.startswith("allreduce on 2 rank(s): rank(s) 1 went silent"), text
+    assert f"pid {victim}" in text or "heartbeat" in text, text
+    assert "Traceback" not in text and "ipyparallel" not in text, text
+    print(f"ClusterTimeout {took:.1f} s after the SIGSTOP, at timeout_s=20")
+    assert not alive(victim), "the stopped engine outlived the restart"
+    again = local_cluster.train(TrainConfig(**TINY))
+    assert again.summary["world_size"] == 2
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
 
 
 def alive(pid: int) -> bool:
@@ -177,7 +215,8 @@ def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
     assert by_cluster.run_id.tolist() == by_mpiexec.run_id.tolist()
     assert by_cluster.world_size.tolist() == [1, 2]
     measured = {"samples_per_s", "step_s", "data_s", "compute_s", "comm_s", "wait_s", "update_s",
-                "wall_s", "timestamp", "final_train_loss", "test_loss", "test_accuracy"}
+                "wall_s", "timestamp", "final_train_loss", "test_loss", "test_accuracy",
+                *LOAD_COLUMNS}  # how busy the machine was during each run
     same = [c for c in by_mpiexec.columns if c not in measured]
     pd.testing.assert_frame_equal(by_cluster[same], by_mpiexec[same])
     for column in ("final_train_loss", "test_loss"):  # the same training, whoever launched it

@@ -3,6 +3,7 @@ from the CSV; the committed reference names its machine and a study here never t
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -248,3 +249,172 @@ def test_a_cluster_study_runs_smaller_worlds_after_larger_ones(tmp_path):
     runs = run_study_on_cluster(spec, log=lambda line: None)
     assert sorted(zip(runs.algorithm, runs.world_size, runs["repeat"], strict=True)) == [
         ("ddp", 2, 0), ("ddp", 2, 1), ("sync_ps", 3, 0), ("sync_ps", 3, 1)]
+
+
+def test_every_run_records_the_load_and_the_log_counts_the_runs(study):
+    _, _, runs, log = study
+    from downpour_lib.study.load import COLUMNS
+
+    for column in COLUMNS:
+        assert runs[column].notna().all(), column
+    assert runs.under_load.isin([True, False]).all()
+    assert ((runs.load_others_share >= 0) & (runs.load_others_share <= 1.01)).all()
+    assert (runs.under_load == (runs.load_others_share >= 0.10)).all()
+    assert (runs.load_window_s > 0).all() and (runs.load_avg_1m_end >= 0).all()
+    started = [line for line in log if line.startswith("run   ")]
+    assert [line.split(":")[0] for line in started] == [f"run   {k} of 8" for k in range(1, 9)]
+    assert any(line.startswith("done  8 of 8: ") for line in log), log
+
+
+def _spin(seconds: float) -> str:
+    return f"import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass"
+
+
+def test_the_load_probe_counts_other_processes_and_not_the_runs_own():
+    """Reference: the CPU time of a process outside the run (an orphan, as another user's job is)
+    must be in load_others_cpu_s, and that of the run's own child must not."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from downpour_lib.study.load import LoadProbe, machine_busy_s
+
+    # a busy process that is not this one's descendant: its shell exits, leaving it to init
+    other_pid = int(subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True).stdout)
+    other = psutil.Process(other_pid)
+    try:
+        assert os.getpid() not in [p.pid for p in other.parents()]
+        time.sleep(0.5)
+        busy0, other0 = machine_busy_s(), sum(other.cpu_times()[:2])
+        with LoadProbe() as probe:
+            child = subprocess.run([sys.executable, "-c", _spin(1.5)], check=True)
+        other_s, busy_s = sum(other.cpu_times()[:2]) - other0, machine_busy_s() - busy0
+    finally:
+        other.kill()
+        other.wait(10)
+    assert child.returncode == 0
+    load = probe.columns()
+    assert load["load_others_cpu_s"] >= 0.9 * other_s - 0.1, (load, other_s)
+    assert load["load_others_cpu_s"] <= busy_s - 0.9 * 1.5 + 0.1, (load, busy_s)  # not its own child
+    assert load["under_load"] == (load["load_others_share"] >= 0.10)
+
+
+def _loaded_runs(study_runs: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows, with sync_ps at 2 workers measured under load in one of its repeats."""
+    runs = study_runs.copy()
+    runs["under_load"] = False
+    runs["load_others_share"] = 0.02
+    hit = runs.index[(runs.algorithm == "sync_ps") & (runs.num_workers == 2)][:1]
+    runs.loc[hit, ["under_load", "load_others_share", "load_avg_1m_end"]] = [True, 0.41, 6.2]
+    return runs
+
+
+def test_runs_under_load_are_marked_in_every_figure_and_said_at_the_end(study, tmp_path):
+    from downpour_lib.study.scaling_plots import LOADED_MARK, breakdown_figure, report
+
+    _, _, study_runs, _ = study
+    runs = _loaded_runs(study_runs)
+    table = scaling_table(runs)
+    loaded = table[table.under_load]
+    assert list(zip(loaded.algorithm, loaded.num_workers, loaded.loaded_runs, strict=True)) == \
+        [("sync_ps", 2, 1)]
+    ax = throughput_figure(runs).axes[0]
+    handles, labels = ax.get_legend_handles_labels()
+    marks = [h for h, label in zip(handles, labels, strict=True) if label.startswith(LOADED_MARK)]
+    assert len(marks) == 1
+    assert [tuple(p) for p in marks[0].get_offsets()] == [
+        (dodged(table)[loaded.index[0]], loaded.samples_per_s.iloc[0])]
+    assert "1 of 8 runs measured under load (other processes took up to 41% of the cores, " \
+           "load average up to 6.2)" in ax.get_title()
+    assert any(t.get_text() == "1/2" for t in ax.texts)
+    bars = breakdown_figure(runs).axes[0]
+    crowded = "*" if table[table.under_load].ranks_exceed_cores.iloc[0] else ""
+    assert [t.get_text() for t in bars.get_xticklabels()].count(f"sync_ps\n2w{crowded}!") == 1
+    text = report(runs, [tmp_path / "a.png"])
+    assert text.startswith(f"figures (from 8 runs):\n  {tmp_path / 'a.png'}")
+    assert "MEASURED UNDER LOAD: 1 of 8 runs" in text and "1 of 4 points" in text
+    quiet = report(runs.assign(under_load=False), [])
+    assert "no run was measured under load" in quiet
+
+
+def test_the_breakdown_draws_the_spread_of_the_step_over_repeats(study):
+    from downpour_lib.records import TIME_PARTS
+    from downpour_lib.study.scaling_plots import breakdown_figure
+
+    _, _, runs, _ = study
+    ax = breakdown_figure(runs).axes[0]
+    bars = [c for c in ax.containers if getattr(c, "has_yerr", False)]
+    assert len(bars) == 1
+    heights = [(seg[1][1] - seg[0][1]) / 2 for seg in bars[0].lines[2][0].get_segments()]
+    step = runs.assign(total=runs[list(TIME_PARTS)].sum(axis=1))
+    spread = step.groupby(["algorithm", "num_workers"]).total.std()
+    assert heights == pytest.approx(list(spread.sort_index()), abs=1e-9)
+    assert all(h > 0 for h in heights)
+    assert "std of the step over repeats" in ax.get_title()
+
+
+def _model_case():
+    """Three algorithms measured at 1 and 2 workers whose compute per step grew 1.75x at 2 (ranks
+    sharing the cores), and the model's curves: b and c coincide, a differs."""
+    rows = []
+    for name in ("a", "b", "c"):
+        for workers, rate, compute in ((1, 100.0, 0.4), (2, 110.0, 0.7)):
+            for r in range(2):
+                rows.append({"algorithm": name, "model": "m", "dataset": "d", "batch_size": 8,
+                             "num_workers": workers, "world_size": workers, "cores": 2,
+                             "hosts": "box", "host": "box", "cpu_model": "cpu",
+                             "torch_version": "2.x", "git_sha": "0123456789abcdef",
+                             "measured_steps": 10, "samples_per_s": rate + r,
+                             "data_s": 0.0, "compute_s": compute, "comm_s": 0.01, "wait_s": 0.0,
+                             "update_s": 0.01})
+    preds = []
+    for name, drop in (("a", 0.002), ("b", 0.0), ("c", 0.0)):
+        for workers in (1, 2, 4, 1024):
+            preds.append({"algorithm": name, "model": "m", "workers": workers,
+                          "efficiency": 1.0 - drop * (workers > 1) * workers ** 0.5,
+                          "compute_s": 0.4, "comm_s": 0.01, "calibration": "measured-box"})
+    return pd.DataFrame(rows), pd.DataFrame(preds)
+
+
+def test_the_model_figure_names_its_machine_and_says_why_measurement_differs():
+    from downpour_lib.study.scaling_plots import model_gaps, model_notes, scaling_model_figure
+
+    runs, predictions = _model_case()
+    gaps = model_gaps(runs, predictions)
+    assert list(gaps.algorithm) == ["a", "b", "c"] and gaps.differs.all()
+    assert gaps.efficiency.iloc[0] == pytest.approx(110.5 / 100.5 / 2)
+    notes = model_notes(runs, predictions)
+    assert len(notes) == 3
+    assert notes[1].startswith("b at 2 workers: measured 0.55, predicted 1.00: compute per step "
+                               "grew 1.75x over 1 worker (0.40 -> 0.70 s")
+    fig = scaling_model_figure(runs, predictions)
+    assert "measured on box" in fig._suptitle.get_text()
+    assert "commit 0123456789" in fig._suptitle.get_text()
+    near, far = fig.axes
+    _, labels = far.get_legend_handles_labels()
+    assert labels == ["a", "b, c"]  # coinciding curves drawn once
+    caption = " ".join(t.get_text() for t in fig.texts)
+    assert "3 of 3 measured points differ from the model" in caption
+    assert "compute per step grew 1.75x over its 1-worker time" in caption
+    # the measured points sit apart from each other at 2 workers, predicted beside each
+    xs = [c.lines[0].get_xdata()[0] for c in near.containers if c.has_yerr]
+    assert len(set(xs)) == 3
+    agree = runs.assign(samples_per_s=runs.samples_per_s.where(runs.num_workers == 1,
+                                                               runs.samples_per_s * 1.8))
+    assert not model_gaps(agree, predictions).differs.any()
+    assert model_notes(agree, predictions) == []
+
+
+def test_the_study_says_which_algorithms_it_leaves_out_and_why():
+    from downpour_lib.algorithms import ALGORITHMS
+    from downpour_lib.study.scaling import DEFAULT_ALGORITHMS, LEFT_OUT, left_out
+
+    assert set(DEFAULT_ALGORITHMS) | set(LEFT_OUT) == set(ALGORITHMS)
+    assert not set(DEFAULT_ALGORITHMS) & set(LEFT_OUT)
+    text = left_out(DEFAULT_ALGORITHMS)
+    assert text.startswith("8 of the 13 algorithms are in this study; left out:")
+    assert all(f"  {name}: {why}" in text for name, why in LEFT_OUT.items())
+    assert left_out(tuple(ALGORITHMS)) == "all 13 algorithms are in this study"

@@ -43,13 +43,24 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A value holding one of these was meant as a Python literal (a list, a dict, a quoted string):
+#: one that does not parse is a typo to refuse, not a string to pass on (``workers='[1,'``).
+LITERAL_MARKS = "[](){}'\""
+
+
 def parse_parameter(text: str) -> tuple[str, object]:
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
         raise argparse.ArgumentTypeError(f"{text!r}: give NAME=VALUE, e.g. steps=10")
     try:
         return name, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError) as exc:
+        if any(mark in value for mark in LITERAL_MARKS):
+            why = exc.msg if isinstance(exc, SyntaxError) else "not a Python literal"
+            raise argparse.ArgumentTypeError(
+                f"parameter {name}={value!r} is not valid: {why}; give a Python literal, e.g. "
+                f"{name}='[1, 2]' or {name}='\"text\"' (shell-quoted), or a plain word as a "
+                "string") from None
         return name, value
 
 
@@ -64,6 +75,9 @@ def cmd_notebook(args: argparse.Namespace) -> int:
     try:
         run_notebook(args.notebook, params, output=args.output, timeout_s=args.timeout, echo=True)
     except NotebookError as exc:
+        if exc.bad_input:  # a parameter the library refused: its one line, as a flag's would be
+            print(f"downpour notebook: error: {exc.bad_input}", file=sys.stderr)
+            return 2
         print(f"downpour notebook: {exc}", file=sys.stderr)
         return 1
     return 0

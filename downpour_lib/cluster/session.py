@@ -12,9 +12,11 @@ already runs a cluster; ``connect(profile)`` attaches to a cluster that ``ipclus
   other ranks get ``grace_s`` to notice (a dead peer usually breaks their collectives at once); ranks
   still blocked after that, a run past its timeout, and a run interrupted from the notebook (Ctrl-C,
   "interrupt kernel") get the engines restarted, so the next cell runs on fresh engines and the
-  notebook kernel never needs a restart. When the other ranks time out waiting on a rank that went
-  silent (stopped or hung: the ``mpi`` backend names it), the error is ``ClusterTimeout`` naming
-  that rank;
+  notebook kernel never needs a restart. When a rank goes silent (stopped or hung), the error is
+  ``ClusterTimeout`` naming it in ``.silent``, within the job's timeout and a few seconds: the other
+  ranks time out waiting on it (the ``mpi`` backend names it), the controller loses its heartbeat,
+  or (``train``) its engine's process here has been stopped for the config's ``timeout_s``; the
+  engines restart, and the next call waits for them;
 - ``train(config)`` runs a ``TrainConfig`` on the first ``world_size`` ranks and returns rank 0's
   ``RunResult``; ``launch`` is the same as a launcher for ``study.core.run_plan``;
 - ``activate()`` registers ``%px`` and ``%%px`` for interactive cells on all engines.
@@ -25,120 +27,31 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from ..errors import ConfigError, DownpourError
+from ..errors import ConfigError
 from . import remote
+from .failures import (  # noqa: F401 -- ClusterPreempted and CONTINUE: importable from here too
+    CONTINUE,
+    LOST,
+    SILENT_REPORT_S,
+    ClusterError,
+    ClusterPreempted,
+    ClusterRunError,
+    ClusterTimeout,
+    EngineFailure,
+    _clean_traceback,
+    _preempted,
+    silent_in,
+)
 from .mpiexec import clear_stale_sessions
 from .profiles import ensure_profile, profile_dir
-
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# how comm.mpi.liveness.CommTimeout names the ranks that stopped answering
-# ("rank 2 on node2 went silent", "ranks 1 on a, 3 on b went silent")
-SILENT = re.compile(r"\branks? ((?:\d+(?: on [^\s,]+)?)(?:, \d+(?: on [^\s,]+)?)*) went silent")
-
-
-class ClusterError(DownpourError):
-    """The cluster did not start, or its engines are not one MPI world."""
-
-
-@dataclass(frozen=True)
-class EngineFailure:
-    rank: int
-    engine_id: int
-    host: str
-    error: str  # "RuntimeError: what went wrong"
-    traceback: str
-
-    def __str__(self) -> str:
-        return f"rank {self.rank} (engine {self.engine_id} on {self.host}) failed: {self.error}\n" \
-               f"{self.traceback}"
-
-
-class ClusterRunError(DownpourError):
-    """A job failed on one or more engines; ``failures`` holds each one's rank and traceback, in
-    the order they failed (the first is usually the cause; later ones are often peers that lost it)."""
-
-    def __init__(self, what: str, failures: list[EngineFailure], stuck: list[int], restarted: bool):
-        self.failures, self.stuck, self.restarted = failures, stuck, restarted
-        lines = [f"{what} failed on rank(s) {', '.join(str(f.rank) for f in failures)} "
-                 f"(first: rank {failures[0].rank}):"]
-        lines += [str(f) for f in failures]
-        if stuck:
-            lines.append(f"rank(s) {', '.join(map(str, stuck))} were still waiting on the failed "
-                         "rank(s)" + ("; the engines were restarted" if restarted else ""))
-        super().__init__("\n".join(lines))
-
-
-class ClusterPreempted(DownpourError):
-    """A run on the engines stopped for a preemption signal (the engines' Slurm job is near its
-    time limit, or the site preempts it), after writing its checkpoint."""
-
-
-#: What a notebook does after a preemption (or the engine job's end), said by both errors.
-CONTINUE = ("To continue: cluster.restart_engines() (a new engine job for slurm-mpi), then call "
-            "train() with the same config: on Slurm engines it resumes from the newest checkpoint "
-            "of that configuration in its checkpoint_dir (resume='auto')")
-
-
-def _preempted(exc: ClusterRunError, job: str | None) -> ClusterPreempted | None:
-    """The ``ClusterPreempted`` a failed run is, if its ranks stopped for a preemption signal."""
-    stopped = [f for f in exc.failures if f.error.startswith("Preempted: ")]
-    if not stopped:
-        return None
-    what = stopped[0].error.removeprefix("Preempted: ")
-    where = f"the engines' Slurm job {job}" if job else "the engines"
-    return ClusterPreempted(
-        f"{where} got the preemption signal (its time limit is near, or the site preempts it), so "
-        f"the run stopped: {what}. {CONTINUE}.")
-
-
-class ClusterTimeout(DownpourError):
-    """A job ran past its time limit, or a rank went silent (stopped, hung or gone) and the others
-    timed out waiting for it; the engines were restarted. ``silent``: the ranks that went silent
-    (empty when the job just ran too long); ``failures``: the timeouts of the ranks that waited."""
-
-    def __init__(self, message: str, silent: list[int] = (), failures: list[EngineFailure] = ()):
-        super().__init__(message)
-        self.silent, self.failures = list(silent), list(failures)
-
-    @classmethod
-    def silent_rank(cls, what: str, failures: list[EngineFailure],
-                    restarted: bool) -> ClusterTimeout | None:
-        """The timeout to raise when every failure is a rank timing out on a silent one; else None."""
-        named = [SILENT.search(f.error) if f.error.startswith("CommTimeout:") else None
-                 for f in failures]
-        if not named or not all(named):
-            return None
-        silent = sorted({int(r.split()[0]) for m in named for r in m[1].split(", ")})
-        waited = ", ".join(str(f.rank) for f in failures)
-        lines = [f"{what}: rank(s) {', '.join(map(str, silent))} went silent (stopped, hung or "
-                 f"gone); rank(s) {waited} timed out waiting:"]
-        lines += [f"rank {f.rank} (engine {f.engine_id} on {f.host}): {f.error}" for f in failures]
-        if restarted:
-            lines.append("the engines were restarted")
-        return cls("\n".join(lines), silent, failures)
-
-
-def _clean_traceback(text: str) -> str:
-    """The engine's traceback without colour codes and without ipyparallel's own frames (the
-    ``do_apply`` frame and the ``<string>`` call it executes): it starts at the job's function."""
-    lines = ANSI.sub("", text or "").splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("File <string>:")]
-    if starts:
-        rest = lines[starts[0] + 1:]
-        first = next((i for i, line in enumerate(rest) if line.startswith("File ")), None)
-        if first is not None:
-            lines = lines[:2] + rest[first:]  # keep the "----" rule and the exception header
-    return "\n".join(lines)
 
 
 def _finished_at(future) -> float:
@@ -190,6 +103,7 @@ class ClusterSession:
         self.size = 0
         self.engines: dict[int, dict[str, Any]] = {}  # rank -> {engine_id, host, pid}
         self._view = None
+        self._restarting: set[int] | None = None  # the old engines' pids, while a restart is pending
         # pid -> psutil.Process: this machine's processes of a cluster we started (controller,
         # mpiexec, engines, their nannies), all of which stop() waits for
         self._processes: dict[int, Any] = {}
@@ -226,6 +140,14 @@ class ClusterSession:
             for p in family:
                 if p.pid != os.getpid():
                     self._processes.setdefault(p.pid, p)
+
+    def local_pids(self) -> list[int]:
+        """The engines' process ids on this machine and the controller's, if this session
+        started it: whose CPU time is a job's own, not other work's (``study.load``)."""
+        here = socket.gethostname()
+        pids = [e["pid"] for e in self.engines.values() if e["host"] == here]
+        process = getattr(getattr(self.cluster, "controller", None), "process", None)
+        return pids + ([process.pid] if getattr(process, "pid", None) else [])
 
     @property
     def ranks(self) -> dict[int, int]:
@@ -271,9 +193,14 @@ class ClusterSession:
     # -- running ---------------------------------------------------------------------------------
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
-            what: str | None = None, **kwargs: Any) -> dict[int, Any]:
-        """Call ``fn(*args, **kwargs)`` on every engine; returns ``{rank: value}``."""
+            what: str | None = None, silent_s: float | None = None, **kwargs: Any) -> dict[int, Any]:
+        """Call ``fn(*args, **kwargs)`` on every engine; returns ``{rank: value}``. ``silent_s``
+        (``train`` passes its config's ``timeout_s``): an engine of this machine whose process
+        stays stopped (SIGSTOP, a debugger) that long is a silent rank, as one the controller
+        loses or a waiting rank's CommTimeout names: the run ends at once with ClusterTimeout
+        naming it, and the engines restart (the next call waits for them)."""
         what = what or getattr(fn, "__name__", "the job")
+        self._await_restart()
         self._check_engines(what)
         futures = {rank: self.client[e["engine_id"]].apply_async(fn, *args, **kwargs)
                    for rank, e in self.engines.items()}
@@ -281,6 +208,8 @@ class ClusterSession:
         failures: list[EngineFailure] = []
         deadline = time.monotonic() + timeout_s if timeout_s else None
         first_failure = None
+        stopped: dict[int, float] = {}  # rank -> since when its process is seen stopped
+        silent_seen = None  # when a silent rank was first known
         try:
             while futures:
                 ready = [rank for rank in futures if futures[rank].ready()]
@@ -292,6 +221,14 @@ class ClusterSession:
                 if not futures:
                     break
                 now = time.monotonic()
+                silent = self._silent(futures, failures, stopped, now, silent_s)
+                silent_seen = (silent_seen or now) if silent else None
+                # a silent rank never answers: once the ranks still running are all silent, or
+                # the others had a moment to report their timeouts, waiting longer tells nothing
+                if silent and (set(futures) <= set(silent) or now - silent_seen > SILENT_REPORT_S):
+                    self._kill_stopped(silent)
+                    self.restart_engines(wait=False)
+                    raise ClusterTimeout.of_silent(what, silent, failures, True)
                 if first_failure is not None and now - first_failure > self.grace_s:
                     break
                 if deadline is not None and now > deadline:
@@ -311,6 +248,51 @@ class ClusterSession:
             raise (ClusterTimeout.silent_rank(what, failures, bool(stuck))
                    or ClusterRunError(what, failures, stuck, bool(stuck)))
         return dict(sorted(results.items()))
+
+    def _silent(self, futures, failures: list[EngineFailure], stopped: dict[int, float],
+                now: float, silent_s: float | None) -> dict[int, str]:
+        """rank -> how it was seen, of the ranks known to be silent now (see ``run``)."""
+        silent = {rank: "" for rank in silent_in(failures)}
+        for f in failures:  # lost by the controller, alive here: stopped or hung, not dead
+            if f.error.startswith(LOST) and self._process_status(f.rank) not in (None, "zombie"):
+                silent[f.rank] = "the controller stopped hearing its engine's heartbeat"
+        if silent_s is None:
+            return silent
+        for rank in futures:
+            if self._process_status(rank) == "stopped":
+                stopped.setdefault(rank, now)
+                if now - stopped[rank] >= silent_s:
+                    e = self.engines[rank]
+                    silent[rank] = (f"engine {e['engine_id']} on {e['host']}, pid {e['pid']}: its "
+                                    f"process has been stopped for {now - stopped[rank]:.0f} s")
+            else:
+                stopped.pop(rank, None)
+        return silent
+
+    def _process_status(self, rank: int) -> str | None:
+        """psutil's status of the rank's engine process, where it runs on this machine."""
+        import psutil
+
+        engine = self.engines[rank]
+        if engine["host"] != socket.gethostname():
+            return None
+        try:
+            status = psutil.Process(engine["pid"]).status()
+        except psutil.Error:
+            return None
+        return "stopped" if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) else status
+
+    def _kill_stopped(self, ranks) -> None:
+        """SIGKILL the silent ranks' engines that are stopped here: a stopped process defers every
+        other signal, so stopping the engines would wait on it to its launcher's last resort."""
+        import psutil
+
+        for rank in ranks:
+            if self._process_status(rank) == "stopped":
+                try:
+                    psutil.Process(self.engines[rank]["pid"]).kill()
+                except psutil.Error:
+                    pass
 
     def _check_engines(self, what: str) -> None:
         """Raise a ClusterError if an engine of the world has gone (killed, crashed, or its node
@@ -344,12 +326,16 @@ class ClusterSession:
         return f"the engines' Slurm job {job} is {state} ({why[state]})" if state in why else None
 
     def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
-        from ipyparallel.error import RemoteError
+        from ipyparallel.error import EngineError, RemoteError
 
         engine = self.engines[rank]
         try:
             results[rank] = future.get(0)
             return None
+        except EngineError as exc:  # the controller lost the engine; the traceback is the client's
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return EngineFailure(rank, engine["engine_id"], engine["host"],
+                                 f"{LOST} {first} (no heartbeat: stopped, hung or dead)", "")
         except RemoteError as exc:
             return EngineFailure(rank, engine["engine_id"], engine["host"],
                                  f"{exc.ename}: {exc.evalue}", _clean_traceback(exc.traceback))
@@ -374,7 +360,8 @@ class ClusterSession:
         plan_run(config, world_size, load_dataset(config.dataset, config.data_dir).train)
         try:
             results = self.run(remote.train, config.to_dict(), world_size, timeout_s=timeout_s,
-                               what=f"{config.algorithm} on {world_size} rank(s)")
+                               what=f"{config.algorithm} on {world_size} rank(s)",
+                               silent_s=config.timeout_s)
         except ClusterRunError as exc:
             preempted = _preempted(exc, self.slurm_job())
             ended = None if preempted else self.slurm_job_ended()  # killed with the job
@@ -408,11 +395,22 @@ class ClusterSession:
 
     # -- restart and stop ------------------------------------------------------------------------
 
-    def restart_engines(self) -> None:
+    def restart_engines(self, wait: bool = True) -> None:
         """Stop the engines (whatever they are doing, or after one died) and start as many again
-        with the same launcher."""
+        with the same launcher; with ``wait=False``, return once they are started, and the next
+        job waits for them to register."""
+        self._await_restart()
         stale = {e["pid"] for e in self.engines.values()}
         self.cluster.restart_engines_sync()
+        self._restarting = stale
+        if wait:
+            self._await_restart()
+
+    def _await_restart(self) -> None:
+        """After ``restart_engines(wait=False)``: wait for the new engines and map their ranks."""
+        if self._restarting is None:
+            return
+        stale, self._restarting = self._restarting, None
         self.wait_for_engines(self.size, stale_pids=stale)
         if self._view is not None:
             self._view = None

@@ -28,7 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +41,7 @@ from ..checkpoint import atomic_write_text
 from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, run_mpiexec
 from ..config import TrainConfig
 from ..errors import DownpourError
+from .load import LoadProbe, describe
 
 #: The studies, each a directory of results/<host>/ and of results/reference/.
 STUDIES = ("scaling", "staleness", "gossip", "accuracy")
@@ -257,33 +258,48 @@ def pending(plan: Sequence[PlannedRun], store: StudyStore, fresh: bool = False) 
 
 def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *, fresh: bool = False,
              log: Callable[[str], None] = print,
-             before_first: Callable[[], None] | None = None) -> list[str]:
+             before_first: Callable[[], None] | None = None,
+             own_pids: Callable[[], Iterable[int]] | None = None,
+             announce: bool = False) -> list[str]:
     """Measure every run of ``plan`` not yet in ``store`` (all of them if ``fresh``), adding one row
     each; ``before_first`` is called once before the first run that is measured (e.g. to warm up
-    fresh engines). A run that fails is logged and the others go on; then StudyError lists the
-    failures. Returns the run ids of the plan, in plan order."""
+    fresh engines). Each row also records how busy the machine was while the run ran
+    (``load.LoadProbe``; ``own_pids``: the run's processes that are not this process's
+    descendants, e.g. the engines of a cluster started elsewhere), and the log counts the runs
+    ("done  3 of 48: ...", and with ``announce`` "run   3 of 48: ..." as each starts, for studies
+    whose measure says nothing before its run). A run that fails is logged and the others go on;
+    then StudyError lists the failures. Returns the run ids of the plan, in plan order."""
     if fresh:
         store.clear()
     done = store.done()
+    todo = list({run.run_id: run for run in plan if run.run_id not in done}.values())  # plan order
     failures: list[str] = []
     warmed = before_first is None
     for run in plan:
         rid = run.run_id
         if rid in done:
             log(f"skip  {run.label} (run {rid} already in {store})")
-            continue
+    for k, run in enumerate(todo, 1):
+        rid = run.run_id
+        count = f"{k} of {len(todo)}"
         if not warmed:
             before_first()
             warmed = True
+        if announce:
+            log(f"run   {count}: {run.label} ...")
         try:
-            outcome = measure(run)
+            with LoadProbe(own_pids) as probe:
+                outcome = measure(run)
         except DownpourError as exc:  # this run failed (a rank, a timeout): record it, go on
             failures.append(f"{run.label}: {exc}")
-            log(f"FAIL  {run.label}: {exc}")
+            log(f"FAIL  {count}: {run.label}: {exc}")
             continue
+        load = probe.columns()
+        outcome = Outcome({**outcome.row, **load}, outcome.tables, outcome.note)
         store.add(run, outcome)
         done.add(rid)
-        log(f"done  {run.label}: {outcome.note}" if outcome.note else f"done  {run.label}")
+        notes = [n for n in (outcome.note, describe(load) if load.get("under_load") else "") if n]
+        log(f"done  {count}: {run.label}" + (": " + "; ".join(notes) if notes else ""))
     if failures:
         raise StudyError(f"{len(failures)} run(s) failed; the others are in {store}:\n"
                          + "\n".join(failures))

@@ -16,7 +16,42 @@ from .perfmodel import ALGORITHMS, MODELLED_OPTIONS
 
 
 def default_calibration() -> Path:
+    """Where ``downpour model calibrate`` (and notebook 06) write this machine's calibration."""
     return Path("results") / host_dirname() / "model" / "calibration.json"
+
+
+def study_calibration() -> Path:
+    """Where ``make study`` (notebook 02, ``model_plots.model_for_study``) writes it."""
+    return Path("results") / host_dirname() / "scaling" / "calibration.json"
+
+
+def find_calibration() -> Path:
+    """This machine's calibration for ``model predict``: the newer of ``default_calibration()``
+    and ``study_calibration()``, so that right after ``make study`` predict reads what it wrote;
+    a ConfigError naming both, and how to make either, when there is neither."""
+    found = [p for p in (default_calibration(), study_calibration()) if p.is_file()]
+    if not found:
+        raise ConfigError("calibration", str(study_calibration()),
+                          f"no such file, nor {default_calibration()}: run `make study` (it "
+                          "calibrates the model on this machine), or `downpour model calibrate`, "
+                          "or give --calibration FILE or --preset NAME")
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def check_names(model: str, algorithms: list[str]) -> None:
+    """--model and --algorithm against the names that exist, before any file is read."""
+    from ..errors import unknown_name
+    from ..models import MODELS
+    from .presets import PRESETS
+
+    models = set(MODELS) | {m for cal in PRESETS.values() for m in cal.workloads}
+    if model not in models:
+        raise unknown_name("model", model, models)
+    if not algorithms:
+        raise ConfigError("algorithm", "", "give one or more of " + ", ".join(ALGORITHMS))
+    for name in algorithms:
+        if name not in ALGORITHMS:
+            raise unknown_name("algorithm", name, ALGORITHMS)
 
 
 def _ints(text: str) -> list[int]:
@@ -64,7 +99,9 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--preset", choices=sorted(PRESETS), help="published hardware")
     where.add_argument("--calibration", default=None,
-                       help=f"a `downpour model calibrate` file (default: {default_calibration()})")
+                       help=f"a calibration file (default: the newer of {study_calibration()}, "
+                            f"which `make study` writes, and {default_calibration()}, which "
+                            "`downpour model calibrate` writes)")
     p.add_argument("--model", required=True, help="a model the calibration has compute for")
     p.add_argument("--algorithm", default="allreduce",
                    help=f"comma-separated, of {', '.join(ALGORITHMS)}")
@@ -120,10 +157,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .perfmodel import predict_rows
     from .presets import PRESETS
 
-    cal = PRESETS[args.preset] if args.preset else load(args.calibration or default_calibration())
+    algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+    check_names(args.model, algorithms)
+    path = None if args.preset else (args.calibration or find_calibration())
+    cal = PRESETS[args.preset] if args.preset else load(path)
+    cal.workload(args.model)  # a model this calibration has no compute for: named before predicting
     if args.collective:
         cal = replace(cal, collective=args.collective)
-    algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
     options: dict[str, dict] = {}
     for algorithm, key, value in args.option:
         if algorithm not in algorithms:
@@ -135,7 +175,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         options.setdefault(algorithm, {})[key] = value
     rows = predict_rows(cal, algorithms, args.workers, args.model, options)
     table = pd.DataFrame(rows)
-    print(f"calibration {cal.name}: {cal.source}")
+    print(f"calibration {cal.name}" + (f" ({path})" if path else "") + f": {cal.source}")
     print(table[["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]]
           .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.json:

@@ -69,12 +69,16 @@ def model_for_study(study: str | Path, out: str | Path | None = None,
     if collectives is None:
         collectives = out / "collectives.json"
         if not collectives.is_file():
+            print(f"measuring this machine's link for the model: `downpour bench collectives` on "
+                  f"{ranks} MPI ranks into {collectives} (once; 30-60 s) ...", flush=True)
             measure_collectives(collectives, ranks=ranks)
     cal = calibrate(collectives, runs, inter=between)
     save(cal, out / "calibration.json")
     table = pd.concat([predictions_table(cal, sorted(runs.algorithm.unique()), model, workers)
                        for model in sorted(runs.model.unique())], ignore_index=True)
     table.to_csv(out / "predictions.csv", index=False)
+    print(f"calibrated the model on this study: {out / 'calibration.json'} (`downpour model "
+          f"predict` reads it), {out / 'predictions.csv'}", flush=True)
     return cal, table
 
 

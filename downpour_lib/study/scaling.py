@@ -17,7 +17,7 @@ How a run is launched is pluggable: ``run_study(spec, launch=...)`` takes any ca
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,16 +40,31 @@ from .core import (
     run_plan,
 )
 
-__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "NOT_IDENTITY", "REFERENCE_DIR", "SCALING_BASE",
-           "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers", "mpiexec_launch",
-           "run_id", "run_study", "run_study_on_cluster", "study_dir", "study_spec"]
+__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "LEFT_OUT", "NOT_IDENTITY", "REFERENCE_DIR",
+           "SCALING_BASE", "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers",
+           "left_out", "mpiexec_launch", "run_id", "run_study", "run_study_on_cluster", "study_dir",
+           "study_spec"]
 
 #: ``(config, world_size, timeout_s) -> summary row``; raises a DownpourError when the run fails.
 Launch = Callable[[TrainConfig, int, float], dict[str, Any]]
 
-#: The algorithms the study compares unless told otherwise.
+#: The algorithms the study compares unless told otherwise: 8 of the 13, those that communicate
+#: every step, whose throughput in a 12-step run measures what they cost. ``LEFT_OUT`` says why
+#: the other 5 are not here (a notebook's ``algorithms`` parameter can still add them).
 DEFAULT_ALGORITHMS: tuple[str, ...] = (
     "sync_ps", "ddp", "allreduce", "downpour", "sgp", "osgp", "dpsgd", "adpsgd")
+#: The algorithms the study leaves out by default, and why (notebook 02 and ``make study`` say so).
+#: Adding the four periodic ones would add 24 runs, ~4 minutes on 2 cores, past `make study`'s
+#: 10-minute budget, to measure mostly how many of 12 steps fell between two meetings.
+LEFT_OUT: dict[str, str] = {
+    "local": "one process, no communication: the 1-worker baseline itself, not a way to scale",
+    "localsgd": "meets every 4 steps (period): in 12 steps its throughput is mostly the period's; "
+                "notebook 05 compares it on time and bytes to a test accuracy",
+    "easgd": "meets the centre every few steps (period): as localsgd; notebook 05",
+    "diloco": "meets every 20 steps, more than the study's 12: it would not communicate at all; "
+              "notebook 05",
+    "slowmo": "averages every few steps (period): as localsgd; notebook 05",
+}
 
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm. No
 #: evaluation: the study measures throughput, and evaluating would cost a third of each run. Only a
@@ -67,6 +82,18 @@ SCALING_BASE: dict[str, Any] = {
 SCALING_OPTIONS: dict[str, dict[str, Any]] = {"downpour": {"warmstart": 0}}
 #: Runs per point: enough for an error bar, few enough that `make study` fits ~10 min on 2 cores.
 DEFAULT_REPEATS = 3
+
+
+def left_out(algorithms) -> str:
+    """Which algorithms a study of ``algorithms`` leaves out, and why (``LEFT_OUT``)."""
+    from ..algorithms import ALGORITHMS
+
+    missing = [a for a in ALGORITHMS if a not in algorithms]
+    if not missing:
+        return f"all {len(ALGORITHMS)} algorithms are in this study"
+    lines = [f"{len(algorithms)} of the {len(ALGORITHMS)} algorithms are in this study; left out:"]
+    lines += [f"  {a}: {LEFT_OUT.get(a, 'not in the algorithms parameter')}" for a in missing]
+    return "\n".join(lines)
 
 
 def default_workers() -> tuple[int, ...]:
@@ -155,14 +182,17 @@ def study_spec(algorithms=DEFAULT_ALGORITHMS, workers=None, overrides=None, opti
 
 
 def run_study(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] = print,
-              launch: Launch = mpiexec_launch) -> pd.DataFrame:
-    """Run every run of ``spec`` not yet in its CSV (all of them if ``fresh``), one row each."""
+              launch: Launch = mpiexec_launch,
+              own_pids: Callable[[], Iterable[int]] | None = None) -> pd.DataFrame:
+    """Run every run of ``spec`` not yet in its CSV (all of them if ``fresh``), one row each, with
+    the machine's load while it ran (``own_pids``: the launcher's processes outside this one's
+    descendants, whose CPU is the run's, not other work's)."""
     def measure(run: PlannedRun) -> Outcome:
-        log(f"run   {run.label} ...")
         summary = launch(run.config, run.world_size, spec.timeout_s)
         return Outcome(summary, note=f"{summary['samples_per_s']:.1f} samples/s")
 
-    run_plan(spec.planned(), StudyStore.of_csv(spec.csv), measure, fresh=fresh, log=log)
+    run_plan(spec.planned(), StudyStore.of_csv(spec.csv), measure, fresh=fresh, log=log,
+             own_pids=own_pids, announce=True)
     return pd.read_csv(spec.csv)
 
 
@@ -176,4 +206,5 @@ def run_study_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: i
                      engines=engines, fresh=fresh, log=log) as cluster:
         if cluster is None:
             return pd.read_csv(spec.csv)
-        return run_study(spec, fresh=fresh, log=log, launch=cluster.launch)
+        return run_study(spec, fresh=fresh, log=log, launch=cluster.launch,
+                         own_pids=cluster.local_pids)
