@@ -273,6 +273,27 @@ def engine_pids(c: dict) -> list[int]:
 
 # -- the tests ------------------------------------------------------------------------------------
 
+def test_lab_command_puts_this_pythons_kernel_first(tmp_path):
+    """What `downpour lab` runs, without a browser: the kernel spec is this Python, and a user's
+    own python3 kernel (JUPYTER_PATH's later entries, ~/.local/share/jupyter) comes after it."""
+    import json
+    import sys
+
+    from downpour_lib.errors import ConfigError
+    from downpour_lib.notebooks import lab_command
+
+    argv, env = lab_command(ROOT / "notebooks", ["--no-browser"], prefix=tmp_path,
+                            env={"PATH": "/usr/bin", "JUPYTER_PATH": "/elsewhere"})
+    spec = json.loads((tmp_path / "share/jupyter/kernels/python3/kernel.json").read_text())
+    assert spec["argv"][:3] == [sys.executable, "-m", "ipykernel_launcher"]
+    assert spec["env"]["PATH"] == f"{BIN}{os.pathsep}${{PATH}}" and spec["display_name"] == KERNEL
+    assert env["JUPYTER_PATH"].split(os.pathsep) == [str(tmp_path / "share/jupyter"), "/elsewhere"]
+    assert argv[:4] == [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT / 'notebooks'}"]
+    assert "--no-browser" in argv
+    with pytest.raises(ConfigError, match="directory='nope'"):
+        lab_command("nope", prefix=tmp_path)
+
+
 def test_00_runs_all_in_the_browser_and_shows_the_engine_table(lab):
     done = run_all(lab, "00_cluster_quickstart")
     table = lab.page.locator(f"{NOTEBOOK} .jp-OutputArea-output table.dataframe").first
@@ -319,7 +340,7 @@ def test_01_runs_all_shows_figures_and_recovers_from_an_interrupt(lab):
     before = engine_pids(cell(cells(lab), "start_cluster("))
     lab.remember_processes()
     long = page.locator(f"{NOTEBOOK} .jp-CodeCell", has_text="steps=1_000_000")
-    time.sleep(8.0)  # into the training on the engines
+    time.sleep(4.0)  # into the training on the engines
     if "*" not in long.locator(".jp-InputPrompt").inner_text():
         shot = screenshot(lab, "01_long")
         pytest.fail(f"the long run ended by itself (see {shot}): {cell(cells(lab), 'steps=1_000_000')}")
