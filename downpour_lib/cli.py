@@ -260,7 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "passes_unknown_args", False):
+        parser.error("unrecognized arguments: " + " ".join(unknown))
+    args.unknown_args = unknown
     try:
         return args.func(args)
     except (ConfigError, DataError) as exc:
