@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: study studies test gpu-check venv lint figures clean
+.PHONY: study studies test lab gpu-check venv lint figures clean
 
 study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
@@ -28,6 +28,16 @@ studies: study   ## every study: notebooks 02 to 06 headless
 
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# JupyterLab on notebooks/ with a kernel that is .venv's python (its kernelspec is written into
+# .venv and put first on JUPYTER_PATH), so the notebooks import this downpour_lib and its mpiexec.
+# LAB_ARGS go to `jupyter lab` (e.g. LAB_ARGS="--no-browser --port=8890").
+lab: $(VENV)/.installed-notebooks  ## open the notebooks in JupyterLab on .venv's kernel
+	$(BIN)/downpour lab notebooks $(LAB_ARGS)
+
+$(VENV)/.installed-notebooks: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[notebooks]'
+	touch $@
 
 # On a CUDA machine: the gpu-marked tests, then `downpour bench gpu` (a table, and JSON under
 # results/<host>/gpu/). Without CUDA it says so and exits 0.

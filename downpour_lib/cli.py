@@ -1,5 +1,5 @@
 """The ``downpour`` command: train | evaluate | models | datasets | study | plot | bench | profiles |
-notebook | sandbox.
+notebook | lab | sandbox.
 
 ``downpour train`` runs under ``mpiexec -n N``, ``srun`` or ``torchrun`` (or alone). Its flags are
 generated from ``TrainConfig`` and the algorithms' option dataclasses, so the help text and the
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_models)
     sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)
     from .bench.cli import add_bench_parser
-    from .cluster.cli import add_cluster_parsers
+    from .cluster.cli import add_cluster_parsers, add_lab_parser
     from .sandbox.cli import add_sandbox_parser
     from .study.cli import add_study_parsers
     from .study.model_cli import add_model_parser
@@ -305,13 +305,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_parser(sub)
     add_bench_parser(sub)
     add_cluster_parsers(sub)
+    add_lab_parser(sub)
     add_sandbox_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "passes_unknown_args", False):
+        parser.error("unrecognized arguments: " + " ".join(unknown))
+    args.unknown_args = unknown
     try:
         return args.func(args)
     except (ConfigError, DataError) as exc:

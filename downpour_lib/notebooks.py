@@ -144,3 +144,46 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
         if output is not None:
             atomic_write_text(output, nbformat.writes(nb))
     return nb
+
+
+# -- JupyterLab on this environment's kernel (`make lab`, `downpour lab`) ----------------------------
+
+KERNEL = "python3"  # the name every notebook's metadata asks for: they open without a kernel picker
+
+
+def install_kernel(prefix: str | os.PathLike = sys.prefix) -> Path:
+    """Write ``PREFIX/share/jupyter/kernels/python3`` for this Python (``ipykernel install
+    --sys-prefix`` with an absolute interpreter), with this environment's bin first on the kernel's
+    PATH: the kernel imports this downpour_lib, and its clusters find this environment's mpiexec
+    and ipengine. Returns the kernel's directory."""
+    import json
+
+    bin_dir = Path(sys.executable).parent
+    path = Path(prefix) / "share" / "jupyter" / "kernels" / KERNEL
+    path.mkdir(parents=True, exist_ok=True)
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python 3 ({Path(sys.prefix).name})", "language": "python",
+            # jupyter_client substitutes ${PATH} from the server's environment
+            "env": {"PATH": f"{bin_dir}{os.pathsep}${{PATH}}"},
+            "metadata": {"debugger": True}}
+    atomic_write_text(path / "kernel.json", json.dumps(spec, indent=1) + "\n")
+    return path
+
+
+def lab_command(directory: str | os.PathLike, args=(), prefix: str | os.PathLike = sys.prefix,
+                env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that start JupyterLab on ``directory`` with this Python's kernel
+    (installed first). ``JUPYTER_PATH`` puts that kernel ahead of a ``python3`` kernel in the user's
+    own Jupyter directory (``~/.local/share/jupyter``), which would otherwise win."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ConfigError("directory", str(directory), "give a directory of notebooks, e.g. notebooks/")
+    install_kernel(prefix)
+    env = dict(os.environ if env is None else env)
+    data = str(Path(prefix) / "share" / "jupyter")
+    env["JUPYTER_PATH"] = os.pathsep.join(p for p in (data, env.get("JUPYTER_PATH", "")) if p)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={directory.resolve()}", *args]
+    if os.geteuid() == 0:  # Jupyter refuses root unless told; as with Open MPI, say so only as root
+        argv.append("--allow-root")
+    return argv, env

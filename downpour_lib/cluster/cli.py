@@ -1,4 +1,4 @@
-"""``downpour profiles install|list`` and ``downpour notebook run``."""
+"""``downpour profiles install|list``, ``downpour notebook run`` and ``downpour lab``."""
 
 from __future__ import annotations
 
@@ -81,3 +81,28 @@ def cmd_notebook(args: argparse.Namespace) -> int:
         print(f"downpour notebook: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def add_lab_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("lab", help="open the notebooks in JupyterLab on this environment's kernel "
+                                   "(what `make lab` does)")
+    p.add_argument("directory", nargs="?", default="notebooks",
+                   help="the notebooks' directory (default: notebooks); any other argument goes to "
+                        "`jupyter lab`, written --name=value (e.g. --no-browser --port=8890)")
+    # `downpour lab --no-browser` must reach jupyter lab: main() hands over what argparse does not know
+    p.set_defaults(func=cmd_lab, passes_unknown_args=True)
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    import os
+
+    from ..notebooks import lab_command
+
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        print("downpour lab: error: JupyterLab is not installed here: `make lab` installs it "
+              "(or pip install -e '.[notebooks]')", file=sys.stderr)
+        return 2
+    argv, env = lab_command(args.directory, args.unknown_args)
+    os.execve(argv[0], argv, env)  # Ctrl-C and the server's own shutdown reach JupyterLab itself
