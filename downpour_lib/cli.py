@@ -258,6 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:  # here, not at exit (also after --help), where a closed pipe prints a traceback
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -265,3 +275,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"downpour {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+
+
+def _reader_gone() -> int:
+    """The reader of our output left (``downpour ... | head``): end quietly, as a Unix tool that
+    dies of SIGPIPE does (status 128 + 13), with no traceback. Python ignores SIGPIPE, so a write
+    raises instead; stdout goes to /dev/null so that the flush at exit cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
