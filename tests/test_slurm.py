@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT, downpour, explain, launch_env, read_json
-from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, wait_for_jobs
+from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, unavailable, wait_for_jobs
 
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
@@ -171,3 +171,44 @@ def test_down_leaves_nothing_running(sandbox, env):
             left.append((pid, name))
     assert left == []
     assert sandbox.down().stopped  # and again: idempotent
+
+
+def test_start_cluster_with_slurm_unreachable_says_what_sbatch_said_and_leaves_nothing(tmp_path,
+                                                                                       monkeypatch):
+    """The slurm-mpi profile against a sandbox that is down (its slurm.conf there, no controller):
+    a real sbatch fails, and start_cluster says what it said. It raised ipyparallel's
+    ``CalledProcessError: Command '['scancel', '']'`` (a cancel of the job never submitted), printed
+    stop tracebacks, and left the cluster file and the batch script behind."""
+    import shutil
+
+    from downpour_lib.cluster import start_cluster
+    from downpour_lib.sandbox import SlurmSandbox
+    from downpour_lib.sandbox.slurm import _free_port
+
+    if shutil.which("sbatch") is None:
+        unavailable("sbatch is not installed (apt-get install slurm-wlm)")
+    down = SlurmSandbox(tmp_path / "slurm", link_system_conf=False)
+    down.dir.mkdir()
+    down.conf.write_text(down.slurm_conf(_free_port(), _free_port()))
+    monkeypatch.setenv("SLURM_CONF", str(down.conf))
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # this test's profile, no one else's
+    before = set(psutil_children())
+    with pytest.raises(ClusterError) as failed:
+        start_cluster("slurm-mpi", n=2, timeout_s=60)
+    message = str(failed.value)
+    assert "sbatch failed (exit 1): sbatch: error: Batch job submission failed: Unable to contact " \
+           "slurm controller" in message, message
+    assert f"SLURM_CONF={down.conf}" in message and "scancel" not in message
+    profile = profile_dir("slurm-mpi", tmp_path / "ipython")
+    assert list((profile / "security").glob("cluster-*.json")) == []
+    assert list(profile.glob("*.sbatch")) == []
+    deadline = time.monotonic() + 30  # the controller it started is stopped
+    while set(psutil_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert set(psutil_children()) - before == set()
+
+
+def psutil_children() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
