@@ -117,7 +117,7 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
     from .engine import Trainer, plan_run
-    from .paths import check_output_file
+    from .paths import check_new_file
 
     placement = discover(os.environ)
 
@@ -133,7 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         splits = load_dataset(config.dataset, config.data_dir)
         plan = plan_run(config, placement.world_size, splits.train, warn, rank=placement.rank)
         if placement.rank == 0:  # rank 0 writes the summary
-            check_output_file("summary_json", getattr(args, "summary_json", None))
+            check_new_file("summary_json", getattr(args, "summary_json", None))
     except (ConfigError, DataError) as exc:
         # a bad setting fails every rank alike, one message is enough; an output path fails the
         # rank that writes it, and the launcher ends the others (before any rendezvous)

@@ -38,6 +38,8 @@ BAD_INPUTS = [
     (["--summary-json", "{tmp}"],
      "summary_json='{tmp}' is not valid: is a directory, and a file is wanted", 2),
     (["--summary-json", "{file}/s.json"], "summary_json='{file}/s.json' is not valid: cannot be created", 2),
+    # a summary is never overwritten (a restarted sandbox gave job id 1 again: downpour-1.json)
+    (["--summary-json", "{file}"], "summary_json='{file}' is not valid: exists: another run's", 2),
     (["--config", "{yaml}"], "config='{yaml}' is not valid: line 2, column 8: mapping values are not "
                              "allowed here", 2),
     (["--config", "{json}"], "config='{json}' is not valid: line 1, column 13: Expecting property name", 2),

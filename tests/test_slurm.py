@@ -212,3 +212,24 @@ def psutil_children() -> list[int]:
     import psutil
 
     return [p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
+
+
+def test_job_ids_go_on_across_down_and_up(tmp_path):
+    """Job ids restarted at 1 after every down/up, so a new job appended to an earlier job's
+    downpour-1.out and wrote over its downpour-1.json. Each up goes on from the last id."""
+    def submit(box) -> int:
+        proc = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/%j.out", "--wrap",
+                               "true"], env=box.env(), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, explain(proc)
+        return int(proc.stdout.strip().split(";")[0])
+
+    with running_sandbox(tmp_path / "slurm") as box:
+        first = [submit(box), submit(box)]
+    with running_sandbox(tmp_path / "slurm") as box:  # down, then up again
+        again = submit(box)
+        box.down()
+        (box.dir / "next-job-id").unlink()  # as after a crash: the controller's log still tells
+    with running_sandbox(tmp_path / "slurm") as box:
+        last = submit(box)
+    assert first[1] == first[0] + 1 and again == first[1] + 1 and last == again + 1, \
+        (first, again, last)
