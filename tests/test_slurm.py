@@ -233,3 +233,22 @@ def test_job_ids_go_on_across_down_and_up(tmp_path):
         last = submit(box)
     assert first[1] == first[0] + 1 and again == first[1] + 1 and last == again + 1, \
         (first, again, last)
+
+
+@pytest.mark.parametrize("venv", [None, "/nonexistent/venv"])
+def test_the_batch_script_without_downpour_says_to_name_the_environment(tmp_path, venv):
+    """The script, run as Slurm would run it on a node whose PATH has no `downpour` (submitted
+    from a directory without .venv): exit 2 before any launcher, saying to set DOWNPOUR_VENV or
+    activate it (it was `downpour: command not found` from every rank)."""
+    from slurm_sandbox import BATCH
+
+    env = {"PATH": "/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "HOME": str(tmp_path),
+           **({"DOWNPOUR_VENV": venv} if venv else {})}
+    proc = subprocess.run(["bash", str(BATCH)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, explain(proc)
+    if venv:
+        assert f"DOWNPOUR_VENV={venv} has no bin/activate" in proc.stderr, explain(proc)
+    else:
+        assert "no `downpour` command on" in proc.stderr and "DOWNPOUR_VENV=" in proc.stderr, \
+            explain(proc)

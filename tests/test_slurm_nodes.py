@@ -270,6 +270,9 @@ def test_a_signal_to_the_job_steps_under_mpiexec_preempts_and_requeues(env, tmp_
     step = int(re.search(r"preempted after (\d+) of 1000000 steps; checkpoint (\S+)", text)[1])
     assert (tmp_path / "ckpt" / f"ckpt-{step:08d}.pt").is_file(), text
     wait_until(lambda: not job_processes(job), 30, "every process of the job gone")
+    # Open MPI's launcher ended its help message on the requeue ("srun returned non-zero exit
+    # status ...") with a NUL byte, and grep called the log binary
+    assert b"\0" not in log.read_bytes(), log.read_bytes()[-600:]
 
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "srun"])
