@@ -142,7 +142,7 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
     from .engine import Trainer, plan_run, quiet
-    from .paths import check_output_file
+    from .paths import check_new_file
 
     placement = discover(os.environ)
     preflight = getattr(args, "preflight", False)
@@ -163,7 +163,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         plan = plan_run(config, placement.world_size, splits.train, say,
                         rank=None if preflight else placement.rank)  # None: every rank's paths
         if placement.rank == 0:  # rank 0 writes the summary
-            check_output_file("summary_json", getattr(args, "summary_json", None))
+            check_new_file("summary_json", getattr(args, "summary_json", None))
         if preflight:
             lead = os.environ.get("DOWNPOUR_SIGNAL_LEAD", "")
             if lead.isdigit() and config.preempt_signal != "none":
@@ -311,6 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:  # here, not at exit (also after --help), where a closed pipe prints a traceback
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "passes_unknown_args", False):
@@ -321,3 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"downpour {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+
+
+def _reader_gone() -> int:
+    """The reader of our output left (``downpour ... | head``): end quietly, as a Unix tool that
+    dies of SIGPIPE does (status 128 + 13), with no traceback. Python ignores SIGPIPE, so a write
+    raises instead; stdout goes to /dev/null so that the flush at exit cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13

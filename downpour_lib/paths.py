@@ -67,3 +67,14 @@ def check_output_file(field: str, path: str | os.PathLike | None) -> None:
     """``path`` is, or can be created as, a file this process can write."""
     if path is not None and str(path) != "":
         _check(field, Path(path).expanduser().absolute(), want_dir=False)
+
+
+def check_new_file(field: str, path: str | os.PathLike | None) -> None:
+    """``path`` can be written and is not there yet: a run's record (its summary) is never
+    overwritten by another run's (e.g. a job id that a restarted Slurm gives again)."""
+    if path is not None and str(path) != "":
+        full = Path(path).expanduser().absolute()
+        if full.is_file():
+            raise ConfigError(field, str(path), "exists: another run's, which this run would "
+                              "overwrite; give a new path, or move that file away first")
+        check_output_file(field, path)

@@ -6,7 +6,7 @@ import typing
 from typing import Literal
 
 import pytest
-from conftest import BIN, ROOT, downpour, explain, mpiexec, read_json
+from conftest import BIN, ROOT, downpour, explain, launch_env, mpiexec, read_json
 
 from downpour_lib.algorithms import ALGORITHMS
 from downpour_lib.cli import build_parser, config_from_args, main
@@ -38,6 +38,8 @@ BAD_INPUTS = [
     (["--summary-json", "{tmp}"],
      "summary_json='{tmp}' is not valid: is a directory, and a file is wanted", 2),
     (["--summary-json", "{file}/s.json"], "summary_json='{file}/s.json' is not valid: cannot be created", 2),
+    # a summary is never overwritten (a restarted sandbox gave job id 1 again: downpour-1.json)
+    (["--summary-json", "{file}"], "summary_json='{file}' is not valid: exists: another run's", 2),
     (["--config", "{yaml}"], "config='{yaml}' is not valid: line 2, column 8: mapping values are not "
                              "allowed here", 2),
     (["--config", "{json}"], "config='{json}' is not valid: line 1, column 13: Expecting property name", 2),
@@ -186,6 +188,18 @@ def test_console_script_exit_status_and_listing():
     assert proc.returncode == 2, explain(proc)
     assert f"choose one of {ALGORITHM_NAMES}" in proc.stderr
     assert "sgp" in ALGORITHM_NAMES and "sync_ps" in ALGORITHM_NAMES
+
+
+@pytest.mark.parametrize("args", [("models",), ("model", "presets")])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(args):
+    """`downpour ... | head`: the reader gone, we end as a Unix tool dies of SIGPIPE (128 + 13),
+    with nothing on stderr (it was a BrokenPipeError traceback). The read end is closed before the
+    command has written anything, so every write of it meets a closed pipe."""
+    proc = subprocess.Popen([str(BIN / "downpour"), *args], env=launch_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 141 and stderr == "", (proc.returncode, stderr)
 
 
 def test_train_from_a_config_file_with_flag_overrides(tmp_path):

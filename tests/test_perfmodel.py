@@ -296,3 +296,16 @@ def test_simulated_staleness_matches_the_measured_study_on_average(collectives):
     assert dists.groupby(["label", "source"]).fraction.sum().round(6).eq(1).all()
     with pytest.raises(ConfigError, match="staleness"):
         calib.compare_staleness(cal.network.intra, ROOT / "results" / "reference" / "scaling")
+
+
+def test_validate_exits_non_zero_when_a_prediction_is_outside_the_tolerance(capsys):
+    """`downpour model validate` printed "worst error 49.0% (tolerance 15%)" and exited 0."""
+    from downpour_lib.study.model_cli import verdict
+
+    rows = [{"link": "100mbit", "algorithm": "allreduce", "error": 0.05},
+            {"link": "100mbit", "algorithm": "diloco", "error": -0.49}]
+    assert verdict(pd.DataFrame(rows), 0.15) == 1
+    err = capsys.readouterr().err
+    assert "49.0%" in err and "diloco at 100mbit -49.0%" in err and "15%" in err
+    assert verdict(pd.DataFrame(rows[:1]), 0.15) == 0
+    assert "within the tolerance of 15%" in capsys.readouterr().out

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, ROOT, downpour, explain, launch_env, read_json
-from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, wait_for_jobs
+from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, unavailable, wait_for_jobs
 
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
@@ -171,3 +171,84 @@ def test_down_leaves_nothing_running(sandbox, env):
             left.append((pid, name))
     assert left == []
     assert sandbox.down().stopped  # and again: idempotent
+
+
+def test_start_cluster_with_slurm_unreachable_says_what_sbatch_said_and_leaves_nothing(tmp_path,
+                                                                                       monkeypatch):
+    """The slurm-mpi profile against a sandbox that is down (its slurm.conf there, no controller):
+    a real sbatch fails, and start_cluster says what it said. It raised ipyparallel's
+    ``CalledProcessError: Command '['scancel', '']'`` (a cancel of the job never submitted), printed
+    stop tracebacks, and left the cluster file and the batch script behind."""
+    import shutil
+
+    from downpour_lib.cluster import start_cluster
+    from downpour_lib.sandbox import SlurmSandbox
+    from downpour_lib.sandbox.slurm import _free_port
+
+    if shutil.which("sbatch") is None:
+        unavailable("sbatch is not installed (apt-get install slurm-wlm)")
+    down = SlurmSandbox(tmp_path / "slurm", link_system_conf=False)
+    down.dir.mkdir()
+    down.conf.write_text(down.slurm_conf(_free_port(), _free_port()))
+    monkeypatch.setenv("SLURM_CONF", str(down.conf))
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # this test's profile, no one else's
+    before = set(psutil_children())
+    with pytest.raises(ClusterError) as failed:
+        start_cluster("slurm-mpi", n=2, timeout_s=60)
+    message = str(failed.value)
+    assert "sbatch failed (exit 1): sbatch: error: Batch job submission failed: Unable to contact " \
+           "slurm controller" in message, message
+    assert f"SLURM_CONF={down.conf}" in message and "scancel" not in message
+    profile = profile_dir("slurm-mpi", tmp_path / "ipython")
+    assert list((profile / "security").glob("cluster-*.json")) == []
+    assert list(profile.glob("*.sbatch")) == []
+    deadline = time.monotonic() + 30  # the controller it started is stopped
+    while set(psutil_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert set(psutil_children()) - before == set()
+
+
+def psutil_children() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
+
+
+def test_job_ids_go_on_across_down_and_up(tmp_path):
+    """Job ids restarted at 1 after every down/up, so a new job appended to an earlier job's
+    downpour-1.out and wrote over its downpour-1.json. Each up goes on from the last id."""
+    def submit(box) -> int:
+        proc = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/%j.out", "--wrap",
+                               "true"], env=box.env(), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, explain(proc)
+        return int(proc.stdout.strip().split(";")[0])
+
+    with running_sandbox(tmp_path / "slurm") as box:
+        first = [submit(box), submit(box)]
+    with running_sandbox(tmp_path / "slurm") as box:  # down, then up again
+        again = submit(box)
+        box.down()
+        (box.dir / "next-job-id").unlink()  # as after a crash: the controller's log still tells
+    with running_sandbox(tmp_path / "slurm") as box:
+        last = submit(box)
+    assert first[1] == first[0] + 1 and again == first[1] + 1 and last == again + 1, \
+        (first, again, last)
+
+
+@pytest.mark.parametrize("venv", [None, "/nonexistent/venv"])
+def test_the_batch_script_without_downpour_says_to_name_the_environment(tmp_path, venv):
+    """The script, run as Slurm would run it on a node whose PATH has no `downpour` (submitted
+    from a directory without .venv): exit 2 before any launcher, saying to set DOWNPOUR_VENV or
+    activate it (it was `downpour: command not found` from every rank)."""
+    from slurm_sandbox import BATCH
+
+    env = {"PATH": "/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "HOME": str(tmp_path),
+           **({"DOWNPOUR_VENV": venv} if venv else {})}
+    proc = subprocess.run(["bash", str(BATCH)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, explain(proc)
+    if venv:
+        assert f"DOWNPOUR_VENV={venv} has no bin/activate" in proc.stderr, explain(proc)
+    else:
+        assert "no `downpour` command on" in proc.stderr and "DOWNPOUR_VENV=" in proc.stderr, \
+            explain(proc)

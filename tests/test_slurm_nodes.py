@@ -208,10 +208,14 @@ def training(tmp_path: Path, job: str):
     return lambda: list(tmp_path.glob("ckpt/ckpt-*.pt")) and len(job_processes(job, ranks_only=True)) >= 2
 
 
-def test_a_cut_link_ends_the_job_naming_the_rank_and_host(sandbox, env, tmp_path):
+@pytest.mark.parametrize("launcher", ["mpiexec", "srun"])
+def test_a_cut_link_ends_the_job_naming_the_rank_and_host(sandbox, env, tmp_path, launcher):
+    """mpiexec: the mpi backend's watchdog names the rank; srun (gloo, the script's default): the
+    heartbeat over the rendezvous store does (comm/peers.py). Under srun gloo said only "Timed out
+    waiting 20000ms for recv operation", with a traceback."""
     timeout_s = 20
-    job = submit(env, tmp_path, "mpiexec", LONG + [f"--timeout-s={timeout_s}",
-                                                   f"--checkpoint-dir={tmp_path / 'ckpt'}"])
+    job = submit(env, tmp_path, launcher, LONG + [f"--timeout-s={timeout_s}",
+                                                  f"--checkpoint-dir={tmp_path / 'ckpt'}"])
     veth = sandbox.network.node(1).veth  # node2's end of the bridge
     try:
         wait_until(training(tmp_path, job), 120, "training under way")
@@ -228,6 +232,8 @@ def test_a_cut_link_ends_the_job_naming_the_rank_and_host(sandbox, env, tmp_path
     log = (tmp_path / "job.out").read_text()
     assert gone_s <= 3 * timeout_s, f"{gone_s:.0f} s\n{log}"  # --timeout-s 20: gone in a minute
     assert "rank 1 on node2 went silent" in log, log
+    if launcher == "srun":  # gloo's raw error came with a traceback
+        assert "Traceback" not in log, log
     # the link back: nothing of the job is left anywhere, and up returns node2 to service
     wait_until(lambda: not job_processes(job), 60, "the job's last processes gone")
     status = sandbox.up()
@@ -265,10 +271,17 @@ def test_a_signal_to_the_job_steps_under_mpiexec_preempts_and_requeues(env, tmp_
     step = int(re.search(r"preempted after (\d+) of 1000000 steps; checkpoint (\S+)", text)[1])
     assert (tmp_path / "ckpt" / f"ckpt-{step:08d}.pt").is_file(), text
     wait_until(lambda: not job_processes(job), 30, "every process of the job gone")
+    # Open MPI's launcher ended its help message on the requeue ("srun returned non-zero exit
+    # status ...") with a NUL byte, and grep called the log binary
+    assert b"\0" not in log.read_bytes(), log.read_bytes()[-600:]
 
 
-def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sandbox, env, tmp_path):
-    job = submit(env, tmp_path, "mpiexec", LONG + ["--timeout-s=15", f"--checkpoint-dir={tmp_path / 'ckpt'}"])
+@pytest.mark.parametrize("launcher", ["mpiexec", "srun"])
+def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sandbox, env, tmp_path,
+                                                                               launcher):
+    """Under srun (gloo) node1's rank said only gloo's "Connection closed by peer
+    [10.213.0.12]:PORT ... GLHF!" and a traceback; now it names rank 1 on node2."""
+    job = submit(env, tmp_path, launcher, LONG + ["--timeout-s=15", f"--checkpoint-dir={tmp_path / 'ckpt'}"])
     wait_until(training(tmp_path, job), 120, "training under way")
     netns = os.stat(f"/var/run/netns/{sandbox.network.node(1).namespace}").st_ino
     on_node2 = [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if _netns(p) == netns]
@@ -279,14 +292,20 @@ def test_a_node_whose_slurmd_and_tasks_die_ends_the_job_and_up_brings_it_back(sa
         except ProcessLookupError:
             pass
     wait_until(lambda: not job_processes(job, ranks_only=True), 45, "every rank gone")
-    wait_until(lambda: "without its summary" in (tmp_path / "job.out").read_text(), 30,
-               "the batch script's failure")
+    if launcher == "mpiexec":  # Open MPI's launcher exits 0 when it loses a node's daemon
+        wait_until(lambda: "without its summary" in (tmp_path / "job.out").read_text(), 30,
+                   "the batch script's failure")
+    else:
+        log = (tmp_path / "job.out").read_text()
+        assert "rank 1 on node2 went silent" in log and "Traceback" not in log, log
     status = sandbox.status()
     assert not status.running and status.nodes[1].state == "down (slurmd not running)", status
     status = sandbox.up()
     assert status.running, status
+    if launcher == "srun":  # srun still waited on node2's task when up set the node down and back:
+        subprocess.run(["scancel", job], env=env, timeout=30)  # a node failure: Slurm requeued it
     wait_until(lambda: not squeue(env, "%i"), 30, "the queue empty")
-    assert job_state(env, job) == "FAILED"
+    assert job_state(env, job) == ("FAILED" if launcher == "mpiexec" else "CANCELLED")
     assert [n.state for n in sandbox.status().nodes] == ["idle", "idle"]
 
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from traitlets import Enum, Integer, List, Unicode, default, observe
 
+from ..errors import DownpourError
 from .mpiexec import MPIExecNotFound, find_mpiexec
 
 TEMPLATE = """#!/bin/bash
@@ -39,6 +41,10 @@ while :; do
     kill -0 "$engines" 2>/dev/null || exit "$status"   # still running: the trap only ended wait
 done
 """
+
+
+class SlurmCommandError(DownpourError):
+    """sbatch (or scancel) failed: the message is what it said."""
 
 
 class SlurmMPIEngineSetLauncher(SlurmEngineSetLauncher):
@@ -114,6 +120,34 @@ class SlurmMPIEngineSetLauncher(SlurmEngineSetLauncher):
         if self.mpi_launcher == "srun":
             return shlex.join(["srun", *self.srun_args])
         return shlex.join([*self.mpiexec, "-n", str(n), *self.mpiexec_args])
+
+    def _run_command(self, command, **kwargs):
+        """ipyparallel's, with the command's own words kept: its ``check_output`` lets stderr
+        through to the terminal and raises a bare ``CalledProcessError`` ("returned non-zero exit
+        status 1"), which is all a notebook shows of "Unable to contact slurm controller"."""
+        self.log.debug("Running command: %s", shlex.join(command))
+        proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, **kwargs)
+        if proc.returncode != 0:
+            said = (proc.stderr + proc.stdout).decode("utf8", "replace").strip()
+            hint = ("; is Slurm running, and is this its configuration "
+                    f"(SLURM_CONF={os.environ.get('SLURM_CONF', '/etc/slurm/slurm.conf')})? "
+                    "`sinfo` says whether its controller answers"
+                    if "contact slurm controller" in said else "")
+            raise SlurmCommandError(f"{command[0]} failed (exit {proc.returncode}): "
+                                    f"{said or 'no message'}{hint}")
+        return proc.stdout.decode("utf8", "replace")
+
+    def stop(self):
+        """scancel the job; when none was submitted (sbatch failed) there is nothing to cancel,
+        and the batch script, never submitted, goes too (ipyparallel ran ``scancel ''``, whose
+        failure hid sbatch's and left the cluster's files behind)."""
+        if self.job_id:
+            return super().stop()
+        if getattr(self, "batch_file", None) and os.path.exists(self.batch_file):
+            os.remove(self.batch_file)
+        output = "no job was submitted"
+        self.notify_stop({"job_id": "", "output": output})
+        return output
 
     def write_batch_script(self, n=1):
         # Next to the profile (not in the working directory), one per cluster: read it to see

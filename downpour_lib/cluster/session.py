@@ -537,14 +537,28 @@ def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping
         client = cluster.connect_client_sync()
         session = ClusterSession(cluster, client, owned=True, timeout_s=timeout_s)
         session.wait_for_engines(n)
-    except BaseException:
+    except BaseException as exc:
         if client is not None:
             client.close()
-        cluster.stop_cluster_sync()
+        _stop_after_failed_start(cluster, exc)
+        from .launchers import SlurmCommandError
+
+        if isinstance(exc, SlurmCommandError):  # what sbatch said, without ipyparallel's stack
+            raise ClusterError(f"the engines of profile {profile!r} did not start: {exc}") from None
         raise
     if activate:
         session.activate()
     return session
+
+
+def _stop_after_failed_start(cluster, exc: BaseException) -> None:
+    """Stop what a failed start left running (the controller, a job) and its files; an error in
+    stopping is logged, never raised: the start's own error is the one to report."""
+    try:
+        cluster.stop_cluster_sync()
+    except Exception as stop_exc:  # noqa: BLE001 -- exc is the error the caller must see
+        logging.getLogger(__name__).warning("stopping the cluster after its failed start (%s) "
+                                            "failed too: %s", exc, stop_exc)
 
 
 def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None = None,

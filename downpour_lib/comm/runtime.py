@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from . import addresses, mpi
+from . import addresses, mpi, peers
 from .launch_env import Placement, discover, slurm_rendezvous
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -231,8 +231,12 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     if dist.get_rank() != placement.rank:
         raise RuntimeError(f"backend {name} made this process rank {dist.get_rank()}, but the "
                            f"launcher says {placement.rank}")
-    hosts: list = [None] * placement.world_size
-    dist.all_gather_object(hosts, socket.gethostname())
+    # every rank's host, and its addresses: a peer that gloo names by address is named by rank
+    where: list = [None] * placement.world_size
+    dist.all_gather_object(where, (socket.gethostname(), addresses.host_addresses()))
+    hosts = [host for host, _ in where]
+    if name != "mpi":  # the mpi backend has a watchdog of its own (comm/mpi/liveness)
+        peers.start(placement.rank, placement.world_size, hosts, [a for _, a in where], name)
     _CONTEXT = DistContext(placement.rank, placement.world_size, placement.local_rank,
                            placement.local_world_size, dev, name, placement.launcher, tuple(hosts),
                            timeout_s)
@@ -242,6 +246,7 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
 def shutdown() -> None:
     """Destroy the process group created by ``init`` (safe to call twice)."""
     global _CONTEXT
+    peers.stop()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     mpi.use_world(None)
@@ -277,9 +282,14 @@ def abort(exc: BaseException, code: int = 1) -> None:
     srun --kill-on-bad-exit) or the other ranks' process-group timeout ends the rest.
     """
     placement = discover(os.environ)
-    sys.stderr.write(f"downpour: rank {placement.rank} of {placement.world_size} failed: "
-                     f"{type(exc).__name__}: {exc}\n")
-    traceback.print_exception(exc, file=sys.stderr)
+    named = peers.explain(exc)  # gloo, nccl: which rank went silent, where (mpi names it itself)
+    if named:  # a peer's failure, not this rank's: its traceback says nothing more
+        sys.stderr.write(f"downpour: rank {placement.rank} of {placement.world_size} failed: "
+                         f"{named}\n")
+    else:
+        sys.stderr.write(f"downpour: rank {placement.rank} of {placement.world_size} failed: "
+                         f"{type(exc).__name__}: {exc}\n")
+        traceback.print_exception(exc, file=sys.stderr)
     sys.stderr.flush()
     comm = launch_mpi_world()
     if comm is not None and comm.Get_size() > 1:

@@ -57,22 +57,28 @@ ALGORITHMS = ("allreduce", "ddp", "sgp", "dpsgd", "localsgd", "diloco")
 #: allreduce every step, gossip to a peer, an average every 4 steps, DiLoCo's every 20)
 DEFAULT_ALGORITHMS = ("allreduce", "sgp", "localsgd", "diloco")
 #: a model whose step is mostly communication on these links: the MLP on 32x32x3 images has 1.6 MB
-#: of parameters and takes about 1.5 ms per step of 32 on a core; 20 steps are measured (20-39: five
-#: of localsgd's averages), or four periods where a period is longer (diloco: 80 steps, four outer
-#: steps, the last at the run's end as in any run)
+#: of parameters and takes about 1.5 ms per step of 32 on a core; 20 steps are measured, or
+#: ``MEETINGS`` periods where that is more (localsgd: 32 steps; diloco: 160 steps, eight outer steps,
+#: the last at the run's end as in any run)
 BASE: dict[str, Any] = {"model": "mlp", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 40,
                         "warmup_steps": 20, "eval_every": 0, "final_eval": False, "threads": 1,
                         "seed": 0}
 #: within this relative error a prediction agrees with its measurement
 TOLERANCE = 0.15
+#: the meetings a periodic algorithm's measured steps hold at least. A meeting after an idle link
+#: is the noisiest part of a step: one that stalls (TCP restarting from its initial window, a
+#: retransmission timeout of 200 ms or more, the slower worker's lead) moves the mean of a window
+#: with four of them by a quarter of the stall; DiLoCo at 100mbit measured 21.7 ms against 11.0 ms
+#: predicted with four (and 36% off on a second run), 16.7 ms against 17.8 ms on a third
+MEETINGS = 8
 
 
 def _config(base: dict[str, Any], algorithm: str) -> TrainConfig:
-    """``base`` for ``algorithm``, measuring at least four of its periods (a single meeting in the
-    measured steps is one noisy event: a step time of DiLoCo's varied by 20% from run to run)."""
+    """``base`` for ``algorithm``, measuring at least ``MEETINGS`` of its periods (a meeting in the
+    measured steps is a noisy event: a step time of DiLoCo's varied by 20-50% from run to run)."""
     config = TrainConfig.from_dict({**base, "algorithm": algorithm})
     period = getattr(config.options, "period", 1)
-    measured = max(config.steps - config.warmup_steps, 4 * period)
+    measured = max(config.steps - config.warmup_steps, MEETINGS * period)
     return TrainConfig.from_dict({**base, "algorithm": algorithm,
                                   "steps": config.warmup_steps + measured})
 
