@@ -36,18 +36,17 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint import atomic_write_bytes, atomic_write_text
 from ..errors import ConfigError, DownpourError
 from .netns import CONTROLLER, Network, NetworkError, parse_rate
+from .procs import alive, comm, descendants, environ_has, terminate
 
 DEFAULT_DIR = Path(os.environ.get("DOWNPOUR_SLURM_DIR", "/tmp/downpour-slurm"))
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
@@ -98,76 +97,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# -- processes, by id ----------------------------------------------------------------------------
-
-def _proc_state(pid: int) -> tuple[int, str] | None:
-    """(parent pid, state letter) of a live process, None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
-    return int(fields[1]), fields[0]
-
-
-def _alive(pid: int | None) -> bool:
-    state = _proc_state(pid) if pid else None
-    return state is not None and state[1] not in ("Z", "X")  # a zombie runs nothing
-
-
-def _environ_has(pid: int, entry: bytes) -> bool:
-    try:
-        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            state = _proc_state(int(entry.name))
-            if state is not None:
-                children.setdefault(state[0], []).append(int(entry.name))
-    return children
-
-
-def _descendants(roots: Iterable[int]) -> list[int]:
-    children, out, todo = _children_map(), [], list(roots)
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def _protected() -> set[int]:
-    """This process and its ancestors: never signalled, whatever their environment says."""
-    pids, pid = {1}, os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        state = _proc_state(pid)
-        pid = state[0] if state else 1
-    return pids
-
-
-def _terminate(pids: Iterable[int], timeout_s: float) -> None:
-    """SIGTERM, wait, then SIGKILL what is still alive."""
-    pids = [p for p in dict.fromkeys(pids) if p not in _protected() and _alive(p)]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.1)
-        pids = [p for p in pids if _alive(p)]
-        if not pids:
-            return
 
 
 # -- the sandbox ---------------------------------------------------------------------------------
@@ -347,7 +276,7 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
             pid = int(self.pidfiles[name].read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        if not _alive(pid):
+        if not alive(pid):
             return None
         if name == "munged":
             try:
@@ -355,7 +284,7 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
             except OSError:
                 return None
         else:
-            ours = _environ_has(pid, f"SLURM_CONF={self.conf}".encode())
+            ours = environ_has(pid, f"SLURM_CONF={self.conf}".encode())
         return pid if ours else None
 
     def _slurm(self, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -571,13 +500,13 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
         # slurmd, slurmctld and every slurmstepd they started carry our SLURM_CONF; job processes
         # descend from a slurmstepd. Collect the trees before anything exits and re-parents.
         roots = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                 if _environ_has(pid, marker) and _comm(pid) in ("slurmd", "slurmctld", "slurmstepd")]
-        tree = _descendants(roots)
-        _terminate([p for p in roots if _comm(p) in ("slurmd", "slurmctld")], timeout_s)
-        _terminate(tree, 2.0)
+                 if environ_has(pid, marker) and comm(pid) in ("slurmd", "slurmctld", "slurmstepd")]
+        tree = descendants(roots)
+        terminate([p for p in roots if comm(p) in ("slurmd", "slurmctld")], timeout_s)
+        terminate(tree, 2.0)
         munged = self._pid("munged")
         if munged:
-            _terminate([munged], timeout_s)
+            terminate([munged], timeout_s)
         if not self.socket.parent.is_relative_to(self.dir):
             shutil.rmtree(self.socket.parent, ignore_errors=True)
         if self._linked():
@@ -610,9 +539,3 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
 def _host() -> str:
     return socket.gethostname().split(".")[0]
 
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
