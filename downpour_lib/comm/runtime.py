@@ -21,7 +21,6 @@ import datetime
 import os
 import socket
 import sys
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from . import addresses, mpi
+from . import addresses, job_end, mpi
 from .launch_env import Placement, discover, slurm_rendezvous
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -272,19 +271,15 @@ def session(backend: Backend = "auto", device: DeviceChoice = "auto",
 def abort(exc: BaseException, code: int = 1) -> None:
     """Report which rank failed and take the whole job down, so no other rank waits forever.
 
-    Under MPI this is MPI_Abort (mpiexec then kills every rank); otherwise the process exits at once
+    One line on stderr, the traceback in a log it names (``job_end``). Under MPI the job ends
+    (``job_end.end_job``: mpiexec then kills every rank); otherwise the process exits at once
     without running atexit handlers that could block on a dead peer, and the launcher (torchrun,
     srun --kill-on-bad-exit) or the other ranks' process-group timeout ends the rest.
     """
     placement = discover(os.environ)
-    sys.stderr.write(f"downpour: rank {placement.rank} of {placement.world_size} failed: "
-                     f"{type(exc).__name__}: {exc}\n")
-    traceback.print_exception(exc, file=sys.stderr)
-    sys.stderr.flush()
+    job_end.report(placement.rank, placement.world_size, f"{type(exc).__name__}: {exc}", exc)
     comm = launch_mpi_world()
-    if comm is not None and comm.Get_size() > 1:
-        comm.Abort(code)
-    os._exit(code)
+    job_end.end_job(code, comm if comm is not None and comm.Get_size() > 1 else None)
 
 
 @contextmanager

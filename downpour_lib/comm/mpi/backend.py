@@ -58,11 +58,11 @@ import ctypes
 import datetime
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 
+from .. import job_end
 from ..launch_env import discover
 
 _CREATE_TAG = 0x1D0  # MPI_Comm_create_group's tag (members create groups in program order)
@@ -175,12 +175,8 @@ def _abort_on_uncaught_exception(rank: int, size: int) -> None:
     def abort_job(exc_type, exc, tb) -> None:
         if not _abort_on_uncaught:
             return previous(exc_type, exc, tb)
-        # torch wraps this hook and redirects sys.stderr to a buffer around it: write to the real one.
-        err = sys.__stderr__ or sys.stderr
-        err.write(f"downpour: rank {rank} of {size} failed: {exc_type.__name__}: {exc}\n")
-        traceback.print_exception(exc_type, exc, tb, file=err)
-        err.flush()
-        _mpi().COMM_WORLD.Abort(130 if issubclass(exc_type, KeyboardInterrupt) else 1)
+        job_end.report(rank, size, f"{exc_type.__name__}: {exc}", exc)
+        job_end.end_job(130 if issubclass(exc_type, KeyboardInterrupt) else 1, _mpi().COMM_WORLD)
 
     sys.excepthook = abort_job
 
