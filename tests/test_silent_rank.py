@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT, explain, launch_env, mpi_python, mpiexec_path
+from conftest import BIN, MPI_SCRIPTS, ROOT, explain, launch_env, mpi_python, mpiexec_path
 
 TIMEOUT_S = 10
 SILENT = 2
@@ -141,3 +143,57 @@ def test_a_rank_stopped_between_the_gate_and_the_blocking_call_is_named_within_t
     assert "outlived" not in proc.stderr, explain(proc)
     assert elapsed < 60, f"took {elapsed:.0f} s"  # start-up included; a hang meets the timeout
 
+
+def job_processes(job: str) -> list[int]:
+    """Every process left of the job tagged ``job``: ranks, their sentinels, the launcher."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"DOWNPOUR_TEST_JOB={job}".encode() in \
+                    (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("phase, culprit", [
+    ("MPI init", r"rank 2 never reached MPI init \(it is stopped in start-up\)"),
+    ("the rendezvous", r"rank 2 is stopped \(in the rendezvous\)")])
+def test_a_rank_stopped_during_start_up_ends_the_job_naming_it(phase, culprit):
+    """Before, the others sat in MPI_Init_thread (or the rendezvous's first collectives) for ever:
+    nothing had a deadline before the process group existed. Rank 2 stops itself as it reaches
+    ``phase`` (tests/mpi/stalls_at_startup.py); the others' start-up deadline must end the job
+    within the timeout (plus their own start-up, which the load stretches), with one first line
+    naming rank 2, and leave no process behind."""
+    timeout_s, job = 10, uuid.uuid4().hex
+    cmd = [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable,
+           str(MPI_SCRIPTS / "stalls_at_startup.py"), "2", phase, "--algorithm", "sync_ps",
+           "--steps", "20", "--timeout-s", str(timeout_s)]
+    proc = subprocess.Popen(cmd, env={**launch_env(), "DOWNPOUR_TEST_JOB": job}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, out = time.monotonic() + 240, ""
+        while "rank 2 stops at" not in out:
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                f"rank 2 did not reach {phase}: {out}"
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                out += proc.stdout.readline()
+        stopped_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=timeout_s + 120)
+        elapsed = time.monotonic() - stopped_at
+        time.sleep(1)  # the launcher's last kills
+        left = job_processes(job)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for pid in job_processes(job):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0, stderr[-4000:]
+    first = stderr.splitlines()[0] if stderr else ""
+    assert re.fullmatch(rf"downpour: rank [01] of 3 failed: start-up: waited \d+ s in {phase} "
+                        rf"\(--timeout-s 10\): {culprit}; ending the job", first), stderr[-4000:]
+    assert "\0" not in stderr, stderr[-4000:]
+    assert elapsed < timeout_s + 90, f"the job ended {elapsed:.0f} s after the stop"
+    assert not left, f"processes left behind: {left}"

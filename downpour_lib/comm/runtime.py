@@ -29,6 +29,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from .. import _startup
 from ..errors import ConfigError
 from . import addresses, job_end, mpi
 from .launch_env import Placement, discover, slurm_rendezvous
@@ -201,11 +202,15 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if placement.world_size == 1:
+        _startup.done()
         _CONTEXT = DistContext(0, 1, 0, 1, dev, None, placement.launcher, (socket.gethostname(),))
         return _CONTEXT
     timeout = datetime.timedelta(seconds=timeout_s)
+    # the start-up's waits have a deadline too (``_startup``: a no-op outside `downpour train`)
     if comm is None and placement.launcher == "mpi":
+        _startup.waiting("MPI init", timeout_s, placement.rank, placement.world_size)
         comm = launch_mpi_world()
+    _startup.waiting("the rendezvous", timeout_s, placement.rank, placement.world_size)
     mpi_world = comm is not None and comm.Get_size() == placement.world_size
     name = pick_backend(backend, dev, mpi_world)
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
@@ -232,6 +237,7 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
                            f"launcher says {placement.rank}")
     hosts: list = [None] * placement.world_size
     dist.all_gather_object(hosts, socket.gethostname())
+    _startup.done()  # from here the backend's own deadlines hold
     _CONTEXT = DistContext(placement.rank, placement.world_size, placement.local_rank,
                            placement.local_world_size, dev, name, placement.launcher, tuple(hosts),
                            timeout_s)
