@@ -32,7 +32,7 @@ and the same deadline, so they sleep and end as above. What still makes a blocki
 gate (the shared-memory set-up) is covered by the watchdog: ``gate`` marks the thread as
 *committed* to a blocking call,
 and once the heartbeat finds a rank silent, a committed thread still inside its operation
-``GRACE_S`` later ends the job with ``MPI_Abort`` and the same message a wait gives (the operation,
+``GRACE_S`` later ends the job (``job_end``) with the same message a wait gives (the operation,
 its group, the silent rank). Whatever is left (a thread inside one operation ``BACKSTOP_S`` after
 the group's timeout, every rank answering) ends the job the same way, naming what it can.
 """
