@@ -79,6 +79,7 @@ def start() -> None:
         os.close(write)
         try:
             _watch(read, parent)
+            _unmark(parent)  # the rank is gone or started: its marker goes (a killed job's too)
         finally:
             os._exit(0)
     os.close(read)
@@ -111,13 +112,21 @@ def done() -> None:
     except ChildProcessError:
         pass
     _sentinel.clear()
+
+
+def _unmark(pid: int) -> None:
+    """Remove the marker of the rank whose process is ``pid``, and the directory after the last."""
     where, rank = _marker_dir(), _env_rank()
-    if where is not None:
-        try:
-            os.unlink(os.path.join(where, str(rank)))
-            os.rmdir(where)  # the last rank out removes it
-        except OSError:
-            pass
+    if where is None or rank is None:
+        return
+    path = os.path.join(where, str(rank))
+    try:
+        with open(path) as f:
+            if int(f.read().split()[1]) == pid:
+                os.unlink(path)
+        os.rmdir(where)  # the last rank out removes it
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 # -- the sentinel process --------------------------------------------------------------------------
