@@ -25,6 +25,9 @@ def _hold() -> None:
     if name in ("USR2", "USR1", "TERM", "INT", "HUP"):
         HELD.append(getattr(signal, f"SIG{name}"))
         signal.signal(HELD[0], lambda signum, frame: EARLY_SIGNALS.append(signum))
+    from . import _startup
+
+    _startup.start()  # the start-up's deadline: forked now, while this process is one thread
 
 
 _hold()

@@ -21,7 +21,6 @@ import datetime
 import os
 import socket
 import sys
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,8 +29,9 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from .. import _startup
 from ..errors import ConfigError
-from . import addresses, mpi, peers
+from . import addresses, job_end, mpi, peers
 from .launch_env import Placement, discover, slurm_rendezvous
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
@@ -202,11 +202,15 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if placement.world_size == 1:
+        _startup.done()
         _CONTEXT = DistContext(0, 1, 0, 1, dev, None, placement.launcher, (socket.gethostname(),))
         return _CONTEXT
     timeout = datetime.timedelta(seconds=timeout_s)
+    # the start-up's waits have a deadline too (``_startup``: a no-op outside `downpour train`)
     if comm is None and placement.launcher == "mpi":
+        _startup.waiting("MPI init", timeout_s, placement.rank, placement.world_size)
         comm = launch_mpi_world()
+    _startup.waiting("the rendezvous", timeout_s, placement.rank, placement.world_size)
     mpi_world = comm is not None and comm.Get_size() == placement.world_size
     name = pick_backend(backend, dev, mpi_world)
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
@@ -235,6 +239,7 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     where: list = [None] * placement.world_size
     dist.all_gather_object(where, (socket.gethostname(), addresses.host_addresses()))
     hosts = [host for host, _ in where]
+    _startup.done()  # from here the backend's own deadlines hold
     if name != "mpi":  # the mpi backend has a watchdog of its own (comm/mpi/liveness)
         peers.start(placement.rank, placement.world_size, hosts, [a for _, a in where], name)
     _CONTEXT = DistContext(placement.rank, placement.world_size, placement.local_rank,
@@ -277,24 +282,17 @@ def session(backend: Backend = "auto", device: DeviceChoice = "auto",
 def abort(exc: BaseException, code: int = 1) -> None:
     """Report which rank failed and take the whole job down, so no other rank waits forever.
 
-    Under MPI this is MPI_Abort (mpiexec then kills every rank); otherwise the process exits at once
+    One line on stderr, the traceback in a log it names (``job_end``). Under MPI the job ends
+    (``job_end.end_job``: mpiexec then kills every rank); otherwise the process exits at once
     without running atexit handlers that could block on a dead peer, and the launcher (torchrun,
     srun --kill-on-bad-exit) or the other ranks' process-group timeout ends the rest.
     """
     placement = discover(os.environ)
-    named = peers.explain(exc)  # gloo, nccl: which rank went silent, where (mpi names it itself)
-    if named:  # a peer's failure, not this rank's: its traceback says nothing more
-        sys.stderr.write(f"downpour: rank {placement.rank} of {placement.world_size} failed: "
-                         f"{named}\n")
-    else:
-        sys.stderr.write(f"downpour: rank {placement.rank} of {placement.world_size} failed: "
-                         f"{type(exc).__name__}: {exc}\n")
-        traceback.print_exception(exc, file=sys.stderr)
-    sys.stderr.flush()
+    # gloo, nccl: a peer's failure names the rank that went silent, and where (mpi names it itself)
+    named = peers.explain(exc)
+    job_end.report(placement.rank, placement.world_size, named or f"{type(exc).__name__}: {exc}", exc)
     comm = launch_mpi_world()
-    if comm is not None and comm.Get_size() > 1:
-        comm.Abort(code)
-    os._exit(code)
+    job_end.end_job(code, comm if comm is not None and comm.Get_size() > 1 else None)
 
 
 @contextmanager

@@ -4,10 +4,10 @@ The gate (``comm.mpi.liveness.gate``) lets a collective enter MPI's blocking cal
 has issued it; but a member may be stopped right after its part of the gate (it was napping in its
 own wait when the others' gate completed). The others are then inside a blocking ``MPI_Reduce``,
 where no deadline reaches. Rank 2 plays that member: it passes the gate of a broadcast from rank 2
-that the others issue, and stops itself (SIGSTOP). Ranks 0 and 1 are then stuck in ``MPI_Bcast``,
-with no polled wait left to notice anything: their watchdogs must end the job once the heartbeat
-finds rank 2 silent, naming it and the broadcast they are stuck in. (Before, only the backstop
-ended such a job, at the timeout plus 10 s, with a message of its own.)
+that the others issue, and stops itself (SIGSTOP). Ranks 0 and 1 are then in the broadcast's data
+phase: once MPI's blocking ``MPI_Bcast``, where only their watchdogs could end the job (before
+those, only the backstop, at the timeout plus 10 s); now a nonblocking one waited on with naps, so
+they sleep and give up at the timeout, naming rank 2 and the broadcast.
 """
 
 import os

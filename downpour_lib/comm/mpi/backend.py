@@ -44,12 +44,13 @@ CUDA
 
 Failure
     Every wait honours the group's timeout and sleeps rather than spins (``liveness``): a
-    collective enters MPI's blocking call only once every member has issued it, and a wait past the
-    timeout raises ``CommTimeout`` naming the rank that went silent (stopped, hung or gone) and the
-    operation. When this backend creates the default group, an uncaught exception on any rank prints
-    ``rank R of N failed: ...`` and calls ``MPI_Abort``, which ends every rank (what
-    ``python -m mpi4py`` does). A peer process that dies is noticed by ``mpiexec``/``srun``, which
-    end the job.
+    collective moves its data (MPI's nonblocking collective) only once every member has issued it,
+    and a wait past the timeout raises ``CommTimeout`` naming the rank that went silent (stopped,
+    hung or gone) and the operation. When this backend creates the default group, an uncaught
+    exception on any rank prints the one line ``downpour: rank R of N failed: ...`` (its traceback
+    goes to a log the line names) and ends every rank (``job_end``: under Open MPI's mpiexec by
+    exiting non-zero, else ``MPI_Abort``, what ``python -m mpi4py`` does). A peer process that
+    dies is noticed by ``mpiexec``/``srun``, which end the job.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ import ctypes
 import datetime
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 
+from .. import job_end
 from ..launch_env import discover
 
 _CREATE_TAG = 0x1D0  # MPI_Comm_create_group's tag (members create groups in program order)
@@ -175,12 +176,8 @@ def _abort_on_uncaught_exception(rank: int, size: int) -> None:
     def abort_job(exc_type, exc, tb) -> None:
         if not _abort_on_uncaught:
             return previous(exc_type, exc, tb)
-        # torch wraps this hook and redirects sys.stderr to a buffer around it: write to the real one.
-        err = sys.__stderr__ or sys.stderr
-        err.write(f"downpour: rank {rank} of {size} failed: {exc_type.__name__}: {exc}\n")
-        traceback.print_exception(exc_type, exc, tb, file=err)
-        err.flush()
-        _mpi().COMM_WORLD.Abort(130 if issubclass(exc_type, KeyboardInterrupt) else 1)
+        job_end.report(rank, size, f"{exc_type.__name__}: {exc}", exc)
+        job_end.end_job(130 if issubclass(exc_type, KeyboardInterrupt) else 1, _mpi().COMM_WORLD)
 
     sys.excepthook = abort_job
 

@@ -5,9 +5,9 @@ a core for ever. So the backend never enters a blocking call until every peer is
 waits without a deadline:
 
 * a collective first passes a **gate**, ``MPI_Ibarrier`` on the group's communicator; once it
-  completes every member has issued the collective, so the blocking call that follows finishes in
-  the time the data takes (the shared-memory allreduce needs no gate: its own barrier waits on
-  semaphores with a deadline);
+  completes every member has issued the collective, so the data phase that follows (MPI's
+  nonblocking collective, waited on like the gate) finishes in the time the data takes (the
+  shared-memory allreduce needs no gate: its own barrier waits on semaphores with a deadline);
 * every wait (the gate, a point-to-point request) spins for ``SPIN_S`` (ranks in step meet within
   microseconds), then sleeps in naps that grow with the time already waited (at most ``NAP_S``,
   about 3% of the wait), so a waiting rank leaves its core to its own backward pass;
@@ -26,11 +26,13 @@ every rank, and from then on every wait of the backend gives up at once (and nam
 ends within the timeout and a few seconds whatever its ranks were doing. The ring keeps the traffic
 at one small message per rank and beat, at any scale.
 
-What no gate can cover, the watchdog covers. A peer stopped after its part of the gate but before
-the blocking call (it may be napping in its own wait when the others' gate completes) leaves them
-inside MPI, where no deadline reaches: ``gate`` marks the thread as *committed* to a blocking call,
+A peer stopped after its part of the gate (it may be napping in its own wait when the others'
+gate completes) leaves the others in the data phase: the backend's collectives wait there with naps
+and the same deadline, so they sleep and end as above. What still makes a blocking call after a
+gate (the shared-memory set-up) is covered by the watchdog: ``gate`` marks the thread as
+*committed* to a blocking call,
 and once the heartbeat finds a rank silent, a committed thread still inside its operation
-``GRACE_S`` later ends the job with ``MPI_Abort`` and the same message a wait gives (the operation,
+``GRACE_S`` later ends the job (``job_end``) with the same message a wait gives (the operation,
 its group, the silent rank). Whatever is left (a thread inside one operation ``BACKSTOP_S`` after
 the group's timeout, every rank answering) ends the job the same way, naming what it can.
 """
@@ -39,14 +41,14 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterable
 
 from mpi4py import MPI
+
+from .. import job_end
 
 SPIN_S = 50e-6  # how long a wait spins before it naps
 NAP_S = 1e-3  # the longest nap: how late a waiting rank may notice that its peers arrived
@@ -54,6 +56,11 @@ POLL_S = 0.1  # how often the watchdog answers probes and checks for stuck threa
 PROBE_S = 3.0  # how long a probe waits for the answers of the living
 BACKSTOP_S = 10.0  # past the timeout, how long a thread may stay inside one operation
 GRACE_S = 0.5  # once a rank is known silent, how long a committed thread may still take to leave
+# A gap this long between two looks of a wait (or of the watchdog) means this process did not run:
+# it was stopped (SIGSTOP; the launcher sends SIGCONT before it ends a job) or starved. The gap is
+# not its peers' silence, so it does not count against them: a stopped rank, woken by the launcher
+# ending the job, must not name the ranks it stopped waiting for.
+PAUSED_S = 2.0
 BEAT_S = 1.0  # how often a rank asks the next one around the ring whether it is alive
 # Tags on the watchdog's own communicator. A ping's one byte says which answer it asks for: a
 # probe's (_PONG) or a heartbeat's (_BEAT).
@@ -98,9 +105,12 @@ def wait_request(request: MPI.Request, timeout_s: float, what: str,
     while clock() < spin_until:
         if request.Test(status):
             return
-    deadline = start + timeout_s
+    deadline, last = start + timeout_s, start
     while True:
         now = clock()
+        if now - last > PAUSED_S:  # this process did not run meanwhile
+            deadline += now - last
+        last = now
         if now >= deadline or WATCHDOG.silent:
             raise PeerTimeout(what, now - start)
         time.sleep(min(NAP_S, max(SPIN_S, (now - start) / 32), deadline - now))
@@ -129,6 +139,7 @@ class Watchdog:
         self._probe_lock = threading.Lock()
         # thread -> what it is doing: (operation, group, since, timeout, committed to a blocking call)
         self._busy: dict[int, tuple[str, str, float, float, bool]] = {}
+        self._paused_s = 0.0  # how long this process did not run (``PAUSED_S``): ``_clock`` skips it
         self._timeout_s = 1800.0
         self._exit_hook = False
         # world rank -> how long it had been silent when the heartbeat gave up on it. Read by every
@@ -182,8 +193,12 @@ class Watchdog:
             self._comm = None
 
     # -- what this process is doing (cheap: called around every operation) --------------------
+    def _clock(self) -> float:
+        """Seconds this process ran: how long its threads have been in an operation."""
+        return time.monotonic() - self._paused_s
+
     def enter(self, what: str, timeout_s: float, group: str = "default group") -> None:
-        self._busy[threading.get_ident()] = (what, group, time.monotonic(), timeout_s, False)
+        self._busy[threading.get_ident()] = (what, group, self._clock(), timeout_s, False)
 
     def committed(self) -> None:
         """The calling thread is about to enter a blocking MPI call (its gate has passed)."""
@@ -203,7 +218,7 @@ class Watchdog:
         self._busy.pop(threading.get_ident(), None)
 
     def state(self) -> str:
-        now = time.monotonic()
+        now = self._clock()
         doing = [f"in {what} for {now - since:.0f} s"
                  for what, _, since, _, _ in list(self._busy.values())]
         return "; ".join(doing) or "alive, in no operation of the mpi backend"
@@ -257,6 +272,7 @@ class Watchdog:
         heard = next_beat = time.monotonic()
         closing, quiet = None, None  # when close began; the barrier of the ranks that are done
         silent_since = None  # when this rank learnt that a rank went silent
+        last = heard
         try:
             while True:
                 if closing is None:
@@ -269,6 +285,10 @@ class Watchdog:
                     self.silent.setdefault(rank, silent_s)
                     notices = comm.Irecv(notice, MPI.ANY_SOURCE, _SILENT)
                 now = time.monotonic()
+                if now - last > PAUSED_S:  # this process did not run: nobody else went silent
+                    heard += now - last
+                    self._paused_s += now - last
+                last = now
                 if beat is not None and beat.Test():
                     heard, beat = now, None
                 self._sent = [r for r in self._sent if not r.Test()]
@@ -310,7 +330,7 @@ class Watchdog:
 
     def _check_committed(self) -> None:
         """A rank is silent: a thread inside a blocking MPI call will never come back from it."""
-        now = time.monotonic()
+        now = self._clock()
         for what, group, since, _, committed in list(self._busy.values()):
             if committed:
                 longest = max(self.silent.values())
@@ -320,7 +340,7 @@ class Watchdog:
                             "hung or gone); ending the job")
 
     def _check_stuck(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         for what, group, since, timeout_s, _ in list(self._busy.values()):
             if now - since > timeout_s + BACKSTOP_S:
                 silent = sorted(r for r, a in self.probe(range(self.size)).items() if a is None)
@@ -333,11 +353,8 @@ class Watchdog:
 
     def _abort(self, message: str) -> None:
         """End the job from the watchdog thread: the stuck thread cannot raise."""
-        err = sys.__stderr__ or sys.stderr
-        err.write(f"downpour: rank {self.rank} of {self.size} failed: {message}\n")
-        err.flush()
-        self._comm.Abort(1)
-        os._exit(1)  # Abort does not return; if it ever did, the job must still end
+        job_end.report(self.rank, self.size, message)
+        job_end.end_job(1, self._comm)
 
 
 def _decode(buffer: bytearray) -> str:
@@ -348,16 +365,23 @@ def _decode(buffer: bytearray) -> str:
 
 
 def explain(timeout: PeerTimeout, group: str) -> CommTimeout:
-    """The ``CommTimeout`` for ``timeout``: probe every rank of the world and name the silent ones."""
+    """The ``CommTimeout`` for ``timeout``: the ranks the heartbeat found silent, else those that do
+    not answer a liveness probe. The heartbeat's verdict reaches every rank (and is what a watchdog
+    that ends a committed thread names), so when there is one it is the answer: a probe of its own
+    could name another rank, or none, and the ranks would disagree about the culprit."""
     me, n = WATCHDOG.rank, WATCHDOG.size
-    answers = WATCHDOG.probe(range(n))
-    silent = sorted(r for r, a in answers.items() if a is None)
-    states = {r: a for r, a in sorted(answers.items()) if a is not None}
     where = f"{timeout.what} ({group})"
-    if silent:
-        names = WATCHDOG.name(silent)
+    heartbeat = dict(WATCHDOG.silent)
+    answers = {} if heartbeat else WATCHDOG.probe(range(n))
+    silent = sorted(heartbeat) or sorted(r for r, a in answers.items() if a is None)
+    states = {r: a for r, a in sorted(answers.items()) if a is not None}
+    if heartbeat:
         message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}: "
-                   f"{names} went silent (no answer to a liveness probe within "
+                   f"{WATCHDOG.name(silent)} went silent (no answer to its heartbeat for "
+                   f"{max(heartbeat.values()):.0f} s: stopped, hung or gone); ending the job")
+    elif silent:
+        message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}: "
+                   f"{WATCHDOG.name(silent)} went silent (no answer to a liveness probe within "
                    f"{PROBE_S:.0f} s: stopped, hung or gone); ending the job")
     else:
         doing = "; ".join(f"rank {r} {a}" for r, a in states.items())

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from . import profiling
-from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
+from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate, wait_request
 from .shm import ShmAllreduce
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork
@@ -168,6 +168,13 @@ class MPIProcessGroup(dist.ProcessGroup):
         finally:
             WATCHDOG.leave()
 
+    def _wait(self, request: MPI.Request, what: str) -> None:
+        """The data phase, after the gate: MPI's nonblocking collective, waited on with naps like
+        the gate. A member stopped after its part of the gate leaves the others asleep with a
+        deadline, not spinning inside a blocking call (sync_ps's ranks spun in ``reduce`` at
+        50-100% of a core for the whole timeout)."""
+        wait_request(request, self._timeout_s, what)
+
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
 
@@ -225,7 +232,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
             gate(self._comm, self._timeout_s, "allreduce")
-            self._comm.Allreduce(MPI.IN_PLACE, spec(local), red.op)
+            self._wait(self._comm.Iallreduce(MPI.IN_PLACE, spec(local), red.op), "allreduce")
             if red.average:
                 local.div_(self._n)
 
@@ -237,12 +244,12 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def run() -> None:
             if x.write:  # the root
-                comm.Reduce(MPI.IN_PLACE, x.spec(), red.op, root)
+                self._wait(comm.Ireduce(MPI.IN_PLACE, x.spec(), red.op, root), "reduce")
                 if red.average:
                     x.local.div_(n)
                 x.finish()
             else:
-                comm.Reduce(x.spec(), None, red.op, root)
+                self._wait(comm.Ireduce(x.spec(), None, red.op, root), "reduce")
 
         return self._issue("reduce", run, tensors, opts.asyncOp, inputs=tensors)
 
@@ -291,9 +298,10 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def run() -> None:
             if len(set(counts)) == 1:
-                comm.Reduce_scatter_block(spec(flat, counts[0]), out.spec(), red.op)
+                request = comm.Ireduce_scatter_block(spec(flat, counts[0]), out.spec(), red.op)
             else:
-                comm.Reduce_scatter(spec(flat), out.spec(), counts, red.op)
+                request = comm.Ireduce_scatter(spec(flat), out.spec(), counts, red.op)
+            self._wait(request, "reduce_scatter")
             if red.average:
                 out.local.div_(n)
             out.finish()
@@ -308,7 +316,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         x = Operand(t, self._r != root, self._direct())
 
         def run() -> None:
-            comm.Bcast(x.spec(), root)
+            self._wait(comm.Ibcast(x.spec(), root), "broadcast")
             x.finish()
 
         return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
@@ -325,9 +333,10 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def run() -> None:
             if len(set(counts)) == 1:
-                comm.Allgather(x.spec(), spec(flat, counts[0]))
+                request = comm.Iallgather(x.spec(), spec(flat, counts[0]))
             else:
-                comm.Allgatherv(x.spec(), vspec(flat, counts))
+                request = comm.Iallgatherv(x.spec(), vspec(flat, counts))
+            self._wait(request, "all_gather")
             _split_into(flat, counts, outputs)
 
         return self._issue("all_gather", run, output_tensors, _async(opts), inputs=input_tensors)
@@ -357,7 +366,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            comm.Allgather(x.spec(), y.spec(count))
+            self._wait(comm.Iallgather(x.spec(), y.spec(count)), "all_gather_into_tensor")
             y.finish()
 
         return run
@@ -367,14 +376,15 @@ class MPIProcessGroup(dist.ProcessGroup):
         root, comm, direct = opts.rootRank, self._comm, self._direct()
         x = Operand(t, False, direct)
         if self._r != root:
-            return self._issue("gather", lambda: comm.Gatherv(x.spec(), None, root), [],
+            return self._issue("gather", lambda: self._wait(comm.Igatherv(x.spec(), None, root),
+                                                            "gather"), [],
                                opts.asyncOp, inputs=input_tensors)
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
         counts = _same(outputs, t, self._n, "gather")
         flat = scratch(sum(counts), t, direct)
 
         def run() -> None:
-            comm.Gatherv(x.spec(), vspec(flat, counts), root)
+            self._wait(comm.Igatherv(x.spec(), vspec(flat, counts), root), "gather")
             _split_into(flat, counts, outputs)
 
         return self._issue("gather", run, output_tensors, opts.asyncOp, inputs=input_tensors)
@@ -392,7 +402,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         def run() -> None:
             # the closure holds ``flat`` itself: a buffer made from its address would not keep it
             # alive until a queued scatter runs
-            comm.Scatterv(None if flat is None else vspec(flat, counts), out.spec(), root)
+            self._wait(comm.Iscatterv(None if flat is None else vspec(flat, counts), out.spec(),
+                                      root), "scatter")
             out.finish()
 
         return self._issue("scatter", run, output_tensors, opts.asyncOp, inputs=inputs)
@@ -409,7 +420,8 @@ class MPIProcessGroup(dist.ProcessGroup):
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            comm.Alltoallv(vspec(x.local, send_counts), vspec(y.local, recv_counts))
+            self._wait(comm.Ialltoallv(vspec(x.local, send_counts), vspec(y.local, recv_counts)),
+                       "all_to_all_single")
             y.finish()
 
         return self._issue("all_to_all_single", run, [output], _async(opts), inputs=[input])
@@ -426,7 +438,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         flat_out = scratch(sum(recv_counts), input_tensors[0], direct)
 
         def run() -> None:
-            comm.Alltoallv(vspec(flat_in, send_counts), vspec(flat_out, recv_counts))
+            self._wait(comm.Ialltoallv(vspec(flat_in, send_counts), vspec(flat_out, recv_counts)),
+                       "all_to_all")
             _split_into(flat_out, recv_counts, output_tensors)
 
         return self._issue("all_to_all", run, output_tensors, _async(opts), inputs=input_tensors)
