@@ -90,6 +90,40 @@ def test_every_operation_records_the_profiler_event_native_backends_record():
     assert [e["name"] for e in by_case[1, "recv any source"]] == ["mpi:recvAnySource"]
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_collectives_issued_from_future_callbacks_progress_and_powersgd_matches_gloo(n):
+    """torch's PowerSGD hooks wait on a collective inside a future's callback, which the mpi backend
+    runs on its executor's thread (they deadlocked there); a user's .then() chain does the same."""
+    proc = mpi_python(n, "chained_futures.py", "120", timeout=400)
+    assert proc.returncode == 0, explain(proc)
+    (summary,) = json_lines(proc)
+    assert summary["failures"] == [] and summary["cases"] == n * 11, summary
+    parts = summary["parts"]
+    # rank 0's callbacks: attached early, they ran on the executor's thread (16 MB queued ahead of
+    # their collective); attached late, on the main thread
+    assert parts["then_chain"] == {"cases": 2, "callback_threads": ["downpour-mpi", "MainThread"]}
+    for hook in ("powerSGD", "powerSGD buckets", "batched_powerSGD"):
+        assert parts[hook]["max_diff_vs_gloo"] < 1e-5 and parts[hook]["moved"] > 1e-3, parts
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_apis_that_look_a_backend_up_by_device_work_and_monitored_barrier_names_the_absent(n):
+    """The groups register a backend for cpu and cuda: batch_isend_irecv, monitored_barrier (which
+    names the ranks that never arrive, on every rank that did), object collectives; in the default
+    group and, at 4 ranks, in a subgroup whose group ranks differ from global ones."""
+    proc = mpi_python(n, "device_backend.py", timeout=400)
+    assert proc.returncode == 0, explain(proc)
+    (summary,) = json_lines(proc)
+    assert summary["failures"] == [], summary
+    parts = summary["parts"]
+    assert [parts[f"world {p}"]["cases"] for p in ("devices", "batch_isend_irecv",
+                                                   "monitored_barrier")] == [4, 1, 6], parts
+    # 11 cases per rank and group, 2 fewer per monitored barrier a rank stays away from
+    assert summary["cases"] == {2: 18, 4: 67}[n], summary
+    if n == 4:
+        assert summary["subgroup"]["cases"] == 6, summary
+
+
 @pytest.mark.parametrize("script, args", [("failing_rank.py", ["sync_ps", "mpi"]),
                                           ("failing_rank_raw.py", [])],
                          ids=["runtime.abort_on_error", "plain init_process_group"])

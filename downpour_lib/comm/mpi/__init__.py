@@ -8,7 +8,8 @@ Importing this package registers the backend (``import downpour_lib`` does, thro
 ``comm.runtime``). The modules: ``backend`` (registration, group creation, failure handling: the
 design is in its docstring), ``process_group`` (the operations), ``types`` (dtypes and staging),
 ``work`` (async work and its thread), ``liveness`` (timeouts, the watchdog), ``shm`` (the
-shared-memory allreduce), ``profiling`` (the profiler events native backends record).
+shared-memory allreduce), ``profiling`` (the profiler events native backends record), ``device``
+(the backend torch looks up per device), ``monitored`` (monitored_barrier).
 """
 
 from .backend import register, use_world

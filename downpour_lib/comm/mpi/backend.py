@@ -30,7 +30,9 @@ Rendezvous
 Operations (``process_group``), dtypes and staging (``types``), async work (``work``)
     all_reduce (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), broadcast, reduce, all_gather,
     all_gather_into_tensor, gather, scatter, reduce_scatter, reduce_scatter_tensor, all_to_all,
-    all_to_all_single, barrier, send/recv/isend/irecv (with any source), ``async_op=True``.
+    all_to_all_single, barrier, monitored_barrier (``monitored``), send/recv/isend/irecv (with
+    any source), batch_isend_irecv, ``async_op=True``. Each group registers itself as its backend
+    for cpu and cuda (``device``), for the torch APIs that look a backend up by device.
     float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8, bool. Under torch's
     profiler each operation records the event native backends record (``profiling``); PyTorch's
     own distributed test suite passes on this backend (tests/test_mpi_conformance.py).
@@ -113,6 +115,7 @@ def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
                   backend_options: object | None) -> dist.ProcessGroup:
     """torch's creator hook: the default group (empty rank list) or a subgroup of MPI's world."""
     MPI = _mpi()
+    from . import device
     from .liveness import WATCHDOG
     from .process_group import MPIProcessGroup
     from .work import EXECUTOR
@@ -142,6 +145,7 @@ def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
     name = "default group" if default else "group of ranks " + ", ".join(map(str, ranks))
     group = MPIProcessGroup(comm, timeout_s, torch.cuda.is_available() and cuda_aware(),
                             on_shutdown=_default_group_gone if default else None, name=name)
+    group._device_backend = device.register(group)  # what torch looks up by device (cpu, cuda)
     EXECUTOR.acquire()
     if default and comm.Get_size() > 1:
         _abort_on_uncaught_exception(comm.Get_rank(), comm.Get_size())

@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import profiling
+from . import monitored, profiling
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate, wait_request
 from .shm import ShmAllreduce
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
-from .work import EXECUTOR, DoneWork, RequestWork
+from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
 # profiler event names (``profiling``) where they are not "mpi:" + the operation's name: native
@@ -446,6 +446,15 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         return self._issue("barrier", _nothing, [], _async(opts))  # the gate is the barrier
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not reach it within ``timeout`` (``monitored``);
+        ``dist.monitored_barrier`` calls it, and torch's C++ through the device's backend."""
+        if not self._open:
+            raise RuntimeError("mpi backend: monitored_barrier on a process group that was shut down")
+        EXECUTOR.check()
+        monitored.barrier(self._comm, _seconds(timeout, self._timeout_s), self._timeout_s,
+                          wait_all_ranks, self.explain, self._name)
 
     # -- point to point -----------------------------------------------------------------------
     def send(self, tensors, dstRank, tag):

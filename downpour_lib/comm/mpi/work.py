@@ -14,6 +14,10 @@ Iallreduce+Wait 11 ms, Allreduce 0.7 ms). Hence:
   collectives in issue order (mpi4py releases the GIL inside MPI, so computation overlaps) and then
   completes the work's future. This needs ``MPI_THREAD_MULTIPLE``, mpi4py's default; with a lower
   thread level every operation runs synchronously;
+* a future's callbacks run on the thread that completes it, often the executor's: a collective a
+  callback issues runs there at once (torch's PowerSGD hooks issue one and wait for it inside the
+  callback), and a work a callback waits for runs there once what is queued ahead of it has run
+  (``Executor.run_through``); the issue order stays the one every rank shares;
 * point-to-point operations are MPI nonblocking requests (``Isend``/``Irecv``), posted at once so that
   exchanges cannot deadlock; ``wait()`` polls the request, napping (``liveness.wait_request``),
   and ``get_future()`` waits first.
@@ -81,6 +85,7 @@ class QueuedWork(dist._Work):
         super().__init__()
         self.name, self._result, self._timeout_s, self._owner = name, result, timeout_s, owner
         self._done = threading.Event()
+        self._ran = False  # its operation ran (its futures may still be completing)
         self._error: BaseException | None = None
         self._future: Future = Future()
         # The event ends through a future of its own, attached here (on the issuing thread, whose
@@ -94,7 +99,7 @@ class QueuedWork(dist._Work):
             profiling.end_with(event, self._event_end)
 
     def _finish(self, error: BaseException | None) -> None:
-        self._error = error
+        self._error, self._ran = error, True  # on the executor's thread, the work is done now
         if self._event_end is not None:  # the event has ended before anyone sees the work complete
             self._event_end.set_result(None)
         # The future first: whoever sees ``_done`` may rely on the future being complete too.
@@ -108,7 +113,13 @@ class QueuedWork(dist._Work):
         # The queued operation's own deadline comes first, and names the silent rank; this one is
         # for an executor that never got to it (when no caller passed a shorter timeout).
         seconds = _seconds(timeout, self._timeout_s + BACKSTOP_S)
-        if not self._done.wait(seconds):
+        if self._owner.on_thread():  # a future's callback: nobody else would run the work
+            if not self._ran:
+                self._owner.run_through(self)
+            if not self._ran:
+                raise RuntimeError(f"mpi backend: {self.name} waited for inside a callback, but "
+                                   "the backend is closing and will not run it")
+        elif not self._done.wait(seconds):
             raise RuntimeError(f"mpi backend: {self.name} did not complete within {seconds:.0f} s "
                                "(a peer is stuck or gone); abort the job")
         if self._error is not None:
@@ -225,6 +236,7 @@ class Executor:
         self._error_seen = False
         self._users = 0
         self._exit_hook = False
+        self._stopping = False  # run_through took close()'s stop from the queue
 
     @property
     def running(self) -> bool:
@@ -271,12 +283,14 @@ class Executor:
             raise RuntimeError("mpi backend: an asynchronous operation failed and was never "
                                "waited for") from self._error
 
+    def on_thread(self) -> bool:
+        """Is the caller the executor's thread (a callback of a future it completes)?"""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def run_now(self, fn: Callable[[], None], timeout_s: float) -> None:
         """Run ``fn`` on this thread once every queued operation is done."""
-        if threading.current_thread() is self._thread:
-            # Issued by a future's callback, which runs on the executor's thread (a DDP comm hook
-            # may chain collectives): everything issued before it has run; waiting would deadlock.
-            fn()
+        if self.on_thread():
+            self._run_nested(fn)
             return
         with self._lock:
             last = self._last
@@ -288,7 +302,7 @@ class Executor:
                event: object = None) -> dist._Work:
         """Queue ``fn`` (or run it now when there is no thread); returns its work handle.
         ``event``: a profiler event (``profiling.begin``) that ends when the work completes."""
-        if self._thread is None:
+        if self._thread is None or self.on_thread():
             try:
                 self.run_now(fn, timeout_s)
             finally:
@@ -330,17 +344,52 @@ class Executor:
             raise RuntimeError("mpi backend: an earlier asynchronous operation failed; the ranks "
                                "may be out of step") from self._error
 
-    def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            fn, work = item
+    def _run_nested(self, fn: Callable[[], None]) -> None:
+        """Run ``fn``, issued by a future's callback on this thread, at once.
+
+        torch's PowerSGD hooks (and any code chaining collectives through futures) issue a
+        collective inside a callback and wait for it there; the executor's thread is the one running
+        the callback, so queued, the collective would wait for its own waiter. Run here, it takes
+        the place every rank gives it: right after the operation whose future the callback follows,
+        before anything queued behind that one. Where the future had completed before the callback
+        was attached, the callback runs on the issuing thread instead: at the same place, when it
+        was attached right after its operation was issued (as torch's hooks attach theirs; one
+        attached after other operations were issued races its future's completion, on any backend).
+        Nothing runs concurrently with queued work, so the one issue order holds."""
+        try:
+            fn()
+        except BaseException as exc:  # the callback gets it; the next issuer, too (out of step)
+            if self._error is None:
+                self._error = exc
+            raise
+
+    def run_through(self, work: QueuedWork) -> None:
+        """Run queued operations on this (the executor's) thread, in order, until ``work`` is done:
+        a callback waits for a work queued behind the one whose future it follows."""
+        while not work._ran:
             try:
-                fn()
-            except BaseException as exc:  # noqa: BLE001 -- delivered to the work and the next issuer
-                if self._error is None:
-                    self._error = exc
-                work._finish(exc)
-            else:
-                work._finish(None)
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return  # not queued here: the caller raises
+            if item is None:  # close() asked to stop: stop once the callback returns
+                self._stopping = True
+                return
+            self._run(*item)
+
+    def _run(self, fn: Callable[[], None], work: QueuedWork) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 -- delivered to the work and the next issuer
+            if self._error is None:
+                self._error = exc
+            work._finish(exc)
+        else:
+            work._finish(None)
+
+    def _loop(self) -> None:
+        while not self._stopping and (item := self._queue.get()) is not None:
+            self._run(*item)
+        self._stopping = False
 
 
 EXECUTOR = Executor()
