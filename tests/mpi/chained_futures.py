@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from checker import Checker
 from mpi4py import MPI
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
@@ -31,16 +32,6 @@ from downpour_lib import runtime
 TIMEOUT_S = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0  # the groups' timeout
 ONLY = sys.argv[2].split(",") if len(sys.argv) > 2 else None  # run only these parts
 STEPS = 6
-
-
-class Checker:
-    def __init__(self):
-        self.cases, self.failures = 0, []
-
-    def check(self, name, ok, detail=""):
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"rank {dist.get_rank()}: {name} {detail}")
 
 
 def then_chain(mpi, check):

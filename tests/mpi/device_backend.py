@@ -21,6 +21,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from checker import Checker
 from mpi4py import MPI
 
 from downpour_lib import runtime
@@ -28,16 +29,6 @@ from downpour_lib.comm.mpi.device import DeviceBackend
 
 GROUP_TIMEOUT_S = 120.0
 BARRIER_TIMEOUT_S = 3.0
-
-
-class Checker:
-    def __init__(self):
-        self.cases, self.failures = 0, []
-
-    def check(self, name, ok, detail=""):
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"rank {dist.get_rank()}: {name} {detail}")
 
 
 def devices(group, check):

@@ -22,6 +22,7 @@ if "--shm-min-bytes" in sys.argv:  # before downpour_lib reads it
 
 import torch
 import torch.distributed as dist
+from checker import Checker
 from mpi4py import MPI
 
 from downpour_lib import runtime
@@ -194,16 +195,6 @@ def refused(op_name, dtype):
 def same(a, b):
     return len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
                                     for x, y in zip(a, b, strict=True))
-
-
-class Checker:
-    def __init__(self):
-        self.cases, self.failures = 0, []
-
-    def check(self, name, ok, detail=""):
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"rank {dist.get_rank()}: {name} {detail}")
 
 
 def collectives(groups, check, case=0):
