@@ -3,8 +3,9 @@
 - The link: ``downpour bench collectives`` rows (allreduce; broadcast at two ranks) fitted to the
   alpha-beta costs of ``netmodel`` by least squares on relative error (so a 4 KiB case weighs as much
   as a 64 MiB one: the small sizes fix alpha, the large ones beta).
-- The workloads: a study CSV's one-worker runs give each model's compute time per step (the step
-  less its communication and waiting) and, from an allreduce row, the bytes a step moves.
+- The workloads: a study CSV's one-worker runs, or run summaries (``downpour train --summary-json``),
+  give each model's compute time per step (the step less its communication and waiting) and, from an
+  allreduce row, the bytes a step moves (else the model's parameters).
 - The overlap: how much of the ideal bucket pipeline the allreduce runs achieved (``perfmodel``).
 
 ``compare_with_study`` then predicts every measured row from the calibration and reports the error;
@@ -130,7 +131,8 @@ def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload
             n = sent["num_workers"]
             nbytes = float((sent["bytes_sent_per_step"] * n / (2 * (n - 1))).median())
         else:
-            nbytes = parameter_bytes(model, str(runs["dataset"].iloc[0]))
+            data_dir = runs["data_dir"].iloc[0] if "data_dir" in runs else "data"
+            nbytes = parameter_bytes(model, str(runs["dataset"].iloc[0]), str(data_dir))
         out[model] = Workload(model, int(alone["batch_size"].iloc[0]), _compute_s(alone), nbytes,
                               source=f"{len(alone)} one-worker runs of {source}")
     if not out:
@@ -160,8 +162,9 @@ def calibrate(collectives: str | os.PathLike, study: str | os.PathLike | pd.Data
     study's runs.csv, or its rows). ``per_node`` workers share the measured link (default: the
     study's largest world); past them, nodes are joined by ``inter`` (default: the measured link)."""
     runs = _read_study(study)
-    backend = backend or str(runs["backend"].mode().iloc[0])
-    link = fit_link(read_collectives(collectives), backend)
+    rows = read_collectives(collectives)
+    backend = backend or pick_backend(runs, rows, str(collectives))[0]
+    link = fit_link(rows, backend)
     per_node = per_node or int(runs["world_size"].max())
     host = str(runs["host"].iloc[0]) if "host" in runs else "here"
     buckets = runs["options.bucket_cap_mb"].dropna() if "options.bucket_cap_mb" in runs else []
@@ -177,8 +180,74 @@ def calibrate(collectives: str | os.PathLike, study: str | os.PathLike | pd.Data
     return replace(cal, overlap=overlap_from_study(cal, runs))
 
 
+#: what ``bench collectives`` reports besides torch's backends: references, not a run's link
+_REFERENCES = ("memcpy", "mpi4py")
+
+
+def pick_backend(runs: pd.DataFrame, rows: list[dict[str, Any]],
+                 where: str = "the collectives file") -> tuple[str, str]:
+    """Whose link to fit, and why: the runs' backend. A one-process run has none ("none" in its
+    summary): then the one a launch of several would pick under the same launcher (mpi under
+    mpiexec, else gloo; the config's own choice where it named one), or, as a one-worker run moved
+    nothing over any backend, the one backend the file measured."""
+    measured = sorted({str(r.get("backend")) for r in rows if r.get("world_size", 1) >= 2}
+                      - set(_REFERENCES))
+    used = {str(b) for b in runs.get("backend", pd.Series(dtype=str)).dropna()} - {"none"}
+    alone = bool((runs["num_workers"] == 1).all())
+    if used:
+        wanted, why = str(runs.loc[runs["backend"].isin(used), "backend"].mode().iloc[0]), "the runs'"
+    else:
+        named = {str(b) for b in runs.get("config_backend", pd.Series(dtype=str)).dropna()}
+        named -= {"auto", "none"}
+        launchers = set(runs.get("launcher", pd.Series(dtype=str)).dropna())
+        wanted = named.pop() if len(named) == 1 else ("mpi" if "mpi" in launchers else "gloo")
+        why = "one process's run had no backend; a launch of several would use"
+    if wanted in measured:
+        return wanted, f"{why} {wanted}"
+    if alone and measured:
+        chosen = "gloo" if "gloo" in measured else measured[0]
+        return chosen, (f"the runs would use {wanted}, which {where} has no rows of; one worker "
+                        f"moved nothing over it, so the link is {chosen}'s (measured)")
+    raise ConfigError("backend", wanted, f"the runs used {wanted} but {where} measured "
+                      f"{measured or 'no backend at 2 or more ranks'}: measure it with "
+                      f"`downpour bench collectives --backends {wanted} --json FILE` under "
+                      "mpiexec, or give --backend")
+
+
+def read_summaries(paths: list[str | os.PathLike]) -> pd.DataFrame:
+    """Run summaries (``downpour train --summary-json``) as the rows of a study: one per run,
+    the config's backend choice beside the one the run used."""
+    rows = []
+    for path in paths:
+        try:
+            summary = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError("summary", str(path), "no such file: write one with `downpour train "
+                              "--model M --steps 30 --summary-json FILE`") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError("summary", str(path), f"not JSON ({exc}): give the file `downpour "
+                              "train --summary-json` wrote") from None
+        missing = (_NEEDED - set(summary)) if isinstance(summary, dict) else _NEEDED
+        if missing:
+            raise ConfigError("summary", str(path), f"lacks {sorted(missing)}: give the file "
+                              "`downpour train --summary-json` wrote")
+        config = summary.pop("config", None) or {}
+        rows.append({**summary, "config_backend": config.get("backend")})
+    if not rows:
+        raise ConfigError("summary", "", "give one or more `downpour train --summary-json` files")
+    runs = pd.DataFrame(rows)
+    runs.attrs["source"] = ", ".join(str(p) for p in paths)  # what calibrations name as their source
+    return runs
+
+
 def _name(study: str | os.PathLike | pd.DataFrame) -> str:
-    return "the study's rows" if isinstance(study, pd.DataFrame) else str(study)
+    if isinstance(study, pd.DataFrame):
+        return str(study.attrs.get("source", "the study's rows"))
+    return str(study)
+
+
+_NEEDED = {"algorithm", "model", "num_workers", "world_size", "step_s", "comm_s", "wait_s",
+           "batch_size"}
 
 
 def _read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
@@ -190,8 +259,7 @@ def _read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
         except FileNotFoundError:
             raise ConfigError("study", str(path), "no such CSV: the committed one is "
                               "results/reference/scaling/runs.csv") from None
-    missing = {"algorithm", "model", "num_workers", "step_s", "comm_s", "wait_s",
-               "batch_size"} - set(runs.columns)
+    missing = _NEEDED - set(runs.columns)
     if missing:
         raise ConfigError("study", _name(path), f"lacks {sorted(missing)}: give a study's runs.csv")
     return runs

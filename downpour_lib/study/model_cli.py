@@ -15,6 +15,9 @@ from .core import host_dirname
 from .perfmodel import ALGORITHMS, MODELLED_OPTIONS
 
 
+REFERENCE_STUDY = "results/reference/scaling/runs.csv"
+
+
 def default_calibration() -> Path:
     """Where ``downpour model calibrate`` (and notebook 06) write this machine's calibration."""
     return Path("results") / host_dirname() / "model" / "calibration.json"
@@ -54,6 +57,19 @@ def check_names(model: str, algorithms: list[str]) -> None:
             raise unknown_name("algorithm", name, ALGORITHMS)
 
 
+def no_compute(cal, model: str, path: Path | None) -> ConfigError:
+    """The error for a model the calibration has no compute time for: how to measure it here.
+    No guess stands in for it (a FLOP count misses the memory traffic a CPU step is bound by)."""
+    where = f" ({path})" if path else ""
+    return ConfigError("model", model, f"calibration {cal.name!r}{where} has compute for "
+                       f"{', '.join(sorted(cal.workloads))} only. Measure {model} on this machine: "
+                       f"`downpour train --model {model} --dataset synthetic-cifar --algorithm "
+                       f"allreduce --steps 30 --warmup-steps 10 --eval-every 0 --summary-json "
+                       f"{model}.json`, then `downpour model calibrate --collectives FILE "
+                       f"--summary {model}.json` (FILE: `downpour bench collectives --json FILE` "
+                       "under mpiexec across your nodes; README: \"Your model, your links\")")
+
+
 def _ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -88,9 +104,15 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("calibrate", help="fit links and compute from this machine's measurements")
     p.add_argument("--collectives", required=True,
                    help="`downpour bench collectives --json` output (run under mpiexec -n 2 or more)")
-    p.add_argument("--study", default="results/reference/scaling/runs.csv",
-                   help="a scaling study's runs.csv (default: the committed reference)")
-    p.add_argument("--backend", default=None, help="whose link to fit (default: the study's)")
+    compute = p.add_mutually_exclusive_group()
+    compute.add_argument("--study", default=None,
+                         help=f"compute from a scaling study's runs.csv (default: {REFERENCE_STUDY})")
+    compute.add_argument("--summary", action="append", default=[], metavar="JSON",
+                         help="compute from a run's summary, `downpour train --summary-json JSON` "
+                              "(repeat for more models)")
+    p.add_argument("--backend", default=None,
+                   help="whose link to fit (default: the runs'; a one-process run's is the one a "
+                        "launch of several would use, or the one the collectives file measured)")
     p.add_argument("--out", default=None, help=f"where the calibration goes "
                                                f"(default: {default_calibration()})")
     p.set_defaults(func=cmd_calibrate)
@@ -134,17 +156,24 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import calibrate, compare_with_study, save
+    from .calibrate import (_read_study, calibrate, compare_with_study, pick_backend,
+                            read_collectives, read_summaries, save)
 
-    cal = calibrate(args.collectives, args.study, backend=args.backend)
+    study = read_summaries(args.summary) if args.summary else (args.study or REFERENCE_STUDY)
+    backend, why = args.backend, "--backend"
+    if backend is None:
+        backend, why = pick_backend(_read_study(study), read_collectives(args.collectives),
+                                    args.collectives)
+    cal = calibrate(args.collectives, study, backend=backend)
     path = save(cal, args.out or default_calibration())
     link = cal.network.intra
+    print(f"backend {backend} ({why})")
     print(f"link: alpha {link.alpha_s * 1e6:.1f} us, beta {link.bandwidth_Bps / 1e9:.2f} GB/s; "
           f"overlap {cal.overlap:.2f}")
     for w in cal.workloads.values():
         print(f"{w.model}: {w.compute_s * 1e3:.1f} ms per step of {w.batch_size}, "
               f"{w.param_bytes / 1e6:.2f} MB per model")
-    table = compare_with_study(cal, args.study)
+    table = compare_with_study(cal, study)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {path}")
     return 0
@@ -161,7 +190,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_names(args.model, algorithms)
     path = None if args.preset else (args.calibration or find_calibration())
     cal = PRESETS[args.preset] if args.preset else load(path)
-    cal.workload(args.model)  # a model this calibration has no compute for: named before predicting
+    if args.model not in cal.workloads:  # named before predicting, with the way to measure it
+        raise no_compute(cal, args.model, path)
     if args.collective:
         cal = replace(cal, collective=args.collective)
     options: dict[str, dict] = {}
