@@ -61,6 +61,23 @@ BAD_INPUTS = [
      "algorithm='nope' is not valid: choose one of ", 2),
     (["model", "predict", "--model", "inception_small", "--calibration", "{tmp}/none.json"],
      "calibration='{tmp}/none.json' is not valid: no such file", 2),
+    # a model the calibration has no compute for: the two commands that measure it, not a guess
+    (["model", "predict", "--model", "resnet20", "--calibration", "{cal}"],
+     "model='resnet20' is not valid: calibration 'measured-vm' ({cal}) has compute for "
+     "inception_small only. Measure resnet20 on this machine: `downpour train --model resnet20 ", 2),
+    (["model", "calibrate", "--collectives", "{coll}", "--summary", "{tmp}/none.json"],
+     "summary='{tmp}/none.json' is not valid: no such file: write one with `downpour train", 2),
+    (["model", "calibrate", "--collectives", "{coll}", "--summary", "{json}"],
+     "summary='{json}' is not valid: not JSON", 2),
+    (["model", "calibrate", "--collectives", "{coll}", "--summary", "{nb}"],
+     "summary='{nb}' is not valid: lacks ['algorithm', 'batch_size', ", 2),
+    # validate's arguments, checked before any sandbox starts: 3 nodes and any model pass them
+    (["model", "validate", "--nodes", "1"], "nodes=1 is not valid: at least 2", 2),
+    (["model", "validate", "--model", "nope"], "model='nope' is not valid: choose one of cnn1d, ", 2),
+    (["model", "validate", "--nodes", "3", "--model", "resnet20", "--dataset", "nope"],
+     "dataset='nope' is not valid: choose one of ", 2),
+    (["model", "validate", "--nodes", "3", "--model", "resnet20", "--algorithms", "sync_ps"],
+     "algorithms='sync_ps' is not valid: one worker per node and no server rank", 2),
 ]
 COMMANDS = ("notebook", "model")
 
@@ -70,7 +87,9 @@ COMMANDS = ("notebook", "model")
 def test_bad_input_exits_with_a_useful_message(capsys, tmp_path, args, expected, status):
     places = {"tmp": str(tmp_path), "file": str(tmp_path / "afile"), "yaml": str(tmp_path / "run.yaml"),
               "json": str(tmp_path / "run.json"),
-              "nb": str(ROOT / "notebooks" / "02_scaling_study.ipynb")}
+              "nb": str(ROOT / "notebooks" / "02_scaling_study.ipynb"),
+              "cal": str(ROOT / "results/reference/scaling/calibration.json"),
+              "coll": str(ROOT / "results/reference/scaling/collectives.json")}
     (tmp_path / "afile").write_text("")
     (tmp_path / "run.yaml").write_text("algorithm: local\n  steps: 3\n")
     (tmp_path / "run.json").write_text('{"steps": 3,}')

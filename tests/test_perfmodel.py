@@ -309,3 +309,77 @@ def test_validate_exits_non_zero_when_a_prediction_is_outside_the_tolerance(caps
     assert "49.0%" in err and "diloco at 100mbit -49.0%" in err and "15%" in err
     assert verdict(pd.DataFrame(rows[:1]), 0.15) == 0
     assert "within the tolerance of 15%" in capsys.readouterr().out
+
+
+def test_calibrate_from_a_run_summary_predicts_that_run(tmp_path, capsys):
+    """A user's own model: one real one-process `downpour train --summary-json`, calibrated with
+    no study CSV and no --backend, predicts that run's measured step at one worker (its compute),
+    and at two the ring allreduce of the model's parameters over the fitted link on top."""
+    from downpour_lib.cli import main
+    from downpour_lib.models import build_model, parameter_count
+
+    summary = tmp_path / "lenet.json"
+    proc = downpour("train", "--model", "lenet", "--dataset", "synthetic-cifar", "--algorithm",
+                    "allreduce", "--steps", "12", "--warmup-steps", "4", "--eval-every", "0",
+                    "--threads", "1", "--summary-json", str(summary))
+    assert proc.returncode == 0, explain(proc)
+    run = json.loads(summary.read_text())
+    assert run["backend"] == "none" and run["num_workers"] == 1  # what made users say --backend
+    collectives = ROOT / "results" / "reference" / "model" / "sandbox-2nodes" / \
+        "collectives-100mbit.json"
+    cal_path = tmp_path / "cal.json"
+    assert main(["model", "calibrate", "--collectives", str(collectives), "--summary",
+                 str(summary), "--out", str(cal_path)]) == 0
+    out = capsys.readouterr().out
+    assert "backend gloo (one process's run had no backend; a launch of several would use gloo)" \
+        in out, out
+    assert "predictions hide none of the allreduce" in out
+    cal = calib.load(cal_path)
+    w = cal.workload("lenet")
+    assert w.batch_size == run["batch_size"]
+    assert w.param_bytes == 4 * parameter_count(build_model("lenet", (3, 32, 32), 10))
+    assert str(summary) in cal.source
+    link = calib.fit_link(calib.read_collectives(collectives), "gloo")
+    assert cal.network.intra == link and cal.overlap == 0.0
+    rows = tmp_path / "rows.json"
+    assert main(["model", "predict", "--calibration", str(cal_path), "--model", "lenet",
+                 "--workers", "1,2", "--json", str(rows)]) == 0
+    one, two = json.loads(rows.read_text())
+    assert one["step_s"] == pytest.approx(run["step_s"], rel=1e-9)  # the measured step, exactly
+    ring = ring_allreduce_s(2, w.param_bytes, link)
+    assert two["comm_s"] == pytest.approx(ring, rel=1e-9)
+    assert two["step_s"] == pytest.approx(run["step_s"] + ring, rel=1e-9)
+
+
+def test_the_backend_a_one_process_run_is_fitted_with():
+    """A one-process run's summary says backend "none": fit what a launch of several would use
+    under its launcher, or what the file measured; a run of several on an unmeasured backend is
+    refused, naming the bench command that measures it."""
+    rows = [{"backend": b, "op": "allreduce", "bytes": 1 << 20, "world_size": 2, "p50_s": 1e-3}
+            for b in ("gloo", "mpi", "mpi4py")] + [{"backend": "memcpy", "world_size": 1}]
+    alone = {"num_workers": [1], "backend": ["none"], "launcher": ["mpi"]}
+    assert calib.pick_backend(pd.DataFrame(alone), rows)[0] == "mpi"
+    assert calib.pick_backend(pd.DataFrame({**alone, "launcher": ["single"]}), rows)[0] == "gloo"
+    assert calib.pick_backend(pd.DataFrame({**alone, "config_backend": ["gloo"]}), rows)[0] == "gloo"
+    gloo_only = rows[:1]
+    backend, why = calib.pick_backend(pd.DataFrame(alone), gloo_only, "c.json")
+    assert backend == "gloo" and "would use mpi, which c.json has no rows of" in why
+    several = pd.DataFrame({"num_workers": [1, 2], "backend": ["none", "mpi"],
+                            "launcher": ["mpi", "mpi"]})
+    assert calib.pick_backend(several, rows) == ("mpi", "the runs' mpi")
+    with pytest.raises(ConfigError, match=r"backend='mpi' is not valid: the runs used mpi but c.json "
+                                          r"measured \['gloo'\]: .*--backends mpi"):
+        calib.pick_backend(several, gloo_only, "c.json")
+
+
+def test_validate_takes_any_model_and_borrows_a_larger_sandbox(tmp_path):
+    """`model validate` trained only the MLP, and refused the README's 3-node sandbox at its
+    default of 2 nodes ("runs 3 node(s), not 2"): it now runs on 2 of a running sandbox's nodes.
+    A sandbox that is not running is made with the count asked for."""
+    from downpour_lib.study.model_validate import BASE, _config, sandbox_size
+
+    config = _config({**BASE, "model": "resnet20", "batch_size": 16}, "localsgd")
+    assert config.model == "resnet20" and config.batch_size == 16
+    (tmp_path / "nodes").write_text("3\n")  # made with 3 nodes, not running
+    assert sandbox_size(tmp_path, 2) == 2 and sandbox_size(tmp_path, 4) == 4
+    assert sandbox_size(tmp_path / "none", 3) == 3

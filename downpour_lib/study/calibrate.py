@@ -161,7 +161,7 @@ def calibrate(collectives: str | os.PathLike, study: str | os.PathLike | pd.Data
     """A calibration of this machine: its link, its models' compute, its overlap (``study``: a
     study's runs.csv, or its rows). ``per_node`` workers share the measured link (default: the
     study's largest world); past them, nodes are joined by ``inter`` (default: the measured link)."""
-    runs = _read_study(study)
+    runs = read_study(study)
     rows = read_collectives(collectives)
     backend = backend or pick_backend(runs, rows, str(collectives))[0]
     link = fit_link(rows, backend)
@@ -250,7 +250,7 @@ _NEEDED = {"algorithm", "model", "num_workers", "world_size", "step_s", "comm_s"
            "batch_size"}
 
 
-def _read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
+def read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
     if isinstance(path, pd.DataFrame):
         runs = path
     else:
@@ -259,6 +259,7 @@ def _read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
         except FileNotFoundError:
             raise ConfigError("study", str(path), "no such CSV: the committed one is "
                               "results/reference/scaling/runs.csv") from None
+        runs.attrs["source"] = str(path)
     missing = _NEEDED - set(runs.columns)
     if missing:
         raise ConfigError("study", _name(path), f"lacks {sorted(missing)}: give a study's runs.csv")
@@ -267,7 +268,7 @@ def _read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
 
 def compare_with_study(cal: Calibration, study: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
     """Measured and predicted step time of every (algorithm, workers, model) in the study."""
-    runs = _read_study(study)
+    runs = read_study(study)
     rows = []
     for (algorithm, workers, model), group in runs.groupby(["algorithm", "num_workers", "model"]):
         p = predict(cal, algorithm, int(workers), model, modelled_options(group.iloc[0]))

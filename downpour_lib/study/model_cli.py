@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from .core import host_dirname
 from .perfmodel import ALGORITHMS, MODELLED_OPTIONS
 
-
+#: what ``model calibrate`` takes compute times from unless given --study or --summary
 REFERENCE_STUDY = "results/reference/scaling/runs.csv"
 
 
@@ -139,7 +139,13 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
 
     p = verbs.add_parser("validate", help="measure and predict across the multi-node Slurm sandbox's "
                                           "shaped links (root)")
-    p.add_argument("--nodes", type=int, default=2, help="sandbox nodes, one worker each (2 to 4)")
+    p.add_argument("--nodes", type=int, default=2,
+                   help="workers, one per sandbox node (2 or more; a running sandbox of more nodes "
+                        "lends that many)")
+    p.add_argument("--model", default=None, help="any registered model (default: mlp, whose step "
+                                                 "is mostly communication on these links)")
+    p.add_argument("--dataset", default=None, help="its data set (default: synthetic-cifar)")
+    p.add_argument("--batch-size", type=int, default=None, help="per worker (default: 32)")
     p.add_argument("--links", default="200mbit,100mbit", help="link rates, comma-separated")
     p.add_argument("--algorithms", default=None,
                    help="comma-separated (default: allreduce,sgp,localsgd,diloco)")
@@ -156,20 +162,29 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import (_read_study, calibrate, compare_with_study, pick_backend,
-                            read_collectives, read_summaries, save)
+    from .calibrate import (
+        calibrate,
+        compare_with_study,
+        pick_backend,
+        read_collectives,
+        read_study,
+        read_summaries,
+        save,
+    )
 
-    study = read_summaries(args.summary) if args.summary else (args.study or REFERENCE_STUDY)
+    study = read_summaries(args.summary) if args.summary else read_study(args.study or REFERENCE_STUDY)
     backend, why = args.backend, "--backend"
     if backend is None:
-        backend, why = pick_backend(_read_study(study), read_collectives(args.collectives),
-                                    args.collectives)
+        backend, why = pick_backend(study, read_collectives(args.collectives), args.collectives)
     cal = calibrate(args.collectives, study, backend=backend)
     path = save(cal, args.out or default_calibration())
     link = cal.network.intra
     print(f"backend {backend} ({why})")
     print(f"link: alpha {link.alpha_s * 1e6:.1f} us, beta {link.bandwidth_Bps / 1e9:.2f} GB/s; "
           f"overlap {cal.overlap:.2f}")
+    if not ((study["num_workers"] > 1) & study["algorithm"].isin(("allreduce", "ddp"))).any():
+        print("overlap: no allreduce run of 2 or more workers to measure it from; predictions hide "
+              "none of the allreduce behind backward (an upper bound on the step)")
     for w in cal.workloads.values():
         print(f"{w.model}: {w.compute_s * 1e3:.1f} ms per step of {w.batch_size}, "
               f"{w.param_bytes / 1e6:.2f} MB per model")
@@ -226,11 +241,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     algorithms = (tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
                   if args.algorithms else DEFAULT_ALGORITHMS)
-    out = args.out or default_calibration().parent / f"sandbox-{args.nodes}nodes"
+    base = {key: value for key, value in (("model", args.model), ("dataset", args.dataset),
+                                          ("batch_size", args.batch_size)) if value is not None}
+    name = f"sandbox-{args.nodes}nodes" + (f"-{args.model}" if args.model else "")
+    out = args.out or default_calibration().parent / name
     try:
         table = validate_on_sandbox(out, nodes=args.nodes, algorithms=algorithms,
                                     links=[r.strip() for r in args.links.split(",") if r.strip()],
-                                    sandbox_dir=args.sandbox_dir)
+                                    sandbox_dir=args.sandbox_dir, base=base)
     except (StudyError, SandboxError) as exc:
         print(f"downpour model validate: {exc}", file=sys.stderr)
         return 1

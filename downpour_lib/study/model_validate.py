@@ -147,12 +147,24 @@ def workload_of(summary: dict, link: Link) -> Workload:
     return workload(compute)
 
 
+def sandbox_size(sandbox_dir: str | os.PathLike | None, nodes: int) -> int:
+    """The node count to hold the sandbox at: a running one's own where it has more than
+    ``nodes`` (the runs take ``nodes`` of them, ``srun --nodes``), so that validating on 2 borrows
+    the README's 3-node sandbox instead of refusing it; else ``nodes``."""
+    from ..sandbox.slurm import DEFAULT_DIR, SlurmSandbox
+
+    made = SlurmSandbox(sandbox_dir or DEFAULT_DIR)  # nodes=None: as many as it was made with
+    return made.nodes if made.nodes > nodes and made.status().running else nodes
+
+
 def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[str] = LINKS,
                         algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
                         base: dict[str, Any] | None = None, sandbox_dir: str | None = None,
                         timeout_s: float = 300.0,
                         log: Callable[[str], None] = print) -> pd.DataFrame:
-    """Measure and predict every algorithm at ``nodes`` workers (one per node) at each link rate;
+    """Measure and predict every algorithm at ``nodes`` workers (one per node; a running sandbox
+    of more nodes lends ``nodes`` of them) at each link rate, training ``base`` (default ``BASE``:
+    its model, data set and batch are what ``--model``, ``--dataset`` and ``--batch-size`` set);
     the table (also ``out/validation.csv``, with the ``collectives-<rate>.json`` it was fitted
     from beside it; each row names its link's alpha and beta)."""
     from ..sandbox.netns import parse_rate
@@ -167,17 +179,18 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
             raise ConfigError("algorithms", name, "one worker per node and no server rank: "
                               + ", ".join(ALGORITHMS))
     base = {**BASE, **(base or {})}
+    configs = {name: _config(base, name) for name in algorithms}  # bad names: before any sandbox
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    with SandboxNodes(sandbox_dir, nodes=nodes, timeout_s=timeout_s, log=log) as where:
+    with SandboxNodes(sandbox_dir, nodes=sandbox_size(sandbox_dir, nodes), timeout_s=timeout_s,
+                      log=log) as where:
         env = where.env()
         where.sandbox.up(bandwidth="none")
         where.link = "none"
         # each algorithm's step with the link out of the way (unshaped: hundreds of MB/s), less
         # what the model says that link costs it: the rest does not depend on the link
         unshaped = _fitted(out / "collectives-unshaped.json", nodes, env, timeout_s)
-        configs = {name: _config(base, name) for name in algorithms}
         workloads = {}
         for name, config in configs.items():
             workloads[name] = workload_of(_train(config, nodes, env, timeout_s), unshaped)
