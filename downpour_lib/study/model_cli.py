@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from .core import host_dirname
-from .perfmodel import ALGORITHMS, MODELLED_OPTIONS
+from .perfmodel import ALGORITHMS, MODELLED_OPTIONS, Calibration
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
 REFERENCE_STUDY = "results/reference/scaling/runs.csv"
@@ -57,7 +57,7 @@ def check_names(model: str, algorithms: list[str]) -> None:
             raise unknown_name("algorithm", name, ALGORITHMS)
 
 
-def no_compute(cal, model: str, path: Path | None) -> ConfigError:
+def no_compute(cal: Calibration, model: str, path: Path | None) -> ConfigError:
     """The error for a model the calibration has no compute time for: how to measure it here.
     No guess stands in for it (a FLOP count misses the memory traffic a CPU step is bound by)."""
     where = f" ({path})" if path else ""
