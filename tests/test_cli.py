@@ -65,6 +65,9 @@ BAD_INPUTS = [
     (["model", "predict", "--model", "resnet20", "--calibration", "{cal}"],
      "model='resnet20' is not valid: calibration 'measured-vm' ({cal}) has compute for "
      "inception_small only. Measure resnet20 on this machine: `downpour train --model resnet20 ", 2),
+    # the data set it names fits the model: cnn1d takes MNIST-1D's signals, not CIFAR's images
+    (["model", "predict", "--model", "cnn1d", "--calibration", "{cal}"],
+     "Measure cnn1d on this machine: `downpour train --model cnn1d --dataset mnist1d ", 2),
     (["model", "calibrate", "--collectives", "{coll}", "--summary", "{tmp}/none.json"],
      "summary='{tmp}/none.json' is not valid: no such file: write one with `downpour train", 2),
     (["model", "calibrate", "--collectives", "{coll}", "--summary", "{json}"],

@@ -63,11 +63,23 @@ def no_compute(cal: Calibration, model: str, path: Path | None) -> ConfigError:
     where = f" ({path})" if path else ""
     return ConfigError("model", model, f"calibration {cal.name!r}{where} has compute for "
                        f"{', '.join(sorted(cal.workloads))} only. Measure {model} on this machine: "
-                       f"`downpour train --model {model} --dataset synthetic-cifar --algorithm "
+                       f"`downpour train --model {model} --dataset {_data_for(model)} --algorithm "
                        f"allreduce --steps 30 --warmup-steps 10 --eval-every 0 --summary-json "
                        f"{model}.json`, then `downpour model calibrate --collectives FILE "
                        f"--summary {model}.json` (FILE: `downpour bench collectives --json FILE` "
                        "under mpiexec across your nodes; README: \"Your model, your links\")")
+
+
+def _data_for(model: str) -> str:
+    """A data set of the shape ``model`` was made for, offline: synthetic where one has that
+    shape (throughput is all a calibration needs), else a bundled one (cnn1d's MNIST-1D)."""
+    from ..data.catalog import DATASETS
+    from ..models import MODELS
+
+    shape = MODELS[model].default_input
+    fits = [spec for spec in DATASETS.values() if spec.input_shape == shape and spec.kind != "real"]
+    fits.sort(key=lambda spec: spec.kind != "synthetic")
+    return fits[0].name if fits else "synthetic-cifar"
 
 
 def _ints(text: str) -> list[int]:
