@@ -96,12 +96,26 @@ def job_processes(job: str, ranks_only: bool = False, node: str | None = None) -
         environ = process_environ(pid)
         if state == "Z" or f"SLURM_JOB_ID={job}".encode() not in environ:
             continue
-        if ranks_only and process_comm(pid) != "downpour":  # the console script: a rank, not its launcher
+        if ranks_only and not is_rank(pid):
             continue
         if node is not None and f"SLURMD_NODENAME={node}".encode() not in environ:
             continue
         found.append(int(pid))
     return found
+
+
+def is_rank(pid: str) -> bool:
+    """A training rank: the console script (not its launcher), neither the batch script's
+    pre-flight (``downpour train --preflight``) nor a rank's start-up sentinel (a fork of it)."""
+    if process_comm(pid) != "downpour":
+        return False
+    try:
+        if b"--preflight" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            return False
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        return False
+    return process_comm(parent) != "downpour"
 
 
 def process_environ(pid: str) -> list[bytes]:

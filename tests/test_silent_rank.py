@@ -78,9 +78,12 @@ def test_a_stopped_rank_ends_the_job_naming_it(tmp_path, algorithm, extra, silen
     assert "every rank is alive" not in stderr, stderr[-4000:]
     assert stopped.window >= TIMEOUT_S - 2, \
         f"the job ended {stopped.window:.1f} s after the stop: {stderr[-4000:]}"
-    # a loose bound for a loaded machine: a spinning rank takes 50-100%, a sleeping one ~3%
-    assert len(stopped.cpu_share) == 2 and max(stopped.cpu_share.values()) < 0.3, \
-        f"waiting ranks' CPU share over {stopped.window:.1f} s: {stopped.cpu_share}"
+    # a loose bound for a loaded machine: a spinning rank takes 50-100%, a sleeping one ~3%.
+    # Not Downpour's: it is asynchronous, so its other worker trains on against the server
+    # while rank 2 is stopped (70-80% of a core, working, not waiting)
+    if algorithm != "downpour":
+        assert len(stopped.cpu_share) == 2 and max(stopped.cpu_share.values()) < 0.3, \
+            f"waiting ranks' CPU share over {stopped.window:.1f} s: {stopped.cpu_share}"
     assert re.match(r"downpour: rank \d of 3 failed: ", stderr), stderr[-4000:]
     assert "\0" not in stderr, stderr[-4000:]
     assert TIMEOUT_S - 2 <= stopped.elapsed <= TIMEOUT_S + 15, \

@@ -27,6 +27,15 @@ from .shm import ShmAllreduce
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 
+# The largest data phase waited on with naps (``MPIProcessGroup._data``): at and below it libnbc's
+# nonblocking collectives cost what the blocking ones do (16 KB: the same; 128 KB gradients of the
+# default mlp: ~0.05 ms more a reduce), above it they lose by multiples.
+SLEEPY_DATA_BYTES = 256 * 1024
+_DATA_NAMES = {"Bcast": "broadcast", "Allgather": "all_gather", "Allgatherv": "all_gather",
+               "Gatherv": "gather", "Scatterv": "scatter", "Alltoallv": "all_to_all",
+               "Reduce_scatter_block": "reduce_scatter"}
+_SAME_SIZE_ON_EVERY_RANK = frozenset({"Allreduce", "Reduce", "Bcast", "Allgather", "Allgatherv",
+                                      "Reduce_scatter_block", "Reduce_scatter"})
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
 # profiler event names (``profiling``) where they are not "mpi:" + the operation's name: native
 # ProcessGroupMPI's for the operations it has, torch's op names for the others
@@ -168,12 +177,26 @@ class MPIProcessGroup(dist.ProcessGroup):
         finally:
             WATCHDOG.leave()
 
-    def _wait(self, request: MPI.Request, what: str) -> None:
-        """The data phase, after the gate: MPI's nonblocking collective, waited on with naps like
-        the gate. A member stopped after its part of the gate leaves the others asleep with a
-        deadline, not spinning inside a blocking call (sync_ps's ranks spun in ``reduce`` at
-        50-100% of a core for the whole timeout)."""
-        wait_request(request, self._timeout_s, what)
+    def _data(self, op: str, *args) -> None:
+        """The data phase of a collective, after the gate: MPI's ``op`` (``"Reduce"``...) on
+        ``args``. Up to ``SLEEPY_DATA_BYTES`` it is the nonblocking form waited on with naps, as the
+        gate is: a member stopped after its part of the gate (asleep in the gate's nap, say) leaves
+        the others asleep with a deadline, not spinning inside a blocking call (sync_ps's ranks spun
+        in ``reduce`` at 50-100% of a core for the whole timeout). Above it the blocking form, since
+        Open MPI's nonblocking collectives (libnbc) lose to its blocking ones there (measured, 2
+        ranks on one node: Ireduce 3-4x slower from 256 KB, 7-70x from 4 MB once naps stretch its
+        rounds; a 1 MB reduce took 112 ms against 0.33 ms); a stop inside that window is still
+        ended by the watchdog at the timeout, naming the rank, but the waiting ranks spin."""
+        what = _DATA_NAMES.get(op, op.lower())
+        # every rank must take the same form (MPI matches blocking with blocking): only where the
+        # largest buffer is the same on every rank does its size decide; gather, scatter and
+        # all-to-all (whose buffers differ by rank) always take the nonblocking form
+        nbytes = max((len(a[0]) for a in args if isinstance(a, list) and a and a[0] is not None),
+                     default=0) if op in _SAME_SIZE_ON_EVERY_RANK else 0
+        if nbytes <= SLEEPY_DATA_BYTES:
+            wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
+        else:
+            getattr(self._comm, op)(*args)
 
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
@@ -232,24 +255,24 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
             gate(self._comm, self._timeout_s, "allreduce")
-            self._wait(self._comm.Iallreduce(MPI.IN_PLACE, spec(local), red.op), "allreduce")
+            self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op)
             if red.average:
                 local.div_(self._n)
 
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")
         red = reduction(opts.reduceOp, t.dtype)
-        root, comm, n = opts.rootRank, self._comm, self._n
+        root, n = opts.rootRank, self._n
         x = Operand(t, self._r == root, self._direct(red.python))
 
         def run() -> None:
             if x.write:  # the root
-                self._wait(comm.Ireduce(MPI.IN_PLACE, x.spec(), red.op, root), "reduce")
+                self._data("Reduce", MPI.IN_PLACE, x.spec(), red.op, root)
                 if red.average:
                     x.local.div_(n)
                 x.finish()
             else:
-                self._wait(comm.Ireduce(x.spec(), None, red.op, root), "reduce")
+                self._data("Reduce", x.spec(), None, red.op, root)
 
         return self._issue("reduce", run, tensors, opts.asyncOp, inputs=tensors)
 
@@ -294,14 +317,13 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._reduce_scatter(flat, y, [output.numel()] * self._n, red)
 
     def _reduce_scatter(self, flat: torch.Tensor, out: Operand, counts: list[int], red):
-        comm, n = self._comm, self._n
+        n = self._n
 
         def run() -> None:
             if len(set(counts)) == 1:
-                request = comm.Ireduce_scatter_block(spec(flat, counts[0]), out.spec(), red.op)
+                self._data("Reduce_scatter_block", spec(flat, counts[0]), out.spec(), red.op)
             else:
-                request = comm.Ireduce_scatter(spec(flat), out.spec(), counts, red.op)
-            self._wait(request, "reduce_scatter")
+                self._data("Reduce_scatter", spec(flat), out.spec(), counts, red.op)
             if red.average:
                 out.local.div_(n)
             out.finish()
@@ -312,11 +334,11 @@ class MPIProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         t = _one(tensors, "broadcast")
-        root, comm = opts.rootRank, self._comm
+        root = opts.rootRank
         x = Operand(t, self._r != root, self._direct())
 
         def run() -> None:
-            self._wait(comm.Ibcast(x.spec(), root), "broadcast")
+            self._data("Bcast", x.spec(), root)
             x.finish()
 
         return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
@@ -328,15 +350,14 @@ class MPIProcessGroup(dist.ProcessGroup):
         if counts[self._r] != t.numel():
             raise ValueError(f"mpi backend: all_gather input has {t.numel()} elements, but this "
                              f"rank's output slot has {counts[self._r]}")
-        direct, comm = self._direct(), self._comm
+        direct = self._direct()
         x, flat = Operand(t, False, direct), scratch(sum(counts), t, direct)
 
         def run() -> None:
             if len(set(counts)) == 1:
-                request = comm.Iallgather(x.spec(), spec(flat, counts[0]))
+                self._data("Allgather", x.spec(), spec(flat, counts[0]))
             else:
-                request = comm.Iallgatherv(x.spec(), vspec(flat, counts))
-            self._wait(request, "all_gather")
+                self._data("Allgatherv", x.spec(), vspec(flat, counts))
             _split_into(flat, counts, outputs)
 
         return self._issue("all_gather", run, output_tensors, _async(opts), inputs=input_tensors)
@@ -360,38 +381,37 @@ class MPIProcessGroup(dist.ProcessGroup):
             raise ValueError(f"mpi backend: all_gather_into_tensor needs an output of {self._n} x the "
                              f"input's elements and dtype; got {output.numel()} {output.dtype} for "
                              f"{input.numel()} {input.dtype}")
-        direct, comm, count = self._direct(), self._comm, input.numel()
+        direct, count = self._direct(), input.numel()
         x, y = Operand(input, False, direct), Operand(output, True, direct)
         if _overlaps(x.local, y.local):  # e.g. the input is this rank's chunk of the output
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            self._wait(comm.Iallgather(x.spec(), y.spec(count)), "all_gather_into_tensor")
+            self._data("Allgather", x.spec(), y.spec(count))
             y.finish()
 
         return run
 
     def gather(self, output_tensors, input_tensors, opts):
         t = _one(input_tensors, "gather")
-        root, comm, direct = opts.rootRank, self._comm, self._direct()
+        root, direct = opts.rootRank, self._direct()
         x = Operand(t, False, direct)
         if self._r != root:
-            return self._issue("gather", lambda: self._wait(comm.Igatherv(x.spec(), None, root),
-                                                            "gather"), [],
+            return self._issue("gather", lambda: self._data("Gatherv", x.spec(), None, root), [],
                                opts.asyncOp, inputs=input_tensors)
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
         counts = _same(outputs, t, self._n, "gather")
         flat = scratch(sum(counts), t, direct)
 
         def run() -> None:
-            self._wait(comm.Igatherv(x.spec(), vspec(flat, counts), root), "gather")
+            self._data("Gatherv", x.spec(), vspec(flat, counts), root)
             _split_into(flat, counts, outputs)
 
         return self._issue("gather", run, output_tensors, opts.asyncOp, inputs=input_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts):
         y = _one(output_tensors, "scatter")
-        root, comm, direct = opts.rootRank, self._comm, self._direct()
+        root, direct = opts.rootRank, self._direct()
         out = Operand(y, True, direct)
         flat, counts, inputs = None, [], []
         if self._r == root:
@@ -402,8 +422,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         def run() -> None:
             # the closure holds ``flat`` itself: a buffer made from its address would not keep it
             # alive until a queued scatter runs
-            self._wait(comm.Iscatterv(None if flat is None else vspec(flat, counts), out.spec(),
-                                      root), "scatter")
+            self._data("Scatterv", None if flat is None else vspec(flat, counts), out.spec(),
+                                      root)
             out.finish()
 
         return self._issue("scatter", run, output_tensors, opts.asyncOp, inputs=inputs)
@@ -414,14 +434,13 @@ class MPIProcessGroup(dist.ProcessGroup):
             raise TypeError(f"mpi backend: all_to_all_single mixes {input.dtype} and {output.dtype}")
         send_counts = _counts(input, list(input_split_sizes), self._n, "all_to_all_single input")
         recv_counts = _counts(output, list(output_split_sizes), self._n, "all_to_all_single output")
-        direct, comm = self._direct(), self._comm
+        direct = self._direct()
         x, y = Operand(input, False, direct), Operand(output, True, direct)
         if _overlaps(x.local, y.local):
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            self._wait(comm.Ialltoallv(vspec(x.local, send_counts), vspec(y.local, recv_counts)),
-                       "all_to_all_single")
+            self._data("Alltoallv", vspec(x.local, send_counts), vspec(y.local, recv_counts))
             y.finish()
 
         return self._issue("all_to_all_single", run, [output], _async(opts), inputs=[input])
@@ -433,13 +452,12 @@ class MPIProcessGroup(dist.ProcessGroup):
             raise ValueError("mpi backend: all_to_all needs one input tensor per rank")
         send_counts = _same(input_tensors, input_tensors[0], self._n, "all_to_all input")
         recv_counts = _same(output_tensors, input_tensors[0], self._n, "all_to_all output")
-        direct, comm = self._direct(), self._comm
+        direct = self._direct()
         flat_in = _concat(input_tensors, send_counts, direct)
         flat_out = scratch(sum(recv_counts), input_tensors[0], direct)
 
         def run() -> None:
-            self._wait(comm.Ialltoallv(vspec(flat_in, send_counts), vspec(flat_out, recv_counts)),
-                       "all_to_all")
+            self._data("Alltoallv", vspec(flat_in, send_counts), vspec(flat_out, recv_counts))
             _split_into(flat_out, recv_counts, output_tensors)
 
         return self._issue("all_to_all", run, output_tensors, _async(opts), inputs=input_tensors)
