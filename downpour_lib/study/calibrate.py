@@ -33,15 +33,22 @@ _NOT_COMPUTE = ("comm_s", "wait_s")
 _PS = ("sync_ps", "downpour", "easgd")
 
 
-def read_collectives(path: str | os.PathLike) -> list[dict[str, Any]]:
+def _read_json(field: str, path: str | os.PathLike, make: str, writer: str) -> Any:
+    """``path``'s JSON; a ConfigError naming ``field`` if it is missing (``make``: how to write
+    it) or not JSON (``writer``: what should have written it)."""
     try:
-        rows = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ConfigError("collectives", str(path), "no such file: write it with `mpiexec -n 2 "
-                          "downpour bench collectives --json FILE`") from None
+        raise ConfigError(field, str(path), f"no such file: {make}") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError("collectives", str(path), f"not JSON ({exc}): give the file "
-                          "`downpour bench collectives --json` wrote") from None
+        raise ConfigError(field, str(path), f"not JSON ({exc}): give the file `{writer}` "
+                          "wrote") from None
+
+
+def read_collectives(path: str | os.PathLike) -> list[dict[str, Any]]:
+    rows = _read_json("collectives", path,
+                      "write it with `mpiexec -n 2 downpour bench collectives --json FILE`",
+                      "downpour bench collectives --json")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "p50_s" in r for r in rows):
         raise ConfigError("collectives", str(path), "not `downpour bench collectives` rows")
     return rows
@@ -219,14 +226,9 @@ def read_summaries(paths: list[str | os.PathLike]) -> pd.DataFrame:
     the config's backend choice beside the one the run used."""
     rows = []
     for path in paths:
-        try:
-            summary = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError("summary", str(path), "no such file: write one with `downpour train "
-                              "--model M --steps 30 --summary-json FILE`") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError("summary", str(path), f"not JSON ({exc}): give the file `downpour "
-                              "train --summary-json` wrote") from None
+        summary = _read_json("summary", path,
+                             "write one with `downpour train --model M --steps 30 --summary-json FILE`",
+                             "downpour train --summary-json")
         missing = (_NEEDED - set(summary)) if isinstance(summary, dict) else _NEEDED
         if missing:
             raise ConfigError("summary", str(path), f"lacks {sorted(missing)}: give the file "
