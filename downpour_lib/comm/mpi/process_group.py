@@ -144,12 +144,13 @@ class MPIProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"MPIProcessGroup(rank={self._r}, size={self._n})"
 
-    def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = True,
+    def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = False,
                inputs: list[torch.Tensor] = ()) -> dist._Work:
-        """Run ``fn`` (blocking MPI calls) now or on the executor. ``gated``: every member must have
-        issued the operation before ``fn`` starts (``liveness.gate``); the shared-memory
-        allreduce waits with a deadline of its own and decides for itself. ``inputs``: what the
-        profiler's event records (``profiling``)."""
+        """Run ``fn`` now or on the executor. ``gated``: every member must have issued the
+        operation before ``fn`` starts (``liveness.gate``: the barrier); the data phases gate
+        themselves where they make a blocking call (``_data``), and nonblocking ones and shared
+        memory wait with deadlines of their own. ``inputs``: what the profiler's event records
+        (``profiling``)."""
         if not self._open:
             raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")
         run = partial(self._guarded, name, fn, gated)
@@ -185,19 +186,20 @@ class MPIProcessGroup(dist.ProcessGroup):
             WATCHDOG.leave()
 
     def _data(self, op: str, *args) -> None:
-        """The data phase of a collective, after the gate: MPI's ``op`` (``"Reduce"``...) on
-        ``args``. Up to ``SLEEPY_DATA_BYTES`` it is the nonblocking form waited on with naps, as the
-        gate is: a member stopped after its part of the gate (asleep in the gate's nap, say) leaves
-        the others asleep with a deadline, not spinning inside a blocking call (sync_ps's ranks spun
-        in ``reduce`` at 50-100% of a core for the whole timeout). Above it Open MPI's nonblocking
+        """The data phase of a collective: MPI's ``op`` (``"Reduce"``...) on ``args``. Up to
+        ``SLEEPY_DATA_BYTES`` it is the nonblocking form waited on with naps and the group's
+        deadline, with no gate before it (a missing member only makes the wait time out and name
+        it; the gate's round trip was a third of a 4 KB allreduce): a member stopped before or
+        inside it leaves the others asleep, not spinning inside a blocking call (sync_ps's ranks
+        spun in ``reduce`` at 50-100% of a core for the whole timeout). Above it Open MPI's nonblocking
         collectives (libnbc) lose to its blocking ones (measured, 2 ranks on one node: Ireduce 3-4x
         slower from 256 KB, 7-70x from 4 MB once naps stretch its rounds; a 1 MB reduce took 112 ms
         against 0.33 ms), so on one node broadcast, reduce and allgather go through shared memory
         (``shm_data``, before they get here) and allreduce too (``shm``); what is left here is
         cut into nonblocking pieces of ``SLEEPY_DATA_BYTES`` where the operation is elementwise
         (``_segmented``), and only the rest (reduce_scatter, allgatherv, across nodes) is MPI's
-        blocking call, where a stop is ended by the watchdog at the timeout, naming the rank, but
-        the waiting ranks spin."""
+        blocking call after the gate, where a stop is ended by the watchdog at the timeout,
+        naming the rank, but the waiting ranks spin."""
         what = _DATA_NAMES.get(op, op.lower())
         # every rank must take the same form (MPI matches blocking with blocking): only where the
         # largest buffer is the same on every rank does its size decide; gather, scatter and
@@ -208,7 +210,8 @@ class MPIProcessGroup(dist.ProcessGroup):
             wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
         elif op in _SEGMENTED:
             self._segmented(op, args, what)
-        else:
+        else:  # only once every member is here can a blocking call not wait on a missing one
+            gate(self._comm, self._timeout_s, what)
             getattr(self._comm, op)(*args)
 
     def _segmented(self, op: str, args: tuple, what: str) -> None:
@@ -230,11 +233,6 @@ class MPIProcessGroup(dist.ProcessGroup):
         for request in pending:
             wait_request(request, self._timeout_s, what)
 
-    def _gated(self, what: str, op: str, *args) -> None:
-        """The gate, then MPI's ``op`` (the path of operations shared memory does not take)."""
-        gate(self._comm, self._timeout_s, what)
-        self._data(op, *args)
-
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
 
@@ -249,14 +247,14 @@ class MPIProcessGroup(dist.ProcessGroup):
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
             return self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
-                               opts.asyncOp, gated=False, inputs=tensors)
+                               opts.asyncOp, inputs=tensors)
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:
             self._allreduce_in_place(x.local, red)
             x.finish()
 
-        return self._issue("allreduce", run, tensors, opts.asyncOp, gated=False, inputs=tensors)
+        return self._issue("allreduce", run, tensors, opts.asyncOp, inputs=tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -273,7 +271,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                     if x is not t:
                         t.copy_(x)
 
-            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp, gated=False,
+            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp,
                                inputs=tensors)
         counts = [t.numel() for t in tensors]
         flat = _concat(tensors, counts, self._direct(red.python))
@@ -282,7 +280,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._allreduce_in_place(flat, red)
             _split_into(flat, counts, tensors)
 
-        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp, gated=False,
+        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp,
                            inputs=tensors)
 
     def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
@@ -291,7 +289,6 @@ class MPIProcessGroup(dist.ProcessGroup):
         if self._shm.takes(local, red.kernel):
             self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
-            gate(self._comm, self._timeout_s, "allreduce")
             self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op)
             if red.average:
                 local.div_(self._n)
@@ -306,15 +303,15 @@ class MPIProcessGroup(dist.ProcessGroup):
             if red.kernel is not None and self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
                 self._shm.reduce(x.local, red.kernel, red.average, root)
             elif x.write:  # the root
-                self._gated("reduce", "Reduce", MPI.IN_PLACE, x.spec(), red.op, root)
+                self._data("Reduce", MPI.IN_PLACE, x.spec(), red.op, root)
                 if red.average:
                     x.local.div_(n)
             else:
-                self._gated("reduce", "Reduce", x.spec(), None, red.op, root)
+                self._data("Reduce", x.spec(), None, red.op, root)
             if x.write:
                 x.finish()
 
-        return self._issue("reduce", run, tensors, opts.asyncOp, gated=False, inputs=tensors)
+        return self._issue("reduce", run, tensors, opts.asyncOp, inputs=tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         y = _one(output_tensors, "reduce_scatter")
@@ -381,10 +378,10 @@ class MPIProcessGroup(dist.ProcessGroup):
             if self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
                 self._shm.broadcast(x.local, root)
             else:
-                self._gated("broadcast", "Bcast", x.spec(), root)
+                self._data("Bcast", x.spec(), root)
             x.finish()
 
-        return self._issue("broadcast", run, tensors, opts.asyncOp, gated=False, inputs=tensors)
+        return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = _one(input_tensors, "all_gather")
@@ -398,26 +395,26 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def run() -> None:
             if len(set(counts)) != 1:
-                self._gated("all_gather", "Allgatherv", x.spec(), vspec(flat, counts))
+                self._data("Allgatherv", x.spec(), vspec(flat, counts))
             elif self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
                 self._shm.allgather(x.local, flat)
             else:
-                self._gated("all_gather", "Allgather", x.spec(), spec(flat, counts[0]))
+                self._data("Allgather", x.spec(), spec(flat, counts[0]))
             _split_into(flat, counts, outputs)
 
-        return self._issue("all_gather", run, output_tensors, _async(opts), gated=False,
+        return self._issue("all_gather", run, output_tensors, _async(opts),
                            inputs=input_tensors)
 
     def all_gather_single(self, output, input, opts=None):
         return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
-                           _async(opts), gated=False, inputs=[input])
+                           _async(opts), inputs=[input])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         runs = [self._all_gather_into(o, i) for o, i in zip(outputs, inputs, strict=True)]
         return self._issue("all_gather_into_tensor_coalesced", lambda: [r() for r in runs], outputs,
-                           _async(opts), gated=False, inputs=inputs)
+                           _async(opts), inputs=inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -436,7 +433,6 @@ class MPIProcessGroup(dist.ProcessGroup):
             if self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
                 self._shm.allgather(x.local, y.local)
             else:
-                gate(self._comm, self._timeout_s, "all_gather_into_tensor")
                 self._data("Allgather", x.spec(), y.spec(count))
             y.finish()
 
@@ -513,7 +509,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._issue("all_to_all", run, output_tensors, _async(opts), inputs=input_tensors)
 
     def barrier(self, opts=None):
-        return self._issue("barrier", _nothing, [], _async(opts))  # the gate is the barrier
+        return self._issue("barrier", _nothing, [], _async(opts), gated=True)  # the gate is it
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not reach it within ``timeout`` (``monitored``);
