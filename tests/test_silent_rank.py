@@ -9,6 +9,7 @@ and still must end. Before the fix they spun at 100% CPU for ever.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -161,16 +162,16 @@ def stop_a_rank(tmp_path, algorithm: str, extra: list[str], silent: int) -> Stop
     return Stopped(stderr, elapsed, window, cpu_share, stopped_alive)
 
 
-def test_a_rank_stopped_between_the_gate_and_the_blocking_call_is_named_within_the_timeout():
-    """The window no gate covers (tests/mpi/stopped_after_gate.py): the others are past the gate,
-    in the broadcast's data phase. It was MPI's blocking broadcast, which only their watchdogs
-    could end (before those, the backstop ended it at the timeout plus 10 s, each rank naming the
-    other too); now it is a nonblocking one, waited on with naps and the same deadline."""
+def test_a_rank_stopped_while_the_others_are_in_the_data_phase_is_named_within_the_timeout():
+    """The others are in a broadcast's data phase (tests/mpi/stopped_after_gate.py). It was MPI's
+    blocking broadcast after a gate, which only their watchdogs could end (before those, the
+    backstop ended it at the timeout plus 10 s, each rank naming the other too); now it is a
+    nonblocking one with no gate, waited on with naps and the same deadline."""
     timeout_s = 5
     start = time.monotonic()
     proc = mpi_python(3, "stopped_after_gate.py", str(timeout_s), timeout=120)
     elapsed = time.monotonic() - start
-    assert "rank 2 passed the gate and stops" in proc.stdout, explain(proc)
+    assert "rank 2 stops" in proc.stdout, explain(proc)
     assert proc.returncode != 0, explain(proc)
     named = re.search(r"rank ([01]) of 3 waited (\d+) s in broadcast \(default group\): rank 2 on "
                       rf"{socket.gethostname()} went silent \(no answer to (its heartbeat|a liveness probe)",
@@ -181,6 +182,32 @@ def test_a_rank_stopped_between_the_gate_and_the_blocking_call_is_named_within_t
     assert "\0" not in proc.stderr, explain(proc)
     assert "outlived" not in proc.stderr, explain(proc)
     assert elapsed < 60, f"took {elapsed:.0f} s"  # start-up included; a hang meets the timeout
+
+
+@pytest.mark.parametrize("op, silent", [("reduce", 2), ("broadcast", 2), ("reduce", 0),
+                                        ("broadcast", 0), ("all_gather", 2)])
+def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op, silent):
+    """sync_ps's reduce and broadcast (and an allgather) of 4 MB, above the 256 KB where the data
+    phase was MPI's blocking call: with a peer stopped, the waiting ranks spun at 100% of a core
+    until the watchdog ended the job. Now they sleep (shared memory, ``comm/mpi/shm_data.py``):
+    each prints its CPU share over the wait (tests/mpi/stopped_in_large_data.py), and names the
+    stopped rank after the timeout."""
+    timeout_s = 8
+    proc = mpi_python(3, "stopped_in_large_data.py", str(timeout_s), op, str(silent),
+                      str(4 << 20), timeout=180)
+    assert f"rank {silent} stops" in proc.stdout, explain(proc)
+    assert proc.returncode != 0, explain(proc)
+    waits = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert waits, explain(proc)  # the first to give up ends the job; the other may not get to say
+    for wait in waits:
+        assert wait["rank"] != silent, wait
+        assert re.search(rf"rank {wait['rank']} of 3 waited \d+ s in {op}[\w ]* \(default group\): "
+                         rf"rank {silent} on {re.escape(socket.gethostname())} went silent",
+                         wait["error"]), wait
+        assert wait["wall_s"] >= timeout_s - 2, wait
+        # a spinning rank takes 100% of a core; one that sleeps a few %, plus the machine's load
+        assert wait["cpu_share"] < 0.2, wait
+    assert "\0" not in proc.stderr, explain(proc)
 
 
 def job_processes(job: str) -> list[int]:

@@ -87,6 +87,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank (1: a rank's copies and reductions use one core)")
     p.add_argument("--json", help="rank 0 writes the rows here (a JSON list)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="with mpi: also time the parts of each mpi call (torch's dispatch floor, "
+                        "our code, the executor hand-off, the gate) against MPI's own (bench/breakdown.py)")
     p.set_defaults(func=cmd_collectives)
 
 
@@ -275,6 +278,9 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     if "mpi" in backends and placement.launcher != "mpi":
         raise ConfigError("backends", "mpi", f"mpi needs an MPI launch (mpiexec, srun --mpi=pmix), "
                           f"this is a {placement.launcher} launch; use gloo")
+    if args.breakdown and "mpi" not in backends:
+        raise ConfigError("breakdown", "on", "--breakdown times the mpi backend's parts: "
+                          "add mpi to --backends")
     if "nccl" in backends and not torch.cuda.is_available():
         raise ConfigError("backends", "nccl", "nccl needs CUDA devices; use gloo,mpi on CPU")
     torch.set_num_threads(args.threads)
@@ -295,8 +301,19 @@ def cmd_collectives(args: argparse.Namespace) -> int:
                                     measure(case.run, sync, args)))
         if "mpi" in backends and DTYPES[args.dtype] in MPICase.NUMPY:
             rows += mpi4py_rows(ops, sizes, DTYPES[args.dtype], sync, args)
+        parts = []
+        if args.breakdown:
+            from .breakdown import breakdown_rows
+
+            parts = breakdown_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
+                                   sync, args)
+            rows += [{"backend": "mpi:breakdown", **r} for r in parts]
         if ctx.rank == 0:
-            print_table(rows)
+            print_table([r for r in rows if r["backend"] != "mpi:breakdown"])
+            if parts:
+                from .breakdown import print_breakdown
+
+                print_breakdown(parts, [r for r in rows if r["backend"] == "mpi4py"])
             if args.json:
                 atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
         runtime.shutdown()

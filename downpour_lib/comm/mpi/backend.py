@@ -46,10 +46,11 @@ CUDA
 
 Failure
     Every wait honours the group's timeout and sleeps rather than spins (``liveness``): a
-    collective moves its data (MPI's nonblocking collective) only once every member has issued it,
-    and a wait past the timeout raises ``CommTimeout`` naming the rank that went silent (stopped,
-    hung or gone) and the operation. When this backend creates the default group, an uncaught
-    exception on any rank prints the one line ``downpour: rank R of N failed: ...`` (its traceback
+    collective moves its data with MPI's nonblocking calls or through shared memory, and enters a
+    blocking call only once every member has issued it; a wait past the timeout raises
+    ``CommTimeout`` naming the rank that went silent (stopped, hung or gone) and the operation.
+    When this backend creates the default group, an uncaught exception on any rank prints the
+    one line ``downpour: rank R of N failed: ...`` (its traceback
     goes to a log the line names) and ends every rank (``job_end``: under Open MPI's mpiexec by
     exiting non-zero, else ``MPI_Abort``, what ``python -m mpi4py`` does). A peer process that
     dies is noticed by ``mpiexec``/``srun``, which end the job.

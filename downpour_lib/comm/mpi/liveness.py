@@ -4,10 +4,11 @@ Open MPI's blocking calls neither time out nor sleep: a rank whose peer was stop
 a core for ever. So the backend never enters a blocking call until every peer is there, and never
 waits without a deadline:
 
-* a collective first passes a **gate**, ``MPI_Ibarrier`` on the group's communicator; once it
-  completes every member has issued the collective, so the data phase that follows (MPI's
-  nonblocking collective, waited on like the gate) finishes in the time the data takes (the
-  shared-memory allreduce needs no gate: its own barrier waits on semaphores with a deadline);
+* a collective moves its data with MPI's nonblocking form, waited on as below, or through shared
+  memory, whose barrier waits on semaphores with a deadline; only before MPI's blocking calls
+  (large data phases that neither takes) does it first pass a **gate**, ``MPI_Ibarrier`` on the
+  group's communicator: once it completes every member has issued the collective, so the blocking
+  call finishes in the time the data takes;
 * every wait (the gate, a point-to-point request) spins for ``SPIN_S`` (ranks in step meet within
   microseconds), then sleeps in naps that grow with the time already waited (at most ``NAP_S``,
   about 3% of the wait), so a waiting rank leaves its core to its own backward pass;
@@ -26,10 +27,10 @@ every rank, and from then on every wait of the backend gives up at once (and nam
 ends within the timeout and a few seconds whatever its ranks were doing. The ring keeps the traffic
 at one small message per rank and beat, at any scale.
 
-A peer stopped after its part of the gate (it may be napping in its own wait when the others'
-gate completes) leaves the others in the data phase: the backend's collectives wait there with naps
-and the same deadline, so they sleep and end as above. What still makes a blocking call after a
-gate (the shared-memory set-up) is covered by the watchdog: ``gate`` marks the thread as
+A peer stopped after its part of a gate (it may be napping in its own wait when the others'
+gate completes) leaves the others in a blocking call. What makes one after a gate (the
+shared-memory set-up, data phases that neither nonblocking pieces nor shared memory take) is
+covered by the watchdog: ``gate`` marks the thread as
 *committed* to a blocking call,
 and once the heartbeat finds a rank silent, a committed thread still inside its operation
 ``GRACE_S`` later ends the job (``job_end``) with the same message a wait gives (the operation,

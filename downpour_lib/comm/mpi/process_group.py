@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from . import monitored, profiling
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate, wait_request
-from .shm import ShmAllreduce
+from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 
@@ -31,6 +31,13 @@ from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 # nonblocking collectives cost what the blocking ones do (16 KB: the same; 128 KB gradients of the
 # default mlp: ~0.05 ms more a reduce), above it they lose by multiples.
 SLEEPY_DATA_BYTES = 256 * 1024
+# From this size broadcast, reduce and allgather on one node go through shared memory
+# (``shm_data``), which sleeps while it waits and beats Open MPI's blocking calls there.
+SHM_DATA_BYTES = SLEEPY_DATA_BYTES + 1
+# Larger data phases that shared memory does not take (a group across nodes) go as pieces of
+# SLEEPY_DATA_BYTES, this many in flight, each waited on with naps.
+_SEGMENTED = frozenset({"Allreduce", "Reduce", "Bcast"})
+_WINDOW = 4
 _DATA_NAMES = {"Bcast": "broadcast", "Allgather": "all_gather", "Allgatherv": "all_gather",
                "Gatherv": "gather", "Scatterv": "scatter", "Alltoallv": "all_to_all",
                "Reduce_scatter_block": "reduce_scatter"}
@@ -117,7 +124,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._name = name  # for messages: "default group", "group of ranks 0, 2"
         self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
         self._on_shutdown = on_shutdown
-        self._shm = ShmAllreduce(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
+        self._shm = ShmCollectives(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
         self._open = True
         self._group_name = ""
 
@@ -137,12 +144,13 @@ class MPIProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"MPIProcessGroup(rank={self._r}, size={self._n})"
 
-    def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = True,
+    def _issue(self, name: str, fn, result: list, async_op: bool, gated: bool = False,
                inputs: list[torch.Tensor] = ()) -> dist._Work:
-        """Run ``fn`` (blocking MPI calls) now or on the executor. ``gated``: every member must have
-        issued the operation before ``fn`` starts (``liveness.gate``); the shared-memory
-        allreduce waits with a deadline of its own and decides for itself. ``inputs``: what the
-        profiler's event records (``profiling``)."""
+        """Run ``fn`` now or on the executor. ``gated``: every member must have issued the
+        operation before ``fn`` starts (``liveness.gate``: the barrier); the data phases gate
+        themselves where they make a blocking call (``_data``), and nonblocking ones and shared
+        memory wait with deadlines of their own. ``inputs``: what the profiler's event records
+        (``profiling``)."""
         if not self._open:
             raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")
         run = partial(self._guarded, name, fn, gated)
@@ -178,15 +186,20 @@ class MPIProcessGroup(dist.ProcessGroup):
             WATCHDOG.leave()
 
     def _data(self, op: str, *args) -> None:
-        """The data phase of a collective, after the gate: MPI's ``op`` (``"Reduce"``...) on
-        ``args``. Up to ``SLEEPY_DATA_BYTES`` it is the nonblocking form waited on with naps, as the
-        gate is: a member stopped after its part of the gate (asleep in the gate's nap, say) leaves
-        the others asleep with a deadline, not spinning inside a blocking call (sync_ps's ranks spun
-        in ``reduce`` at 50-100% of a core for the whole timeout). Above it the blocking form, since
-        Open MPI's nonblocking collectives (libnbc) lose to its blocking ones there (measured, 2
-        ranks on one node: Ireduce 3-4x slower from 256 KB, 7-70x from 4 MB once naps stretch its
-        rounds; a 1 MB reduce took 112 ms against 0.33 ms); a stop inside that window is still
-        ended by the watchdog at the timeout, naming the rank, but the waiting ranks spin."""
+        """The data phase of a collective: MPI's ``op`` (``"Reduce"``...) on ``args``. Up to
+        ``SLEEPY_DATA_BYTES`` it is the nonblocking form waited on with naps and the group's
+        deadline, with no gate before it (a missing member only makes the wait time out and name
+        it; the gate's round trip was a third of a 4 KB allreduce): a member stopped before or
+        inside it leaves the others asleep, not spinning inside a blocking call (sync_ps's ranks
+        spun in ``reduce`` at 50-100% of a core for the whole timeout). Above it Open MPI's nonblocking
+        collectives (libnbc) lose to its blocking ones (measured, 2 ranks on one node: Ireduce 3-4x
+        slower from 256 KB, 7-70x from 4 MB once naps stretch its rounds; a 1 MB reduce took 112 ms
+        against 0.33 ms), so on one node broadcast, reduce and allgather go through shared memory
+        (``shm_data``, before they get here) and allreduce too (``shm``); what is left here is
+        cut into nonblocking pieces of ``SLEEPY_DATA_BYTES`` where the operation is elementwise
+        (``_segmented``), and only the rest (reduce_scatter, allgatherv, across nodes) is MPI's
+        blocking call after the gate, where a stop is ended by the watchdog at the timeout,
+        naming the rank, but the waiting ranks spin."""
         what = _DATA_NAMES.get(op, op.lower())
         # every rank must take the same form (MPI matches blocking with blocking): only where the
         # largest buffer is the same on every rank does its size decide; gather, scatter and
@@ -195,8 +208,30 @@ class MPIProcessGroup(dist.ProcessGroup):
                      default=0) if op in _SAME_SIZE_ON_EVERY_RANK else 0
         if nbytes <= SLEEPY_DATA_BYTES:
             wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
-        else:
+        elif op in _SEGMENTED:
+            self._segmented(op, args, what)
+        else:  # only once every member is here can a blocking call not wait on a missing one
+            gate(self._comm, self._timeout_s, what)
             getattr(self._comm, op)(*args)
+
+    def _segmented(self, op: str, args: tuple, what: str) -> None:
+        """``op`` (elementwise: every element moves on its own) on ``args`` in pieces of
+        ``SLEEPY_DATA_BYTES``, ``_WINDOW`` in flight, each waited on with naps."""
+        start = getattr(self._comm, "I" + op.lower())
+        buffers = [a for a in args if isinstance(a, list)]
+        count, datatype = buffers[0][1], buffers[0][2]
+        item = datatype.Get_extent()[1]
+        step = max(1, SLEEPY_DATA_BYTES // item)
+        pending = []
+        for lo in range(0, count, step):
+            k = min(step, count - lo)
+            piece = [[MPI.buffer.fromaddress(a[0].address + lo * item, k * item), k, datatype]
+                     if isinstance(a, list) else a for a in args]
+            pending.append(start(*piece))
+            if len(pending) >= _WINDOW:
+                wait_request(pending.pop(0), self._timeout_s, what)
+        for request in pending:
+            wait_request(request, self._timeout_s, what)
 
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
@@ -212,14 +247,14 @@ class MPIProcessGroup(dist.ProcessGroup):
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
             return self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
-                               opts.asyncOp, gated=False, inputs=tensors)
+                               opts.asyncOp, inputs=tensors)
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:
             self._allreduce_in_place(x.local, red)
             x.finish()
 
-        return self._issue("allreduce", run, tensors, opts.asyncOp, gated=False, inputs=tensors)
+        return self._issue("allreduce", run, tensors, opts.asyncOp, inputs=tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -236,7 +271,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                     if x is not t:
                         t.copy_(x)
 
-            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp, gated=False,
+            return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp,
                                inputs=tensors)
         counts = [t.numel() for t in tensors]
         flat = _concat(tensors, counts, self._direct(red.python))
@@ -245,7 +280,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._allreduce_in_place(flat, red)
             _split_into(flat, counts, tensors)
 
-        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp, gated=False,
+        return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp,
                            inputs=tensors)
 
     def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
@@ -254,7 +289,6 @@ class MPIProcessGroup(dist.ProcessGroup):
         if self._shm.takes(local, red.kernel):
             self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
-            gate(self._comm, self._timeout_s, "allreduce")
             self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op)
             if red.average:
                 local.div_(self._n)
@@ -266,13 +300,16 @@ class MPIProcessGroup(dist.ProcessGroup):
         x = Operand(t, self._r == root, self._direct(red.python))
 
         def run() -> None:
-            if x.write:  # the root
+            if red.kernel is not None and self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
+                self._shm.reduce(x.local, red.kernel, red.average, root)
+            elif x.write:  # the root
                 self._data("Reduce", MPI.IN_PLACE, x.spec(), red.op, root)
                 if red.average:
                     x.local.div_(n)
-                x.finish()
             else:
                 self._data("Reduce", x.spec(), None, red.op, root)
+            if x.write:
+                x.finish()
 
         return self._issue("reduce", run, tensors, opts.asyncOp, inputs=tensors)
 
@@ -338,7 +375,10 @@ class MPIProcessGroup(dist.ProcessGroup):
         x = Operand(t, self._r != root, self._direct())
 
         def run() -> None:
-            self._data("Bcast", x.spec(), root)
+            if self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
+                self._shm.broadcast(x.local, root)
+            else:
+                self._data("Bcast", x.spec(), root)
             x.finish()
 
         return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
@@ -354,13 +394,16 @@ class MPIProcessGroup(dist.ProcessGroup):
         x, flat = Operand(t, False, direct), scratch(sum(counts), t, direct)
 
         def run() -> None:
-            if len(set(counts)) == 1:
-                self._data("Allgather", x.spec(), spec(flat, counts[0]))
-            else:
+            if len(set(counts)) != 1:
                 self._data("Allgatherv", x.spec(), vspec(flat, counts))
+            elif self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
+                self._shm.allgather(x.local, flat)
+            else:
+                self._data("Allgather", x.spec(), spec(flat, counts[0]))
             _split_into(flat, counts, outputs)
 
-        return self._issue("all_gather", run, output_tensors, _async(opts), inputs=input_tensors)
+        return self._issue("all_gather", run, output_tensors, _async(opts),
+                           inputs=input_tensors)
 
     def all_gather_single(self, output, input, opts=None):
         return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
@@ -387,7 +430,10 @@ class MPIProcessGroup(dist.ProcessGroup):
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            self._data("Allgather", x.spec(), y.spec(count))
+            if self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
+                self._shm.allgather(x.local, y.local)
+            else:
+                self._data("Allgather", x.spec(), y.spec(count))
             y.finish()
 
         return run
@@ -463,7 +509,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._issue("all_to_all", run, output_tensors, _async(opts), inputs=input_tensors)
 
     def barrier(self, opts=None):
-        return self._issue("barrier", _nothing, [], _async(opts))  # the gate is the barrier
+        return self._issue("barrier", _nothing, [], _async(opts), gated=True)  # the gate is it
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not reach it within ``timeout`` (``monitored``);

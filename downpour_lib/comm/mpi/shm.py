@@ -137,6 +137,7 @@ class NodeBarrier:
         self._mine = base + rank * SEM_STRIDE
         self._others = [base + j * SEM_STRIDE for j in range(n) if j != rank]
         self._timeout_s = timeout_s
+        self.what = "allreduce over shared memory"  # what a wait that gives up was doing
 
     @staticmethod
     def init(base: int, n: int) -> bool:
@@ -162,7 +163,7 @@ class NodeBarrier:
         while True:  # in slices, so that a rank the heartbeat found silent ends the wait
             now = time.time()
             if now >= deadline or WATCHDOG.silent:
-                raise PeerTimeout("allreduce over shared memory", now - start)
+                raise PeerTimeout(self.what, now - start)
             until = min(deadline, now + SLICE_S)
             when = _Timespec(int(until), int((until % 1) * 1e9))
             if _LIBC.sem_timedwait(sem, ctypes.byref(when)) == 0:
@@ -280,6 +281,7 @@ class ShmAllreduce:
         (a torch function; its numpy twin where numpy has the dtype) and, between nodes, with the
         MPI operator ``op`` that does the same."""
         sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
+        self._barrier.what = "allreduce over shared memory"
         self._count()
         if tensor.nbytes <= self._small:
             self._allreduce_small(flat, sets, average, *ops)
@@ -295,6 +297,7 @@ class ShmAllreduce:
         dtype = tensors[0].dtype
         flats = [_flat(t) for t in tensors if t.numel()]
         if flats:
+            self._barrier.what = "allreduce over shared memory"
             self._count()
             self._allreduce_pieces(flats, self._sets(dtype), dtype, op, average, *_ops(dtype, kernel))
 

@@ -1,0 +1,144 @@
+"""``downpour bench collectives --breakdown``: where the ``mpi`` backend's time goes, per op and size.
+
+Each part is timed on its own, in the same processes and on the same buffers, p50 of the slowest
+rank as every row of the bench (``collectives.measure``):
+
+* ``noop``: torch.distributed's call into a process group that does nothing (``NoopGroup``): the
+  floor of torch's dispatch, which no backend of this kind can go under;
+* ``torch``: the ``mpi`` backend through ``torch.distributed`` (what users and DDP call);
+* ``direct``: the backend's own method called without torch (our argument checks, staging, path
+  choice, the waits and MPI): ``torch - direct`` is torch's dispatch into a Python backend;
+* ``async``: the same with ``async_op=True`` and ``wait()``: ``async - torch`` is the executor
+  hand-off asynchronous work takes;
+* ``gate``: the liveness gate alone (``MPI_Ibarrier`` waited on with naps), what a handshake
+  costs where one is still made (before MPI's blocking calls: see ``comm/mpi/process_group.py``);
+* ``mpi4py``: MPI itself, on numpy arrays (the bench's ``mpi4py`` rows).
+
+``direct - mpi4py`` is then what our code adds over the MPI call, or saves where the path is ours
+(shared memory).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
+
+from ..comm.mpi.liveness import gate
+from ..comm.mpi.work import DoneWork
+from .collectives import buffer_size, measure
+
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
+PARTS = ("noop", "torch", "direct", "async", "gate")
+
+
+class NoopGroup(dist.ProcessGroup):
+    """A process group whose collectives do nothing and complete at once."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+
+    def getBackendName(self) -> str:
+        return "noop"
+
+    def _done(self, *_args, **_kwargs) -> dist._Work:
+        return DoneWork([])
+
+    allreduce = broadcast = reduce = _done
+    allgather = all_gather_single = _allgather_base = _done
+    reduce_scatter = reduce_scatter_single = _reduce_scatter_base = _done
+
+
+def noop_group() -> dist.ProcessGroup:
+    """A ``NoopGroup`` over every rank, made the way torch makes any group of a registered backend
+    (torch refuses a group object it did not make). Collective: every rank calls it."""
+    name = "downpour_noop"
+    if name not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            name, lambda opts, _: NoopGroup(opts.group_rank, opts.group_size), extended_api=True,
+            devices=["cpu"])
+    return dist.new_group(backend=name)
+
+
+def _torch_call(op: str, group, x: torch.Tensor, out: torch.Tensor | None, async_op: bool):
+    """``op`` through torch.distributed on ``group``; ranks are the world's (one group of all)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if op == "allreduce":
+        return lambda: _wait(dist.all_reduce(x, group=group, async_op=async_op))
+    if op == "broadcast":
+        return lambda: _wait(dist.broadcast(x, src=0, group=group, async_op=async_op))
+    if op == "reduce":
+        return lambda: _wait(dist.reduce(x, dst=0, group=group, async_op=async_op))
+    if op == "allgather":
+        return lambda: _wait(gather(out, x, group=group, async_op=async_op))
+    return lambda: _wait(scatter(out, x, group=group, async_op=async_op))
+
+
+def _wait(work) -> None:
+    if work is not None:
+        work.wait()
+
+
+def _direct_call(op: str, pg, x: torch.Tensor, out: torch.Tensor | None):
+    """``op`` as the backend's own method, synchronous, without torch's dispatch."""
+    opts = {"allreduce": dist.AllreduceOptions, "broadcast": dist.BroadcastOptions,
+            "reduce": dist.ReduceOptions, "allgather": AllgatherOptions,
+            "reduce_scatter": dist.ReduceScatterOptions}[op]()
+    opts.asyncOp = False  # torch's default is True: the call would only queue the work
+    if op in ("broadcast", "reduce"):
+        opts.rootRank = 0
+    if op == "allreduce":
+        return lambda: pg.allreduce([x], opts).wait()
+    if op == "broadcast":
+        return lambda: pg.broadcast([x], opts).wait()
+    if op == "reduce":
+        return lambda: pg.reduce([x], opts).wait()
+    if op == "allgather":
+        return lambda: pg.all_gather_single(out, x, opts).wait()
+    return lambda: pg.reduce_scatter_single(out, x, opts).wait()
+
+
+def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
+    """One row per (op, size): the p50 of each part in seconds."""
+    n = pg.size()
+    noop = noop_group()
+    rows = []
+    for op in [o for o in ops if o in OPS]:
+        for nbytes in sizes:
+            count, reported = buffer_size(op, nbytes, n, dtype)
+            x = torch.zeros(count * (n if op == "reduce_scatter" else 1), dtype=dtype)
+            out = torch.zeros(count * n if op == "allgather" else count, dtype=dtype) \
+                if op in ("allgather", "reduce_scatter") else None
+            runs = {"noop": _torch_call(op, noop, x, out, False),
+                    "torch": _torch_call(op, pg, x, out, False),
+                    "direct": _direct_call(op, pg, x, out),
+                    "async": _torch_call(op, pg, x, out, True),
+                    "gate": lambda: gate(pg._comm, pg._timeout_s, "bench")}
+            row = {"op": op, "bytes": reported, "world_size": n}
+            for part, run in runs.items():
+                times = measure(run, sync, args)
+                row[part + "_s"] = sorted(times)[len(times) // 2]
+            rows.append(row)
+    return rows
+
+
+def print_breakdown(rows: list[dict], mpi4py: list[dict]) -> None:
+    """The parts in microseconds, with ours over MPI's own (the ``mpi4py`` rows of the same run)."""
+    ref = {(r["op"], r["bytes"]): r["p50_s"] for r in mpi4py}
+    print("\nmpi backend, where the time goes (p50 us; dispatch = torch - direct, ours = direct - "
+          "mpi4py, hand-off = async - torch)")
+    print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'noop':>7} {'torch':>9} {'direct':>9} "
+          f"{'dispatch':>8} {'ours':>8} {'hand-off':>8} {'gate':>7} {'x mpi4py':>8}")
+    for r in rows:
+        us = {k: r[k + "_s"] * 1e6 for k in PARTS}
+        mpi = ref.get((r["op"], r["bytes"]))
+        mpi_us = f"{mpi * 1e6:9.1f}" if mpi else f"{'-':>9}"
+        ours = f"{us['direct'] - mpi * 1e6:8.1f}" if mpi else f"{'-':>8}"
+        ratio = f"{us['torch'] / (mpi * 1e6):8.2f}" if mpi else f"{'-':>8}"
+        print(f"{r['op']:15} {r['bytes']:>10} {mpi_us} {us['noop']:7.1f} {us['torch']:9.1f} "
+              f"{us['direct']:9.1f} {us['torch'] - us['direct']:8.1f} {ours} "
+              f"{us['async'] - us['torch']:8.1f} {us['gate']:7.1f} {ratio}")
+    sys.stdout.flush()

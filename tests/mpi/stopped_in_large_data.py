@@ -1,0 +1,61 @@
+"""Under mpiexec -n 3: ranks waiting on a stopped peer in a large collective sleep, and name it.
+
+sync_ps's shape: a reduce to rank 0 and a broadcast from it, here of ``argv[3]`` bytes (above the
+256 KB where the backend used to call MPI's blocking, spinning forms). After one such operation
+in step (which also sets up what it needs), rank ``argv[2]`` stops itself (SIGSTOP) and the others
+issue the next. Each waiting rank prints one JSON line when its wait ends: its process's CPU
+seconds per wall second over the wait, and the error it got; then it re-raises, ending the job.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
+from downpour_lib.comm.mpi.liveness import CommTimeout
+
+TIMEOUT_S, OP, SILENT, NBYTES = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+
+def operate(t: torch.Tensor) -> None:
+    if OP == "reduce":
+        dist.reduce(t, dst=0)
+    elif OP == "broadcast":
+        dist.broadcast(t, src=0)
+    else:
+        out = torch.empty(t.numel() * dist.get_world_size())
+        dist.all_gather_into_tensor(out, t)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("mpi", timeout=timedelta(seconds=TIMEOUT_S))
+    rank = dist.get_rank()
+    t = torch.full((NBYTES // 4,), float(rank + 1))
+    operate(t)
+    if OP == "reduce" and rank == 0:
+        assert torch.equal(t, torch.full_like(t, 6.0)), "the reduce went wrong"
+    if rank == SILENT:
+        print(f"rank {rank} stops", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(10 * TIMEOUT_S)  # resumed by the launcher ending the job: wait for its SIGTERM
+        raise SystemExit(f"rank {rank} was resumed, and the job did not end")
+    cpu, wall = time.process_time(), time.perf_counter()
+    try:
+        operate(t)
+    except CommTimeout as exc:
+        wall = time.perf_counter() - wall
+        print(json.dumps({"rank": rank, "cpu_share": (time.process_time() - cpu) / wall,
+                          "wall_s": wall, "error": str(exc)}), flush=True)
+        raise
+    raise SystemExit(f"rank {rank}: {OP} ended without the stopped rank")
+
+
+if __name__ == "__main__":
+    main()
