@@ -75,7 +75,7 @@ def test_each_gradient_is_ready_at_its_measured_moment():
     ready = tuple(1.0 - (i + 1) / (n + 1) for i in range(n))  # the last layer first, as backward
     profile = ComputeProfile(forward_s=0.010, backward_s=0.020, ready=ready)
     clock = FakeClock()
-    emulated = EmulatedCompute(model, profile, sleep=clock.sleep, clock=clock).install()
+    EmulatedCompute(model, profile, sleep=clock.sleep, clock=clock).install()
     moments = {}
     hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: moments.__setitem__(i, clock.t))
              for i, p in enumerate(model.parameters())]

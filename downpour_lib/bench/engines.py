@@ -21,8 +21,8 @@ import statistics
 import time
 from typing import Any
 
-from ..errors import ConfigError
 from ..checkpoint import atomic_write_text
+from ..errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
