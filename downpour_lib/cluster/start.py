@@ -61,6 +61,9 @@ def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping
     (``ipcluster stop --profile=NAME``), instead of starting a second set of engines beside it."""
     import ipyparallel as ipp
 
+    from ..notebooks import show_errors_in_one_line
+
+    show_errors_in_one_line()  # the first helper a notebook calls, often
     if n < 1:
         raise ConfigError("n", n, "start at least 1 engine")
     ensure_profile(profile)
