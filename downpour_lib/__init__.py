@@ -3,28 +3,33 @@
     from downpour_lib import TrainConfig, runtime, Trainer
     with runtime.session() as ctx:
         result = Trainer(TrainConfig(algorithm="sync_ps", model="lenet", dataset="digits"), ctx).run()
+
+Importing the package runs nothing and imports nothing heavy: these names load on first use, so
+the ``downpour`` entry point (``console``) can hold its signal before torch is imported.
 """
 
-from . import _early  # noqa: F401 -- first: `downpour train` holds its preemption signal
-from .comm import runtime
-from .config import TrainConfig
-from .engine import Trainer, plan_run, train
-from .records import RunResult
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .comm import runtime
+    from .config import TrainConfig
+    from .engine import Trainer, plan_run, train
+    from .records import RunResult
 
 __all__ = ["RunResult", "TrainConfig", "Trainer", "plan_run", "runtime", "train"]
 __version__ = "0.1.0"
 
-
-def _in_a_notebook() -> None:
-    """Imported in IPython (a notebook, a console): bad input fails a cell with one line."""
-    import sys
-
-    ipython = sys.modules.get("IPython")  # never imported here: a rank or a script pays nothing
-    shell = ipython.get_ipython() if ipython is not None else None
-    if shell is not None:
-        from .notebooks import one_line_errors
-
-        one_line_errors(shell)
+_WHERE = {"runtime": ".comm.runtime", "TrainConfig": ".config", "Trainer": ".engine",
+          "plan_run": ".engine", "train": ".engine", "RunResult": ".records"}
 
 
-_in_a_notebook()
+def __getattr__(name: str):
+    if name not in _WHERE:  # a submodule (`from downpour_lib import trace`) is imported as usual
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(_WHERE[name], __name__)
+    value = module if name == "runtime" else getattr(module, name)
+    globals()[name] = value
+    return value

@@ -52,6 +52,17 @@ def one_line_errors(shell) -> None:
     shell.set_custom_exc((ConfigError, DataError), _one_line)
 
 
+def show_errors_in_one_line() -> None:
+    """In IPython (a notebook, a console), ``one_line_errors`` on its shell; elsewhere nothing (a
+    rank or a script pays nothing). Called by a notebook's first cell and by the helpers notebooks
+    call first (``start_cluster``, ``run_study``), not on import: importing the library runs
+    nothing. Calling it again changes nothing."""
+    ipython = sys.modules.get("IPython")  # never imported here
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        one_line_errors(shell)
+
+
 def parameters_cell(nb) -> int:
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):

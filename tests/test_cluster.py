@@ -32,7 +32,8 @@ from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
 from downpour_lib.study.load import COLUMNS as LOAD_COLUMNS
-from downpour_lib.study.scaling import StudySpec, run_study, run_study_on_cluster
+from downpour_lib.study.scaling import StudySpec
+from downpour_lib.study.studies import Scaling, run_study
 
 TINY = {"algorithm": "sync_ps", "model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16,
         "threads": 1, "eval_every": 6, "warmup_steps": 2}
@@ -209,8 +210,8 @@ def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
             "warmup_steps": 2, "eval_every": 0, "threads": 1}
     specs = {name: StudySpec(algorithms=("ddp", "sync_ps"), workers=(1,), base=base, repeats=1,
                              csv=str(tmp_path / f"{name}.csv")) for name in ("mpiexec", "cluster")}
-    by_mpiexec = run_study(specs["mpiexec"], log=lambda _: None)
-    by_cluster = run_study(specs["cluster"], log=lambda _: None, launch=local_cluster.launch)
+    by_mpiexec = run_study(Scaling(specs["mpiexec"]), log=lambda _: None)
+    by_cluster = run_study(Scaling(specs["cluster"], launch=local_cluster.launch), log=lambda _: None)
     assert list(by_cluster.columns) == list(by_mpiexec.columns)
     assert by_cluster.run_id.tolist() == by_mpiexec.run_id.tolist()
     assert by_cluster.world_size.tolist() == [1, 2]
@@ -225,7 +226,7 @@ def test_the_study_csv_does_not_depend_on_the_launcher(local_cluster, tmp_path):
     # resuming the mpiexec CSV through the cluster runs nothing
     before = (tmp_path / "mpiexec.csv").read_text()
     log = []
-    run_study(specs["mpiexec"], log=log.append, launch=local_cluster.launch)
+    run_study(Scaling(specs["mpiexec"], launch=local_cluster.launch), log=log.append)
     assert (tmp_path / "mpiexec.csv").read_text() == before
     assert all(line.startswith("skip") for line in log) and len(log) == 2
 
@@ -254,7 +255,7 @@ def test_a_study_on_a_profile_that_runs_a_cluster_uses_that_cluster_and_leaves_i
                      base={"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 4,
                            "warmup_steps": 1, "eval_every": 0, "threads": 1})
     log = []
-    runs = run_study_on_cluster(spec, profile="local-mpi", log=log.append)
+    runs = run_study(Scaling(spec, profile="local-mpi"), log=log.append)
     assert log[0].startswith(f"using the running local-mpi cluster (id "
                              f"{local_cluster.cluster.cluster_id!r})"), log
     assert runs.world_size.tolist() == [1]

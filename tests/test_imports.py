@@ -10,9 +10,18 @@ package would be in a circle with its own modules).
 from __future__ import annotations
 
 import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import BIN, ROOT, explain, launch_env
+
+from downpour_lib import preempt
 
 PACKAGE = ROOT / "downpour_lib"
 
@@ -107,3 +116,72 @@ def test_the_library_has_no_import_circle():
         t for v in graph["downpour_lib.cli"] for t in graph[v]}, "the graph was not read"
     assert circles(graph) == [], "modules that import each other (directly or around a circle)"
 
+
+
+# What ``import downpour_lib`` must leave as it was, printed as JSON: every signal's handler, the
+# process's children, an IPython shell's custom exception handlers, and whether torch was imported.
+IMPORT_ONLY = """
+import json, os, signal, sys
+import psutil
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+signals = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+before = {s: signal.getsignal(s) for s in signals}
+import downpour_lib
+after = {s: signal.getsignal(s) for s in signals}
+print(json.dumps({"changed": [signal.Signals(s).name for s in signals if before[s] != after[s]],
+                  "children": [p.pid for p in psutil.Process().children()],
+                  "hooked": bool(shell.custom_exceptions), "torch": "torch" in sys.modules,
+                  "argv": sys.argv[1:]}))
+"""
+
+
+def test_importing_the_library_runs_nothing(tmp_path):
+    """``import downpour_lib`` parses no sys.argv, installs no signal handler, forks no start-up
+    sentinel, hooks no IPython and imports nothing heavy, even in a program named ``downpour``
+    whose arguments are ``train`` (what the import-time hold looked for), as a rank of an MPI job
+    (what the sentinel looked for), under an IPython shell (what the hook looked for)."""
+    program = tmp_path / "downpour"
+    program.write_text(IMPORT_ONLY)
+    env = {**launch_env(), "OMPI_COMM_WORLD_RANK": "0", "PMIX_NAMESPACE": f"test-{uuid.uuid4().hex}"}
+    proc = subprocess.run([sys.executable, str(program), "train", "--preempt-signal", "USR1"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, explain(proc)
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"changed": [], "children": [], "hooked": False, "torch": False,
+                    "argv": ["train", "--preempt-signal", "USR1"]}, explain(proc)
+
+
+def caught(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def test_downpour_train_holds_usr2_while_it_imports_torch():
+    """The ``downpour`` entry point holds USR2 before torch is loaded (no libtorch in the
+    process's maps when the handler shows up), so a USR2 during the seconds of that import
+    stops the run before its first step (status PREEMPTED) instead of killing it."""
+    proc = subprocess.Popen([str(BIN / "downpour"), "train", "--algorithm", "local", "--model", "mlp",
+                             "--dataset", "digits", "--steps", "50", "--threads", "1"],
+                            env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline, maps = time.monotonic() + 120, None
+        while proc.poll() is None and time.monotonic() < deadline:
+            if caught(proc.pid, signal.SIGUSR2):
+                maps = Path(f"/proc/{proc.pid}/maps").read_text()  # after: libtorch not yet in it
+                break
+            time.sleep(0.001)
+        assert maps is not None, "downpour train never held USR2"
+        assert "libtorch" not in maps, "USR2 was held only after torch was loaded"
+        os.kill(proc.pid, signal.SIGUSR2)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == preempt.PREEMPTED, out[-3000:]
+    assert "preempted after 0 of 50 steps" in out, out[-3000:]

@@ -134,7 +134,7 @@ def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
 
     before = (tmp_path / "runs.csv").read_text()
     again = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
-    assert "all 8 runs are already in" in outputs(again, "runs = run_study_on_cluster")
+    assert "all 8 runs are already in" in outputs(again, "runs = run_study(")
     assert (tmp_path / "runs.csv").read_text() == before
     assert (tmp_path / "collectives.json").stat().st_mtime == measured_links  # measured once
 

@@ -21,8 +21,8 @@ from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, un
 
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
+from downpour_lib.cluster.failures import ClusterError, ClusterPreempted
 from downpour_lib.cluster.profiles import profile_dir
-from downpour_lib.cluster.session import ClusterError, ClusterPreempted
 
 
 @pytest.fixture(scope="module")
@@ -183,13 +183,13 @@ def test_start_cluster_with_slurm_unreachable_says_what_sbatch_said_and_leaves_n
 
     from downpour_lib.cluster import start_cluster
     from downpour_lib.sandbox import SlurmSandbox
-    from downpour_lib.sandbox.slurm import _free_port
+    from downpour_lib.sandbox.slurm_conf import free_port
 
     if shutil.which("sbatch") is None:
         unavailable("sbatch is not installed (apt-get install slurm-wlm)")
     down = SlurmSandbox(tmp_path / "slurm", link_system_conf=False)
     down.dir.mkdir()
-    down.conf.write_text(down.slurm_conf(_free_port(), _free_port()))
+    down.conf.write_text(down.slurm_conf(free_port(), free_port()))
     monkeypatch.setenv("SLURM_CONF", str(down.conf))
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # this test's profile, no one else's
     before = set(psutil_children())

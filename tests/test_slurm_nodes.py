@@ -31,7 +31,8 @@ from slurm_sandbox import (
 )
 
 from downpour_lib.sandbox import SandboxError, SlurmSandbox
-from downpour_lib.sandbox.slurm import NETNS_ETC, pmix_available
+from downpour_lib.sandbox.slurm import NETNS_ETC
+from downpour_lib.sandbox.status import pmix_available
 
 MB = 2**20
 ADDRESSES = {"node1": "10.213.0.11", "node2": "10.213.0.12"}
@@ -321,7 +322,8 @@ def test_the_accuracy_study_runs_across_both_nodes_at_each_link_rate(sandbox, tm
     run spans both hosts over links shaped to the run's rate, and its row says so."""
     import pandas as pd
 
-    from downpour_lib.study.accuracy import plan_study, run_study
+    from downpour_lib.study.accuracy import plan_study
+    from downpour_lib.study.studies import Accuracy, run_study
 
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
     plan = plan_study({"epochs": 1, "eval_every": 20}, ["allreduce", "localsgd"], network="sandbox",
@@ -332,7 +334,7 @@ def test_the_accuracy_study_runs_across_both_nodes_at_each_link_rate(sandbox, tm
         if line.startswith("run "):
             rates.append(sandbox.network.shaping(sandbox.network.node(1)))
 
-    run_study(plan, tmp_path, sandbox_dir=sandbox.dir, log=log)
+    run_study(Accuracy(plan, tmp_path, sandbox_dir=sandbox.dir), log=log)
     runs = pd.read_csv(tmp_path / "runs.csv")
     assert list(zip(runs.algorithm, runs.link, strict=True)) == [
         ("allreduce", "1gbit"), ("localsgd", "1gbit"), ("allreduce", "20mbit"), ("localsgd", "20mbit")]

@@ -10,6 +10,7 @@ from conftest import ROOT
 
 from downpour_lib import provenance
 from downpour_lib.cli import main
+from downpour_lib.errors import ConfigError
 from downpour_lib.study import accuracy_plots, gossip_plots, scaling_plots, staleness_plots
 from downpour_lib.study.core import (
     REFERENCE_ROOT,
@@ -112,3 +113,67 @@ def test_a_store_writes_companions_before_the_row_that_marks_a_run_done(tmp_path
     frames = store.read()
     assert list(frames["runs"].columns[:3]) == ["run_id", "repeat", "algorithm"]
     assert set(frames["evals"].run_id) == {run.run_id}
+
+
+def test_every_study_is_one_protocol_that_run_study_runs(tmp_path):
+    """The four studies are ``Study``s (plan, measure, tables, figures) named as their result
+    directories; ``run_study`` plans first (bad input fails before anything is measured), then
+    measures, draws from the CSVs when asked, and returns the tables."""
+    from downpour_lib.study.gossip import GossipPlan
+    from downpour_lib.study.scaling import study_spec
+    from downpour_lib.study.studies import (
+        STUDY_CLASSES,
+        Accuracy,
+        Gossip,
+        Scaling,
+        Staleness,
+        Study,
+        run_study,
+    )
+
+    assert tuple(STUDY_CLASSES) == STUDIES
+    studies = [Scaling(study_spec(["ddp"], [1], csv=tmp_path / "runs.csv")), Staleness([], tmp_path),
+               Gossip(GossipPlan({}, 1, ()), tmp_path), Accuracy([], tmp_path)]
+    assert [s.name for s in studies] == list(STUDIES)
+    assert all(isinstance(s, Study) for s in studies)
+    with pytest.raises(TypeError, match="run_study takes a Study"):
+        run_study(object())
+
+    calls = []
+
+    class Recorded:
+        name = "recorded"
+
+        def plan(self):
+            calls.append("plan")
+            return []
+
+        def measure(self, fresh=False, log=print):
+            calls.append(f"measure fresh={fresh}")
+
+        def tables(self):
+            calls.append("tables")
+            return "the tables"
+
+        def figures(self):
+            calls.append("figures")
+            return [tmp_path / "a.png"]
+
+    log = []
+    assert run_study(Recorded(), fresh=True, figures=True, log=log.append) == "the tables"
+    assert calls == ["plan", "measure fresh=True", "figures", "tables"]
+    assert log == [f"wrote {tmp_path / 'a.png'}"]
+
+    class Refused(Recorded):
+        def plan(self):
+            raise ConfigError("workers", 0, "give 1 or more")
+
+    calls.clear()
+    with pytest.raises(ConfigError, match="workers=0"):
+        run_study(Refused())
+    assert calls == []  # nothing measured
+
+    copy = tmp_path / "gossip"
+    shutil.copytree(ROOT / REFERENCE_ROOT / "gossip", copy, ignore=shutil.ignore_patterns("*.png"))
+    drawn = Gossip(GossipPlan({}, 1, ()), copy).figures()
+    assert sorted(p.name for p in drawn) == sorted(f"{name}.png" for name in FIGURES["gossip"])

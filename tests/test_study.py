@@ -18,8 +18,6 @@ from downpour_lib.study.scaling import (
     SCALING_BASE,
     StudySpec,
     run_id,
-    run_study,
-    run_study_on_cluster,
     study_dir,
 )
 from downpour_lib.study.scaling_plots import (
@@ -31,6 +29,7 @@ from downpour_lib.study.scaling_plots import (
     scaling_table,
     throughput_figure,
 )
+from downpour_lib.study.studies import Scaling, run_study
 
 TINY = {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
         "warmup_steps": 2, "eval_every": 0, "final_eval": False, "threads": 1}
@@ -46,7 +45,7 @@ def study(tmp_path_factory):
     spec = StudySpec(algorithms=("sync_ps", "ddp"), workers=(1, 2), base=TINY, repeats=2,
                      csv=str(study_dir(root=root) / "runs.csv"))
     log: list[str] = []
-    runs = run_study(spec, log=log.append)
+    runs = run_study(Scaling(spec), log=log.append)
     return root, spec, runs, log
 
 
@@ -72,7 +71,7 @@ def test_sweep_resumes(study):
     csv = spec.csv
     before = open(csv).read()
     log: list[str] = []
-    run_study(spec, log=log.append)  # everything is there already: nothing runs
+    run_study(Scaling(spec), log=log.append)  # everything is there already: nothing runs
     assert open(csv).read() == before and len(log) == 8 and all(s.startswith("skip") for s in log)
 
 
@@ -246,7 +245,7 @@ def test_a_cluster_study_runs_smaller_worlds_after_larger_ones(tmp_path):
     spec = StudySpec(algorithms=("sync_ps", "ddp"), workers=(2,), base=TINY, repeats=2,
                      csv=str(tmp_path / "runs.csv"))
     assert [size for _, size, _ in spec.runs()] == [3, 2, 3, 2]
-    runs = run_study_on_cluster(spec, log=lambda line: None)
+    runs = run_study(Scaling(spec, profile="local-mpi"), log=lambda line: None)
     assert sorted(zip(runs.algorithm, runs.world_size, runs["repeat"], strict=True)) == [
         ("ddp", 2, 0), ("ddp", 2, 1), ("sync_ps", 3, 0), ("sync_ps", 3, 1)]
 

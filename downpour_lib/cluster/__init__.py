@@ -5,18 +5,10 @@
         result = cluster.train(TrainConfig(algorithm="sync_ps", steps=50))   # rank 0's RunResult
 """
 
+from .failures import ClusterError, ClusterRunError, ClusterTimeout, EngineFailure
 from .profiles import ensure_profile, install_profiles
-from .session import (
-    ClusterError,
-    ClusterRunError,
-    ClusterSession,
-    ClusterTimeout,
-    EngineFailure,
-    connect,
-    running_clusters,
-    start_cluster,
-    stop_clusters,
-)
+from .session import ClusterSession
+from .start import connect, running_clusters, start_cluster, stop_clusters
 
 __all__ = ["ClusterError", "ClusterRunError", "ClusterSession", "ClusterTimeout", "EngineFailure",
            "connect", "ensure_profile", "install_profiles", "running_clusters", "start_cluster",

@@ -30,7 +30,8 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from .slurm import SandboxError, SlurmSandbox
+    from .slurm import SlurmSandbox
+    from .status import SandboxError
 
     try:
         if args.action != "up" and (args.nodes is not None or args.bandwidth is not None):

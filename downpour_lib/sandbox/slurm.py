@@ -6,7 +6,7 @@ or N nodes that are separate hosts on this machine.
 ``munged``, ``slurmctld`` and ``slurmd`` as root with ``SLURM_CONF`` pointing at that file, and waits
 until the node is idle. The plugins are the ones that work in a container without systemd or
 cgroups (proctrack/linuxproc, task/none, no accounting). The node advertises at least
-``MIN_CPUS`` CPUs so that an ipyparallel engine job and a training step fit side by side on a
+``slurm_conf.MIN_CPUS`` CPUs so that an ipyparallel engine job and a training step fit side by side on a
 2-core machine: the sandbox oversubscribes the real cores on purpose, it tests launching, not speed.
 
 ``down`` cancels every job, stops the daemons and then kills, by process id, whatever is left of
@@ -26,129 +26,41 @@ bound over ``/etc/hosts`` in the node's own mount namespace (as ``ip netns exec`
 machine's own ``/etc/hosts`` is never edited. Each node has its own spool and ``TmpFS`` directory.
 ``bandwidth`` shapes every node's link in both directions (``up`` again with another rate changes it
 on a running sandbox). ``down`` also removes the namespaces, links and those files.
+
+Three modules: this one (the daemons: up, status, down), ``slurm_conf`` (the configuration it
+writes) and ``status`` (what the machine needs, what a status reports).
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint import atomic_write_bytes, atomic_write_text
-from ..errors import ConfigError, DownpourError
-from .netns import CONTROLLER, Network, NetworkError, parse_rate
+from ..errors import ConfigError
+from .netns import Network, NetworkError, parse_rate
 from .procs import alive, comm, descendants, environ_has, terminate
+from .slurm_conf import free_port, host_name, hosts_file, slurm_conf, socket_dir
+from .status import (  # noqa: F401 -- missing_requirements and pmix_available: importable here too
+    SYSTEM_CONF,
+    NodeStatus,
+    SandboxError,
+    SandboxStatus,
+    missing_requirements,
+    pmix_available,
+)
 
 DEFAULT_DIR = Path(os.environ.get("DOWNPOUR_SLURM_DIR", "/tmp/downpour-slurm"))
-SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 NETNS_ETC = Path("/etc/netns")  # ip netns exec shows /etc/netns/<ns>/<file> as /etc/<file>
-MIN_CPUS = 8
-REQUIRED = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scancel")
 READY_STATES = ("idle", "mixed", "allocated", "completing")
 _JOB_ID = re.compile(r"\bJobId=(\d+)")
 MAX_JOB_ID = 0x03FF0000  # Slurm's default MaxJobId
-
-
-class SandboxError(DownpourError):
-    """The sandbox cannot start here, or a daemon failed (the message holds its log's tail)."""
-
-
-def missing_requirements() -> list[str]:
-    """What this machine lacks to run the sandbox (empty when it can)."""
-    missing = [f"`{exe}` (apt-get install slurm-wlm munge)" for exe in REQUIRED
-               if shutil.which(exe) is None]
-    if hasattr(os, "geteuid") and os.geteuid() != 0:
-        missing.append("root: slurmd and the munge key are run and owned by root")
-    return missing
-
-
-def pmix_available() -> bool:
-    """Can Slurm's mpi/pmix plugin load libpmix (Debian: apt-get install libpmix-dev)?"""
-    try:
-        ctypes.CDLL("libpmix.so")
-    except OSError:
-        return False
-    return True
-
-
-def _traversable_by_all(path: Path) -> bool:
-    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
-
-
-def _socket_dir(directory: Path) -> Path:
-    """munged wants every directory above its socket to be traversable by all users; when the
-    sandbox lives under a private directory (pytest's tmp_path is 0700), the socket goes to /tmp."""
-    if _traversable_by_all(directory.parent):
-        return directory / "munge-socket"
-    tag = hashlib.sha1(str(directory).encode()).hexdigest()[:10]
-    return Path(tempfile.gettempdir()) / f"downpour-munge-{tag}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# -- the sandbox ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class NodeStatus:
-    name: str
-    address: str
-    state: str  # Slurm's, e.g. "idle"; "" when slurmctld does not answer
-    shaping: str = "none"  # the link's rate, e.g. "100Mbit"
-
-    def __str__(self) -> str:
-        return f"{self.name:<8} {self.address:<13} {self.state or '?':<10} link {self.shaping}"
-
-
-@dataclass
-class SandboxStatus:
-    directory: Path
-    conf: Path
-    daemons: dict[str, int | None]  # name -> pid when running
-    node: str = ""  # e.g. "vm idle" (one node; several: one line each)
-    nodes: list[NodeStatus] = field(default_factory=list)
-    jobs: list[str] = field(default_factory=list)
-    pmix: bool = False
-    system_link: bool = False
-
-    @property
-    def running(self) -> bool:
-        return all(self.daemons.values())
-
-    @property
-    def stopped(self) -> bool:
-        return not any(self.daemons.values())
-
-    def __str__(self) -> str:
-        lines = [f"slurm sandbox in {self.directory}: "
-                 + ("up" if self.running else "down" if self.stopped else "partly up")]
-        lines += [f"  {name:<10} " + (f"pid {pid}" if pid else "not running")
-                  for name, pid in self.daemons.items()]
-        if len(self.nodes) > 1:
-            lines += [f"  node       {n}" for n in self.nodes]
-            if not self.running and any(self.daemons.values()):
-                lines.append("  `downpour sandbox slurm up` starts what is not running")
-        elif self.running:
-            lines.append(f"  node       {self.node}")
-        if self.running:
-            lines.append(f"  jobs       {len(self.jobs)}" + "".join(f"\n    {j}" for j in self.jobs))
-            lines.append("  srun --mpi=pmix " + ("works" if self.pmix else
-                                                 "unavailable (apt-get install libpmix-dev)"))
-            link = f" (also linked from {SYSTEM_CONF})" if self.system_link else ""
-            lines.append(f"  export SLURM_CONF={self.conf}{link}")
-        return "\n".join(lines)
 
 
 class SlurmSandbox:
@@ -168,7 +80,7 @@ class SlurmSandbox:
         # links and namespaces named after the directory, so that they are this sandbox's alone
         self.network = Network(hashlib.sha1(str(self.dir).encode()).hexdigest()[:5])
         self.munge_dir = self.dir / "munge"  # key, seed, pid, log: root only
-        self.socket = _socket_dir(self.dir) / "munge.socket"
+        self.socket = socket_dir(self.dir) / "munge.socket"
         self.run_dir, self.log_dir = self.dir / "run", self.dir / "log"
         self.state_dir, self.spool_dir = self.dir / "state", self.dir / "spool"
         self.pidfiles = {"munged": self.munge_dir / "munged.pid",
@@ -188,7 +100,7 @@ class SlurmSandbox:
     def node_names(self) -> list[str]:
         """Slurm's names of the nodes (one node: this machine's host name)."""
         if self.nodes == 1:
-            return [_host()]
+            return [host_name()]
         return [f"node{i + 1}" for i in range(self.nodes)]
 
     def _etc(self, index: int) -> Path:
@@ -202,71 +114,11 @@ class SlurmSandbox:
         return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf)}
 
     def slurm_conf(self, ctld_port: int, slurmd_port: int, first_job_id: int = 1) -> str:
-        host = _host()
-        cpus = max(MIN_CPUS, os.cpu_count() or 1)
-        if self.nodes == 1:
-            ctld, slurmd = "127.0.0.1", ""
-            nodes = f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN"
-            partition = host
-        else:  # every node its own host; %n: the node's own pid, log and spool
-            ctld, slurmd = CONTROLLER, "-%n"
-            nodes = "\n".join(f"NodeName={name} NodeAddr={self.network.node(i).address} "
-                               f"NodeHostname={name} CPUs={cpus} State=UNKNOWN"
-                               for i, name in enumerate(self.node_names()))
-            partition = f"node[1-{self.nodes}]"
-        # Several nodes: one that stops answering (its link cut) is declared down, and its jobs
-        # ended, within half a minute; sites use minutes (the default is 300 s).
-        timeouts = "SlurmdTimeout=60" if self.nodes == 1 else "SlurmdTimeout=20"
-        return f"""\
-# Generated by `downpour sandbox slurm up`: a {self.nodes}-node Slurm for tests, everything under {self.dir}.
-ClusterName=downpour-sandbox
-# Job ids go on from the last sandbox's in this directory: job outputs (downpour-%j.out) and
-# summaries named by id must not meet an earlier job's.
-FirstJobId={first_job_id}
-SlurmctldHost={host}({ctld})
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={self.socket}
-StateSaveLocation={self.state_dir}
-SlurmdSpoolDir={self.spool_dir}{'/%n' if slurmd else ''}
-SlurmctldPidFile={self.pidfiles['slurmctld']}
-SlurmdPidFile={self.run_dir / f'slurmd{slurmd}.pid'}
-SlurmctldLogFile={self.log_dir / 'slurmctld.log'}
-SlurmdLogFile={self.log_dir / f'slurmd{slurmd}.log'}
-{f"TmpFS={self.dir / 'tmp'}/%n" if slurmd else "# TmpFS: /tmp"}
-# Containers: no systemd, no cgroups. Track processes through /proc, bind nothing.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SwitchType=switch/none
-MpiDefault=none
-MailProg=/bin/true
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# Each node advertises {cpus} CPUs whatever the hardware has, so small jobs fit side by side.
-SlurmdParameters=config_overrides
-ReturnToService=2
-{timeouts}
-KillWait=5
-{nodes}
-PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
-"""
+        return slurm_conf(self, ctld_port, slurmd_port, first_job_id)
 
     def hosts_file(self) -> str:
         """/etc/hosts as the nodes see it: every node and the controller by name."""
-        named = [(CONTROLLER, _host())] + [(self.network.node(i).address, name)
-                                           for i, name in enumerate(self.node_names())]
-        lines = ["127.0.0.1 localhost", *(f"{addr} {name}" for addr, name in named)]
-        # the same as IPv4-mapped IPv6 addresses, which is how a dual-stack server (torch's
-        # TCPStore) sees its clients: their names then resolve here too, with no DNS to ask
-        lines += [f"::ffff:{addr} {name}" for addr, name in named]
-        return "\n".join(lines) + "\n"
+        return hosts_file(self)
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -299,7 +151,7 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
             status.node = node.stdout.strip() or node.stderr.strip()
             states = dict(line.split(None, 1) for line in node.stdout.splitlines() if " " in line)
             if self.nodes == 1:
-                status.nodes = [NodeStatus(_host(), "127.0.0.1", states.get(_host(), ""))]
+                status.nodes = [NodeStatus(host_name(), "127.0.0.1", states.get(host_name(), ""))]
             else:
                 # a node whose slurmd is gone is down, whatever the controller has noticed yet
                 status.nodes = [NodeStatus(name, self.network.node(i).address,
@@ -413,7 +265,7 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
             key.chmod(0o600)
         atomic_write_bytes(key, secrets.token_bytes(1024))
         key.chmod(0o400)
-        atomic_write_text(self.conf, self.slurm_conf(_free_port(), _free_port(), first_job_id))
+        atomic_write_text(self.conf, self.slurm_conf(free_port(), free_port(), first_job_id))
         atomic_write_text(self.layout, f"{self.nodes}\n")
         if self.nodes > 1 and not NETNS_ETC.exists():
             (self.dir / "made-etc-netns").touch()  # so that down removes it again
@@ -534,8 +386,3 @@ PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP Over
             except OSError:
                 pass
             marker.unlink()
-
-
-def _host() -> str:
-    return socket.gethostname().split(".")[0]
-

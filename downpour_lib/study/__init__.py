@@ -11,6 +11,9 @@ gossip         ``gossip``                   ``gossip_plots``          04
 accuracy       ``accuracy``                 ``accuracy_plots``        05
 =============  ===========================  ========================  ============
 
-Each writes ``results/<host>/<study>/`` (``runs.csv``, its companions, ``figures/``); the committed
-references are ``results/reference/<study>/``. ``run_plots`` draws one run's figures (notebook 01).
+Each is a ``protocol.Study`` (plan, measure, tables, figures; ``studies.Scaling``, ``Staleness``,
+``Gossip``, ``Accuracy``), and one ``run_study(study)`` runs any of them (``downpour study``, the
+notebooks). Each writes ``results/<host>/<study>/`` (``runs.csv``, its companions, ``figures/``);
+the committed references are ``results/reference/<study>/``. ``run_plots`` draws one run's figures
+(notebook 01).
 """

@@ -44,7 +44,7 @@ from .core import Outcome, PlannedRun, StudyError, StudyStore, run_plan, scalar_
 
 #: The algorithms compared: the synchronous, gossip and asynchronous baselines, then the four
 #: low-communication methods.
-ALGORITHMS = ("allreduce", "sgp", "downpour", "localsgd", "easgd", "diloco", "slowmo")
+COMPARED_ALGORITHMS = ("allreduce", "sgp", "downpour", "localsgd", "easgd", "diloco", "slowmo")
 #: The task: MNIST-1D (harder than digits: the algorithms' differences show) and its paper's CNN,
 #: the same for every run. 40 epochs of 4 workers x 32 samples are 1,240 steps; evaluated every 40.
 #: Each algorithm's own optimizer and learning rate (SGD + momentum 0.9 at 0.05; Adagrad for
@@ -108,7 +108,7 @@ def settings(network: str, links: Sequence[str] = LINKS, slowdown: float = 2.0,
 
 def default_network() -> str:
     """``sandbox`` where this process can make one (root, Slurm, ``ip netns``), else ``local``."""
-    from ..sandbox.slurm import missing_requirements
+    from ..sandbox.status import missing_requirements
 
     return "sandbox" if os.geteuid() == 0 and not missing_requirements() else "local"
 
@@ -120,8 +120,9 @@ def run_config(base: Mapping[str, Any], algorithm: str, setting: Setting,
                                   "slow_workers": setting.slow_workers, "slowdown": setting.slowdown})
 
 
-def plan_study(base: Mapping[str, Any] | None = None, algorithms: Sequence[str] = ALGORITHMS, *,
-               network: str | None = None, links: Sequence[str] = LINKS, workers: int = 4,
+def plan_study(base: Mapping[str, Any] | None = None,
+               algorithms: Sequence[str] = COMPARED_ALGORITHMS, *, network: str | None = None,
+               links: Sequence[str] = LINKS, workers: int = 4,
                slowdown: float = 2.0, stragglers: Sequence[int] = (0, 1),
                options: Mapping[str, Mapping[str, Any]] | None = None,
                target: float = TARGET) -> list[PlannedRun]:
@@ -242,7 +243,7 @@ class SandboxNodes:
         self.link: str | None = None
 
     def __enter__(self) -> SandboxNodes:
-        from ..sandbox.slurm import SandboxError
+        from ..sandbox.status import SandboxError
 
         try:
             if not self.sandbox.status().running:
@@ -323,9 +324,9 @@ def outcome(run: PlannedRun, summary: Mapping[str, Any], steps: pd.DataFrame,
     return Outcome(row, {"evals": evals[list(EVAL_COLUMNS)]}, note)
 
 
-def run_study(plan: Sequence[PlannedRun], out: str | os.PathLike, *, fresh: bool = False,
-              sandbox_dir: str | os.PathLike | None = None, timeout_s: float = 900.0,
-              log: Callable[[str], None] = print) -> list[str]:
+def measure_plan(plan: Sequence[PlannedRun], out: str | os.PathLike, *, fresh: bool = False,
+                 sandbox_dir: str | os.PathLike | None = None, timeout_s: float = 900.0,
+                 log: Callable[[str], None] = print) -> list[str]:
     """Measure the runs of ``plan`` missing from the study in ``out`` (all of them if ``fresh``),
     each where its setting says; returns the plan's run ids (``AccuracyStudy.load`` reads them)."""
     if not plan:

@@ -68,8 +68,8 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from .scaling import run_study
-    from .scaling_plots import load_runs, make_figures, scaling_table
+    from .scaling_plots import load_runs, scaling_table
+    from .studies import Scaling, run_study
 
     base = {**SCALING_BASE, **{k: getattr(args, k) for k in
                                ("model", "dataset", "batch_size", "steps", "warmup_steps",
@@ -77,14 +77,15 @@ def cmd_study(args: argparse.Namespace) -> int:
     out = study_dir(args.out)
     spec = StudySpec(algorithms=args.algorithms, workers=args.workers, base=base,
                      csv=str(out / "runs.csv"), repeats=args.repeats)
+    study = Scaling(spec)
     try:
-        run_study(spec, fresh=args.fresh)
+        run_study(study, fresh=args.fresh)
     except StudyError as exc:
         print(f"downpour study: {exc}")
         return 1
     print(scaling_table(load_runs(spec.csv)).to_string(index=False,
                                                        float_format=lambda v: f"{v:.3f}"))
-    for path in make_figures(spec.csv, out / "figures"):
+    for path in study.figures():
         print(f"wrote {path}")
     return 0
 

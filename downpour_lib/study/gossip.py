@@ -344,8 +344,8 @@ class GossipStudy:
         return GossipRuns.from_store(self.store, list(self.runs.values()))
 
 
-def run_study(plan: GossipPlan, out: str | Path, *, profile: str = "local-mpi", fresh: bool = False,
-              log: Callable[[str], None] = print) -> GossipRuns:
+def measure_plan(plan: GossipPlan, out: str | Path, *, profile: str = "local-mpi", fresh: bool = False,
+                 log: Callable[[str], None] = print) -> GossipRuns:
     """The runs of ``plan`` missing from the study in ``out`` (all of them if ``fresh``) on a
     cluster of ``plan.engines`` engines of the profile, started only if some are missing; returns
     the plan's runs as the CSVs in ``out`` hold them."""

@@ -247,7 +247,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ..sandbox.slurm import SandboxError
+    from ..sandbox.status import SandboxError
     from .core import StudyError
     from .model_validate import DEFAULT_ALGORITHMS, TOLERANCE, validate_on_sandbox
 

@@ -36,7 +36,7 @@ import simpy
 from ..errors import ConfigError
 from .netmodel import Link
 
-ALGORITHMS = ("downpour", "adpsgd", "easgd")
+SIMULATED_ALGORITHMS = ("downpour", "adpsgd", "easgd")  # the ones `simulate` can run
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,8 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
     """Run ``steps`` steps of every worker of ``algorithm`` and measure them. With ``jitter`` > 0
     each step's compute varies (gamma-distributed, that coefficient of variation, drawn from
     ``seed``): a real run's steps do, and without it two equal workers lock into one phase."""
-    if algorithm not in ALGORITHMS:
-        raise ConfigError("algorithm", algorithm, "simulated: " + ", ".join(ALGORITHMS))
+    if algorithm not in SIMULATED_ALGORITHMS:
+        raise ConfigError("algorithm", algorithm, "simulated: " + ", ".join(SIMULATED_ALGORITHMS))
     for name, value in (("workers", workers), ("steps", steps), ("servers", servers),
                         ("n_fetch", n_fetch), ("n_push", n_push), ("period", period),
                         ("max_lag", max_lag)):

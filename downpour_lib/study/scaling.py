@@ -7,7 +7,7 @@ metric, and where it came from (git SHA, versions, host, cores, CPU), in this ma
 commit). The figures (``scaling_plots``) are made from that CSV alone; the committed reference is
 ``results/reference/scaling/``.
 
-How a run is launched is pluggable: ``run_study(spec, launch=...)`` takes any callable
+How a run is launched is pluggable: ``measure_spec(spec, launch=...)`` takes any callable
 ``(config, world_size, timeout_s) -> summary row``. ``mpiexec_launch`` (the default, what
 ``downpour study`` uses) starts ``mpiexec -n N downpour train`` per run; ``ClusterSession.launch``
 (notebook 02) runs it on the engines of an ipyparallel cluster. Both return the row exactly as
@@ -42,8 +42,8 @@ from .core import (
 
 __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "LEFT_OUT", "NOT_IDENTITY", "REFERENCE_DIR",
            "SCALING_BASE", "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers",
-           "left_out", "mpiexec_launch", "run_id", "run_study", "run_study_on_cluster", "study_dir",
-           "study_spec"]
+           "left_out", "measure_spec", "measure_spec_on_cluster", "mpiexec_launch", "run_id",
+           "study_dir", "study_spec"]
 
 #: ``(config, world_size, timeout_s) -> summary row``; raises a DownpourError when the run fails.
 Launch = Callable[[TrainConfig, int, float], dict[str, Any]]
@@ -181,9 +181,9 @@ def study_spec(algorithms=DEFAULT_ALGORITHMS, workers=None, overrides=None, opti
                      options=dict(options or {}))
 
 
-def run_study(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] = print,
-              launch: Launch = mpiexec_launch,
-              own_pids: Callable[[], Iterable[int]] | None = None) -> pd.DataFrame:
+def measure_spec(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] = print,
+                 launch: Launch = mpiexec_launch,
+                 own_pids: Callable[[], Iterable[int]] | None = None) -> pd.DataFrame:
     """Run every run of ``spec`` not yet in its CSV (all of them if ``fresh``), one row each, with
     the machine's load while it ran (``own_pids``: the launcher's processes outside this one's
     descendants, whose CPU is the run's, not other work's)."""
@@ -196,9 +196,9 @@ def run_study(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] =
     return pd.read_csv(spec.csv)
 
 
-def run_study_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: int | None = None,
-                         fresh: bool = False, log: Callable[[str], None] = print) -> pd.DataFrame:
-    """``run_study`` on the engines of one ipyparallel cluster of the profile, started for the runs
+def measure_spec_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: int | None = None,
+                            fresh: bool = False, log: Callable[[str], None] = print) -> pd.DataFrame:
+    """``measure_spec`` on the engines of one ipyparallel cluster of the profile, started for the runs
     still missing from the CSV and sized to the largest of them (or ``engines``); no cluster is
     started when every run is already there. If the profile already runs one cluster (``ipcluster
     start --profile=NAME``), the runs use it and leave it running."""
@@ -206,5 +206,5 @@ def run_study_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: i
                      engines=engines, fresh=fresh, log=log) as cluster:
         if cluster is None:
             return pd.read_csv(spec.csv)
-        return run_study(spec, fresh=fresh, log=log, launch=cluster.launch,
-                         own_pids=cluster.local_pids)
+        return measure_spec(spec, fresh=fresh, log=log, launch=cluster.launch,
+                            own_pids=cluster.local_pids)

@@ -315,9 +315,9 @@ def run_variants(cluster, plan: Sequence[Variant], target_accuracy: float = 0.9,
     return StalenessStudy.from_store(store, ids, results)
 
 
-def run_study(plan: Sequence[Variant], out: str | Path, target_accuracy: float = 0.9, *,
-              profile: str = "local-mpi", engines: int | None = None, fresh: bool = False,
-              timeout_s: float | None = None, log: Callable[[str], None] = print) -> StalenessStudy:
+def measure_plan(plan: Sequence[Variant], out: str | Path, target_accuracy: float = 0.9, *,
+                 profile: str = "local-mpi", engines: int | None = None, fresh: bool = False,
+                 timeout_s: float | None = None, log: Callable[[str], None] = print) -> StalenessStudy:
     """The runs of ``plan`` missing from the study in ``out`` (all of them if ``fresh``) on a
     cluster of the profile, started only if some are missing and sized to the largest of them (or
     ``engines``); returns the plan's runs as the CSVs in ``out`` hold them."""

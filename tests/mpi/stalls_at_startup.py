@@ -12,9 +12,12 @@ import signal
 import sys
 
 STOP, PHASE = int(sys.argv[1]), sys.argv[2]
-sys.argv = ["downpour", "train", *sys.argv[3:]]  # what `downpour train` is to ``_early``
+sys.argv = ["downpour", "train", *sys.argv[3:]]
 
-from downpour_lib import _startup  # noqa: E402 -- after argv: the sentinel starts on import
+from downpour_lib import _early, _startup  # noqa: E402
+
+_early.hold(sys.argv[1:])  # what the `downpour` entry point does first: the sentinel starts
+
 from downpour_lib.cli import main  # noqa: E402
 
 _waiting = _startup.waiting

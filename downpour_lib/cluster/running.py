@@ -1,0 +1,196 @@
+"""Running a job on every engine of a ``ClusterSession`` and telling how it failed.
+
+``run(fn, ...)`` calls ``fn`` on every engine and returns ``{rank: value}``; an exception on any
+engine reaches the caller as ``ClusterRunError`` naming the rank, its host and its traceback, and
+a silent rank (stopped, hung, or lost by the controller) as ``ClusterTimeout`` naming it (see
+``session``'s module docstring for the whole contract). A mixin of ``ClusterSession``: it uses the
+session's ``engines``, ``client``, ``grace_s`` and ``restart_engines``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .failures import (
+    LOST,
+    SILENT_REPORT_S,
+    ClusterError,
+    ClusterRunError,
+    ClusterTimeout,
+    EngineFailure,
+    _clean_traceback,
+    silent_in,
+)
+
+
+def _finished_at(future) -> float:
+    """When the engine finished the task (its own clock), for ordering failures."""
+    completed = (getattr(future, "metadata", None) or {}).get("completed")
+    return completed.timestamp() if completed is not None else float("inf")
+
+
+class Running:
+    """``run`` and the failure detection around it, for ``ClusterSession``."""
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
+            what: str | None = None, silent_s: float | None = None, **kwargs: Any) -> dict[int, Any]:
+        """Call ``fn(*args, **kwargs)`` on every engine; returns ``{rank: value}``. ``silent_s``
+        (``train`` passes its config's ``timeout_s``): an engine of this machine whose process
+        stays stopped (SIGSTOP, a debugger) that long is a silent rank, as one the controller
+        loses or a waiting rank's CommTimeout names: the run ends at once with ClusterTimeout
+        naming it, and the engines restart (the next call waits for them)."""
+        what = what or getattr(fn, "__name__", "the job")
+        self._await_restart()
+        self._check_engines(what)
+        futures = {rank: self.client[e["engine_id"]].apply_async(fn, *args, **kwargs)
+                   for rank, e in self.engines.items()}
+        results: dict[int, Any] = {}
+        failures: list[EngineFailure] = []
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        first_failure = None
+        stopped: dict[int, float] = {}  # rank -> since when its process is seen stopped
+        silent_seen = None  # when a silent rank was first known
+        try:
+            while futures:
+                ready = [rank for rank in futures if futures[rank].ready()]
+                for rank in sorted(ready, key=lambda r: _finished_at(futures[r])):
+                    failure = self._collect(rank, futures.pop(rank), results)
+                    if failure is not None:
+                        failures.append(failure)
+                        first_failure = first_failure or time.monotonic()
+                if not futures:
+                    break
+                now = time.monotonic()
+                silent = self._silent(futures, failures, stopped, now, silent_s)
+                silent_seen = (silent_seen or now) if silent else None
+                # a silent rank never answers: once the ranks still running are all silent, or
+                # the others had a moment to report their timeouts, waiting longer tells nothing
+                if silent and (set(futures) <= set(silent) or now - silent_seen > SILENT_REPORT_S):
+                    self._kill_stopped(silent)
+                    self.restart_engines(wait=False)
+                    raise ClusterTimeout.of_silent(what, silent, failures, True)
+                if first_failure is not None and now - first_failure > self.grace_s:
+                    break
+                if deadline is not None and now > deadline:
+                    self.restart_engines()
+                    raise ClusterTimeout(f"{what} ran past {timeout_s:.0f} s on rank(s) "
+                                         f"{', '.join(map(str, sorted(futures)))}; the engines "
+                                         "were restarted")
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            # Whatever the engines are blocked in (a collective, C code), a restart frees them.
+            self.restart_engines()
+            raise
+        if failures:
+            stuck = sorted(futures)
+            if stuck:
+                self.restart_engines()
+            raise (ClusterTimeout.silent_rank(what, failures, bool(stuck))
+                   or ClusterRunError(what, failures, stuck, bool(stuck)))
+        return dict(sorted(results.items()))
+
+    def _silent(self, futures, failures: list[EngineFailure], stopped: dict[int, float],
+                now: float, silent_s: float | None) -> dict[int, str]:
+        """rank -> how it was seen, of the ranks known to be silent now (see ``run``)."""
+        silent = {rank: "" for rank in silent_in(failures)}
+        for f in failures:  # lost by the controller, alive here: stopped or hung, not dead
+            if f.error.startswith(LOST) and self._process_status(f.rank) not in (None, "zombie"):
+                silent[f.rank] = "the controller stopped hearing its engine's heartbeat"
+        if silent_s is None:
+            return silent
+        for rank in futures:
+            if self._process_status(rank) == "stopped":
+                stopped.setdefault(rank, now)
+                if now - stopped[rank] >= silent_s:
+                    e = self.engines[rank]
+                    silent[rank] = (f"engine {e['engine_id']} on {e['host']}, pid {e['pid']}: its "
+                                    f"process has been stopped for {now - stopped[rank]:.0f} s")
+            else:
+                stopped.pop(rank, None)
+        return silent
+
+    def _process_status(self, rank: int) -> str | None:
+        """psutil's status of the rank's engine process, where it runs on this machine."""
+        import psutil
+
+        engine = self.engines[rank]
+        if engine["host"] != socket.gethostname():
+            return None
+        try:
+            status = psutil.Process(engine["pid"]).status()
+        except psutil.Error:
+            return None
+        return "stopped" if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) else status
+
+    def _kill_stopped(self, ranks) -> None:
+        """SIGKILL the silent ranks' engines that are stopped here: a stopped process defers every
+        other signal, so stopping the engines would wait on it to its launcher's last resort."""
+        import psutil
+
+        for rank in ranks:
+            if self._process_status(rank) == "stopped":
+                try:
+                    psutil.Process(self.engines[rank]["pid"]).kill()
+                except psutil.Error:
+                    pass
+
+    def _check_engines(self, what: str) -> None:
+        """Raise a ClusterError if an engine of the world has gone (killed, crashed, or its node
+        lost; under mpiexec the other ranks go with it): the job could not run."""
+        registered = set(self.client.ids)
+        gone = [rank for rank, e in self.engines.items() if e["engine_id"] not in registered]
+        if gone:
+            ended = self.slurm_job_ended()
+            raise ClusterError(
+                f"cannot run {what}: the engine(s) of rank(s) {', '.join(map(str, gone))} of "
+                f"{self.size} are gone (" + (ended or "killed, crashed or their node lost") +
+                "); call cluster.restart_engines() to start all the engines again, then run it "
+                "again (a run with a checkpoint_dir resumes from its newest checkpoint)")
+
+    def slurm_job_ended(self) -> str | None:
+        """How the engines' Slurm job ended, if it did: "the engines' Slurm job 12 is TIMEOUT (it
+        reached its time limit)"; None if it runs, or there is none, or Slurm cannot say."""
+        job = self.slurm_job()
+        if job is None:
+            return None
+        try:
+            out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
+                                 text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        state = next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+        why = {"TIMEOUT": "it reached its time limit", "PREEMPTED": "the site preempted it",
+               "NODE_FAIL": "a node failed", "CANCELLED": "it was cancelled",
+               "FAILED": "it failed", "COMPLETED": "it ended", "OUT_OF_MEMORY": "out of memory",
+               "DEADLINE": "it reached its deadline"}
+        return f"the engines' Slurm job {job} is {state} ({why[state]})" if state in why else None
+
+    def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
+        from ipyparallel.error import EngineError, RemoteError
+
+        engine = self.engines[rank]
+        try:
+            results[rank] = future.get(0)
+            return None
+        except EngineError as exc:  # the controller lost the engine; the traceback is the client's
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return EngineFailure(rank, engine["engine_id"], engine["host"],
+                                 f"{LOST} {first} (no heartbeat: stopped, hung or dead)", "")
+        except RemoteError as exc:
+            return EngineFailure(rank, engine["engine_id"], engine["host"],
+                                 f"{exc.ename}: {exc.evalue}", _clean_traceback(exc.traceback))
+        except Exception as exc:  # noqa: BLE001 -- e.g. the engine died: still name the rank
+            return EngineFailure(rank, engine["engine_id"], engine["host"],
+                                 f"{type(exc).__name__}: {exc}", "")
+
+    def slurm_job(self) -> str | None:
+        """The Slurm job id of the engines (slurm-mpi), else None."""
+        for engine_set in (getattr(self.cluster, "engines", None) or {}).values():
+            job = getattr(engine_set, "job_id", None)  # ipyparallel's batch launchers keep it
+            if job:
+                return str(job)
+        return None

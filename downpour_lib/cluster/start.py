@@ -1,0 +1,156 @@
+"""Start, connect to, find and stop a profile's ipyparallel clusters (see ``session``).
+
+``start_cluster(profile, n)`` starts a controller and ``n`` engines with the profile's launcher
+and refuses while the profile already runs a cluster; ``connect(profile)`` attaches to one that
+``ipcluster start --profile=NAME`` (or another session) runs. Both return a ``ClusterSession``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from ..errors import ConfigError
+from .failures import ClusterError
+from .mpiexec import clear_stale_sessions
+from .profiles import ensure_profile, profile_dir
+from .session import ClusterSession
+
+
+def running_clusters(profile: str, ipython: str | None = None) -> list:
+    """The ipyparallel clusters of the profile whose controller is alive (from the cluster files in
+    the profile's security directory; loading them removes the files of clusters long gone)."""
+    import ipyparallel as ipp
+
+    clusters = ipp.ClusterManager().load_clusters(profile_dirs=[str(profile_dir(profile, ipython))])
+    for cluster in clusters.values():
+        # a look, not a takeover: these copies watch the processes too, and must never rewrite
+        # the owner's cluster file when one of them stops
+        cluster.cluster_file = ""
+    return [c for c in clusters.values() if c.controller is not None and c.controller.running]
+
+
+def _already_running(profile: str, clusters: list) -> str:
+    lines = [f"profile {profile!r} already runs {len(clusters)} cluster(s); start_cluster does not "
+             "start another beside it, whose engines would compete with its engines:"]
+    for c in clusters:
+        engines = sum(es.n or 0 for es in c.engines.values())
+        pid = getattr(getattr(c.controller, "process", None), "pid", "?")
+        cid = f", cluster_id={c.cluster_id!r}" if c.cluster_id else ""
+        stop = f" --cluster-id={c.cluster_id}" if c.cluster_id else ""
+        lines.append(f"- cluster id {c.cluster_id!r} ({engines} engines, controller pid {pid}): "
+                     f"use it with connect({profile!r}{cid}), or stop it with `ipcluster stop "
+                     f"--profile={profile}{stop}` (or cluster.stop() on the session that started it)")
+    if len(clusters) > 1:
+        lines.append(f"`ipcluster stop --profile={profile} --all` stops them all")
+    return "\n".join(lines)
+
+
+def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping[str, str] = (),
+                  engines_per_node: int = 0, timeout_s: float = 120.0, activate: bool = True,
+                  **cluster_kwargs) -> ClusterSession:
+    """Start a controller and ``n`` engines from the profile (installing a bundled profile first
+    if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``.
+
+    ``engines_per_node`` (batch profiles such as ``slurm-mpi``): that many engines on each node, so
+    ``n=4, engines_per_node=2`` takes two nodes; 0 leaves the placement to the profile (or Slurm).
+
+    One cluster per profile: if the profile already runs one (``ipcluster start``, or an earlier
+    ``start_cluster`` not yet stopped, e.g. a notebook cell run twice), this raises ``ClusterError``
+    naming it and saying how to use it (``connect(profile)``) or stop it
+    (``ipcluster stop --profile=NAME``), instead of starting a second set of engines beside it."""
+    import ipyparallel as ipp
+
+    from ..notebooks import show_errors_in_one_line
+
+    show_errors_in_one_line()  # the first helper a notebook calls, often
+    if n < 1:
+        raise ConfigError("n", n, "start at least 1 engine")
+    ensure_profile(profile)
+    clear_stale_sessions()
+    running = running_clusters(profile)
+    if running:
+        raise ClusterError(_already_running(profile, running))
+    cluster_kwargs.setdefault("log_level", logging.WARNING)  # ipyparallel's INFO lines drown a notebook
+    cluster = ipp.Cluster(profile=profile, n=n, engine_timeout=int(timeout_s), **cluster_kwargs)
+    if engines_per_node:
+        launcher = cluster.engine_launcher_class
+        if isinstance(engines_per_node, bool) or not isinstance(engines_per_node, int) \
+                or engines_per_node < 0 or n % engines_per_node:
+            raise ConfigError("engines_per_node", engines_per_node,
+                              f"give a whole number that divides n={n} (or 0: as the profile places them)")
+        if not launcher.class_traits().get("tasks_per_node"):
+            raise ConfigError("engines_per_node", engines_per_node,
+                              f"profile {profile!r} starts every engine on this machine; only a batch "
+                              "profile such as slurm-mpi places engines on nodes (use 0 here)")
+        cluster.config[launcher.__name__].tasks_per_node = engines_per_node
+    if engine_env:
+        name = cluster.engine_launcher_class.__name__
+        env = dict(cluster.config[name].get("environment", {}))
+        cluster.config[name].environment = {**env, **dict(engine_env)}
+    client = None
+    try:
+        cluster.start_cluster_sync(n)
+        client = cluster.connect_client_sync()
+        session = ClusterSession(cluster, client, owned=True, timeout_s=timeout_s)
+        session.wait_for_engines(n)
+    except BaseException as exc:
+        if client is not None:
+            client.close()
+        _stop_after_failed_start(cluster, exc)
+        from .launchers import SlurmCommandError
+
+        if isinstance(exc, SlurmCommandError):  # what sbatch said, without ipyparallel's stack
+            raise ClusterError(f"the engines of profile {profile!r} did not start: {exc}") from None
+        raise
+    if activate:
+        session.activate()
+    return session
+
+
+def _stop_after_failed_start(cluster, exc: BaseException) -> None:
+    """Stop what a failed start left running (the controller, a job) and its files; an error in
+    stopping is logged, never raised: the start's own error is the one to report."""
+    try:
+        cluster.stop_cluster_sync()
+    except Exception as stop_exc:  # noqa: BLE001 -- exc is the error the caller must see
+        logging.getLogger(__name__).warning("stopping the cluster after its failed start (%s) "
+                                            "failed too: %s", exc, stop_exc)
+
+
+def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None = None,
+            timeout_s: float = 120.0, activate: bool = True) -> ClusterSession:
+    """Attach to the cluster that ``ipcluster start --profile=NAME`` runs, waiting for its engines
+    (a Slurm job may sit in the queue for a while: raise ``timeout_s``)."""
+    import ipyparallel as ipp
+
+    try:
+        cluster = ipp.Cluster.from_file(profile_dir=str(profile_dir(profile)), cluster_id=cluster_id)
+    except FileNotFoundError:
+        raise ClusterError(f"no running cluster for profile {profile!r}"
+                           + (f" with id {cluster_id!r}" if cluster_id else "")
+                           + f": start one with `ipcluster start --profile={profile} -n N "
+                             "--daemonize`, or use start_cluster()") from None
+    n = n or sum(es.n for es in cluster.engines.values())
+    client = cluster.connect_client_sync()
+    session = ClusterSession(cluster, client, owned=False, timeout_s=timeout_s)
+    try:
+        session.wait_for_engines(n)
+    except BaseException:
+        client.close()
+        raise
+    if activate:
+        session.activate()
+    return session
+
+
+def stop_clusters(profile: str, ipython: str | None = None) -> int:
+    """Stop every cluster recorded in the profile (what a test's teardown calls); returns how many."""
+    import ipyparallel as ipp
+
+    stopped = 0
+    for cluster in ipp.ClusterManager().load_clusters(
+            profile_dirs=[str(profile_dir(profile, ipython))]).values():
+        cluster.stop_cluster_sync()
+        stopped += 1
+    return stopped
