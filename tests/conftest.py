@@ -186,10 +186,19 @@ def tier_of(item) -> tuple[str, set[str]]:
     return tier, {EXTRA[name] for name in found if name in EXTRA}
 
 
+# Shared setups of a minute or more here (module.fixture): the tests that read them are `slow`.
+SLOW_SETUPS = {"conftest.digits_runs", "test_study.study", "test_gossip_multirank.cases",
+               "test_periodic.references"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "digits_runs" in item.fixturenames:
             item.add_marker(pytest.mark.timeout(DIGITS_TIMEOUT_S))
+        setups = {f"{d.func.__module__}.{name}" for name, defs in
+                  item._fixtureinfo.name2fixturedefs.items() for d in defs}
+        if setups & SLOW_SETUPS:
+            item.add_marker("slow")
         named = {m.name for m in item.iter_markers()}
         tier, extra = tier_of(item)
         if not named & set(TIERS):
