@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: study studies test lab gpu-check venv lint figures clean
+.PHONY: study studies test test-fast lab gpu-check venv lint figures clean
 
 study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
@@ -28,6 +28,12 @@ studies: study   ## every study: notebooks 02 to 06 headless
 
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tier to run while working (tests/conftest.py tiers every test by what it starts; pyproject.toml
+# lists the markers): one-process tests and the quick multi-rank ones, no cluster, notebook or Slurm.
+# Another tier alone: PYTEST_ARGS='-m cluster' make test (or notebooks, slurm, "ranks and slow").
+test-fast: $(STAMP)  ## the fast tier (unit + quick mpiexec tests): a few minutes
+	$(BIN)/python -m pytest -m "(unit or ranks) and not slow" $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with a kernel that is .venv's python (its kernelspec is written into
 # .venv and put first on JUPYTER_PATH), so the notebooks import this downpour_lib and its mpiexec.

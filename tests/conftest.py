@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -101,3 +102,106 @@ def local_cluster():
             session.stop()
         finally:
             stop_clusters("local-mpi")
+
+
+@pytest.fixture(scope="session")
+def digits_runs() -> dict[str, dict]:
+    """Every algorithm trained on digits to the accuracy its test asks for, in one mpiexec -n 4
+    session (tests/mpi/digits.py): case -> its summary and evaluations. One job for the "90% on
+    digits" checks of several modules, run once whichever of them comes first."""
+    proc = mpi_python(4, "digits.py", timeout=DIGITS_TIMEOUT_S - 60)
+    assert proc.returncode == 0, explain(proc)
+    runs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {run["case"]: run for run in runs}
+
+
+# Eleven trainings of 10 epochs at 4 ranks: about 5 minutes on 2 idle cores; the first test to ask
+# for them waits that long inside its own time limit (pyproject's 600 s would be too short).
+DIGITS_TIMEOUT_S = 1800
+
+
+# -- tiers ------------------------------------------------------------------------------------------
+# Every test gets one tier marker (pyproject.toml registers them), found from what it reaches: its
+# own code, its fixtures' and the test-side helpers they call (tests/*.py), down to the first thing
+# below that starts processes, a cluster, a notebook or the Slurm sandbox. A new test is tiered by
+# what it does, with nothing to remember; a module or test may still name its tier itself.
+# `make test-fast` runs `unit or ranks` minus the tests marked `slow` (measured over ~15 s here).
+TIERS = ("slurm", "notebooks", "cluster", "ranks", "unit")  # the first one reached wins
+REACHES = {  # what a test reaches (a downpour_lib name, a module, a name it imports) -> its tier
+    "SlurmSandbox": "slurm", "Network": "slurm",
+    "run_notebook": "notebooks", "sync_playwright": "notebooks",
+    "start_cluster": "cluster",
+    "run_mpiexec": "ranks", "subprocess": "ranks", "Popen": "ranks",
+}
+WHERE = {"SlurmSandbox": "downpour_lib.sandbox", "Network": "downpour_lib.sandbox"}  # not study's
+BY_NAME = {"subprocess", "Popen", "sync_playwright", "start_cluster"}  # imported in functions too
+EXTRA = {"sync_playwright": "browser"}  # markers beside the tier
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def _reached(obj, found: set[str], seen: set[int]) -> None:
+    """Add to ``found`` the REACHES/EXTRA keys that ``obj`` (a function or class of tests/) reaches."""
+    obj = inspect.unwrap(obj) if callable(obj) else obj  # a @contextmanager, a fixture
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        for member in vars(obj).values():
+            _reached(getattr(member, "__func__", member), found, seen)
+        return
+    code = getattr(obj, "__code__", None)
+    if code is None or not Path(code.co_filename).resolve().is_relative_to(TESTS_DIR):
+        return
+    scope = getattr(obj, "__globals__", {})
+    codes = [code]
+    while codes:
+        c = codes.pop()
+        codes.extend(k for k in c.co_consts if hasattr(k, "co_names"))  # lambdas, nested functions
+        for name in c.co_names:
+            if name in BY_NAME:  # a module or a name imported inside a function: no object to check
+                found.add(name)
+                continue
+            target = scope.get(name)
+            if target is None:
+                continue
+            module = getattr(target, "__module__", "") or ""
+            if getattr(target, "__name__", None) in REACHES and module.startswith(
+                    WHERE.get(target.__name__, "downpour_lib")):
+                found.add(target.__name__)
+            elif getattr(target, "__module__", None) in (None, "builtins"):
+                continue
+            else:
+                _reached(target, found, seen)
+
+
+def tier_of(item) -> tuple[str, set[str]]:
+    found: set[str] = set()
+    seen: set[int] = set()
+    _reached(getattr(item, "function", None), found, seen)
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        for fixturedef in defs:
+            _reached(fixturedef.func, found, seen)
+    tiers = {REACHES[name] for name in found if name in REACHES}
+    tier = next((t for t in TIERS if t in tiers), "unit")
+    return tier, {EXTRA[name] for name in found if name in EXTRA}
+
+
+# Shared setups of a minute or more here (module.fixture): the tests that read them are `slow`.
+SLOW_SETUPS = {"conftest.digits_runs", "test_study.study", "test_gossip_multirank.cases",
+               "test_periodic.references"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "digits_runs" in item.fixturenames:
+            item.add_marker(pytest.mark.timeout(DIGITS_TIMEOUT_S))
+        setups = {f"{d.func.__module__}.{name}" for name, defs in
+                  item._fixtureinfo.name2fixturedefs.items() for d in defs}
+        if setups & SLOW_SETUPS:
+            item.add_marker("slow")
+        named = {m.name for m in item.iter_markers()}
+        tier, extra = tier_of(item)
+        if not named & set(TIERS):
+            item.add_marker(tier)
+        for name in extra - named:
+            item.add_marker(name)

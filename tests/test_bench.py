@@ -14,6 +14,7 @@ FIELDS = {"algorithm", "backend", "model", "world_size", "samples_per_s", "scali
           "exposed_comm_s"}
 
 
+@pytest.mark.slow  # 60 s on CI
 def test_bench_train_runs_1_and_2_ranks_and_writes_rows(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "train", "--model", "mlp", "--dataset", "synthetic-mnist",

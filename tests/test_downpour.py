@@ -86,6 +86,7 @@ def test_bad_worlds_and_layouts_fail_in_the_plan():
 
 @pytest.mark.parametrize("args, expected", [
     (["--n-push", "0"], "n_push=0 is not valid: must be a whole number of steps >= 1"),
+    (["--n-fetch", "0"], "n_fetch=0 is not valid"),  # the flag reaches the options
     (["--servers", "3"], "servers=3 is not valid: 3 servers need at least 3 ranks"),
     (["--server-optimizer", "x"], None),
 ])

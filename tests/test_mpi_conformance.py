@@ -6,7 +6,10 @@ Every test PyTorch does not skip for MPI must pass, except those in the driver's
 (with their reasons), which must still fail: a listed test that passes is taken off the list.
 """
 
+import pytest
 from conftest import explain, mpi_python, read_json
+
+pytestmark = pytest.mark.slow  # PyTorch's suite at 3 ranks: 20 s idle, minutes when loaded
 
 
 def test_torch_distributed_suite_passes_on_our_mpi_backend(tmp_path):

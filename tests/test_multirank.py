@@ -20,15 +20,10 @@ def test_sync_ps_and_ddp_equal_one_process_on_the_n_times_batch():
         assert case["reference_moved"] > 1e-2, case  # the comparison is not vacuous
 
 
-def test_sync_ps_reaches_90_percent_on_digits(tmp_path):
-    out = tmp_path / "s.json"
-    proc = mpiexec(3, str(BIN / "downpour"), "train", "--algorithm", "sync_ps", "--model", "lenet",
-                   "--dataset", "digits", "--epochs", "10", "--batch-size", "32", "--threads", "1",
-                   "--summary-json", str(out))
-    assert proc.returncode == 0, explain(proc)
-    s = read_json(out)
+def test_sync_ps_reaches_90_percent_on_digits(digits_runs):
+    s = digits_runs["sync_ps"]
     assert s["test_accuracy"] >= 0.90, s
-    assert (s["launcher"], s["world_size"], s["num_workers"], s["num_servers"]) == ("mpi", 3, 2, 1)
+    assert (s["launcher"], s["world_size"], s["num_workers"], s["num_servers"]) == ("mpi", 4, 3, 1)
     n_params = 16 * 4 + 6 * 1 * 25 + 6 + 16 * 6 * 25 + 16 + 64 * 120 + 120 + 120 * 84 + 84 + 84 * 10 + 10
     # a worker sends one gradient and receives one parameter vector per step (float32)
     assert s["bytes_sent_per_step"] == s["bytes_received_per_step"] == 4 * (n_params - 16 * 4)

@@ -348,6 +348,7 @@ def rank_pid(marker: str, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow  # 55-58 s each on CI
 @pytest.mark.parametrize("algorithm, ranks, name", [("sync_ps", 3, "USR2"), ("sync_ps", 3, "TERM")])
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algorithm, ranks, name):
     """USR2 (TERM) to the last rank alone (a worker, not the rank that writes): the vote tells the

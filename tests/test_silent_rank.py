@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from conftest import BIN, MPI_SCRIPTS, ROOT, explain, launch_env, mpi_python, mpiexec_path
 
+pytestmark = pytest.mark.slow  # each job waits out a stopped rank's timeout: 15-50 s a test
+
 TIMEOUT_S = 10
 SILENT = 2
 

@@ -22,9 +22,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from reference import compare, one_process
 
 from downpour_lib import TrainConfig, Trainer, comm, runtime
-from downpour_lib.comm.runtime import DistContext
 
 BASE = dict(model="mlp", dataset="digits", warmup_steps=1, lr=0.05, momentum=0.9, threads=1, seed=3)
 B = 16
@@ -83,10 +83,9 @@ def synchronous(ctx, backend: str) -> dict:
                                   ("ddp", {}, 4), ("allreduce", {}, 4)):
         config = TrainConfig(**BASE, algorithm=name, steps=8, batch_size=B, backend=backend, **change)
         _, mine, hosts = params_after(config, ctx)
-        initial, ref, _ = params_after(TrainConfig(**BASE, algorithm="local", steps=8, backend="gloo",
-                                                   batch_size=workers * B), DistContext.single())
-        moved = max(float((p - q).abs().max()) for p, q in zip(ref, initial, strict=True))
-        diff = worst(max(float((p - q).abs().max()) for p, q in zip(mine, ref, strict=True)))
+        initial, ref = one_process({**BASE, "steps": 8, "backend": "gloo"}, workers * B)
+        c = compare(mine, ref, initial)
+        moved, diff = c["reference_moved"], worst(c["max_abs_diff"])
         out[name] = {"max_abs_diff": diff, "reference_moved": moved, "summary_hosts": hosts}
     return out
 

@@ -13,11 +13,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from reference import compare as compared
+from reference import one_process, trained
 from torch import nn
 
-from downpour_lib import TrainConfig, Trainer, comm, runtime
+from downpour_lib import TrainConfig, comm, runtime
 from downpour_lib.algorithms import make_algorithm
-from downpour_lib.comm.runtime import DistContext
 
 BASE = dict(model="mlp", dataset="digits", steps=16, warmup_steps=1, lr=0.05, momentum=0.9,
             weight_decay=1e-4, threads=1, seed=3, backend="gloo")
@@ -203,18 +204,10 @@ def case_synchronize_parameters(ctx):
 
 # -- AllReduce SGD --------------------------------------------------------------------------------------
 
-def trained(config, ctx):
-    trainer = Trainer(config, ctx)
-    initial = [p.detach().clone() for p in trainer.model.parameters()]
-    result = trainer.run()
-    return initial, [p.detach().clone() for p in trainer.model.parameters()], result
-
-
 def compare(params, ref, initial, tol=1e-5):
-    moved = max(float((p - p0).abs().max()) for p, p0 in zip(ref, initial, strict=True))
-    diff = max(float((p - q).abs().max()) for p, q in zip(params, ref, strict=True))
-    ok = all(torch.allclose(p, q, rtol=tol, atol=tol) for p, q in zip(params, ref, strict=True))
-    return {"ok": ok and moved > 1e-2, "max_abs_diff": diff, "reference_moved": moved}
+    c = compared(params, ref, initial, tol)
+    return {"ok": c["close"] and c["reference_moved"] > 1e-2, "max_abs_diff": c["max_abs_diff"],
+            "reference_moved": c["reference_moved"]}
 
 
 def case_training(ctx, options, reference, steps=BASE["steps"]):
@@ -228,8 +221,7 @@ def case_training(ctx, options, reference, steps=BASE["steps"]):
     if reference == "ddp":
         initial, ref, _ = trained(TrainConfig(**base, algorithm="ddp", batch_size=B), ctx)
     else:
-        initial, ref, _ = trained(TrainConfig(**base, algorithm="local", batch_size=n * k * B),
-                                  DistContext.single())
+        initial, ref = one_process(base, n * k * B)
     out = compare(params, ref, initial)
     if result is not None:  # rank 0: the records add up
         steps = result.steps

@@ -1,7 +1,7 @@
 """Under mpiexec -n 3: distributed synchronous SGD equals one process on the N-times batch.
 
-Every rank trains the distributed run, then computes the single-process reference itself (a world
-of one, no communication) and compares its own final parameters with it. Prints one JSON line per
+Every rank trains the distributed run, then computes the single-process reference itself
+(reference.py) and compares its own final parameters with it. Prints one JSON line per
 case from rank 0; exits non-zero if any rank's parameters differ beyond 1e-5.
 """
 
@@ -9,9 +9,9 @@ import json
 import sys
 
 import torch
+from reference import compare, one_process, trained
 
-from downpour_lib import TrainConfig, Trainer, runtime
-from downpour_lib.comm.runtime import DistContext
+from downpour_lib import TrainConfig, runtime
 
 BASE = dict(model="mlp", dataset="digits", steps=20, warmup_steps=1, lr=0.05, momentum=0.9,
             weight_decay=1e-4, threads=1, seed=3, backend="gloo")
@@ -19,14 +19,6 @@ B = 16
 # warm-up over the first 0.2 epochs, then 10x smaller from 0.35 epochs on (of 20 steps, at 29-44
 # steps per epoch)
 SCHEDULE = dict(lr_schedule="step", lr_warmup_epochs=0.2, lr_milestones=(0.35,), lr_decay=0.1)
-
-
-def train(config, ctx):
-    """(initial, final) parameters of one run on this rank."""
-    trainer = Trainer(config, ctx)
-    initial = [p.detach().clone() for p in trainer.model.parameters()]
-    trainer.run()
-    return initial, [p.detach().clone() for p in trainer.model.parameters()]
 
 
 def main() -> int:
@@ -44,15 +36,11 @@ def main() -> int:
     ]
     failed = False
     for name, change, workers in cases:
-        _, dist_params = train(TrainConfig(**BASE, **change, batch_size=B), ctx)
+        _, dist_params, _ = trained(TrainConfig(**BASE, **change, batch_size=B), ctx)
         same = {k: v for k, v in change.items() if k.startswith("lr_")}
-        initial, ref_params = train(TrainConfig(**BASE, algorithm="local", batch_size=workers * B,
-                                                **same), DistContext.single())
-        # Training must have moved the parameters, or equality would prove nothing.
-        moved = max(float((r - p0).abs().max()) for r, p0 in zip(ref_params, initial, strict=True))
-        diff = max(float((d - r).abs().max()) for d, r in zip(dist_params, ref_params, strict=True))
-        pairs = zip(dist_params, ref_params, strict=True)
-        ok = all(torch.allclose(d, r, rtol=1e-5, atol=1e-5) for d, r in pairs)
+        initial, ref_params = one_process(BASE, workers * B, **same)
+        c = compare(dist_params, ref_params, initial)
+        ok, diff, moved = c["close"], c["max_abs_diff"], c["reference_moved"]
         failed |= not ok
         all_ok = runtime_all(ok)
         if ctx.rank == 0:

@@ -8,8 +8,7 @@ case from rank 0; a case's ``max_abs_diff`` is the largest difference of any ran
 - easgd on a quadratic = its update written out (every rank knows every target);
 - bytes: diloco's and localsgd's traffic over a run against allreduce's.
 
-With the argument ``accuracy`` instead: localsgd, easgd and slowmo, lenet on digits for 10 epochs
-with their defaults (the test wants >= 0.90; diloco's is the README's command, run as is).
+Their accuracy on digits is trained in digits.py.
 """
 
 import json
@@ -96,28 +95,10 @@ def easgd_quadratic(ctx, steps=9, period=2, alpha=0.2, eta=0.3):
             max_diff(ctx, [algo.center], [center]), float(center.abs().max()))
 
 
-def accuracy(ctx) -> int:
-    runs = [("localsgd", None), ("easgd", None), ("slowmo", None), ("easgd async", {"mode": "async"})]
-    for case, options in runs:
-        result = Trainer(TrainConfig(algorithm=case.split()[0], options=options, model="lenet",
-                                     dataset="digits", epochs=10, threads=1, backend="gloo"),
-                         ctx).run()
-        if ctx.rank == 0:
-            s, steps = result.summary, result.steps
-            print(json.dumps({"case": case, "test_accuracy": s["test_accuracy"],
-                              "final_consensus_distance": s.get("final_consensus_distance"),
-                              "num_workers": s["num_workers"], "total_steps": s["total_steps"],
-                              "server_updates": int((steps.role == "server").sum())}), flush=True)
-    runtime.shutdown()
-    return 0
-
-
 def main() -> int:
     ctx = runtime.init(backend="gloo", device="cpu", timeout_s=120)
     assert ctx.world_size == 4, ctx
     torch.set_num_threads(1)
-    if sys.argv[1:] == ["accuracy"]:
-        return accuracy(ctx)
     cases = []
     plain = dict(momentum=0.0)
     allreduce_plain, ar = train(ctx, algorithm="allreduce", **plain)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from reference import one_process
 
 from downpour_lib import TrainConfig, Trainer, runtime
 from downpour_lib.comm.runtime import DistContext
@@ -55,14 +56,14 @@ def main() -> int:
     torch.manual_seed(BASE["seed"])
     initial = [p.detach() for p in build_model("lenet", (1, 8, 8), 10).parameters()]
 
-    local2, _ = final(TrainConfig(algorithm="local", batch_size=2 * B, **BASE), single)
+    _, local2 = one_process(BASE, 2 * B)
     sharded, result = final(TrainConfig(algorithm="sync_ps", batch_size=B,
                                         options={"servers": 2, "server": "dedicated"}, **BASE), ctx)
     worst = max(worst, report(ctx, "sync_ps 2 dedicated servers vs one process",
                               diff(sharded, local2), moved=diff(local2, initial),
                               workers=result.summary["num_workers"] if result else None))
 
-    local4, _ = final(TrainConfig(algorithm="local", batch_size=4 * B, **BASE), single)
+    _, local4 = one_process(BASE, 4 * B)
     colocated = {}
     for servers in (1, 2, 3):
         colocated[servers], _ = final(TrainConfig(
