@@ -103,6 +103,9 @@ class Data:
         if self.augment is None:
             object.__setattr__(self, "augment",
                                "standard" if DATASETS[self.dataset].kind == "real" else "none")
+        if self.augment not in typing.get_args(Augment):  # Optional: check_choices skips it
+            raise ConfigError("augment", self.augment,
+                              "choose one of " + ", ".join(typing.get_args(Augment)))
         check_choices(self)
         _at_least("batch_size", self.batch_size, 1)
         if self.data_workers is not None and self.data_workers < 0:
