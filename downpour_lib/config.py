@@ -23,11 +23,13 @@ runtime    how a launcher stops and restarts it (preemption signal,       no
 A run's identity (``identity()``: what makes two runs the same run, for a study's resumable CSV)
 is every section marked ``identity``, so a new field joins it unless its section says otherwise.
 
-Library code reads a field through its section (``config.data.batch_size``). Each field also reads
-flat (``config.batch_size``), and the constructor, ``replace``, ``from_dict``, the CLI flags and
-YAML/JSON files take flat names (``TrainConfig(algorithm="ddp", batch_size=64)``), so notebooks,
-files and scripts written for the flat config keep working; ``to_dict()`` is flat, with the same
-keys as before (a study's CSV columns). Field names are unique across sections.
+Library code reads a field through its section (``config.data.batch_size``): engine, lifecycle,
+cli and cluster do; modules not yet moved read the flat aliases, which ``rename_script`` rewrites.
+Each field also reads flat (``config.batch_size``), and the constructor, ``replace``,
+``from_dict``, the CLI flags and YAML/JSON files take flat names (``TrainConfig(algorithm="ddp",
+batch_size=64)``), so notebooks, files and scripts written for the flat config keep working;
+``to_dict()`` is flat, with the same keys as before (a study's CSV columns). Field names are
+unique across sections.
 
 Checks that need the world size (an algorithm that needs more ranks than it has) are the options'
 ``roles(world_size)``, which the pre-flight (``engine.plan_run``) calls after reading the
