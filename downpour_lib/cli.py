@@ -25,7 +25,7 @@ from .comm.collectives import Communicator
 from .comm.launch_env import discover
 from .config import TrainConfig
 from .errors import ConfigError, DataError
-from .options import coerce, field_help
+from .options import coerce
 
 USAGE_ERROR = 2
 
@@ -56,8 +56,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                         "SLURM_NTASKS ranks, and its time left against DOWNPOUR_SIGNAL_LEAD "
                         "seconds), then exit: 0, or 2 with what to change. One process, before the "
                         "launcher starts any rank (the batch script runs it)")
-    helps = field_help(TrainConfig)
-    defaults = TrainConfig.__dataclass_fields__
+    defaults = TrainConfig.flat_fields()  # flat flags: --batch-size sets data.batch_size
+    helps = {name: f.metadata.get("help", "") for name, f in defaults.items()}
     group = p.add_argument_group("training")
     for name, text in helps.items():
         if name != "options":
@@ -82,9 +82,9 @@ def _option_hints() -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The flags' text parsed into each field's type, over the config file's typed values."""
-    hints, option_hints = typing.get_type_hints(TrainConfig), _option_hints()
+    hints, option_hints = TrainConfig.flat_hints(), _option_hints()
     values = {k: coerce(k, hints[k], v, text=True) for k, v in vars(args).items()
-              if k in TrainConfig.__dataclass_fields__ and k != "options"}
+              if k in hints and k != "options"}
     options = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("option:")}
     options = {k: coerce(k, option_hints[k], v, text=True) for k, v in options.items()}
     if getattr(args, "config", None):
@@ -114,9 +114,10 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
               preempt.PREEMPTED)
     if ctx.rank == 0:
         preempt.say(f"{config.algorithm} {stop}")
-        again = (f"--resume auto (or --resume {config.checkpoint_dir})" if config.checkpoint_dir
+        directory, requeue = config.outputs.checkpoint_dir, config.runtime.requeue
+        again = (f"--resume auto (or --resume {directory})" if directory
                  else "a --checkpoint-dir, for the run to leave a checkpoint")
-        requeue = config.requeue if config.requeue is not None else preempt.slurm_batch()
+        requeue = requeue if requeue is not None else preempt.slurm_batch()
         if status == preempt.TERMINATED:
             preempt.say("not requeued: after a SIGTERM (scancel, the time limit, a preemption) a "
                         "requeue is Slurm's to make; to continue, run the same command again with "
@@ -127,7 +128,7 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
                         "signal comes at every start: a time limit not longer than the --signal "
                         "lead (give a longer --time, or a shorter lead), or a preemption as soon "
                         f"as it starts. Submit it again to continue, with {again}")
-        elif requeue and config.requeue is None and preempt.batch_requeues():
+        elif requeue and config.runtime.requeue is None and preempt.batch_requeues():
             preempt.note_preempted()
             preempt.say("the batch script requeues the job")
         elif requeue:
@@ -155,10 +156,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-        if preempt.in_slurm_job() and config.checkpoint_dir and "resume" not in vars(args) \
-                and config.resume is None:  # a requeued job continues where it stopped
-            config = dataclasses.replace(config, resume="auto")
-        splits = load_dataset(config.dataset, config.data_dir)
+        config = config.slurm_resume(named="resume" in vars(args))  # a requeued job continues
+        splits = load_dataset(config.data.dataset, config.data.data_dir)
         say = quiet if preflight and preempt.in_slurm_job() else warn  # the ranks say it again
         plan = plan_run(config, placement.world_size, splits.train, say,
                         rank=None if preflight else placement.rank)  # None: every rank's paths
@@ -166,7 +165,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             check_new_file("summary_json", getattr(args, "summary_json", None))
         if preflight:
             lead = os.environ.get("DOWNPOUR_SIGNAL_LEAD", "")
-            if lead.isdigit() and config.preempt_signal != "none":
+            if lead.isdigit() and config.runtime.preempt_signal != "none":
                 preempt.check_time_limit(int(lead))
             return 0
     except (ConfigError, DataError) as exc:
@@ -174,12 +173,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         # rank that writes it, and the launcher ends the others (before any rendezvous)
         return _refuse(exc, placement.rank == 0 or getattr(exc, "field", None) in OUTPUT_FIELDS)
     try:
-        runtime.check_device(config.backend, config.device, placement.local_rank)
+        runtime.check_device(config.system.backend, config.system.device, placement.local_rank)
     except ConfigError as exc:  # a node's devices: its first rank speaks for it
         return _refuse(exc, placement.local_rank == 0)
     # scancel, the time limit: SIGTERM stops the run at a step too, with its checkpoint
     with preempt.SIGNAL.stopping_on_term(), runtime.abort_on_error():
-        ctx = runtime.init(config.backend, config.device, config.timeout_s)
+        ctx = runtime.init(config.system.backend, config.system.device, config.system.timeout_s)
         try:
             result = Trainer(config, ctx, splits, plan, log_progress=True).run()
         except preempt.Preempted as stop:

@@ -1,7 +1,36 @@
-"""The run configuration: one frozen, validated dataclass, built from Python, CLI flags or a file.
+"""The run configuration: frozen, validated sections, built from Python, CLI flags or a file.
 
-Every field carries its help text (the CLI is generated from it). Validation happens on construction
-and names the field, the value and what would work, so a bad run fails before any process blocks.
+A ``TrainConfig`` is the algorithm (with its options) and the model, plus seven sections, each a
+frozen dataclass that validates its own fields on construction (naming the field, the value and
+what would work, so a bad run fails before any process blocks):
+
+========== ============================================================== ===========
+section    holds                                                          identity
+========== ============================================================== ===========
+data       data set, its files, the batch, augmentation, loader workers,  yes
+           seed
+optim      the update rule, learning rate and its schedule, precision     yes
+length     how long it trains and how it is measured (steps or epochs,    yes
+           throughput warm-up, evaluation cadence)
+system     backend, device, threads, timeout, memory format               yes
+stragglers emulated slow workers                                          yes
+outputs    where the run writes (records, trace, checkpoints) and the     no
+           checkpoint it continues
+runtime    how a launcher stops and restarts it (preemption signal,       no
+           requeue)
+========== ============================================================== ===========
+
+A run's identity (``identity()``: what makes two runs the same run, for a study's resumable CSV)
+is every section marked ``identity``, so a new field joins it unless its section says otherwise.
+
+Library code reads a field through its section (``config.data.batch_size``): engine, lifecycle,
+cli and cluster do; modules not yet moved read the flat aliases, which ``rename_script`` rewrites.
+Each field also reads flat (``config.batch_size``), and the constructor, ``replace``,
+``from_dict``, the CLI flags and YAML/JSON files take flat names (``TrainConfig(algorithm="ddp",
+batch_size=64)``), so notebooks, files and scripts written for the flat config keep working;
+``to_dict()`` is flat, with the same keys as before (a study's CSV columns). Field names are
+unique across sections.
+
 Checks that need the world size (an algorithm that needs more ranks than it has) are the options'
 ``roles(world_size)``, which the pre-flight (``engine.plan_run``) calls after reading the
 launcher's variables and before rendezvous.
@@ -18,14 +47,14 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from .algorithms import ALGORITHMS
 from .data import DATASETS
 from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
 from .options import build_options, coerce
-from .preempt import check_signal
+from .preempt import check_signal, in_slurm_job
 
 Optimizer = Literal["sgd", "adam", "adamw", "adagrad"]
 #: The learning rate when neither the run nor the algorithm's default optimizer names one.
@@ -41,28 +70,66 @@ def _help(text: str, **kw: Any) -> Any:
     return field(metadata={"help": text}, **kw)
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run. Two runs with the same seed, model, data and global batch see the same
-    samples in the same order, whatever the algorithm, so their results are directly comparable."""
+def _at_least(name: str, value: int | None, low: int, example: str = "") -> None:
+    if value is not None and value < low:
+        raise ConfigError(name, value, f"must be a whole number >= {low}{example}")
 
-    algorithm: str = _help("training algorithm", default="sync_ps")
-    options: Any = _help("the algorithm's own options (a mapping or its options dataclass)",
-                         default=None)
-    model: str = _help("model name (see `downpour models`)", default="mlp")
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Data:
+    """What a worker reads: two runs with the same seed, model, data and global batch see the same
+    samples in the same order, whatever the algorithm."""
+
+    identity: ClassVar[bool] = True
     dataset: str = _help("data set name (see `downpour datasets`)", default="digits")
     data_dir: str = _help("directory holding the real data sets' files", default="data")
     batch_size: int = _help("samples per worker per step; the global batch is this times the "
                             "number of workers", default=32)
+    augment: Augment | None = _help("training-set augmentation, drawn from (seed, epoch, sample): "
+                                    "standard = pad-4 random crop + flip (32x32; MNIST: pad-2 crop, "
+                                    "no flip), random-resized-crop 224 + flip (ImageFolder); none = "
+                                    "standard for real data sets, none for synthetic and digits",
+                                    default=None)
+    data_workers: int | None = _help("DataLoader worker processes per rank for the real data sets "
+                                     "(mnist, cifar, imagefolder); 0 reads in the training process; "
+                                     "none = the rank's share of the node's cores", default=None)
+    seed: int = _help("seed for model initialization and data order", default=0)
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise unknown_name("dataset", self.dataset, DATASETS)
+        if self.augment is None:
+            object.__setattr__(self, "augment",
+                               "standard" if DATASETS[self.dataset].kind == "real" else "none")
+        if self.augment not in typing.get_args(Augment):  # Optional: check_choices skips it
+            raise ConfigError("augment", self.augment,
+                              "choose one of " + ", ".join(typing.get_args(Augment)))
+        check_choices(self)
+        _at_least("batch_size", self.batch_size, 1)
+        if self.data_workers is not None and self.data_workers < 0:
+            raise ConfigError("data_workers", self.data_workers,
+                              "must be a whole number >= 0 (0 = in the training process)")
+
+
+@dataclass(frozen=True)
+class Optim:
+    """The update rule and its learning rate over the run. ``lr``, ``optimizer`` and ``momentum``
+    left as None take the algorithm's recipe (``Optim.of``), so a built section holds no None."""
+
+    identity: ClassVar[bool] = True
+    optimizer: Optimizer | None = _help("the update rule (the servers' rule for sync_ps and "
+                                        "downpour); none = the algorithm's default: adagrad for "
+                                        "downpour, as in Dean et al. 2012, sgd otherwise",
+                                        default=None)
     lr: float | None = _help("learning rate; none = the algorithm's default recipe: 0.003 for "
                              "diloco's AdamW inner steps, 0.05 otherwise", default=None)
     momentum: float | None = _help("SGD momentum (sgd only); none = 0.9 for sgd, 0 otherwise",
                                    default=None)
     weight_decay: float = _help("L2 weight decay", default=0.0)
-    optimizer: Optimizer | None = _help("the update rule (the servers' rule for sync_ps and "
-                                        "downpour); none = the algorithm's default: adagrad for "
-                                        "downpour, as in Dean et al. 2012, sgd otherwise",
-                                        default=None)
     lr_schedule: Schedule = _help("learning rate after warm-up: constant, step (times lr_decay at "
                                   "each of lr_milestones) or cosine (to 0 at the last step)",
                                   default="constant")
@@ -79,38 +146,131 @@ class TrainConfig:
     precision: Precision = _help("fp32, or mixed precision through torch.autocast: bf16, or fp16 "
                                  "with a dynamic loss scale every algorithm agrees on",
                                  default="fp32")
-    augment: Augment | None = _help("training-set augmentation, drawn from (seed, epoch, sample): "
-                                    "standard = pad-4 random crop + flip (32x32; MNIST: pad-2 crop, "
-                                    "no flip), random-resized-crop 224 + flip (ImageFolder); none = "
-                                    "standard for real data sets, none for synthetic and digits",
-                                    default=None)
-    data_workers: int | None = _help("DataLoader worker processes per rank for the real data sets "
-                                     "(mnist, cifar, imagefolder); 0 reads in the training process; "
-                                     "none = the rank's share of the node's cores", default=None)
-    channels_last: bool = _help("keep the model and its inputs in channels-last memory format "
-                                "(faster convolutions on GPUs with tensor cores)", default=False)
-    slow_workers: int = _help("stragglers: this many workers (the last ones) take slowdown times "
-                              "their compute time every step, sleeping the difference", default=0)
-    slowdown: float = _help("the stragglers' factor on their compute time (>= 1)", default=1.0)
+
+    @classmethod
+    def of(cls, options: Any, **values: Any) -> Optim:
+        """The section with the algorithm's recipe (its ``options``) for what ``values`` leave
+        None; warns of a momentum given to an optimizer that ignores it."""
+        lr, optimizer, momentum = (values.get(k) for k in ("lr", "optimizer", "momentum"))
+        if lr is None:  # the algorithm's recipe only goes with its own optimizer
+            recipe = optimizer is None and options.default_lr is not None
+            lr = options.default_lr if recipe else DEFAULT_LR
+        optimizer = options.default_optimizer if optimizer is None else optimizer
+        if momentum is None:
+            momentum = 0.9 if optimizer == "sgd" else 0.0
+        elif optimizer != "sgd" and momentum not in (0, 0.0):
+            warnings.warn(f"momentum={momentum} has no effect with optimizer={optimizer!r}; it "
+                          "applies to 'sgd' only", stacklevel=3)
+        return cls(**{**values, "lr": lr, "optimizer": optimizer, "momentum": momentum})
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in typing.get_args(Optimizer):
+            raise ConfigError("optimizer", self.optimizer,
+                              "choose one of " + ", ".join(typing.get_args(Optimizer)))
+        object.__setattr__(self, "lr_milestones", _milestones(self.lr_milestones))
+        check_choices(self)
+        if not (self.lr is not None and _finite(self.lr) and self.lr > 0):
+            raise ConfigError("lr", self.lr, "must be a finite number > 0, e.g. 0.05")
+        if not (self.momentum is not None and 0 <= self.momentum < 1):
+            raise ConfigError("momentum", self.momentum, "must be in [0, 1), e.g. 0.9")
+        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError("weight_decay", self.weight_decay,
+                              "must be a finite number >= 0, e.g. 0 or 1e-4")
+        if not (_finite(self.lr_warmup_epochs) and self.lr_warmup_epochs >= 0):
+            raise ConfigError("lr_warmup_epochs", self.lr_warmup_epochs,
+                              "must be a finite number of epochs >= 0, e.g. 5")
+        if not (_finite(self.lr_decay) and 0 < self.lr_decay <= 1):
+            raise ConfigError("lr_decay", self.lr_decay, "must be in (0, 1], e.g. 0.1")
+        if self.lr_schedule == "step" and not self.lr_milestones:
+            raise ConfigError("lr_milestones", self.lr_milestones,
+                              "a step schedule needs milestones (epochs), e.g. 30,60,80")
+        if self.lr_milestones and self.lr_schedule != "step":
+            raise ConfigError("lr_milestones", ",".join(map(str, self.lr_milestones)),
+                              f"milestones belong to lr_schedule=step, not {self.lr_schedule!r}")
+        _at_least("lr_reference_batch", self.lr_reference_batch, 1, ", e.g. 256")
+
+
+@dataclass(frozen=True)
+class Length:
+    """How long the run trains, and how it is measured on the way."""
+
+    identity: ClassVar[bool] = True
     steps: int | None = _help("steps to train (give this or epochs)", default=None)
     epochs: float | None = _help("epochs to train, may be fractional (give this or steps); "
                                  "1 epoch when neither is given", default=None)
+    warmup_steps: int = _help("first steps left out of throughput", default=2)
     eval_every: int = _help("evaluate every this many steps; 0 evaluates only at the end",
                             default=0)
     eval_batch_size: int = _help("batch size for evaluation", default=512)
     final_eval: bool = _help("evaluate after the last step; false leaves it out (a throughput "
                              "study, whose test accuracy nobody reads)", default=True)
-    seed: int = _help("seed for model initialization and data order", default=0)
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        _at_least("eval_batch_size", self.eval_batch_size, 1)
+        if self.steps is not None and self.epochs is not None:
+            raise ConfigError("steps", self.steps,
+                              f"give steps or epochs, not both (epochs={self.epochs})")
+        _at_least("steps", self.steps, 1)
+        if self.epochs is not None and not (_finite(self.epochs) and self.epochs > 0):
+            raise ConfigError("epochs", self.epochs, "must be a finite number > 0, e.g. 1 or 0.5")
+        _at_least("eval_every", self.eval_every, 0)
+        _at_least("warmup_steps", self.warmup_steps, 0)
+        if self.steps is not None and self.warmup_steps >= self.steps:
+            raise ConfigError("warmup_steps", self.warmup_steps,
+                              f"must be less than steps={self.steps}, or throughput has no "
+                              "measured step")
+
+
+@dataclass(frozen=True)
+class System:
+    """Where and how the ranks compute and talk. Part of the identity: it changes throughput."""
+
+    identity: ClassVar[bool] = True
     backend: Backend = _help("torch.distributed backend; auto = nccl on CUDA, else mpi under an "
                              "MPI launch (mpiexec, srun --mpi=pmix), else gloo", default="auto")
     device: Device = _help("device; auto = cuda:<local rank> when CUDA is there, else cpu",
                            default="auto")
     threads: int = _help("torch threads per rank; 0 = the node's cores divided by its ranks",
                          default=0)
-    warmup_steps: int = _help("first steps left out of throughput", default=2)
     timeout_s: float = _help("process-group timeout: how long a rank waits for a dead peer",
                              default=300.0)
+    channels_last: bool = _help("keep the model and its inputs in channels-last memory format "
+                                "(faster convolutions on GPUs with tensor cores)", default=False)
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        _at_least("threads", self.threads, 0)
+        if not (_finite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError("timeout_s", self.timeout_s,
+                              "must be a finite number of seconds > 0, e.g. 300")
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Emulated slow workers: the last ``slow_workers`` take ``slowdown`` times their compute."""
+
+    identity: ClassVar[bool] = True
+    slow_workers: int = _help("stragglers: this many workers (the last ones) take slowdown times "
+                              "their compute time every step, sleeping the difference", default=0)
+    slowdown: float = _help("the stragglers' factor on their compute time (>= 1)", default=1.0)
+
+    def __post_init__(self) -> None:
+        _at_least("slow_workers", self.slow_workers, 0)
+        if not (_finite(self.slowdown) and self.slowdown >= 1):
+            raise ConfigError("slowdown", self.slowdown, "must be a finite factor >= 1, e.g. 2")
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where the run writes, and the checkpoint it continues: not what it computes."""
+
+    identity: ClassVar[bool] = False
     output_dir: str | None = _help("write steps.csv, evals.csv and summary.json here", default=None)
+    trace: str | None = _help("write a timeline of every rank's steps here (trace.json: data, "
+                              "forward and backward, each bucket's allreduce, waits, updates, "
+                              "server updates, gossip; open it at https://ui.perfetto.dev)",
+                              default=None)
     checkpoint_dir: str | None = _help("write checkpoints here (ckpt-<step>.pt, atomically) at the "
                                        "end of the run and every checkpoint_every steps",
                                        default=None)
@@ -129,10 +289,29 @@ class TrainConfig:
                                "never = from scratch even in a Slurm job, its checkpoints "
                                "replacing those of the same steps in checkpoint_dir",
                                default=None)
-    trace: str | None = _help("write a timeline of every rank's steps here (trace.json: data, "
-                              "forward and backward, each bucket's allreduce, waits, updates, "
-                              "server updates, gossip; open it at https://ui.perfetto.dev)",
-                              default=None)
+
+    def __post_init__(self) -> None:
+        if self.resume == "auto" and self.checkpoint_dir is None:
+            raise ConfigError("resume", "auto", "looks for checkpoints in checkpoint_dir: give "
+                                                "checkpoint_dir too")
+        if self.resume not in (None, "never") and self.checkpoint_dir is None \
+                and not self.resume.endswith(".pt"):
+            object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
+        if self.checkpoint_every is None and self.resume in (None, "never"):
+            object.__setattr__(self, "checkpoint_every", 0)  # a resumed run's is read by plan_run
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise ConfigError("checkpoint_every", self.checkpoint_every,
+                              "checkpoints need a place: give checkpoint_dir too")
+        _at_least("checkpoint_every", self.checkpoint_every, 0)
+        _at_least("keep_checkpoints", self.keep_checkpoints, 1,
+                  " (the newest checkpoint is always kept; e.g. 3)")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a launcher stops and restarts the run: not what it computes."""
+
+    identity: ClassVar[bool] = False
     preempt_signal: str = _help("this signal stops the run at the next step: the ranks agree, write "
                                 "one checkpoint and exit with status 75 (Slurm: sbatch "
                                 "--signal=USR2@120); USR2, USR1, TERM, INT, HUP, or none",
@@ -142,116 +321,118 @@ class TrainConfig:
                                  default=None)
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise unknown_name("algorithm", self.algorithm, ALGORITHMS)
-        if self.model not in MODELS:
-            raise unknown_name("model", self.model, MODELS)
-        if self.dataset not in DATASETS:
-            raise unknown_name("dataset", self.dataset, DATASETS)
-        options = build_options(self.algorithm, ALGORITHMS[self.algorithm].Options, self.options)
-        object.__setattr__(self, "options", options)
-        explicit_momentum = self.momentum is not None
-        if self.lr is None:  # the algorithm's recipe only goes with its own optimizer
-            recipe = self.optimizer is None and self.options.default_lr is not None
-            object.__setattr__(self, "lr", self.options.default_lr if recipe else DEFAULT_LR)
-        if self.optimizer is None:
-            object.__setattr__(self, "optimizer", self.options.default_optimizer)
-        if self.momentum is None:
-            object.__setattr__(self, "momentum", 0.9 if self.optimizer == "sgd" else 0.0)
-        if self.optimizer not in typing.get_args(Optimizer):
-            raise ConfigError("optimizer", self.optimizer,
-                              "choose one of " + ", ".join(typing.get_args(Optimizer)))
-        if self.resume == "auto" and self.checkpoint_dir is None:
-            raise ConfigError("resume", "auto", "looks for checkpoints in checkpoint_dir: give "
-                                                "checkpoint_dir too")
         check_signal(self.preempt_signal)
-        if self.resume not in (None, "never") and self.checkpoint_dir is None \
-                and not self.resume.endswith(".pt"):
-            object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was
-        if self.checkpoint_every is None and self.resume in (None, "never"):
-            object.__setattr__(self, "checkpoint_every", 0)  # a resumed run's is read by plan_run
-        if self.augment is None:
-            object.__setattr__(self, "augment",
-                               "standard" if DATASETS[self.dataset].kind == "real" else "none")
-        if self.augment not in typing.get_args(Augment):
-            raise ConfigError("augment", self.augment,
-                              "choose one of " + ", ".join(typing.get_args(Augment)))
-        object.__setattr__(self, "lr_milestones", _milestones(self.lr_milestones))
-        check_choices(self)
-        positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
-        for name, value in positive.items():
-            if value < 1:
-                raise ConfigError(name, value, "must be a whole number >= 1")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError("lr", self.lr, "must be a finite number > 0, e.g. 0.05")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError("momentum", self.momentum, "must be in [0, 1), e.g. 0.9")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ConfigError("weight_decay", self.weight_decay,
-                              "must be a finite number >= 0, e.g. 0 or 1e-4")
-        if self.steps is not None and self.epochs is not None:
-            raise ConfigError("steps", self.steps,
-                              f"give steps or epochs, not both (epochs={self.epochs})")
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError("steps", self.steps, "must be a whole number >= 1")
-        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
-            raise ConfigError("epochs", self.epochs, "must be a finite number > 0, e.g. 1 or 0.5")
-        if self.checkpoint_every and self.checkpoint_dir is None:
-            raise ConfigError("checkpoint_every", self.checkpoint_every,
-                              "checkpoints need a place: give checkpoint_dir too")
-        for name in ("eval_every", "threads", "warmup_steps", "checkpoint_every"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ConfigError(name, getattr(self, name), "must be a whole number >= 0")
-        if self.steps is not None and self.warmup_steps >= self.steps:
-            raise ConfigError("warmup_steps", self.warmup_steps,
-                              f"must be less than steps={self.steps}, or throughput has no "
-                              "measured step")
-        if not (math.isfinite(self.lr_warmup_epochs) and self.lr_warmup_epochs >= 0):
-            raise ConfigError("lr_warmup_epochs", self.lr_warmup_epochs,
-                              "must be a finite number of epochs >= 0, e.g. 5")
-        if not (math.isfinite(self.lr_decay) and 0 < self.lr_decay <= 1):
-            raise ConfigError("lr_decay", self.lr_decay, "must be in (0, 1], e.g. 0.1")
-        if self.lr_schedule == "step" and not self.lr_milestones:
-            raise ConfigError("lr_milestones", self.lr_milestones,
-                              "a step schedule needs milestones (epochs), e.g. 30,60,80")
-        if self.lr_milestones and self.lr_schedule != "step":
-            raise ConfigError("lr_milestones", ",".join(map(str, self.lr_milestones)),
-                              f"milestones belong to lr_schedule=step, not {self.lr_schedule!r}")
-        if self.lr_reference_batch < 1:
-            raise ConfigError("lr_reference_batch", self.lr_reference_batch,
-                              "must be a whole number >= 1, e.g. 256")
-        if self.slow_workers < 0:
-            raise ConfigError("slow_workers", self.slow_workers, "must be a whole number >= 0")
-        if not (math.isfinite(self.slowdown) and self.slowdown >= 1):
-            raise ConfigError("slowdown", self.slowdown, "must be a finite factor >= 1, e.g. 2")
-        if self.keep_checkpoints < 1:
-            raise ConfigError("keep_checkpoints", self.keep_checkpoints,
-                              "must be a whole number >= 1 (the newest checkpoint is always kept; "
-                              "e.g. 3)")
-        if self.data_workers is not None and self.data_workers < 0:
-            raise ConfigError("data_workers", self.data_workers,
-                              "must be a whole number >= 0 (0 = in the training process)")
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ConfigError("timeout_s", self.timeout_s,
-                              "must be a finite number of seconds > 0, e.g. 300")
-        if explicit_momentum and self.optimizer != "sgd" and self.momentum not in (0, 0.0):
-            warnings.warn(f"momentum={self.momentum} has no effect with optimizer="
-                          f"{self.optimizer!r}; it applies to 'sgd' only", stacklevel=3)
+
+
+#: The sections in order, by attribute name. A field's flat name is unique across them.
+SECTIONS: dict[str, type] = {"data": Data, "optim": Optim, "length": Length, "system": System,
+                             "stragglers": Stragglers, "outputs": Outputs, "runtime": Runtime}
+#: flat field name -> its section's attribute name
+SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+#: The fields outside any section: what is trained.
+TOP = ("algorithm", "options", "model")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run: the algorithm, its options and the model, and the sections (module
+    docstring). Built from flat names (``TrainConfig(algorithm="ddp", batch_size=64)``), from
+    whole sections (``data=Data(...)``), or both: flat names win over a section's values."""
+
+    algorithm: str = _help("training algorithm", default="sync_ps")
+    options: Any = _help("the algorithm's own options (a mapping or its options dataclass)",
+                         default=None)
+    model: str = _help("model name (see `downpour models`)", default="mlp")
+    data: Data = _help("the data set, batch and seed", default=None)
+    optim: Optim = _help("the update rule and its learning rate", default=None)
+    length: Length = _help("how long it trains and how it is measured", default=None)
+    system: System = _help("backend, device, threads, timeout", default=None)
+    stragglers: Stragglers = _help("emulated slow workers", default=None)
+    outputs: Outputs = _help("what the run writes, and the checkpoint it continues", default=None)
+    runtime: Runtime = _help("preemption and requeue", default=None)
+
+    def __init__(self, algorithm: str = "sync_ps", options: Any = None, model: str = "mlp", *,
+                 data: Data | None = None, optim: Optim | None = None,
+                 length: Length | None = None, system: System | None = None,
+                 stragglers: Stragglers | None = None, outputs: Outputs | None = None,
+                 runtime: Runtime | None = None, **flat: Any) -> None:
+        given = {"data": data, "optim": optim, "length": length, "system": system,
+                 "stragglers": stragglers, "outputs": outputs, "runtime": runtime}
+        for name in flat:
+            if name not in SECTION_OF:
+                raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}")
+        if algorithm not in ALGORITHMS:
+            raise unknown_name("algorithm", algorithm, ALGORITHMS)
+        if model not in MODELS:
+            raise unknown_name("model", model, MODELS)
+        options = build_options(algorithm, ALGORITHMS[algorithm].Options, options)
+        for name, value in (("algorithm", algorithm), ("options", options), ("model", model)):
+            object.__setattr__(self, name, value)
+        for name, cls in SECTIONS.items():
+            section, mine = given[name], {k: v for k, v in flat.items() if SECTION_OF[k] == name}
+            if section is not None and not isinstance(section, cls):
+                raise ConfigError(name, section, f"give a {cls.__name__} (or its fields by name)")
+            if section is None or mine:
+                values = {} if section is None else _values(section)
+                values.update(mine)
+                section = Optim.of(options, **values) if cls is Optim else cls(**values)
+            object.__setattr__(self, name, section)
+
+    # -- flat views --------------------------------------------------------------------------
+
+    @classmethod
+    def flat_fields(cls) -> dict[str, dataclasses.Field]:
+        """Every flat field (the top ones, then each section's), by name: what flags, files and
+        ``to_dict`` use."""
+        top = {f.name: f for f in dataclasses.fields(cls) if f.name in TOP}
+        return {**top, **{f.name: f for s in SECTIONS.values() for f in dataclasses.fields(s)}}
+
+    @classmethod
+    def flat_hints(cls) -> dict[str, Any]:
+        """Each flat field's type."""
+        hints = {k: v for k, v in typing.get_type_hints(cls).items() if k in TOP}
+        for section in SECTIONS.values():
+            hints.update(typing.get_type_hints(section))
+        return hints
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with ``changes`` (flat names or whole sections); as dataclasses.replace does."""
+        return dataclasses.replace(self, **changes)
+
+    def slurm_resume(self, named: bool = False) -> TrainConfig:
+        """The run with resume=auto where a Slurm job restarts it: in a Slurm job, writing
+        checkpoints, and naming no resume (``named``: the command line gave --resume, even
+        none), so a requeued job continues where it stopped. The one place this rule is written:
+        ``downpour train`` and a cluster's engines both ask here."""
+        outputs = self.outputs
+        if named or outputs.resume is not None or not outputs.checkpoint_dir \
+                or not in_slurm_job():
+            return self
+        return self.replace(resume="auto")
 
     # -- conversions -------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["lr_milestones"] = list(self.lr_milestones)  # plain data, as a file would hold it
-        out["options"] = dataclasses.asdict(self.options)
+        out: dict[str, Any] = {"algorithm": self.algorithm,
+                               "options": dataclasses.asdict(self.options), "model": self.model}
+        for name in SECTIONS:
+            out.update(_values(getattr(self, name)))
+        out["lr_milestones"] = list(self.optim.lr_milestones)  # plain data, as a file holds it
         return out
+
+    def identity(self) -> dict[str, Any]:
+        """The flat fields that make the run (``to_dict``'s, less those of the sections that are
+        not part of its identity: outputs and runtime)."""
+        out = self.to_dict()
+        return {k: v for k, v in out.items()
+                if k in TOP or SECTIONS[SECTION_OF[k]].identity}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Build from typed values, a file's or Python's: a string is never read as a number
         (``coerce``); the CLI parses its flags' text before it calls this."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        hints = typing.get_type_hints(cls)
+        known = cls.flat_fields()
+        hints = cls.flat_hints()
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
             if name not in known:
@@ -282,6 +463,26 @@ class TrainConfig:
         return cls.from_dict({**values, **overrides, "options": options})
 
 
+def rename_script() -> str:
+    """A sed -E script that turns code written for the flat config into dotted reads
+    (``config.X``, ``cfg.X``, ``self.config.X`` -> ``config.<section>.X``): for merging a branch
+    written before the sections. Idempotent (no section is named as a field); keyword arguments
+    and ``to_dict()`` keys stay flat."""
+    return "".join(rf"s/\b(config|cfg)\.{name}\b/\1.{section}.{name}/g" + "\n"
+                   for name, section in SECTION_OF.items())
+
+
+def _values(section: Any) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+
+
+def _flat(name: str, section: str) -> property:
+    return property(lambda self: getattr(getattr(self, section), name),
+                    doc=f"``{section}.{name}``, read flat")
+
+
+for _name, _section in SECTION_OF.items():  # config.batch_size reads config.data.batch_size
+    setattr(TrainConfig, _name, _flat(_name, _section))
 def _milestones(value: Any) -> tuple[float, ...]:
     """Epochs from a list of numbers, or from text such as "30,60,80" (a flag's)."""
     items = value.replace(",", " ").split() if isinstance(value, str) else value

@@ -2,17 +2,17 @@
 
 ``plan_run`` is a pure pre-flight check (roles, steps per epoch, total steps, the checkpoint a
 resumed run starts from) that runs before any rendezvous, so a bad setting fails on every rank at
-once instead of leaving some of them waiting. ``Trainer`` then runs the workers' loop or the
-algorithm's server loop, evaluates on the algorithm's evaluator rank, checkpoints, and gathers
-every rank's records on rank 0 into a ``RunResult``.
+once instead of leaving some of them waiting. Each entry point runs it once and hands its
+``RunPlan`` to ``Trainer`` (``downpour train`` on each rank; a cluster session on the client, its
+engines then only re-read the checkpoint to resume, ``plan_resume``). ``Trainer`` then runs the
+workers' loop or the algorithm's server loop and evaluates on the algorithm's evaluator rank; the
+run's life around the loop (resume, preemption, checkpoints, trace, gather) is
+``lifecycle.Lifecycle``'s.
 
 One path for every algorithm. A worker's step is a *point*; so is a server's update when it
 completes the workers' step (a synchronous server says so from its loop, ``Algorithm.serve``), not
 when it applies one asynchronous push (Downpour's). At a point that is due, every rank there calls
-``eval_metrics`` and the evaluator evaluates; a checkpoint is written by the evaluator with the
-states ``Algorithm.collect_states`` brings it: gathered collectively by default, where every rank
-reaches the same points, or fetched from the servers by message (Downpour, whose other workers
-write nothing).
+``eval_metrics`` and the evaluator evaluates, then the lifecycle checkpoints or stops.
 """
 
 from __future__ import annotations
@@ -26,15 +26,13 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, preempt, provenance, trace
+from . import checkpoint, preempt, trace
 from .algorithms import ALGORITHMS, Roles
-from .checkpoint import atomic_write_text
 from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
@@ -42,6 +40,7 @@ from .data import ShardSampler, Splits, load_dataset
 from .data.loader import TrainBatches, eval_batches, loader_batches
 from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError, Diverged
+from .lifecycle import Lifecycle, Stopped, every
 from .models import build_model
 from .paths import check_output_dir
 from .precision import LossScaler, autocast
@@ -53,8 +52,6 @@ from .records import (
     StepClock,
     StepRecord,
     device_sync,
-    frames,
-    summarize,
 )
 from .schedule import LRSchedule, set_lr
 
@@ -68,7 +65,16 @@ class RunPlan:
     total_steps: int
     start_step: int = 0  # > 0 when resuming
     resume_path: str | None = None  # the checkpoint a resumed run starts from
-    checkpoint_every: int = 0  # config.checkpoint_every, or the resumed run's when that is None
+    checkpoint_every: int = 0  # config's checkpoint_every, or the resumed run's when that is None
+
+    def kept(self, config: TrainConfig) -> TrainConfig:
+        """``config`` with the checkpoint cadence this run keeps (a resumed run's), so its
+        checkpoints pass it on."""
+        if config.outputs.checkpoint_every == self.checkpoint_every:
+            return config
+        with warnings.catch_warnings():  # its warnings were given when it was built
+            warnings.simplefilter("ignore")
+            return config.replace(checkpoint_every=self.checkpoint_every)
 
 
 def warn(message: str) -> None:
@@ -87,65 +93,81 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     output paths are checked on the rank that writes each (``rank``; None: every path, e.g. on
     the machine that submits a run to a cluster)."""
     algorithm = ALGORITHMS[config.algorithm]
+    data, length, outputs = config.data, config.length, config.outputs
     roles = config.options.roles(world_size)  # ConfigError if the world does not fit
     if len(roles.workers) == 1 and algorithm.one_worker:
         report(f"{config.algorithm} with one worker: {algorithm.one_worker}")
     if rank is None or rank == 0:  # rank 0 gathers the records (and the trace) and writes them
-        check_output_dir("output_dir", config.output_dir)
-        check_output_dir("trace", config.trace)
+        check_output_dir("output_dir", outputs.output_dir)
+        check_output_dir("trace", outputs.trace)
     if rank is None or rank == roles.evaluator:  # the evaluator writes the checkpoints
-        check_output_dir("checkpoint_dir", config.checkpoint_dir)
+        check_output_dir("checkpoint_dir", outputs.checkpoint_dir)
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
         model = build_model(config.model, train.input_shape, train.num_classes)
     _warn_one_bucket(config, model, report)
-    spe = ShardSampler(len(train), config.batch_size, 0, len(roles.workers),
-                       config.seed).steps_per_epoch
-    total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * spe)
-    if config.warmup_steps >= total:
-        raise ConfigError("warmup_steps", config.warmup_steps,
+    spe = ShardSampler(len(train), data.batch_size, 0, len(roles.workers),
+                       data.seed).steps_per_epoch
+    total = length.steps if length.steps is not None else math.ceil((length.epochs or 1.0) * spe)
+    if length.warmup_steps >= total:
+        raise ConfigError("warmup_steps", length.warmup_steps,
                           f"must be less than the {total} steps this run trains "
                           f"({spe} steps per epoch), or throughput has no measured step")
     algorithm.check_plan(config.options, roles, model, total)
-    if config.checkpoint_dir and config.options.checkpoint_refusal():
-        raise ConfigError("checkpoint_dir", config.checkpoint_dir, config.options.checkpoint_refusal())
-    if config.slow_workers > len(roles.workers):
-        raise ConfigError("slow_workers", config.slow_workers,
+    if outputs.checkpoint_dir and config.options.checkpoint_refusal():
+        raise ConfigError("checkpoint_dir", outputs.checkpoint_dir,
+                          config.options.checkpoint_refusal())
+    if config.stragglers.slow_workers > len(roles.workers):
+        raise ConfigError("slow_workers", config.stragglers.slow_workers,
                           f"this run has {len(roles.workers)} worker(s); slow at most that many")
-    if config.augment == "standard" and train.augmentation is None:
-        raise ConfigError("augment", config.augment,
-                          f"data set {config.dataset!r} has no standard augmentation (the real "
+    if data.augment == "standard" and train.augmentation is None:
+        raise ConfigError("augment", data.augment,
+                          f"data set {data.dataset!r} has no standard augmentation (the real "
                           "data sets have); use augment=none")
-    if config.precision == "fp16" and getattr(config.options, "accumulation_steps", 1) > 1:
-        raise ConfigError("precision", config.precision,
+    if config.optim.precision == "fp16" and getattr(config.options, "accumulation_steps", 1) > 1:
+        raise ConfigError("precision", config.optim.precision,
                           "fp16's loss scale does not go with accumulation_steps > 1 (each micro-"
                           "batch would need its own check); use bf16, or accumulation_steps=1")
-    fresh = RunPlan(roles, spe, total, checkpoint_every=config.checkpoint_every or 0)
-    if config.resume in (None, "never"):
+    fresh = RunPlan(roles, spe, total, checkpoint_every=outputs.checkpoint_every or 0)
+    return plan_resume(config, fresh, world_size, report)
+
+
+def plan_resume(config: TrainConfig, plan: RunPlan, world_size: int,
+                report: Callable[[str], None] = warn) -> RunPlan:
+    """``plan`` (a fresh run's) with where ``config.outputs.resume`` starts: the checkpoint, its
+    step and its cadence. What a cluster's engines redo after the client's pre-flight when the
+    job's resume rule (``config.slurm_resume``) changed ``resume`` there."""
+    outputs = config.outputs
+    fresh = dataclasses.replace(plan, start_step=0, resume_path=None,
+                                checkpoint_every=outputs.checkpoint_every or 0)
+    if outputs.resume in (None, "never"):
         return fresh
-    if config.resume == "auto":  # a requeued job: its own newest checkpoint, if it wrote one
-        path = checkpoint.find_resumable(config.checkpoint_dir, config.to_dict(), world_size, report)
+    total = plan.total_steps
+    if outputs.resume == "auto":  # a requeued job: its own newest checkpoint, if it wrote one
+        path = checkpoint.find_resumable(outputs.checkpoint_dir, config.to_dict(), world_size,
+                                         report)
         if path is None:
-            report(f"resume auto: no checkpoint of this configuration in {config.checkpoint_dir}: "
+            report(f"resume auto: no checkpoint of this configuration in {outputs.checkpoint_dir}: "
                    "starting from scratch")
             return fresh
         report(f"resume auto: continuing from {path}")
     else:
-        path = checkpoint.resolve(config.resume, report)
+        path = checkpoint.resolve(outputs.resume, report)
     try:
         state = checkpoint.load(path, mmap=True)
     except CheckpointError as exc:
-        raise ConfigError("resume", config.resume, f"{exc}; give another checkpoint") from None
-    if config.resume == "auto" and int(state["step"]) >= total:
+        raise ConfigError("resume", outputs.resume, f"{exc}; give another checkpoint") from None
+    if outputs.resume == "auto" and int(state["step"]) >= total:
         raise ConfigError("resume", "auto", f"{path} is this configuration's finished run "
                           f"({state['step']} of {total} steps): give more steps to continue it; "
                           "to train it again, give another checkpoint_dir (sbatch: another "
                           "--job-name or DOWNPOUR_CHECKPOINTS), or resume=never (--resume never) "
                           "to start from scratch in this one")
     start = checkpoint.check_resume(state, path, config.to_dict(), world_size, total)
-    every = config.checkpoint_every
-    if every is None:  # not given: keep the cadence of the run this one continues
-        every = (state["config"].get("checkpoint_every") or 0) if config.checkpoint_dir else 0
-    return RunPlan(roles, spe, total, start, str(path), every)
+    every_ = outputs.checkpoint_every
+    if every_ is None:  # not given: keep the cadence of the run this one continues
+        every_ = (state["config"].get("checkpoint_every") or 0) if outputs.checkpoint_dir else 0
+    return dataclasses.replace(fresh, start_step=start, resume_path=str(path),
+                               checkpoint_every=every_)
 
 
 def _warn_one_bucket(config: TrainConfig, model: nn.Module, report: Callable[[str], None]) -> None:
@@ -164,16 +186,17 @@ def _warn_one_bucket(config: TrainConfig, model: nn.Module, report: Callable[[st
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    if config.optimizer == "adamw":  # decoupled weight decay (Loshchilov & Hutter 2019)
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optim = config.optim
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum,
+                               weight_decay=optim.weight_decay)
+    if optim.optimizer == "adam":
+        return torch.optim.Adam(params, lr=optim.lr, weight_decay=optim.weight_decay)
+    if optim.optimizer == "adamw":  # decoupled weight decay (Loshchilov & Hutter 2019)
+        return torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
     # TensorFlow's initial accumulator (0.1), not PyTorch's 0: with 0 the first update of every
     # weight is lr * sign(gradient), which asynchronous workers then repeat with stale gradients.
-    return torch.optim.Adagrad(params, lr=config.lr, weight_decay=config.weight_decay,
+    return torch.optim.Adagrad(params, lr=optim.lr, weight_decay=optim.weight_decay,
                                initial_accumulator_value=0.1)
 
 
@@ -201,63 +224,53 @@ def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
 
 
 class Trainer:
-    """One rank's part of a run. ``run()`` returns the full ``RunResult`` on rank 0, None elsewhere."""
+    """One rank's part of a run. ``run()`` returns the full ``RunResult`` on rank 0, None elsewhere.
+    The run's life around the steps (resume, preemption, checkpoints, trace, gather) is its
+    ``Lifecycle``'s."""
 
     def __init__(self, config: TrainConfig, ctx: DistContext, splits: Splits | None = None,
                  plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = (),
                  log_progress: bool = False) -> None:
-        """``log_progress``: where the reporting rank's stderr is not a terminal, print a
+        """``plan``: the entry point's pre-flight (``plan_run``), made here when not given.
+        ``log_progress``: where the reporting rank's stderr is not a terminal, print a
         progress line now and then (``progress.ProgressLines``; the command line's batch logs)."""
         self.ctx, self.callbacks, self.log_progress = ctx, list(callbacks), log_progress
-        self.splits = splits or load_dataset(config.dataset, config.data_dir)
+        self.splits = splits or load_dataset(config.data.dataset, config.data.data_dir)
         self.plan = plan or plan_run(config, ctx.world_size, self.splits.train,
                                      warn if ctx.rank == 0 else quiet)
-        if config.checkpoint_every != self.plan.checkpoint_every:
-            # record the cadence this run keeps (a resumed run's), so its checkpoints pass it on
-            with warnings.catch_warnings():  # its warnings were given when it was built
-                warnings.simplefilter("ignore")
-                config = dataclasses.replace(config, checkpoint_every=self.plan.checkpoint_every)
-        self.config = config
-        torch.set_num_threads(config.threads or default_threads(ctx))
+        self.config = config = self.plan.kept(config)
+        torch.set_num_threads(config.system.threads or default_threads(ctx))
         self.meter = Meter(ctx.device)
-        self.tracer = trace.Tracer(ctx.rank) if config.trace else None
+        self.tracer = trace.Tracer(ctx.rank) if config.outputs.trace else None
         self.meter.tracer = self.tracer
         self.comm = Comm(ctx, self.meter)
         self.algorithm = ALGORITHMS[config.algorithm](config.options, self.comm)
         self.roles = self.plan.roles
         self.lr_at = LRSchedule.of(config, self.plan.steps_per_epoch, self.plan.total_steps,
                                    len(self.roles.workers))
-        self.scaler = LossScaler() if config.precision == "fp16" else None
+        self.scaler = LossScaler() if config.optim.precision == "fp16" else None
         self.algorithm.lr_at, self.algorithm.loss_scaling = self.lr_at, self.scaler is not None
         self.role = self.roles.role(ctx.rank)
-        torch.manual_seed(config.seed)  # identical initial weights on every rank
+        torch.manual_seed(config.data.seed)  # identical initial weights on every rank
         train = self.splits.train
         self.model = build_model(config.model, train.input_shape, train.num_classes).to(ctx.device)
-        if config.channels_last:
+        if config.system.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(config, self.model.parameters())
         self.forward_model = self.algorithm.setup(self.model, self.optimizer)
-        self.start_step = self.plan.start_step
-        if self.plan.resume_path is not None:
-            checkpoint.restore(checkpoint.load(self.plan.resume_path), ctx.rank, self.model,
-                               self.optimizer, self.algorithm, self.scaler)
-            if ctx.rank == 0:
-                print(f"downpour: resumed from {self.plan.resume_path}: {self.start_step} of "
-                      f"{self.plan.total_steps} steps done, continuing at step {self.start_step}",
-                      file=sys.stderr, flush=True)
-        # preemption: a signal sets a flag; the ranks agree to stop at a step (``preempt``)
-        self.signal, self.control, self.stopper = preempt.SIGNAL, None, None
-        if config.preempt_signal != "none":
-            self.signal.install(config.preempt_signal)
-            self.control = preempt.control_group(ctx)  # collective, the same on every rank
-            self.stopper = self.algorithm.stopper(self.control, self.signal)
+        self.life = Lifecycle(config, ctx, self.plan, self.comm, self.algorithm, self.model,
+                              self.optimizer, self.scaler, self.tracer)
         self.sampler = None
         if self.role == "worker":
-            self.sampler = ShardSampler(len(train), config.batch_size,
+            self.sampler = ShardSampler(len(train), config.data.batch_size,
                                         self.roles.worker_index(ctx.rank),
-                                        len(self.roles.workers), config.seed)
+                                        len(self.roles.workers), config.data.seed)
         self.step_records: list[StepRecord] = []
         self.eval_records: list[EvalRecord] = []
+
+    @property
+    def start_step(self) -> int:
+        return self.plan.start_step
 
     # -- the loops ---------------------------------------------------------------------------
 
@@ -265,31 +278,26 @@ class Trainer:
         workers = len(self.roles.workers)
         self.progress = progress(self.plan.total_steps, self.start_step,
                                  f"{self.config.algorithm} x{workers}",
-                                 self.config.batch_size * workers,
+                                 self.config.data.batch_size * workers,
                                  self.ctx.rank == self.roles.evaluator, self.log_progress)
         steps = range(self.start_step, self.plan.total_steps)
         self.comm.barrier()  # a common start, so time_s is comparable across ranks
-        stop, term = (preempt.vote_stop(self.control, self.signal) if self.stopper is not None
-                      else (False, False))
-        if stop:
+        try:
+            self.life.vote_to_start()
+        except preempt.Preempted:
             self.progress.close()  # signalled while setting up: nothing new to save
-            if self.control is not None:
-                self.control.close()
-            self.signal.clear()  # answered: a later run in this process starts clean
-            raise preempt.Preempted(self.start_step, self.plan.total_steps, self.plan.resume_path,
-                                    self.start_step, term)
+            raise
         self.t_start = time.perf_counter()
         self.progress.start()
-        if self.tracer is not None:
-            self.tracer.t0 = self.t_start  # every rank's clock starts at the barrier
-        stopped: _Stopped | None = None
+        self.life.begin(self.t_start)
+        stopped: Stopped | None = None
         try:
             self.algorithm.start(steps)
             if self.role == "worker":
                 self._work(steps)
             else:
                 self.algorithm.serve(steps, self._served)
-        except _Stopped as stop:  # preempted: this rank stopped at a step the ranks agreed on
+        except Stopped as stop:  # preempted: this rank stopped at a step the ranks agreed on
             stopped = stop
         except BaseException:
             self.progress.close()
@@ -298,43 +306,24 @@ class Trainer:
         self.progress.close()
         self.algorithm.close()
         wall_s = time.perf_counter() - self.t_start
-        if self.stopper is not None:
-            self._end_of_preemption(stopped)
-        return self._gather(wall_s)
-
-    def _end_of_preemption(self, stopped: _Stopped | None) -> None:
-        """After the steps, on every rank: whether the evaluator stopped early (its checkpoint is
-        the run's), told to all; if it did, every rank raises ``Preempted``."""
-        self.stopper.close()
-        mine = stopped if self.ctx.rank == self.roles.evaluator else None
-        verdict = [float(mine is not None), float(mine.completed if mine else 0),
-                   float(self.signal.terminated())]  # any rank's TERM: no requeue
-        if self.control is not None:
-            verdict = self.control.vote(verdict).tolist()
-            self.control.close()
-        if verdict[0] > 0:
-            completed = int(verdict[1])
-            path = (str(checkpoint.checkpoint_path(self.config.checkpoint_dir, completed))
-                    if self.config.checkpoint_dir else None)
-            self.signal.clear()
-            raise preempt.Preempted(completed, self.plan.total_steps, path, self.start_step,
-                                    verdict[2] > 0)
+        self.life.end(stopped)
+        return self.life.gather(wall_s, self.step_records, self.eval_records)
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
         on the device. The same for every algorithm with the same seed and global batch."""
         config, device = self.config, self.ctx.device
-        return loader_batches(self.splits.train, self.sampler, steps, config.augment, config.seed,
-                              self._data_workers(), device,
-                              torch.channels_last if config.channels_last else None)
+        return loader_batches(self.splits.train, self.sampler, steps, config.data.augment,
+                              config.data.seed, self._data_workers(), device,
+                              torch.channels_last if config.system.channels_last else None)
 
     def _data_workers(self) -> int:
-        if self.config.data_workers is None:  # the rank's share of the node's cores
+        if self.config.data.data_workers is None:  # the rank's share of the node's cores
             return default_threads(self.ctx)
-        return self.config.data_workers
+        return self.config.data.data_workers
 
     def _work(self, steps: range) -> None:
-        forward = autocast(self.config.precision, self.ctx.device)
+        forward = autocast(self.config.optim.precision, self.ctx.device)
         params = [p for p in self.model.parameters() if p.requires_grad]
         loader = self.batches(steps)
         try:
@@ -345,7 +334,8 @@ class Trainer:
     def _steps(self, steps: range, batches, forward, params: list[torch.nn.Parameter]) -> None:
         meter, clock = self.meter, StepClock(self.ctx.device)
         scaler, algorithm = self.scaler, self.algorithm
-        slow = self.ctx.rank in self.roles.workers[len(self.roles.workers) - self.config.slow_workers:]
+        straggling = self.config.stragglers.slow_workers
+        slow = self.ctx.rank in self.roles.workers[len(self.roles.workers) - straggling:]
         slowed = 0.0
         for step in steps:
             meter.reset()
@@ -357,7 +347,7 @@ class Trainer:
             with forward:
                 loss = F.cross_entropy(self.forward_model(x), y)
             (loss if scaler is None else loss * scaler.scale).backward()
-            if slow and self.config.slow_workers:  # a straggler: F x its compute time
+            if slow and straggling:  # a straggler: F x its compute time
                 slowed = self._straggle(clock)
             clock.backward_done()
             skip = False
@@ -377,7 +367,7 @@ class Trainer:
                 self._trace_step(step, t0, t1, t2, t3, exposed)
             extras = algorithm.step_metrics()
             extras["lr"] = self.optimizer.param_groups[0]["lr"]
-            if self.config.slow_workers:
+            if straggling:
                 extras["slowed_s"] = slowed
             floor = False  # fp16: overflowed at the smallest scale, which no halving can fix
             if scaler is not None:
@@ -408,7 +398,7 @@ class Trainer:
     def _straggle(self, clock: StepClock) -> float:
         """Sleep (slowdown - 1) x the forward and backward just done; the seconds slept."""
         device_sync(self.ctx.device)
-        extra = (self.config.slowdown - 1) * (time.perf_counter() - clock.host_data_ready)
+        extra = (self.config.stragglers.slowdown - 1) * (time.perf_counter() - clock.host_data_ready)
         time.sleep(extra)
         return extra
 
@@ -448,98 +438,22 @@ class Trainer:
         step, last = record.step, record.step + 1 == self.plan.total_steps
         if record.role == "worker":
             self.progress.set_loss(record.loss)
-        if (last and self.config.final_eval) or _every(step, self.config.eval_every):
+        if (last and self.config.length.final_eval) or every(step, self.config.length.eval_every):
             extras = self.algorithm.eval_metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
                 with self.tracer.timed("evaluate") if self.tracer else contextlib.nullcontext():
                     self._evaluate(step, extras)
-        if self.stopper is not None and not last and self.stopper.at_point(step):
+        try:
+            self.life.at_point(step, last)  # a checkpoint when due; Stopped where preempted
+        finally:
             self.progress.update(1)
-            if self.config.checkpoint_dir:
-                self._checkpoint(step + 1, final=False, over=True)
-            raise _Stopped(step + 1)
-        if self.config.checkpoint_dir and (last or _every(step, self.config.checkpoint_every)):
-            self._checkpoint(step + 1, final=last)
-        self.progress.update(1)
 
     def _evaluate(self, step: int, extras: dict[str, float]) -> None:
         with self.algorithm.eval_parameters(self.model) as model:
-            loss, accuracy = evaluate(model, self.splits.test, self.config.eval_batch_size,
+            loss, accuracy = evaluate(model, self.splits.test, self.config.length.eval_batch_size,
                                       self.ctx.device, self._data_workers())
         self.eval_records.append(EvalRecord(self.ctx.rank, step, time.perf_counter() - self.t_start,
                                             loss, accuracy, len(self.splits.test), extras))
-
-    def _checkpoint(self, completed: int, final: bool, over: bool | None = None) -> None:
-        """Save the state after ``completed`` steps: the evaluator writes its model and every
-        rank's state, as the algorithm collects them. ``over``: no rank trains after this
-        checkpoint (the last step, or a preemption): ``final`` unless told."""
-        model = None
-        if self.ctx.rank == self.roles.evaluator:
-            with self.algorithm.eval_parameters(self.model) as evaluated:
-                model = {k: v.detach().cpu().clone() for k, v in evaluated.state_dict().items()}
-        ranks = self.algorithm.collect_states(
-            lambda: checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict(),
-                                          self.scaler),
-            final if over is None else over)
-        if ranks is None:
-            return
-        start = time.perf_counter()
-        config = self.config.to_dict()
-        checkpoint.save(self.config.checkpoint_dir, checkpoint.assemble(
-            completed, final, time.perf_counter() - self.t_start, config,
-            self.ctx.world_size, model, ranks))
-        resumed = [self.plan.resume_path] if self.plan.resume_path else []
-        checkpoint.prune(self.config.checkpoint_dir, self.config.keep_checkpoints, config,
-                         self.ctx.world_size, resumed)
-        if self.tracer is not None:
-            self.tracer.span(f"checkpoint {completed}", start, time.perf_counter())
-
-    # -- results -----------------------------------------------------------------------------
-
-    def _gather(self, wall_s: float) -> RunResult | None:
-        events = self.tracer.export() if self.tracer is not None else None
-        gathered = self.comm.gather_object((self.step_records, self.eval_records, events), root=0)
-        if gathered is None:
-            return None
-        if self.config.trace:
-            trace.write(Path(self.config.trace) / "trace.json",
-                        [(r, f"rank {r} ({self.roles.role(r)})" + (
-                            f" on {self.ctx.hosts[r]}" if r < len(self.ctx.hosts) else ""), part[2])
-                         for r, part in enumerate(gathered)])
-        steps, evals = frames([s for part in gathered for s in part[0]],
-                              [e for part in gathered for e in part[1]])
-        config = self.config.to_dict()
-        summary = {
-            **{k: v for k, v in config.items() if k != "options"},
-            **{f"options.{k}": v for k, v in config["options"].items()},
-            "world_size": self.ctx.world_size,
-            "num_servers": len(self.roles.dedicated_servers),
-            **summarize(steps, evals, self.config.warmup_steps),
-            "wall_s": wall_s,
-            "total_steps": self.plan.total_steps,
-            "start_step": self.start_step,
-            "backend": self.ctx.backend or "none",
-            "device": str(self.ctx.device),
-            "launcher": self.ctx.launcher,
-            "torch_threads": torch.get_num_threads(),
-            "hosts": ",".join(sorted(set(self.ctx.hosts))),
-            **provenance.environment(),
-        }
-        result = RunResult(config, steps, evals, summary)
-        if self.config.output_dir:
-            out = Path(self.config.output_dir)
-            atomic_write_text(out / "steps.csv", steps.to_csv(index=False))
-            atomic_write_text(out / "evals.csv", evals.to_csv(index=False))
-            result.write_summary_json(str(out / "summary.json"))
-        return result
-
-
-class _Stopped(Exception):  # noqa: N818 -- control flow: the loop ends at an agreed step
-    """Raised out of a worker's steps or a server's loop after the preemption checkpoint."""
-
-    def __init__(self, completed: int) -> None:
-        super().__init__(completed)
-        self.completed = completed
 
 
 def _check_finite(record: StepRecord, skipped: bool, floor: bool) -> None:
@@ -557,10 +471,6 @@ def _check_finite(record: StepRecord, skipped: bool, floor: bool) -> None:
                                                  f"loss scale, 1 (train loss {record.loss})")
     if not skipped and not math.isfinite(record.loss):
         raise Diverged(record.step, record.rank, f"the train loss is {record.loss}")
-
-
-def _every(step: int, every: int) -> bool:
-    return bool(every) and (step + 1) % every == 0
 
 
 def train(config: TrainConfig, ctx: DistContext | None = None,

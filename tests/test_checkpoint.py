@@ -334,3 +334,27 @@ def test_keep_checkpoints_and_resume_never_are_checked_and_documented(tmp_path, 
     assert main([*flags, "--resume", "never", "--preflight"]) == 0
     assert main([*flags, "--resume", "never", "--summary-json", str(tmp_path / "s.json")]) == 0
     assert read_json(tmp_path / "s.json")["start_step"] == 0  # from scratch, in the same directory
+
+
+def test_engines_resume_auto_from_the_clients_plan_as_a_full_preflight_would(tmp_path, monkeypatch):
+    """A cluster's client plans once; engines in a Slurm job (resume=auto by the job's rule)
+    redo only where the run starts (plan_resume), and land where a whole plan_run lands."""
+    from downpour_lib.engine import plan_resume
+
+    run = dict(algorithm="local", model="mlp", warmup_steps=1, threads=1, preempt_signal="none",
+               checkpoint_dir=str(tmp_path))
+    Trainer(TrainConfig(**run, steps=4, checkpoint_every=2), DistContext.single()).run()
+    digits = load_dataset("digits").train
+    client = TrainConfig(**run, steps=6)  # the notebook's call: no resume named
+    plan = plan_run(client, 1, digits)
+    assert plan.start_step == 0 and plan.resume_path is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    engines = client.slurm_resume()
+    assert engines.outputs.resume == "auto"
+    said: list[str] = []
+    resumed = plan_resume(engines, plan, 1, said.append)
+    assert resumed == plan_run(engines, 1, digits, lambda _: None)
+    assert resumed.start_step == 4 and resumed.resume_path == str(checkpoint.checkpoint_path(tmp_path, 4))
+    assert said and "continuing from" in said[-1]
+    trainer = Trainer(engines, DistContext.single(), plan=resumed)
+    assert trainer.start_step == 4 and trainer.run().summary["start_step"] == 4

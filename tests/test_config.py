@@ -152,3 +152,106 @@ def test_pointless_momentum_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         TrainConfig(optimizer="adam", momentum=0.0)
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+def test_sections_hold_every_field_once_and_read_flat_and_dotted():
+    from downpour_lib.config import SECTION_OF, SECTIONS, TOP
+
+    config = TrainConfig(algorithm="ddp", batch_size=64, lr=0.1, steps=9, threads=1,
+                         checkpoint_dir="ck", preempt_signal="none", slow_workers=1, slowdown=2.0)
+    flat = config.to_dict()
+    assert len(flat) == 41 and set(flat) == set(TOP) | set(SECTION_OF)
+    for name, section in SECTION_OF.items():
+        dotted = getattr(getattr(config, section), name)
+        assert getattr(config, name) == dotted  # the flat alias reads the section
+        assert flat[name] == (list(dotted) if isinstance(dotted, tuple) else dotted)
+    assert (config.data.batch_size, config.optim.lr, config.length.steps) == (64, 0.1, 9)
+    assert config.system.threads == 1 and config.outputs.checkpoint_dir == "ck"
+    assert config.runtime.preempt_signal == "none" and config.stragglers.slowdown == 2.0
+    assert set(SECTIONS) == {"data", "optim", "length", "system", "stragglers", "outputs",
+                             "runtime"}
+
+
+def test_flat_names_build_replace_and_round_trip_a_sectioned_config():
+    import dataclasses
+
+    from downpour_lib.config import Data
+
+    config = TrainConfig(algorithm="sync_ps", batch_size=16, epochs=0.5)
+    again = dataclasses.replace(config, batch_size=8)  # a flat name, as notebooks write it
+    assert again.data.batch_size == 8 and again.length.epochs == 0.5 and again.optim == config.optim
+    assert config.replace(batch_size=8) == again
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    whole = TrainConfig(data=Data(dataset="synthetic-mnist", batch_size=4), seed=3)
+    assert (whole.data.dataset, whole.data.batch_size, whole.data.seed) == ("synthetic-mnist", 4, 3)
+    with pytest.raises(TypeError, match="batchsize"):
+        TrainConfig(batchsize=3)
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(data={"batch_size": 4})
+    assert err.value.field == "data" and "Data" in str(err.value)
+
+
+def test_each_section_validates_its_own_fields():
+    from downpour_lib.config import Data, Length, Optim, Outputs, Stragglers, System
+
+    for section, values, name in [(Data, {"batch_size": 0}, "batch_size"),
+                                  (Optim, {"lr": -1.0, "optimizer": "sgd", "momentum": 0.0}, "lr"),
+                                  (Length, {"steps": 3, "warmup_steps": 3}, "warmup_steps"),
+                                  (System, {"timeout_s": 0.0}, "timeout_s"),
+                                  (Stragglers, {"slowdown": 0.5}, "slowdown"),
+                                  (Outputs, {"keep_checkpoints": 0}, "keep_checkpoints")]:
+        with pytest.raises(ConfigError) as err:
+            section(**values)
+        assert err.value.field == name
+
+
+def test_identity_is_every_section_but_outputs_and_runtime():
+    """What a study takes for the same run: changing where it writes or how it is stopped keeps
+    the identity; changing any other field (of any section) changes it."""
+    from downpour_lib.config import SECTION_OF
+    from downpour_lib.study.core import run_id
+
+    base = TrainConfig(algorithm="allreduce", steps=10, checkpoint_dir="a")
+    same = base.replace(output_dir="o", trace="t", checkpoint_dir="b", checkpoint_every=2,
+                        keep_checkpoints=5, preempt_signal="none", requeue=False)
+    assert same.identity() == base.identity()
+    assert run_id(same, 2, 0) == run_id(base, 2, 0)
+    left_out = {k for k, section in SECTION_OF.items() if section in ("outputs", "runtime")}
+    assert set(base.to_dict()) - set(base.identity()) == left_out
+    for changes in ({"batch_size": 8}, {"lr": 0.2}, {"steps": 11}, {"backend": "gloo"},
+                    {"threads": 2}, {"slow_workers": 1}, {"seed": 1}, {"model": "lenet"}):
+        assert run_id(base.replace(**changes), 2, 0) != run_id(base, 2, 0), changes
+
+
+def test_slurm_resume_is_one_rule(monkeypatch):
+    config = TrainConfig(checkpoint_dir="ck")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert config.slurm_resume() is config  # outside a Slurm job
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert config.slurm_resume().outputs.resume == "auto"
+    assert config.slurm_resume(named=True) is config  # --resume none on the command line
+    assert TrainConfig().slurm_resume().outputs.resume is None  # no checkpoint_dir: nothing
+    never = TrainConfig(checkpoint_dir="ck", resume="never")
+    assert never.slurm_resume() is never
+
+
+def test_rename_map_turns_flat_reads_into_dotted_ones(tmp_path):
+    """The sed script handed to whoever merges code written for the flat config."""
+    import subprocess
+
+    from downpour_lib.config import SECTION_OF, rename_script
+
+    script = tmp_path / "rename.sed"
+    script.write_text(rename_script())
+    code = tmp_path / "x.py"
+    code.write_text("a = config.batch_size + cfg.lr + self.config.lr_schedule\n"
+                    "b = config.data.batch_size, replace(config, steps=3)\n"
+                    + "".join(f"z = config.{name}\n" for name in SECTION_OF))
+    subprocess.run(["sed", "-E", "-i", "-f", str(script), str(code)], check=True)
+    subprocess.run(["sed", "-E", "-i", "-f", str(script), str(code)], check=True)  # idempotent
+    lines = code.read_text().splitlines()
+    assert lines[0] == "a = config.data.batch_size + cfg.optim.lr + self.config.optim.lr_schedule"
+    assert lines[1] == "b = config.data.batch_size, replace(config, steps=3)"
+    assert lines[2:] == [f"z = config.{s}.{n}" for n, s in SECTION_OF.items()]

@@ -89,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def known_backends() -> tuple[str, ...]:
     """The backends the run configuration accepts, without 'auto'."""
-    hint = typing.get_type_hints(TrainConfig)["backend"]
+    hint = TrainConfig.flat_hints()["backend"]
     return tuple(b for b in typing.get_args(hint) if b != "auto")
 
 

@@ -59,18 +59,23 @@ def job_world(world_size: int, backend: str = "auto", device: str = "auto",
         sub.Free()
 
 
-def train(config: dict[str, Any], world_size: int):
-    """Train ``config`` on ranks 0..world_size-1; rank 0 returns the ``RunResult``, others None."""
-    from .. import preempt
+def train(config: dict[str, Any], world_size: int, plan: Any = None):
+    """Train ``config`` on ranks 0..world_size-1; rank 0 returns the ``RunResult``, others None.
+    ``plan``: the client's pre-flight (``engine.plan_run``), made here when not given; engines in
+    a Slurm job resume on their own (``TrainConfig.slurm_resume``), so they re-read only where
+    the run starts (``engine.plan_resume``)."""
     from ..config import TrainConfig
-    from ..engine import Trainer
+    from ..engine import Trainer, plan_resume, quiet, warn
 
-    cfg = TrainConfig.from_dict(config)
-    if preempt.in_slurm_job() and cfg.checkpoint_dir and cfg.resume is None:
-        # engines in a Slurm job: after a preemption and a restart, the same call resumes
-        cfg = TrainConfig.from_dict({**config, "resume": "auto"})
-    with job_world(world_size, cfg.backend, cfg.device, cfg.timeout_s) as ctx:
-        return None if ctx is None else Trainer(cfg, ctx).run()
+    given = TrainConfig.from_dict(config)
+    cfg = given.slurm_resume()  # after a preemption and a restart, the same call resumes
+    system = cfg.system
+    with job_world(world_size, system.backend, system.device, system.timeout_s) as ctx:
+        if ctx is None:
+            return None
+        if plan is not None and cfg is not given:
+            plan = plan_resume(cfg, plan, world_size, warn if ctx.rank == 0 else quiet)
+        return Trainer(cfg, ctx, plan=plan).run()
 
 
 def allreduce_ranks(world_size: int) -> dict[str, Any] | None:

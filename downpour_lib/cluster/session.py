@@ -188,11 +188,14 @@ class ClusterSession(Running):
             raise ConfigError("world_size", world_size,
                               f"this cluster has {self.size} engines; start one with at least "
                               f"{world_size} (start_cluster(profile, n={world_size}))")
-        plan_run(config, world_size, load_dataset(config.dataset, config.data_dir).train)
+        # the run's one pre-flight: the engines train on its plan
+        plan = plan_run(config, world_size,
+                        load_dataset(config.data.dataset, config.data.data_dir).train)
         try:
-            results = self.run(remote.train, config.to_dict(), world_size, timeout_s=timeout_s,
+            results = self.run(remote.train, config.to_dict(), world_size, plan,
+                               timeout_s=timeout_s,
                                what=f"{config.algorithm} on {world_size} rank(s)",
-                               silent_s=config.timeout_s)
+                               silent_s=config.system.timeout_s)
         except ClusterRunError as exc:
             preempted = _preempted(exc, self.slurm_job())
             ended = None if preempted else self.slurm_job_ended()  # killed with the job

@@ -48,10 +48,6 @@ STUDIES = ("scaling", "staleness", "gossip", "accuracy")
 #: The committed references, one directory per study, measured on the machine their rows name;
 #: a study run never writes here.
 REFERENCE_ROOT = "results/reference"
-#: Where a run writes or starts from, and how it is stopped or watched, not what it computes:
-#: left out of its identity.
-NOT_IDENTITY = ("output_dir", "checkpoint_dir", "checkpoint_every", "resume", "trace",
-                "preempt_signal", "requeue")
 
 
 class StudyError(DownpourError):
@@ -81,8 +77,10 @@ def reference_dir(study: str, root: str | os.PathLike = REFERENCE_ROOT) -> Path:
 def run_id(config: TrainConfig, world_size: int, repeat: int,
            extra: Mapping[str, Any] | None = None) -> str:
     """The run's identity: its config, world size, repeat (and the study's own columns, ``extra``),
-    on this host at this commit (a run measured elsewhere, or with other code, is not this run)."""
-    values = {k: v for k, v in config.to_dict().items() if k not in NOT_IDENTITY}
+    on this host at this commit (a run measured elsewhere, or with other code, is not this run).
+    The config's part is ``TrainConfig.identity()``: every section but outputs and runtime (where
+    the run writes, how it is stopped), so a new field is part of it unless its section is not."""
+    values = config.identity()
     here = [provenance.machine()["host"], provenance.git_sha()]
     key: list[Any] = [values, world_size, repeat, here]
     if extra:

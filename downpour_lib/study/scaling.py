@@ -27,7 +27,6 @@ from ..algorithms import ALGORITHMS
 from ..config import TrainConfig
 from ..errors import ConfigError
 from .core import (
-    NOT_IDENTITY,
     Outcome,
     PlannedRun,
     StudyError,
@@ -40,7 +39,7 @@ from .core import (
     run_plan,
 )
 
-__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "LEFT_OUT", "NOT_IDENTITY", "REFERENCE_DIR",
+__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "LEFT_OUT", "REFERENCE_DIR",
            "SCALING_BASE", "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers",
            "left_out", "measure_spec", "measure_spec_on_cluster", "mpiexec_launch", "run_id",
            "study_dir", "study_spec"]

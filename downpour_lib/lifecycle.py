@@ -1,0 +1,197 @@
+"""A run's life around its loop: resuming, preemption, checkpoints, the trace, and the gather.
+
+``engine.Trainer`` runs the steps; a ``Lifecycle`` does what happens before, between and after
+them, at the moments the trainer names:
+
+- on construction: restore the checkpoint the plan resumes from, install the preemption signal and
+  build the vote's control group (collective: every rank builds it at the same moment);
+- ``vote_to_start``: the ranks agree whether a signal came while they set up (then nothing new
+  is saved and every rank raises ``Preempted``);
+- ``at_point``: after a step every rank takes, stop at the step the ranks agreed on (writing the
+  preemption checkpoint) or write a periodic/final checkpoint when due;
+- ``end``: after the steps, the evaluator's stop is told to every rank, and they raise together;
+- ``gather``: every rank's records (and trace) on rank 0, written out as the run's ``RunResult``.
+
+A checkpoint is written by the evaluator with the states ``Algorithm.collect_states`` brings it:
+gathered collectively by default, where every rank reaches the same points, or fetched from the
+servers by message (Downpour, whose other workers write nothing).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint, preempt, provenance, trace
+from .checkpoint import atomic_write_text
+from .comm.collectives import Comm
+from .comm.runtime import DistContext
+from .config import TrainConfig
+from .precision import LossScaler
+from .records import EvalRecord, RunResult, StepRecord, frames, summarize
+
+
+class Stopped(Exception):  # noqa: N818 -- control flow: the loop ends at an agreed step
+    """Raised out of a worker's steps or a server's loop after the preemption checkpoint."""
+
+    def __init__(self, completed: int) -> None:
+        super().__init__(completed)
+        self.completed = completed
+
+
+class Lifecycle:
+    """One rank's resume, preemption, checkpoints and gather (module docstring). ``plan`` is
+    ``engine.RunPlan``; ``model``, ``optimizer``, ``algorithm`` and ``scaler`` are what a
+    checkpoint saves and a resumed run restores."""
+
+    def __init__(self, config: TrainConfig, ctx: DistContext, plan: Any, comm: Comm,
+                 algorithm: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scaler: LossScaler | None, tracer: trace.Tracer | None) -> None:
+        self.config, self.ctx, self.plan, self.comm = config, ctx, plan, comm
+        self.algorithm, self.model, self.optimizer, self.scaler = algorithm, model, optimizer, scaler
+        self.tracer, self.t_start = tracer, 0.0
+        self.evaluating = ctx.rank == plan.roles.evaluator
+        if plan.resume_path is not None:
+            checkpoint.restore(checkpoint.load(plan.resume_path), ctx.rank, model, optimizer,
+                               algorithm, scaler)
+            if ctx.rank == 0:
+                print(f"downpour: resumed from {plan.resume_path}: {plan.start_step} of "
+                      f"{plan.total_steps} steps done, continuing at step {plan.start_step}",
+                      file=sys.stderr, flush=True)
+        # preemption: a signal sets a flag; the ranks agree to stop at a step (``preempt``)
+        self.signal, self.control, self.stopper = preempt.SIGNAL, None, None
+        if config.runtime.preempt_signal != "none":
+            self.signal.install(config.runtime.preempt_signal)
+            self.control = preempt.control_group(ctx)  # collective, the same on every rank
+            self.stopper = self.algorithm.stopper(self.control, self.signal)
+
+    # -- preemption --------------------------------------------------------------------------
+
+    def vote_to_start(self) -> None:
+        """Every rank, before the first step: raise ``Preempted`` on all if any was signalled
+        while setting up (nothing new to save)."""
+        stop, term = (preempt.vote_stop(self.control, self.signal) if self.stopper is not None
+                      else (False, False))
+        if stop:
+            if self.control is not None:
+                self.control.close()
+            self.signal.clear()  # answered: a later run in this process starts clean
+            plan = self.plan
+            raise preempt.Preempted(plan.start_step, plan.total_steps, plan.resume_path,
+                                    plan.start_step, term)
+
+    def begin(self, t_start: float) -> None:
+        """The steps start now (after the common barrier): every rank's clock starts here."""
+        self.t_start = t_start
+        if self.tracer is not None:
+            self.tracer.t0 = t_start
+
+    def at_point(self, step: int, last: bool) -> None:
+        """After ``step``, on every rank that takes it: stop there if the ranks agreed to (the
+        preemption checkpoint, then ``Stopped``), else checkpoint when due."""
+        outputs = self.config.outputs
+        if self.stopper is not None and not last and self.stopper.at_point(step):
+            if outputs.checkpoint_dir:
+                self.checkpoint(step + 1, final=False, over=True)
+            raise Stopped(step + 1)
+        if outputs.checkpoint_dir and (last or every(step, outputs.checkpoint_every)):
+            self.checkpoint(step + 1, final=last)
+
+    def end(self, stopped: Stopped | None) -> None:
+        """After the steps, on every rank: whether the evaluator stopped early (its checkpoint is
+        the run's), told to all; if it did, every rank raises ``Preempted``."""
+        if self.stopper is None:
+            return
+        self.stopper.close()
+        mine = stopped if self.evaluating else None
+        verdict = [float(mine is not None), float(mine.completed if mine else 0),
+                   float(self.signal.terminated())]  # any rank's TERM: no requeue
+        if self.control is not None:
+            verdict = self.control.vote(verdict).tolist()
+            self.control.close()
+        if verdict[0] > 0:
+            completed = int(verdict[1])
+            directory = self.config.outputs.checkpoint_dir
+            path = str(checkpoint.checkpoint_path(directory, completed)) if directory else None
+            self.signal.clear()
+            raise preempt.Preempted(completed, self.plan.total_steps, path, self.plan.start_step,
+                                    verdict[2] > 0)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def checkpoint(self, completed: int, final: bool, over: bool | None = None) -> None:
+        """Save the state after ``completed`` steps: the evaluator writes its model and every
+        rank's state, as the algorithm collects them. ``over``: no rank trains after this
+        checkpoint (the last step, or a preemption): ``final`` unless told."""
+        model = None
+        if self.evaluating:
+            with self.algorithm.eval_parameters(self.model) as evaluated:
+                model = {k: v.detach().cpu().clone() for k, v in evaluated.state_dict().items()}
+        ranks = self.algorithm.collect_states(
+            lambda: checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict(),
+                                          self.scaler),
+            final if over is None else over)
+        if ranks is None:
+            return
+        start = time.perf_counter()
+        config, outputs = self.config.to_dict(), self.config.outputs
+        checkpoint.save(outputs.checkpoint_dir, checkpoint.assemble(
+            completed, final, time.perf_counter() - self.t_start, config,
+            self.ctx.world_size, model, ranks))
+        resumed = [self.plan.resume_path] if self.plan.resume_path else []
+        checkpoint.prune(outputs.checkpoint_dir, outputs.keep_checkpoints, config,
+                         self.ctx.world_size, resumed)
+        if self.tracer is not None:
+            self.tracer.span(f"checkpoint {completed}", start, time.perf_counter())
+
+    # -- results -----------------------------------------------------------------------------
+
+    def gather(self, wall_s: float, step_records: list[StepRecord],
+               eval_records: list[EvalRecord]) -> RunResult | None:
+        """Every rank's records (and trace) on rank 0, which returns the run's result and writes
+        its files; None elsewhere."""
+        events = self.tracer.export() if self.tracer is not None else None
+        gathered = self.comm.gather_object((step_records, eval_records, events), root=0)
+        if gathered is None:
+            return None
+        ctx, roles, outputs = self.ctx, self.plan.roles, self.config.outputs
+        if outputs.trace:
+            trace.write(Path(outputs.trace) / "trace.json",
+                        [(r, f"rank {r} ({roles.role(r)})" + (
+                            f" on {ctx.hosts[r]}" if r < len(ctx.hosts) else ""), part[2])
+                         for r, part in enumerate(gathered)])
+        steps, evals = frames([s for part in gathered for s in part[0]],
+                              [e for part in gathered for e in part[1]])
+        config = self.config.to_dict()
+        summary = {
+            **{k: v for k, v in config.items() if k != "options"},
+            **{f"options.{k}": v for k, v in config["options"].items()},
+            "world_size": ctx.world_size,
+            "num_servers": len(roles.dedicated_servers),
+            **summarize(steps, evals, self.config.length.warmup_steps),
+            "wall_s": wall_s,
+            "total_steps": self.plan.total_steps,
+            "start_step": self.plan.start_step,
+            "backend": ctx.backend or "none",
+            "device": str(ctx.device),
+            "launcher": ctx.launcher,
+            "torch_threads": torch.get_num_threads(),
+            "hosts": ",".join(sorted(set(ctx.hosts))),
+            **provenance.environment(),
+        }
+        result = RunResult(config, steps, evals, summary)
+        if outputs.output_dir:
+            out = Path(outputs.output_dir)
+            atomic_write_text(out / "steps.csv", steps.to_csv(index=False))
+            atomic_write_text(out / "evals.csv", evals.to_csv(index=False))
+            result.write_summary_json(str(out / "summary.json"))
+        return result
+
+
+def every(step: int, period: int | None) -> bool:
+    """Whether ``step`` (from 0) ends a period of ``period`` steps (0 or None: never)."""
+    return bool(period) and (step + 1) % period == 0
