@@ -28,7 +28,7 @@ from torch._C._distributed_c10d import AllgatherOptions
 
 from ..comm.mpi.liveness import gate
 from ..comm.mpi.work import DoneWork
-from .collectives import buffer_size, measure
+from .timing import buffer_size, measure
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
 PARTS = ("noop", "torch", "direct", "async", "gate")

@@ -41,6 +41,7 @@ from ..comm import Communicator, new_group, runtime
 from ..comm.launch_env import discover
 from ..comm.traffic import ring_share
 from ..errors import ConfigError
+from .timing import Sync, buffer_size, measure
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce")
 #: op -> n -> nccl-tests' bus factor (``comm.traffic.ring_share``)
@@ -91,17 +92,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with mpi: also time the parts of each mpi call (torch's dispatch floor, "
                         "our code, the executor hand-off, the gate) against MPI's own (bench/breakdown.py)")
     p.set_defaults(func=cmd_collectives)
-
-
-def buffer_size(op: str, nbytes: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(elements per rank's buffer, the bytes a row reports) for ``op`` asked at ``nbytes``: whole
-    elements, and for allgather, reduce_scatter and alltoall n equal parts of the whole buffer."""
-    elem = torch.empty(0, dtype=dtype).element_size()
-    if op in ("allgather", "reduce_scatter", "alltoall"):
-        count = max(1, nbytes // (elem * n))
-        return count, count * elem * n
-    count = max(1, nbytes // elem)
-    return count, count * elem
 
 
 class Case:
@@ -166,45 +156,6 @@ class MPICase:
         else:  # alltoall
             x, out = zeros(count * n), zeros(count * n)
             self.run = lambda: comm.Alltoall(x, out)
-
-
-class Sync:
-    """Barriers and cross-rank reductions of timings: through MPI when there is one (a barrier's exit
-    skew there is microseconds), else through the gloo default group."""
-
-    def __init__(self, world: Communicator) -> None:
-        self.comm = runtime.launch_mpi_world()
-        self.world = world
-
-    def barrier(self) -> None:
-        if self.comm is not None:
-            self.comm.Barrier()
-        else:
-            self.world.barrier()
-
-    def slowest(self, times: list[float]) -> list[float]:
-        return self.world.allreduce(torch.tensor(times, dtype=torch.float64), op="max").tolist()
-
-    def agree(self, value: int) -> int:
-        return int(self.world.broadcast(torch.tensor([value]), root=0))
-
-
-def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> list[float]:
-    """Per-repetition times (the slowest rank's), after warm-up; rank 0 picks the repetitions."""
-    for _ in range(args.warmup):
-        run()
-    sync.barrier()
-    start = time.perf_counter()
-    run()
-    estimate = sync.slowest([time.perf_counter() - start])[0]
-    reps = sync.agree(min(args.max_reps, max(args.min_reps, int(args.min_time / max(estimate, 1e-7)))))
-    times = []
-    for _ in range(reps):
-        sync.barrier()
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return sync.slowest(times)
 
 
 def row(backend: str, op: str, nbytes: int, n: int, times: list[float]) -> dict:

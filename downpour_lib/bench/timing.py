@@ -1,0 +1,62 @@
+"""Timing shared by the collective benchmarks (``bench collectives`` and its ``--breakdown``):
+buffer sizes per operation, barriers through MPI where there is one, and the slowest rank's times."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from ..comm import Communicator, runtime
+
+
+def buffer_size(op: str, nbytes: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(elements per rank's buffer, the bytes a row reports) for ``op`` asked at ``nbytes``: whole
+    elements, and for allgather, reduce_scatter and alltoall n equal parts of the whole buffer."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        count = max(1, nbytes // (elem * n))
+        return count, count * elem * n
+    count = max(1, nbytes // elem)
+    return count, count * elem
+
+
+class Sync:
+    """Barriers and cross-rank reductions of timings: through MPI when there is one (a barrier's exit
+    skew there is microseconds), else through the gloo default group."""
+
+    def __init__(self, world: Communicator) -> None:
+        self.comm = runtime.launch_mpi_world()
+        self.world = world
+
+    def barrier(self) -> None:
+        if self.comm is not None:
+            self.comm.Barrier()
+        else:
+            self.world.barrier()
+
+    def slowest(self, times: list[float]) -> list[float]:
+        return self.world.allreduce(torch.tensor(times, dtype=torch.float64), op="max").tolist()
+
+    def agree(self, value: int) -> int:
+        return int(self.world.broadcast(torch.tensor([value]), root=0))
+
+
+def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> list[float]:
+    """Per-repetition times (the slowest rank's), after warm-up; rank 0 picks the repetitions."""
+    for _ in range(args.warmup):
+        run()
+    sync.barrier()
+    start = time.perf_counter()
+    run()
+    estimate = sync.slowest([time.perf_counter() - start])[0]
+    reps = sync.agree(min(args.max_reps, max(args.min_reps, int(args.min_time / max(estimate, 1e-7)))))
+    times = []
+    for _ in range(reps):
+        sync.barrier()
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return sync.slowest(times)
