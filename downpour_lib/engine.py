@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoint, preempt, trace
-from .algorithms import ALGORITHMS, Roles
+from .algorithms import Roles, algorithm_class
+from .algorithms.base import vote_overflow
 from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
@@ -92,11 +93,9 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load. The
     output paths are checked on the rank that writes each (``rank``; None: every path, e.g. on
     the machine that submits a run to a cluster)."""
-    algorithm = ALGORITHMS[config.algorithm]
+    algorithm = algorithm_class(config.algorithm, config.options)
     data, length, outputs = config.data, config.length, config.outputs
     roles = config.options.roles(world_size)  # ConfigError if the world does not fit
-    if len(roles.workers) == 1 and algorithm.one_worker:
-        report(f"{config.algorithm} with one worker: {algorithm.one_worker}")
     if rank is None or rank == 0:  # rank 0 gathers the records (and the trace) and writes them
         check_output_dir("output_dir", outputs.output_dir)
         check_output_dir("trace", outputs.trace)
@@ -104,7 +103,6 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
         check_output_dir("checkpoint_dir", outputs.checkpoint_dir)
     with torch.device("meta"):  # checks the model fits the data, allocating nothing
         model = build_model(config.model, train.input_shape, train.num_classes)
-    _warn_one_bucket(config, model, report)
     spe = ShardSampler(len(train), data.batch_size, 0, len(roles.workers),
                        data.seed).steps_per_epoch
     total = length.steps if length.steps is not None else math.ceil((length.epochs or 1.0) * spe)
@@ -112,7 +110,7 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
         raise ConfigError("warmup_steps", length.warmup_steps,
                           f"must be less than the {total} steps this run trains "
                           f"({spe} steps per epoch), or throughput has no measured step")
-    algorithm.check_plan(config.options, roles, model, total)
+    algorithm.check_plan(config.options, roles, model, total, report, config.optim.precision)
     if outputs.checkpoint_dir and config.options.checkpoint_refusal():
         raise ConfigError("checkpoint_dir", outputs.checkpoint_dir,
                           config.options.checkpoint_refusal())
@@ -123,10 +121,6 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
         raise ConfigError("augment", data.augment,
                           f"data set {data.dataset!r} has no standard augmentation (the real "
                           "data sets have); use augment=none")
-    if config.optim.precision == "fp16" and getattr(config.options, "accumulation_steps", 1) > 1:
-        raise ConfigError("precision", config.optim.precision,
-                          "fp16's loss scale does not go with accumulation_steps > 1 (each micro-"
-                          "batch would need its own check); use bf16, or accumulation_steps=1")
     fresh = RunPlan(roles, spe, total, checkpoint_every=outputs.checkpoint_every or 0)
     return plan_resume(config, fresh, world_size, report)
 
@@ -168,21 +162,6 @@ def plan_resume(config: TrainConfig, plan: RunPlan, world_size: int,
         every_ = (state["config"].get("checkpoint_every") or 0) if outputs.checkpoint_dir else 0
     return dataclasses.replace(fresh, start_step=start, resume_path=str(path),
                                checkpoint_every=every_)
-
-
-def _warn_one_bucket(config: TrainConfig, model: nn.Module, report: Callable[[str], None]) -> None:
-    """A bucket raised past the model's size: one bucket, so nothing of the allreduce overlaps
-    backward. Legal, and pointless unless meant (as the config warns for momentum that does
-    nothing)."""
-    cap = getattr(config.options, "bucket_cap_mb", None)
-    default = type(config.options)().bucket_cap_mb if cap is not None else None
-    if cap is None or cap <= default:
-        return
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    if cap * 2**20 >= nbytes:
-        report(f"bucket_cap_mb={cap:g} holds the whole model ({nbytes / 2**20:.2f} MB of "
-               f"parameters) in one bucket: its allreduce starts only after backward, with no "
-               f"overlap; leave it at {default:g} or give one smaller than the model")
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -244,12 +223,12 @@ class Trainer:
         self.tracer = trace.Tracer(ctx.rank) if config.outputs.trace else None
         self.meter.tracer = self.tracer
         self.comm = Comm(ctx, self.meter)
-        self.algorithm = ALGORITHMS[config.algorithm](config.options, self.comm)
         self.roles = self.plan.roles
         self.lr_at = LRSchedule.of(config, self.plan.steps_per_epoch, self.plan.total_steps,
                                    len(self.roles.workers))
         self.scaler = LossScaler() if config.optim.precision == "fp16" else None
-        self.algorithm.lr_at, self.algorithm.loss_scaling = self.lr_at, self.scaler is not None
+        self.algorithm = algorithm_class(config.algorithm, config.options)(
+            config.options, self.comm, self.lr_at, self.scaler is not None)
         self.role = self.roles.role(ctx.rank)
         torch.manual_seed(config.data.seed)  # identical initial weights on every rank
         train = self.splits.train
@@ -351,10 +330,13 @@ class Trainer:
                 slowed = self._straggle(clock)
             clock.backward_done()
             skip = False
-            if scaler is not None and not algorithm.reduces_in_backward:
+            if scaler is not None and algorithm.overflow != "reduced":
                 skip = self._unscale(params)  # before the gradients are pushed or gossiped
+                if skip and algorithm.overflow == "alone":
+                    for p in params:  # skipped here alone: nothing of it is pushed or gossiped
+                        p.grad = None
             algorithm.after_backward(self.model)
-            if scaler is not None and algorithm.reduces_in_backward:
+            if scaler is not None and algorithm.overflow == "reduced":
                 skip = self._unscale(params)  # averaged already: the same on every rank
             if skip:
                 for p in params:  # an optimizer leaves a parameter without a gradient alone
@@ -404,8 +386,9 @@ class Trainer:
 
     def _unscale(self, params: list[torch.nn.Parameter]) -> bool:
         """fp16: take the loss scale off the gradients; whether the step is skipped, as every
-        rank that steps with this one agrees (``Algorithm.overflowed``)."""
-        return self.algorithm.overflowed(self.scaler.unscale_(params))
+        rank that steps with this one agrees (``Algorithm.overflow``)."""
+        found = self.scaler.unscale_(params)
+        return vote_overflow(self.comm, found) if self.algorithm.overflow == "vote" else found
 
     def _served(self, update: int, step: int | None) -> None:
         """Called by a server's loop after each update it applies: the workers' ``step`` it

@@ -59,6 +59,10 @@ class AlgorithmOptions:
     #: the learning rate that goes with ``default_optimizer`` when the run names neither (None:
     #: the run's default, 0.05)
     default_lr: ClassVar[float | None] = None
+    #: The stop policy on a preemption signal (``Algorithm.stopper``): the fewest steps between a
+    #: vote and its reading. 1 costs no waiting where ranks step together; options that let ranks
+    #: drift apart give their bound (a property where it depends on a field).
+    stop_lag: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -75,6 +79,17 @@ class AlgorithmOptions:
 
     def checkpoint_refusal(self) -> str | None:
         """Why the algorithm cannot write checkpoints with these options, or None (it can)."""
+        return None
+
+    def variant(self) -> str:
+        """Which of its algorithm's classes runs these options, where the options choose one
+        (``algorithms.VARIANTS``; easgd's ``mode=async`` is another algorithm on a server rank):
+        "" for the registered class."""
+        return ""
+
+    def stop_refusal(self) -> str | None:
+        """Why the ranks cannot stop early together with these options, or None (they vote,
+        ``stop_lag``): the signal is then reported once and the run goes on."""
         return None
 
 

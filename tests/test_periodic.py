@@ -107,3 +107,23 @@ def test_the_last_workers_straggle_and_record_what_they_slept(tmp_path):
     assert (worker2.compute_s >= worker2.slowed_s).all(), worker2
     with pytest.raises(ConfigError, match="slow_workers=2.*1 worker"):
         Trainer(TrainConfig(slow_workers=2, steps=4, warmup_steps=0), DistContext.single())
+
+
+def test_async_easgd_is_its_own_algorithm_with_the_elastic_update_as_its_servers_optimizer():
+    """``--algorithm easgd --mode async`` keeps its spelling and runs ``AsyncEASGD`` (on the
+    parameter-server loop); the center's "optimizer" is x~ += alpha (x_i - x~), the update the
+    paper writes, for any x~, x_i."""
+    from downpour_lib.algorithms import algorithm_class
+    from downpour_lib.algorithms.easgd import EASGD
+    from downpour_lib.algorithms.easgd_async import AsyncEASGD, ElasticPull
+
+    config = TrainConfig(algorithm="easgd", options={"mode": "async"})
+    assert algorithm_class(config.algorithm, config.options) is AsyncEASGD
+    assert algorithm_class("easgd", TrainConfig(algorithm="easgd").options) is EASGD
+    assert config.to_dict()["algorithm"] == "easgd"  # recorded as before
+    torch.manual_seed(0)
+    center, x = torch.randn(7), torch.randn(7)
+    p = torch.nn.Parameter(center.clone())
+    p.grad = x.clone()  # a push: the worker's x_i, where ShardServer.apply puts it
+    ElasticPull([p], alpha=0.3).step()
+    torch.testing.assert_close(p.detach(), center + 0.3 * (x - center))

@@ -11,7 +11,10 @@ Adding an algorithm is one module, one line in ``ALGORITHMS`` and its tests:
    with that many ranks, and ``roles_for(workers)`` the roles, and so the ranks to launch, for a
    number of workers. Both are pure and run before any rendezvous. By default every rank is a
    worker and rank 0 evaluates; ``ps_placement.PSOptions`` adds servers, ``GraphOptions`` the
-   check that a gossip graph fits. What depends on the model goes in ``check_plan``.
+   check that a gossip graph fits. What depends on the model, the run's length or its
+   precision goes in ``check_plan``, which owns every check and warning about the options (the
+   engine names none). How the ranks stop early on a preemption signal is declared by the
+   options too: ``stop_lag`` (the steps a vote may lag) or ``stop_refusal`` (they cannot).
 3. **The step.** ``setup`` prepares the model (and returns the module to run forward on);
    ``start`` runs once the checkpoint (if any) is loaded, just before the first step;
    ``after_backward`` is the gradient side (average, push), ``step`` the update, ``after_step`` the
@@ -23,11 +26,12 @@ Adding an algorithm is one module, one line in ``ALGORITHMS`` and its tests:
    ``consensus_distance`` are summarized by ``records``, which owns record analysis);
    ``eval_parameters`` if what is evaluated is not the live model (push-sum's de-biased weights).
 5. **Learning rate and fp16.** The engine sets the workers' optimizer to the schedule's rate
-   before each step; an update made elsewhere (a server's) asks ``self.lr_at(step)``. Under fp16
-   the engine unscales the gradients before ``after_backward`` (after it, if
-   ``reduces_in_backward``) and asks ``overflowed(found)`` whether to skip the step: by default
-   every rank agrees (a MAX allreduce); an algorithm whose ranks hold the same gradients, or step
-   alone, answers with its own finding. A skipped step reaches ``step`` with no gradients.
+   before each step; an update made elsewhere (a server's) asks ``self.lr_at(step)``, given at
+   construction with ``self.loss_scaling``. Under fp16 the class declares how ranks agree to skip
+   an overflowed step (``overflow``): "vote" (default: a MAX allreduce, the scale taken off
+   before ``after_backward``), "reduced" (the gradients were averaged in backward: taken off
+   after it, every rank finds the same), "alone" (asynchronous: a rank skips by itself, and its
+   ``after_backward`` sees no gradients). A skipped step reaches ``step`` with no gradients.
 6. **The end.** ``close`` after a run that finished (drain what is in flight, join threads) and
    ``abort`` after one that failed (stop, wait for no peer): the engine says which. Threads, if
    any, start in ``start``, and re-raise their errors in ``close``.
@@ -52,6 +56,7 @@ from .diloco import DiLoCo
 from .downpour import Downpour
 from .dpsgd import DPSGD
 from .easgd import EASGD
+from .easgd_async import AsyncEASGD
 from .local import Local
 from .localsgd import LocalSGD
 from .osgp import OSGP
@@ -62,14 +67,26 @@ from .sync_ps import SyncPS
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce, Downpour, SGP, OSGP, DPSGD, ADPSGD,
                               LocalSGD, EASGD, DiLoCo, SlowMo)}
+#: (name, ``options.variant()``) -> the class that runs it, where the options choose another
+#: than the registered one: the spelling stays the algorithm's name and an option.
+VARIANTS: dict[tuple[str, str], type[Algorithm]] = {("easgd", "async"): AsyncEASGD}
+
+
+def algorithm_class(name: str, options: AlgorithmOptions) -> type[Algorithm]:
+    """The class that runs algorithm ``name`` with ``options`` (validated)."""
+    if name not in ALGORITHMS:
+        raise unknown_name("algorithm", name, ALGORITHMS)
+    variant = options.variant()
+    return VARIANTS[name, variant] if variant and (name, variant) in VARIANTS else ALGORITHMS[name]
 
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
     """An algorithm for your own training loop: ``make_algorithm("ddp", ctx, bucket_cap_mb=4)``."""
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, ALGORITHMS)
-    cls = ALGORITHMS[name]
-    return cls(build_options(name, cls.Options, options), Comm(ctx))
+    built = build_options(name, ALGORITHMS[name].Options, options)
+    return algorithm_class(name, built)(built, Comm(ctx))
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "Roles", "make_algorithm"]
+__all__ = ["ALGORITHMS", "VARIANTS", "Algorithm", "AlgorithmOptions", "Roles", "algorithm_class",
+           "make_algorithm"]

@@ -38,7 +38,8 @@ import torch
 from torch import nn
 
 from ..comm.collectives import flatten, nbytes, unflatten_into
-from ..comm.gossip import destroy_group, exchange, new_group
+from ..comm.gossip import destroy_group, new_group
+from ..comm.p2p import exchange
 from ..topology import Topology
 from .decentralized import BoundedLagOptions, Decentralized
 
@@ -52,6 +53,10 @@ class ADPSGDOptions(BoundedLagOptions):
     topology: Literal["bipartite_exponential"] = field(default="bipartite_exponential", metadata={
         "help": "gossip graph: bipartite_exponential (odd ranks pair with even ones; needs an "
                 "even number of ranks)"})
+
+    @property
+    def stop_lag(self) -> int:  # training may run max_lag steps ahead of its partners' rounds
+        return self.max_lag + 1
 
 
 class PairwiseAveraging:
@@ -152,12 +157,9 @@ class ADPSGD(Decentralized):
     name = "adpsgd"
     Options = ADPSGDOptions
     options: ADPSGDOptions
+    overflow = "alone"  # asynchronous: no rank steps with another; an overflowing one skips alone
     one_worker = ("it has no peer to average with, so this run is plain SGD, not AD-PSGD; "
                   "launch an even number of ranks (2 or more) to measure AD-PSGD")
-
-    @property
-    def stop_lag(self) -> int:  # training may run max_lag steps ahead of its partners' rounds
-        return self.options.max_lag + 1
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)
@@ -175,9 +177,6 @@ class ADPSGD(Decentralized):
     def start(self, steps: range) -> None:
         if self.averaging is not None:  # after the checkpoint's parameters are in place
             self.averaging.start()
-
-    def overflowed(self, found: bool) -> bool:
-        return found  # asynchronous: no rank steps with another; this one skips alone
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.averaging is None:

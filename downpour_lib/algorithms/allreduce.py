@@ -17,8 +17,9 @@ installed at all. Buffers (batch-norm statistics) stay per rank, as in Horovod.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from torch import nn
 from ..comm.buckets import GradientBuckets
 from ..comm.model_sync import synchronize_parameters
 from ..errors import ConfigError
-from .base import Algorithm, AlgorithmOptions
+from .base import Algorithm, AlgorithmOptions, Roles
 
 WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -57,14 +58,38 @@ class AllReduceOptions(AlgorithmOptions):
                               "must be a whole number >= 1 (1 = no accumulation)")
 
 
+def warn_one_bucket(options: AllReduceOptions | Any, model: nn.Module,
+                    report: Callable[[str], None]) -> None:
+    """A bucket raised past the model's size: one bucket, so nothing of the allreduce overlaps
+    backward. Legal, and pointless unless meant (as the config warns for momentum that does
+    nothing). For every options class with a ``bucket_cap_mb`` (allreduce's, DDP's)."""
+    cap, default = options.bucket_cap_mb, type(options)().bucket_cap_mb
+    if cap <= default:
+        return
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if cap * 2**20 >= nbytes:
+        report(f"bucket_cap_mb={cap:g} holds the whole model ({nbytes / 2**20:.2f} MB of "
+               f"parameters) in one bucket: its allreduce starts only after backward, with no "
+               f"overlap; leave it at {default:g} or give one smaller than the model")
+
+
 class AllReduce(Algorithm):
     name = "allreduce"
     Options = AllReduceOptions
     options: AllReduceOptions
-    reduces_in_backward = True
+    overflow = "reduced"
 
-    def overflowed(self, found: bool) -> bool:
-        return found  # the gradients were averaged in backward: every rank finds the same
+    @classmethod
+    def check_plan(cls, options: AllReduceOptions, roles: Roles, model: nn.Module,
+                   total_steps: int, report: Callable[[str], None], precision: str = "fp32"
+                   ) -> None:
+        super().check_plan(options, roles, model, total_steps, report, precision)
+        warn_one_bucket(options, model, report)
+        if precision == "fp16" and options.accumulation_steps > 1:
+            raise ConfigError("precision", precision,
+                              "fp16's loss scale does not go with accumulation_steps > 1 (each "
+                              "micro-batch would need its own check); use bf16, or "
+                              "accumulation_steps=1")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         synchronize_parameters(model, root=0, group=self.comm)  # everyone starts from rank 0's weights

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
 from ..comm.collectives import Comm
 from ..options import AlgorithmOptions, Roles
-from ..preempt import Control, StepVote, Stopper, StopSignal
+from ..preempt import Control, StepVote, Stopper, StopSignal, Unstoppable
 
 
 class Algorithm:
@@ -29,29 +29,38 @@ class Algorithm:
 
     name: ClassVar[str]
     Options: ClassVar[type[AlgorithmOptions]] = AlgorithmOptions
-    #: Whether the gradients are averaged during backward (bucketed allreduce, DDP): fp16's loss
-    #: scale is then taken off after ``after_backward``, otherwise before it.
-    reduces_in_backward: ClassVar[bool] = False
-    #: Set by the engine before ``setup``: the learning rate of each step (an algorithm whose
-    #: updates happen away from the workers' optimizer, on servers, applies it there; None: the
-    #: optimizer's own), and whether fp16 loss scaling is on (``precision``).
-    lr_at: Callable[[int], float] | None = None
-    loss_scaling: bool = False
+    #: fp16: how the ranks agree to skip a step whose gradients overflowed, one declaration the
+    #: engine reads. "vote": the loss scale comes off before ``after_backward`` and every rank
+    #: skips if any overflowed (a MAX allreduce of 4 bytes, ``vote_overflow``); "reduced": the
+    #: gradients are averaged during backward (bucketed allreduce, DDP), so the scale comes off
+    #: after ``after_backward`` and every rank finds the same; "alone": no rank steps with
+    #: another (asynchronous), the scale comes off before ``after_backward`` and a rank that
+    #: overflowed skips alone: its ``after_backward`` and ``step`` see no gradients.
+    overflow: ClassVar[Literal["vote", "reduced", "alone"]] = "vote"
     #: What the algorithm becomes with one worker, where that is not what its name promises
-    #: (``plan_run`` warns with it): every algorithm runs at world size 1, but an asynchronous
+    #: (``check_plan`` reports it): every algorithm runs at world size 1, but an asynchronous
     #: one then has nothing to be asynchronous with.
     one_worker: ClassVar[str] = ""
 
-    def __init__(self, options: AlgorithmOptions, comm: Comm) -> None:
+    def __init__(self, options: AlgorithmOptions, comm: Comm,
+                 lr_at: Callable[[int], float] | None = None, loss_scaling: bool = False) -> None:
+        """``lr_at``: the run's learning rate at each step, for an update made away from the
+        workers' optimizer (a server's; None: the optimizer's own rate); ``loss_scaling``: fp16
+        loss scaling is on (``precision``), so a server joins the workers' overflow vote."""
         self.options, self.comm = options, comm
+        self.lr_at, self.loss_scaling = lr_at, loss_scaling
         self.rank, self.world_size = comm.rank, comm.size
         self.roles: Roles = options.roles(comm.size)  # ConfigError if the world does not fit
 
     @classmethod
-    def check_plan(cls, options: Any, roles: Roles, model: nn.Module, total_steps: int) -> None:
-        """Raise ConfigError if the options cannot work with this model (built on the meta
-        device, so the check allocates nothing) and run length, e.g. more parameter shards
-        than tensors."""
+    def check_plan(cls, options: Any, roles: Roles, model: nn.Module, total_steps: int,
+                   report: Callable[[str], None], precision: str = "fp32") -> None:
+        """Every check and warning about these options for this run, before any rank talks to
+        another: raise ConfigError if they cannot work with this model (built on the meta device,
+        so the check allocates nothing), run length or ``precision``, e.g. more parameter shards
+        than tensors; ``report`` what is legal but pointless. Overrides call this one."""
+        if len(roles.workers) == 1 and cls.one_worker:
+            report(f"{cls.name} with one worker: {cls.one_worker}")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         """Prepare the model; return the module the engine runs forward on (may be a wrapper)."""
@@ -64,17 +73,6 @@ class Algorithm:
 
     def after_backward(self, model: nn.Module) -> None:
         """Gradient side: runs once backward has produced every gradient."""
-
-    def overflowed(self, found: bool) -> bool:
-        """fp16: whether this step's gradients overflowed on any rank that steps with this one,
-        given whether they did here (``found``); every such rank then skips the step. Default: a
-        MAX allreduce of the finding over every rank (4 bytes, only under fp16). Algorithms whose
-        ranks all hold the same gradients, or step alone, override it with the local finding."""
-        if not self.comm.active:
-            return found
-        flag = torch.tensor([float(found)], device=self.comm.ctx.device)
-        self.comm.allreduce(flag, op="max")
-        return bool(flag.item())
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
@@ -122,15 +120,14 @@ class Algorithm:
 
     def stopper(self, control: Control | None, signal: StopSignal) -> Stopper:
         """How this algorithm's ranks agree to stop early when ``signal`` arrives (preemption;
-        ``control`` is a group of every rank for the purpose). Default: votes a fraction of a
-        second apart, each read at least ``stop_lag`` steps later, so every rank stops after the
-        same step; right where every rank takes the same steps. An algorithm whose ranks do not
-        (Downpour) agrees by its messages."""
-        return StepVote(control, signal, lag=self.stop_lag)
-
-    #: The fewest steps between a vote and its reading (``stopper``): 1 costs no waiting where
-    #: ranks step together; an algorithm that lets ranks drift apart gives its bound.
-    stop_lag: int = 1
+        ``control`` is a group of every rank for the purpose), as the options declare it
+        (``AlgorithmOptions.stop_lag``, ``stop_refusal``): votes a fraction of a second apart,
+        each read at least ``stop_lag`` steps later, so every rank stops after the same step.
+        An algorithm whose ranks do not take the same steps (Downpour) agrees by its messages."""
+        why = self.options.stop_refusal()
+        if why is not None:
+            return Unstoppable(signal, why)
+        return StepVote(control, signal, lag=self.options.stop_lag)
 
     def close(self) -> None:
         """The run finished on every rank (or stopped early where ``stopper`` agreed): finish
@@ -141,3 +138,14 @@ class Algorithm:
         """The run failed, on this rank or another, and the job is being taken down: stop threads
         and release what ``setup`` took, waiting for no peer (one may be gone, and a peer waiting
         for this rank would make it wait in turn). Called instead of ``close``."""
+
+
+def vote_overflow(comm: Comm, found: bool) -> bool:
+    """fp16, ``Algorithm.overflow == "vote"``: whether any rank's gradients overflowed this step,
+    given whether they did here (``found``): a MAX allreduce of the finding over every rank. A
+    server that steps with the workers joins it with ``found=False``."""
+    if not comm.active:
+        return found
+    flag = torch.tensor([float(found)], device=comm.ctx.device)
+    comm.allreduce(flag, op="max")
+    return bool(flag.item())

@@ -7,6 +7,7 @@ counts only the part of it that backward did not hide (see ``comm.ddp``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +15,8 @@ from torch import nn
 
 from ..comm.ddp import MeteredDDP
 from ..errors import ConfigError
-from .base import Algorithm, AlgorithmOptions
+from .allreduce import warn_one_bucket
+from .base import Algorithm, AlgorithmOptions, Roles
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,13 @@ class DDP(Algorithm):
     name = "ddp"
     Options = DDPOptions
     options: DDPOptions
-    reduces_in_backward = True
+    overflow = "reduced"
 
-    def overflowed(self, found: bool) -> bool:
-        return found  # the gradients were averaged in backward: every rank finds the same
+    @classmethod
+    def check_plan(cls, options: DDPOptions, roles: Roles, model: nn.Module, total_steps: int,
+                   report: Callable[[str], None], precision: str = "fp32") -> None:
+        super().check_plan(options, roles, model, total_steps, report, precision)
+        warn_one_bucket(options, model, report)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.ddp = None

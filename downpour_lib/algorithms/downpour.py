@@ -23,9 +23,7 @@ done; that state is the run's final model and checkpoint.
 
 from __future__ import annotations
 
-import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,28 +32,18 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from ..comm.collectives import flatten, unflatten_into
-from ..comm.p2p import HEADER, Link, header, message_group
 from ..errors import ConfigError
 from ..preempt import Stopper, StopSignal
 from ..records import Meter
 from . import ps_placement
 from .base import Algorithm, Roles
+from .ps_client import ShardClient
 from .ps_server import (
-    DATA,
-    DONE,
-    FETCH,
     FINAL,
-    PUSH,
-    PUSH_DATA,
-    REPLY,
-    REQUEST,
     SNAPSHOT,
-    VERSION,
     ServeLoop,
     ServerThread,
     ShardServer,
-    from_bytes,
 )
 from .ps_shards import model_layout, shard_tensors
 
@@ -98,109 +86,75 @@ class Downpour(Algorithm):
     name = "downpour"
     Options = DownpourOptions
     options: DownpourOptions
+    overflow = "alone"
     one_worker = ("it pushes and fetches in turn, never stale, so this run is sequential SGD "
                   "with the server's optimizer, not asynchronous Downpour; launch 2 or more "
                   "workers to measure Downpour")
 
     @classmethod
     def check_plan(cls, options: DownpourOptions, roles: Roles, model: nn.Module,
-                   total_steps: int) -> None:
+                   total_steps: int, report: Callable[[str], None], precision: str = "fp32"
+                   ) -> None:
+        super().check_plan(options, roles, model, total_steps, report, precision)
         model_layout(model, len(roles.servers))
 
     # -- set-up --------------------------------------------------------------------------------
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
-        self.model = model
         self.params, self.buffers = shard_tensors(model)
-        roles = self.roles
-        self.servers, self.workers, self.evaluator = roles.servers, roles.workers, roles.evaluator
-        self.layout = model_layout(model, len(self.servers))
-        self.group = message_group(self.comm.ctx)  # collective: on every rank, before any message
-        self.overflow = False  # fp16: this step's gradients overflowed here
-        self.refetch = False  # a push was refused as too stale: fetch before the next step
-        self.shards = [self._shard_tensors(s) for s in range(len(self.servers))]
-        self.server: ShardServer | None = None
-        self.thread: ServerThread | None = None
-        self.local_done = threading.Event()
-        self.last_update: dict[str, float] = {}
-        self.serving = False
+        self.servers, self.workers = self.roles.servers, self.roles.workers
+        self.evaluator = self.roles.evaluator
+        layout = model_layout(model, len(self.servers))
+        # the worker's end of the messages, on the run's meter (collective: on every rank, before
+        # any message); a colocated server thread gets the same group on a meter of its own
+        self.link = self.comm.messages()
+        shards = [([self.params[i] for i in layout.params(s)],
+                   [self.buffers[i] for i in layout.buffers(s)]) for s in range(len(self.servers))]
+        self.server: ShardServer | None = None  # the shard this rank serves
         if self.rank in self.servers:
             index = self.servers.index(self.rank)
-            params, buffers = self.shards[index]
             kind, defaults = type(optimizer), dict(optimizer.defaults)
-            self.server = ShardServer(index, params, buffers, lambda ps: kind(ps, **defaults),
+            self.server = ShardServer(index, *shards[index], lambda ps: kind(ps, **defaults),
                                       self.lr_at, self.options.max_staleness)
         self.is_worker = self.rank in self.workers
-        # the worker's end: its own meter is the engine's; a colocated server thread gets another
-        self.link = Link(self.comm.ctx, self.comm.meter, self.group)
-        self.versions = [0] * len(self.servers)  # of the parameters this worker last fetched
-        self.acc = [torch.zeros(self._numel(s), dtype=self._dtype()) for s in range(len(self.servers))]
-        self.acc_version: list[int] | None = None  # versions the oldest accumulated gradient saw
-        self.pushed: dict[str, float] = {}
-        self.final: list[dict[str, Any]] | None = None
+        self.client = ShardClient(self.link, self.rank, self.servers, shards, self.server,
+                                  self.comm.ctx.device, (self.params or self.buffers)[0].dtype)
+        self.thread: ServerThread | None = None  # a colocated server's loop
+        self.local_done = threading.Event()  # this rank's worker has pushed for the last time
+        self.serving = False  # a dedicated server, in its loop
+        self.last_update: dict[str, float] = {}  # a dedicated server's last update, for records
+        self.refetch = False  # a push was refused as too stale: fetch before the next step
+        self.pushed: dict[str, float] = {}  # the push of the step just taken, for records
+        self.final: list[dict[str, Any]] | None = None  # the evaluator: every shard's last state
         self.finished = False
-        self.stop_heard = False  # a server said the run is stopping (preemption)
         self.signal: StopSignal | None = None
         return model
-
-    def _shard_tensors(self, s: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        return ([self.params[i] for i in self.layout.params(s)],
-                [self.buffers[i] for i in self.layout.buffers(s)])
-
-    def _numel(self, s: int) -> int:
-        return sum(t.numel() for t in [*self.shards[s][0], *self.shards[s][1]])
-
-    def _dtype(self) -> torch.dtype:
-        return (self.params or self.buffers)[0].dtype
-
-    def _remote(self, s: int) -> bool:
-        """Whether shard ``s`` is reached by message (it lives on another rank)."""
-        return self.servers[s] != self.rank
 
     def start(self, steps: range) -> None:
         if not self.is_worker:
             return  # a dedicated server: its loop is serve()
         self.t, self.total = steps.start, steps.stop
         if self.server is not None:  # colocated: this worker's shard is served by a thread
-
             remote = [w for w in self.workers if w != self.rank]
             self.thread = ServerThread(ServeLoop(
-                self.server, Link(self.comm.ctx, Meter(self.comm.ctx.device), self.group), remote,
+                self.server, self.link.with_meter(Meter(self.comm.ctx.device)), remote,
                 local_done=self.local_done, signal=self.signal))
             self.thread.start()
-        # Warmstart: wait until the first worker's pushes alone have moved the parameters (its
-        # pushes are the only ones until then, so server 0's version counts them). Asking again
-        # every few milliseconds keeps the server stateless (a colocated server 0 applies the
-        # first worker's pushes directly, without a message that could wake a waiting list).
-        warm = min(self.options.warmstart, -(-steps.stop // self.options.n_push))
-        while warm and self.rank != self.workers[0]:
-            reply = torch.empty(HEADER, dtype=torch.int64)
-            self.link.wait([self.link.post_recv(reply, self.servers[0], REPLY),
-                            self.link.post_send(header(VERSION), self.servers[0], REQUEST)])
-            if int(reply[0]) >= warm or int(reply[1]):  # warm, or the run is stopping
-                self.stop_heard |= bool(int(reply[1]))
-                break
-            time.sleep(0.005)
-        self._fetch(account="comm")
+        if self.rank != self.workers[0]:  # Dean et al.'s warmstart: the first worker alone
+            self.client.warmstart(min(self.options.warmstart, -(-steps.stop // self.options.n_push)))
+        self.client.fetch(account="comm")
 
     # -- the worker's step (Algorithm 7.1) -----------------------------------------------------
 
-    def overflowed(self, found: bool) -> bool:
-        # asynchronous: this worker alone leaves this step's gradients out of its next push
-        self.overflow = found
-        return found
-
     def after_backward(self, model: nn.Module) -> None:
-        if self.acc_version is None:
-            self.acc_version = list(self.versions)
-        for s, (params, _) in enumerate(self.shards):
-            if self.overflow:
-                break
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            if grads:
-                self.acc[s][:sum(g.numel() for g in grads)] += flatten(grads).to(self.acc[s].device)
+        # fp16 (``overflow = "alone"``): a step that overflowed here reaches this hook with no
+        # gradients, and this worker alone leaves it out of its next push
+        self.client.accumulate(skip=self.loss_scaling and all(p.grad is None for p in self.params))
         if (self.t + 1) % self.options.n_push == 0 or self.t + 1 == self.total:
             self._push()
+
+    def _push(self) -> None:
+        self.pushed, self.refetch = self.client.push(self.t, self.options.max_staleness is not None)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         # The paper's client moves its own copy between fetches (parameters -= lr * gradient);
@@ -218,7 +172,7 @@ class Downpour(Algorithm):
         if self.t == self.total:
             self._finish()
         elif self.t % self.options.n_fetch == 0 or self.refetch:
-            self._fetch(account="comm")
+            self.client.fetch(account="comm")
             self.refetch = False
 
     def step_metrics(self) -> dict[str, float]:
@@ -229,100 +183,13 @@ class Downpour(Algorithm):
         out, self.pushed = self.pushed, {}
         return out
 
-    # -- messages ------------------------------------------------------------------------------
-
-    def _push(self) -> None:
-        """Push every shard's accumulated gradients (and current buffers) to its server, all
-        servers at once; each receipt carries the push's staleness, which the step records."""
-        staleness: dict[int, int] = {}
-        refused: list[int] = []
-        works, receipts = [], {}
-        for s, server in enumerate(self.servers):
-            flat = self.acc[s].clone()
-            buffers = self.shards[s][1]
-            if buffers:
-                flat[flat.numel() - sum(b.numel() for b in buffers):] = flatten(buffers).cpu()
-            if not self._remote(s):
-                _, staleness[s], _, applied = self.server.apply(flat, self.acc_version[s], self.t)
-                if not applied:
-                    refused.append(s)
-                continue
-            receipts[s] = torch.empty(HEADER, dtype=torch.int64)
-            works += [self.link.post_recv(receipts[s], server, REPLY),
-                      self.link.post_send(header(PUSH, self.acc_version[s], self.t), server,
-                                          REQUEST),
-                      self.link.post_send(flat, server, PUSH_DATA)]
-        self.link.wait(works, account="wait")  # mostly the server's queue: waiting
-        staleness.update({s: int(r[1]) for s, r in receipts.items()})
-        refused += [s for s, r in receipts.items() if not int(r[3])]
-        for a in self.acc:
-            a.zero_()
-        self.acc_version = None
-        self.refetch = bool(refused)
-        # the staleness of what was applied (a refused shard's is left out: nan)
-        values = [math.nan if s in refused else float(staleness[s]) for s in range(len(self.servers))]
-        applied = [v for v in values if not math.isnan(v)]
-        self.pushed = {"staleness": sum(applied) / len(applied) if applied else math.nan,
-                       "staleness_max": max(applied) if applied else math.nan}
-        if len(values) > 1:
-            self.pushed.update({f"staleness_shard{s}": v for s, v in enumerate(values)})
-        if self.options.max_staleness is not None:
-            self.pushed["refused"] = float(len(refused))
-
-    def _fetch(self, account: Literal["comm", "wait"] = "comm") -> None:
-        """Every shard's current parameters (and buffers) into this worker's model."""
-        works, remote = [], []
-        for s, server in enumerate(self.servers):
-            out = torch.empty(self._numel(s), dtype=self._dtype())
-            if not self._remote(s):
-                self.versions[s] = self.server.read(out)
-                self._install(s, out)
-                continue
-            reply = torch.empty(HEADER, dtype=torch.int64)
-            works += [self.link.post_recv(reply, server, REPLY),
-                      self.link.post_recv(out, server, DATA),
-                      self.link.post_send(header(FETCH), server, REQUEST)]
-            remote.append((s, reply, out))
-        self.link.wait(works, account)
-        for s, reply, out in remote:
-            self.versions[s] = int(reply[0])
-            self.stop_heard |= bool(int(reply[1]))
-            self._install(s, out)
-
-    def _install(self, s: int, flat: torch.Tensor) -> None:
-        params, buffers = self.shards[s]
-        with torch.no_grad():
-            unflatten_into(flat.to(self.comm.ctx.device), [*params, *buffers])
-
-    def _snapshots(self, kind: int) -> list[dict[str, Any]]:
-        """Every shard's full state (SNAPSHOT: now; FINAL: once every worker is done)."""
-        states: list[dict[str, Any] | None] = [None] * len(self.servers)
-        for s, server in enumerate(self.servers):
-            if not self._remote(s):
-                continue
-            reply = torch.empty(HEADER, dtype=torch.int64)
-            self.link.wait([self.link.post_recv(reply, server, REPLY),
-                            self.link.post_send(header(kind, int(self.stopping)), server, REQUEST)])
-            data = torch.empty(int(reply[0]), dtype=torch.uint8)
-            self.link.recv(data, server, DATA)
-            states[s] = from_bytes(data)
-        for s in range(len(self.servers)):
-            if not self._remote(s):
-                if kind == FINAL and self.thread is not None:
-                    self.thread.join()  # the local shard is final once its loop has ended
-                    self.thread = None
-                states[s] = self.server.state_dict()
-        return states  # type: ignore[return-value]
-
     def _finish(self) -> None:
         """After the last push: the workers say DONE; the evaluator's FINAL request waits for the
         evaluation (``_final``), so that waiting for the other workers is not part of its step.
         A worker that stops early says so in it, and its servers tell the other workers."""
         self.local_done.set()
         if self.rank != self.evaluator:
-            for s, server in enumerate(self.servers):
-                if self._remote(s):
-                    self.link.send([header(DONE, int(self.stopping))], server, REQUEST)
+            self.client.done(self.stopping)
         self.finished = True
 
     # -- preemption: agreed by the servers' replies, not by a vote ------------------------------
@@ -337,15 +204,15 @@ class Downpour(Algorithm):
         """The signal here, or the run's stop heard from a server (by reply, or by the colocated
         server's loop)."""
         loop = self.thread.loop if self.thread is not None else None
-        return (self.signal is not None and self.signal.requested()) or self.stop_heard or (
-            loop is not None and loop.stopping)
+        return (self.signal is not None and self.signal.requested()) or self.client.stop_heard \
+            or (loop is not None and loop.stopping)
 
     def stop_early(self) -> None:
         """This worker's last step was the one just taken: push what it accumulated, tell the
         servers it is done and stopping."""
         if self.finished:
             return
-        if self.acc_version is not None:
+        if self.client.acc_version is not None:
             self._push()
         self.stopping = True
         self._finish()
@@ -354,11 +221,15 @@ class Downpour(Algorithm):
         """The evaluator, once its steps are done: every shard's final state (each server sends it
         when every worker is done). The evaluator's model ends as the run's final model."""
         if self.final is None:
-            self.final = self._snapshots(FINAL)
-            for s, state in enumerate(self.final):
-                self._install(s, flatten([*state["params"], *state["buffers"]]))
-                self.versions[s] = int(state["version"])
+            self.final = self.client.snapshots(FINAL, self.stopping, self._join_server)
+            self.client.install_states(self.final)
         return self.final
+
+    def _join_server(self) -> None:
+        """The local shard is final once its loop has ended."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
 
     # -- the server's loop ----------------------------------------------------------------------
 
@@ -391,15 +262,15 @@ class Downpour(Algorithm):
             yield model
             return
         saved = [t.detach().clone() for t in [*self.params, *self.buffers]]
-        versions = list(self.versions)
-        self._fetch(account="wait")
+        versions = list(self.client.versions)
+        self.client.fetch(account="wait")
         try:
             yield model
         finally:
             with torch.no_grad():
                 for dst, src in zip([*self.params, *self.buffers], saved, strict=True):
                     dst.copy_(src)
-            self.versions = versions
+            self.client.versions = versions
 
     def state_dict(self) -> dict[str, Any]:
         return self.server.state_dict() if self.server is not None else {}
@@ -414,7 +285,7 @@ class Downpour(Algorithm):
         serving, not stepping); the other workers write nothing."""
         if self.rank != self.evaluator:
             return None
-        states = self._final() if final else self._snapshots(SNAPSHOT)
+        states = self._final() if final else self.client.snapshots(SNAPSHOT, self.stopping)
         ranks = {server: {"algorithm": state} for server, state in zip(self.servers, states, strict=True)}
         ranks[self.rank] = {**local(), **ranks.get(self.rank, {})}  # a colocated server's shard
         return ranks

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from ..comm.gossip import Exchange, Gossip
+from ..comm.p2p import Exchange
 from ..mixing import uniform_weights
 from .decentralized import Decentralized, GraphOptions
 
@@ -46,7 +46,6 @@ class DPSGD(Decentralized):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)
-        self.gossip = Gossip(self.comm)
         self.step_index = 0
         self.posted: Exchange | None = None  # posted at the first after_backward, then after_step
         return model
@@ -55,13 +54,13 @@ class DPSGD(Decentralized):
         """Send x^t to the neighbours and receive theirs, without waiting."""
         peers = self.topology.out_peers(self.rank, self.step_index)
         self.sent = flatten([p.detach() for p in self.params])
-        return self.gossip.post(self.sent, peers, peers, tag=self.step_index)
+        return self.comm.exchange(self.sent, peers, peers, tag=self.step_index)
 
     @torch.no_grad()
     def after_backward(self, model: nn.Module) -> None:
         if self.posted is None:  # the first step: nothing was posted during it
             self.posted = self._post()
-        received = self.gossip.complete(self.posted, account="wait")
+        received = self.comm.complete(self.posted, account="wait")
         if received:
             keep, give = uniform_weights(len(received))
             mixed = self.sent * keep
@@ -75,5 +74,5 @@ class DPSGD(Decentralized):
 
     def close(self) -> None:
         if self.posted is not None:
-            self.gossip.complete(self.posted)
+            self.comm.complete(self.posted)
             self.posted = None

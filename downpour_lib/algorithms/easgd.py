@@ -12,18 +12,15 @@ The center is kept on every worker (the sum is one allreduce), so it is the same
 is what is evaluated and what the run ends with. Buffers (batch-norm statistics) are averaged at
 each pull.
 
-Asynchronous (``mode=async``, Algorithm 2, the center on a server rank as TorchMPI had): rank 0
-holds the center and serves; every tau steps of its own, a worker sends it x_i and gets back the
-center x~ as it was, and both move by the same elastic difference, the worker
-x_i -= alpha (x_i - x~), the server x~ += alpha (x_i - x~). No worker waits for another. The first
-worker evaluates the center (fetched from the server) and, after every worker's last exchange,
-ends with the final center. Buffers stay each worker's own. It does not checkpoint yet.
+Asynchronous (``mode=async``, Algorithm 2, the center on a server rank) is its own module,
+``easgd_async``, on the parameter-server protocol Downpour uses; the options here choose it
+(``variant``), so ``--algorithm easgd --mode async`` is spelled as before.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,13 +29,10 @@ import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from ..comm.p2p import HEADER, Link, header, message_group
 from ..errors import ConfigError
 from ..options import check_workers
-from ..preempt import Unstoppable
 from .base import Roles
 from .localsgd import Periodic, PeriodicOptions
-from .ps_server import DATA, DONE, FETCH, FINAL, PUSH, PUSH_DATA, REQUEST
 
 SERVER = 0  # the asynchronous center's rank
 
@@ -65,6 +59,14 @@ class EASGDOptions(PeriodicOptions):
             return "easgd with mode=async does not write checkpoints yet; use mode=sync"
         return None
 
+    def variant(self) -> str:
+        return self.mode  # "async": easgd_async.AsyncEASGD runs it
+
+    def stop_refusal(self) -> str | None:
+        if self.mode == "async":  # its server takes no steps to vote at
+            return "easgd with mode=async cannot stop early or checkpoint"
+        return None
+
     def roles(self, world_size: int) -> Roles:
         workers = world_size - (self.mode == "async")
         if workers < 1:
@@ -84,37 +86,23 @@ class EASGDOptions(PeriodicOptions):
 
 
 class EASGD(Periodic):
+    """Synchronous EASGD; ``mode=async`` runs ``easgd_async.AsyncEASGD`` instead (``variant``)."""
+
     name = "easgd"
     Options = EASGDOptions
     options: EASGDOptions
 
-    def stopper(self, control, signal):
-        if self.options.mode == "async":  # its server takes no steps to vote at
-            return Unstoppable(signal, "easgd with mode=async cannot stop early or checkpoint")
-        return super().stopper(control, signal)
-
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
-        model = super().setup(model, optimizer)  # every rank, the server too: one start
+        model = super().setup(model, optimizer)
         self.alpha = self.options.alpha(len(self.roles.workers))
         self.center = flatten([p.detach() for p in self.params]).clone()
-        self.asynchronous = self.options.mode == "async"
-        self.final = False  # async, the evaluator: self.center is the run's final center
-        if self.asynchronous:
-            self.center = self.center.cpu()  # the messages' side
-            self.link = Link(self.comm.ctx, self.comm.meter, message_group(self.comm.ctx))
         return model
 
     def after_step(self, model: nn.Module) -> None:
         self.t += 1
         self.met = self.t % self.options.period == 0
-        if not self.asynchronous:
-            if self.met:
-                self._pull()
-            return
         if self.met:
-            self._exchange()
-        if self.t == self.total:
-            self._finish()
+            self._pull()
 
     @torch.no_grad()
     def _pull(self) -> None:
@@ -127,70 +115,11 @@ class EASGD(Periodic):
         self.center.add_(total, alpha=self.alpha)
         self.average_(self.buffers)
 
-    # -- asynchronous: the worker's side --------------------------------------------------------
-
-    def _ask(self, kind: int, x: torch.Tensor | None = None) -> torch.Tensor:
-        """Send a request (with x_i for an exchange) to the server; the center it sends back."""
-        center = torch.empty_like(self.center)
-        works = [self.link.post_recv(center, SERVER, DATA),
-                 self.link.post_send(header(kind), SERVER, REQUEST)]
-        if x is not None:
-            works.append(self.link.post_send(x, SERVER, PUSH_DATA))
-        self.link.wait(works, account="comm")
-        return center
-
-    @torch.no_grad()
-    def _exchange(self) -> None:
-        x = flatten([p.detach() for p in self.params])
-        center = self._ask(PUSH, x.cpu()).to(x.device)
-        unflatten_into(x - self.alpha * (x - center), self.params)
-
-    def _finish(self) -> None:
-        """After the last step: DONE, or for the evaluator FINAL, which the server answers with
-        the center once every worker is done."""
-        if self.rank != self.roles.evaluator:
-            self.link.send([header(DONE)], SERVER, REQUEST)
-            return
-        self.center, self.final = self._ask(FINAL), True
-
-    # -- asynchronous: the server ---------------------------------------------------------------
-
-    @torch.no_grad()
-    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
-        link, center = self.link, self.center
-        request, x = torch.empty(HEADER, dtype=torch.int64), torch.empty_like(center)
-        workers, done, finals, updates = set(self.roles.workers), set(), [], 0
-        while not workers <= done:
-            source = link.recv_any(request, REQUEST, account="wait")
-            kind = int(request[0])
-            if kind == PUSH:
-                link.recv(x, source, PUSH_DATA)
-                link.send([center.clone()], source, DATA)  # the center the worker pulls towards
-                center.add_(x - center, alpha=self.alpha)
-                on_update(updates, None)
-                updates += 1
-            elif kind == FETCH:
-                link.send([center.clone()], source, DATA)
-            elif kind in (DONE, FINAL):
-                done.add(source)
-                if kind == FINAL:
-                    finals.append(source)
-            else:
-                raise RuntimeError(f"easgd server: unknown request kind {kind} from rank {source}")
-        for source in finals:
-            link.send([center.clone()], source, DATA)
-        unflatten_into(center.to(self.params[0].device), self.params)  # the server ends as x~
-
     # -- evaluation and state -------------------------------------------------------------------
-
-    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
-        return {} if self.asynchronous else super().eval_metrics(model)  # async: no collective
 
     @contextmanager
     def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
         """The center, in the model's place while it is evaluated (or checkpointed)."""
-        if self.asynchronous and not self.final:
-            self.center = self._ask(FETCH)
         own = flatten([p.detach() for p in self.params]).clone()
         with torch.no_grad():
             unflatten_into(self.center.to(own.device), self.params)

@@ -45,7 +45,7 @@ from torch import nn
 from torch._utils import _unflatten_dense_tensors
 
 from ..comm.collectives import flatten
-from ..comm.gossip import Exchange
+from ..comm.p2p import Exchange
 from .decentralized import BoundedLagOptions
 from .sgp import PushSumAlgorithm, PushSumOptions
 
@@ -76,7 +76,7 @@ class OSGP(PushSumAlgorithm):
             if t - sent < self.options.max_lag and not posted.is_completed():
                 break
             self.in_flight.popleft()
-            self.push_sum.absorb(self.push_sum.gossip.complete(posted, account="wait"))
+            self.push_sum.absorb(self.comm.complete(posted, account="wait"))
             lags.append(t - sent)
         self.staleness = sum(lags) / len(lags) if lags else float("nan")
 
@@ -127,7 +127,7 @@ class OSGP(PushSumAlgorithm):
         self.push_sum.to_numerators()
         while self.in_flight:
             _, posted = self.in_flight.popleft()
-            self.push_sum.absorb(self.push_sum.gossip.complete(posted, account="wait"))
+            self.push_sum.absorb(self.comm.complete(posted, account="wait"))
         self.push_sum.debias()
 
     def state_dict(self) -> dict[str, Any]:

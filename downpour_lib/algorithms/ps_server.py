@@ -18,6 +18,9 @@ The protocol (fixed layouts; ``p2p.HEADER`` int64 slots per header):
                                VERSION: (version, stopping, 0, 0); the warmstart (Dean et al. let one
                                replica train alone before "unleashing" the others) asks until the
                                first worker's pushes have moved the version far enough
+                               EXCHANGE: (version, stopping, 0, 0), then DATA: the shard as it was
+                               before the push that came with the request, which is then applied
+                               (asynchronous EASGD's elastic exchange, ``easgd_async``)
     DONE and FINAL (kind, stopped early, 0, 0) say the worker has pushed for the last time (and
     whether it stopped early, for a preemption, which the server passes on); a FINAL is answered once every
     worker is done, which is how the evaluator gets the final parameters. The loop ends when every
@@ -34,10 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..comm.collectives import flatten, unflatten_into
-from ..comm.p2p import HEADER, Link, header
+from ..comm.collectives import Communicator, flatten, unflatten_into
+from ..comm.p2p import HEADER, header
 
-PUSH, FETCH, SNAPSHOT, DONE, FINAL, VERSION = 1, 2, 3, 4, 5, 6
+PUSH, FETCH, SNAPSHOT, DONE, FINAL, VERSION, EXCHANGE = 1, 2, 3, 4, 5, 6, 7
 REQUEST, PUSH_DATA, REPLY, DATA = 101, 102, 103, 104  # message tags
 
 
@@ -126,7 +129,7 @@ class ServeLoop:
     FINAL says so), ``stopping`` is set and every FETCH and VERSION reply carries it, so each
     worker stops at its next step."""
 
-    def __init__(self, server: ShardServer, link: Link, workers: Sequence[int],
+    def __init__(self, server: ShardServer, link: Communicator, workers: Sequence[int],
                  on_update: Callable[[int, int], None] | None = None,
                  local_done: threading.Event | None = None, signal: Any = None) -> None:
         self.server, self.link, self.workers = server, link, set(workers)
@@ -159,6 +162,14 @@ class ServeLoop:
                 version = server.read(out)
                 link.send([header(version, self._stopping())], source, REPLY)
                 link.send([out], source, DATA)
+            elif kind == EXCHANGE:  # the push's partner gets the shard from before it
+                link.recv(push, source, PUSH_DATA)
+                version = server.read(out)
+                link.send([header(version, self._stopping())], source, REPLY)
+                link.send([out], source, DATA)
+                _, staleness, _, applied = server.apply(push, int(request[1]), int(request[2]))
+                if applied and self.on_update is not None:
+                    self.on_update(source, staleness)
             elif kind == SNAPSHOT:
                 self._send_snapshot(source)
             elif kind in (DONE, FINAL):

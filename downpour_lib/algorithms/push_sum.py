@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch._utils import _unflatten_dense_tensors
 
-from ..comm.collectives import flatten, nbytes
-from ..comm.gossip import Exchange, Gossip
+from ..comm.collectives import Communicator, flatten, nbytes
+from ..comm.p2p import Exchange
 from ..mixing import uniform_weights
 from ..topology import Topology
 
@@ -31,9 +31,9 @@ from ..topology import Topology
 class PushSum:
     """One rank's push-sum state over ``params`` (the model's own parameter tensors)."""
 
-    def __init__(self, params: list[torch.Tensor], topology: Topology, gossip: Gossip,
+    def __init__(self, params: list[torch.Tensor], topology: Topology, comm: Communicator,
                  rank: int) -> None:
-        self.params, self.topology, self.gossip, self.rank = params, topology, gossip, rank
+        self.params, self.topology, self.comm, self.rank = params, topology, comm, rank
         self.weight = 1.0  # w_i; every rank starts from the same parameters, so z = x
 
     @torch.no_grad()
@@ -63,7 +63,7 @@ class PushSum:
         weight = torch.tensor([self.weight], dtype=self.params[0].dtype,
                               device=self.params[0].device)
         flat = flatten([p.detach() for p in self.params] + [weight])
-        posted = self.gossip.post(flat * give, to, receive_from, tag=step)
+        posted = self.comm.exchange(flat * give, to, receive_from, tag=step)
         if to:
             for p in self.params:
                 p.mul_(keep)

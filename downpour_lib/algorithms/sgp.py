@@ -21,7 +21,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..comm.gossip import Gossip
 from ..errors import ConfigError
 from .decentralized import Decentralized, GraphOptions
 from .push_sum import PushSum
@@ -63,7 +62,7 @@ class PushSumAlgorithm(Decentralized):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)
-        self.push_sum = PushSum(self.params, self.topology, Gossip(self.comm), self.rank)
+        self.push_sum = PushSum(self.params, self.topology, self.comm, self.rank)
         self.step_index = 0
         return model
 
@@ -90,6 +89,6 @@ class SGP(PushSumAlgorithm):
 
     def after_step(self, model: nn.Module) -> None:
         posted = self.push_sum.post(self.step_index)
-        self.push_sum.absorb(self.push_sum.gossip.complete(posted, account="comm"))
+        self.push_sum.absorb(self.comm.complete(posted, account="comm"))
         self.push_sum.debias()
         self.step_index += 1

@@ -23,7 +23,7 @@ from torch import nn
 from ..comm.collectives import flatten, unflatten_into
 from ..schedule import set_lr
 from . import ps_placement
-from .base import Algorithm, Roles
+from .base import Algorithm, Roles, vote_overflow
 from .ps_shards import model_layout, shard_tensors
 
 
@@ -42,7 +42,9 @@ class SyncPS(Algorithm):
 
     @classmethod
     def check_plan(cls, options: SyncPSOptions, roles: Roles, model: nn.Module,
-                   total_steps: int) -> None:
+                   total_steps: int, report: Callable[[str], None], precision: str = "fp32"
+                   ) -> None:
+        super().check_plan(options, roles, model, total_steps, report, precision)
         model_layout(model, len(roles.servers))
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
@@ -103,8 +105,8 @@ class SyncPS(Algorithm):
     def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
         zeros = [torch.zeros_like(p) for p in self.params]
         for i, step in enumerate(steps):
-            # the workers agree on fp16 overflows before they push (Algorithm.overflowed)
-            skip = self.overflowed(False) if self.loss_scaling else False
+            # the workers agree on fp16 overflows before they push (Algorithm.overflow)
+            skip = vote_overflow(self.comm, False) if self.loss_scaling else False
             # A dedicated server runs no forward pass: it adds nothing to the buffers' average.
             for b in self.buffers:
                 b.zero_()

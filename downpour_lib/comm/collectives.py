@@ -35,6 +35,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..records import Meter
 from .handles import Handle
+from .p2p import Exchange, exchange, message_group
 from .runtime import DistContext
 from .traffic import collective_bytes
 
@@ -182,6 +183,65 @@ class Communicator:
         """Count bytes moved outside this communicator's collectives (e.g. by a thread's messages)."""
         if self.meter is not None:
             self.meter.count(sent, received)
+
+    def with_meter(self, meter: Meter | None) -> Communicator:
+        """The same group on another meter: a second role's end of the messages (a colocated
+        server thread's), which must not count into the training thread's steps."""
+        return Communicator(self.ranks, self.group, self.ranks[self.rank], meter)
+
+    # -- point to point: peers are global ranks, on a communicator of every rank ----------------
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> dist.Work:
+        """Start sending ``tensor`` (a CUDA one staged through host memory) to ``dst``; the work
+        keeps the buffer alive: ``wait`` for it. Messages to one peer with one tag arrive in the
+        order they were posted."""
+        host = tensor if tensor.device.type == "cpu" else tensor.cpu()
+        self.count(sent=nbytes(host))
+        return dist.isend(host, dst=dst, tag=tag, group=self.group)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> dist.Work:
+        """Post a receive into the host tensor ``tensor`` now (so the sender need not wait for
+        us); ``wait`` for it later."""
+        self.count(received=nbytes(tensor))
+        return dist.irecv(tensor, src=src, tag=tag, group=self.group)
+
+    def wait(self, works: Sequence[Any], account: Account = "wait") -> None:
+        with self.timed(account, "messages"):
+            for w in works:
+                w.wait()
+
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int,
+             account: Account = "comm") -> None:
+        """Send ``tensors`` to ``dst`` in order and wait until they are received."""
+        self.wait([self.isend(t, dst, tag) for t in tensors], account)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, account: Account = "comm") -> None:
+        self.wait([self.irecv(tensor, src, tag)], account)
+
+    def recv_any(self, tensor: torch.Tensor, tag: int, account: Account = "wait") -> int:
+        """Receive the next message with ``tag`` from whichever rank sends first; its rank."""
+        with self.timed(account, "receive (any rank)"):
+            source = dist.recv(tensor, src=None, tag=tag, group=self.group)
+        self.count(received=nbytes(tensor))
+        return int(source)
+
+    def exchange(self, message: torch.Tensor, to: Sequence[int], receive_from: Sequence[int],
+                 tag: int, account: Account = "comm") -> Exchange:
+        """Gossip: send ``message`` to every rank in ``to``, receive one like it from each rank in
+        ``receive_from`` (``p2p.exchange``); ``complete`` it now or later. Counted as one message
+        per peer (no collective's share). A no-op in a world of one."""
+        if not self.active:
+            return Exchange([], [], [])
+        with self.timed(account, "gossip: post"):
+            posted = exchange(message, to, receive_from, tag, self.group)
+        n = nbytes(message)
+        self.count(sent=n * len(to), received=n * len(receive_from))
+        return posted
+
+    def complete(self, posted: Exchange, account: Account = "wait") -> list[torch.Tensor]:
+        """Wait for ``posted``; the time counts in ``account`` (waiting on peers, by default)."""
+        with self.timed(account, "gossip: exchange"):
+            return posted.wait()
 
     # -- collectives ----------------------------------------------------------------------------
 
@@ -424,6 +484,13 @@ class Comm(Communicator):
     def __init__(self, ctx: DistContext, meter: Meter | None = None) -> None:
         super().__init__(range(ctx.world_size), None, ctx.rank, meter or Meter(ctx.device))
         self.ctx = ctx
+
+    def messages(self, meter: Meter | None = None) -> Communicator:
+        """Every rank, on the group messages travel on (``p2p.message_group``: one that can
+        receive from any rank), metered by ``meter`` (default: this one's). Collective: every
+        rank calls it, in the same order, before any message."""
+        return Communicator(self.ranks, message_group(self.ctx), self.ctx.rank,
+                            self.meter if meter is None else meter)
 
 
 # -- the same collectives as functions, on the world unless a group is given -----------------------

@@ -1,91 +1,31 @@
 """Point-to-point gossip messages: post now, complete now or later; no-ops without peers.
 
 The gossip algorithms (``algorithms/sgp``, ``osgp``, ``dpsgd``, ``adpsgd``) send one flat buffer to
-each out-peer and receive one from each in-peer per step. ``post`` issues the receives and sends as
+each out-peer and receive one from each in-peer per step. ``exchange`` issues the receives and sends as
 one ``batch_isend_irecv`` batch, so no ordering of sends and receives can deadlock on a directed
 graph (gloo runs them as independent non-blocking operations; NCCL coalesces them). The returned
 ``Exchange`` can be completed at once (SGP, D-PSGD) or left in flight across the next forward and
 backward pass (Overlap-SGP). A tag per step keeps messages of different steps apart when several
 are in flight between the same pair.
 
-``Gossip`` meters what it does into the step's ``Meter`` (logical bytes: one message per out-peer
-sent, one per in-peer received); ``exchange`` on a dedicated group (``new_group``) is for a
-communication thread, which must not touch the training thread's meter nor share its group: gloo
-does not allow two threads to drive the same process group at once.
+``Comm.exchange`` meters what it does into the step's ``Meter`` (logical bytes: one message per
+out-peer sent, one per in-peer received); ``p2p.exchange`` on a dedicated group (``new_group``) is
+for a communication thread, which must not touch the training thread's meter nor share its group:
+gloo does not allow two threads to drive the same process group at once. The exchange itself
+lives in ``p2p``, under ``Communicator``; this module keeps the gossip groups and the consensus
+measure.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
 from . import runtime
-from .collectives import Account, Comm, nbytes
+from .collectives import Comm
+from .p2p import Exchange, exchange
 
-#: Tags stay below 2**30 (gloo builds its slot from the tag).
-TAG_MODULUS = 1 << 30
-
-
-class Exchange:
-    """Messages posted together; ``received`` is valid once ``wait()`` returned."""
-
-    def __init__(self, works: list, sent: list[torch.Tensor], received: list[torch.Tensor]) -> None:
-        self._works = works
-        self.sent = sent  # kept alive (and unmodified) until the sends complete
-        self.received = received
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
-
-    def wait(self) -> list[torch.Tensor]:
-        for work in self._works:
-            work.wait()
-        self._works = []
-        self.sent = []
-        return self.received
-
-
-def exchange(message: torch.Tensor, to: Sequence[int], receive_from: Sequence[int], tag: int,
-             group: dist.ProcessGroup | None = None) -> Exchange:
-    """Send ``message`` to every rank in ``to``; receive a buffer like it from each rank in
-    ``receive_from``. Non-blocking: complete with ``Exchange.wait()``. Unmetered."""
-    received = [torch.empty_like(message) for _ in receive_from]
-    if not to and not receive_from:
-        return Exchange([], [], received)
-    tag %= TAG_MODULUS
-    ops = [dist.P2POp(dist.irecv, buf, src, group=group, tag=tag)
-           for buf, src in zip(received, receive_from, strict=True)]
-    ops += [dist.P2POp(dist.isend, message, dst, group=group, tag=tag) for dst in to]
-    if dist.get_backend(group) == "nccl":  # NCCL needs the batch to coalesce its sends and receives
-        return Exchange(dist.batch_isend_irecv(ops), [message], received)
-    # gloo and the mpi backend run each as an independent non-blocking operation (receives posted
-    # first), which cannot deadlock; the Python mpi backend has no batch (coalescing) support
-    return Exchange([op.op(op.tensor, op.peer, group=op.group, tag=op.tag) for op in ops],
-                    [message], received)
-
-
-class Gossip:
-    """Metered gossip on the default group, seen from one rank."""
-
-    def __init__(self, comm: Comm) -> None:
-        self.comm = comm
-
-    def post(self, message: torch.Tensor, to: Sequence[int], receive_from: Sequence[int], tag: int,
-             account: Account = "comm") -> Exchange:
-        if not self.comm.active:
-            return Exchange([], [], [])
-        with self.comm.timed(account, "gossip: post"):
-            posted = exchange(message, to, receive_from, tag)
-        n = nbytes(message)  # point to point: one message per peer, no collective's share
-        self.comm.count(sent=n * len(to), received=n * len(receive_from))
-        return posted
-
-    def complete(self, posted: Exchange, account: Account = "wait") -> list[torch.Tensor]:
-        """Wait for ``posted``; the time counts in ``account`` (waiting on peers, by default)."""
-        with self.comm.timed(account, "gossip: exchange"):
-            return posted.wait()
+__all__ = ["Exchange", "consensus_distance", "destroy_group", "exchange", "new_group"]
 
 
 def new_group(comm: Comm) -> dist.ProcessGroup | None:

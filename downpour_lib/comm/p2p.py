@@ -1,4 +1,6 @@
-"""Point-to-point messages, metered: what an asynchronous parameter server is built from.
+"""Point-to-point messages: what an asynchronous parameter server and gossip are built from. The
+metered API is ``Communicator``'s (``isend``, ``irecv``, ``recv_any``, ``exchange``, on its own
+meter); this module holds what it is made of, unmetered.
 
 A message is a fixed-layout int64 header, optionally followed by a payload whose size both ends
 know from the shard layout, so no size is negotiated at run time (only a checkpoint snapshot, whose
@@ -19,8 +21,6 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ..records import Meter
-from .collectives import Account, nbytes
 from .runtime import DistContext, new_group
 
 HEADER = 4  # int64 slots in every header
@@ -44,48 +44,43 @@ def message_group(ctx: DistContext):
     return new_group(backend="gloo")
 
 
-class Link:
-    """One role's (a worker's or a server's) end of the messages, with its own meter.
+#: Tags stay below 2**30 (gloo builds its slot from the tag).
+TAG_MODULUS = 1 << 30
 
-    A colocated rank runs a server loop in a thread beside its worker; each role then has its own
-    Link and Meter, and the two use disjoint tags and peers, so their messages never match each
-    other's receives (gloo's pairs serialize concurrent operations)."""
 
-    def __init__(self, ctx: DistContext, meter: Meter, group=None) -> None:
-        self.ctx, self.meter, self.group = ctx, meter, group
+class Exchange:
+    """Messages posted together; ``received`` is valid once ``wait()`` returned."""
 
-    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if tensor.device.type == "cpu" else tensor.cpu()
+    def __init__(self, works: list, sent: list[torch.Tensor], received: list[torch.Tensor]) -> None:
+        self._works = works
+        self.sent = sent  # kept alive (and unmodified) until the sends complete
+        self.received = received
 
-    def post_send(self, tensor: torch.Tensor, dst: int, tag: int):
-        """Start sending ``tensor`` to ``dst`` (the work keeps the buffer alive); ``wait`` for it.
-        Messages to one peer with one tag arrive in the order they were posted."""
-        host = self._host(tensor)
-        self.meter.count(sent=nbytes(host))
-        return dist.isend(host, dst=dst, tag=tag, group=self.group)
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
 
-    def post_recv(self, tensor: torch.Tensor, src: int, tag: int):
-        """Post a receive into the host tensor ``tensor`` now (so the sender need not wait for
-        us); ``wait`` for it later."""
-        self.meter.count(received=nbytes(tensor))
-        return dist.irecv(tensor, src=src, tag=tag, group=self.group)
+    def wait(self) -> list[torch.Tensor]:
+        for work in self._works:
+            work.wait()
+        self._works = []
+        self.sent = []
+        return self.received
 
-    def wait(self, works: Sequence, account: Account = "wait") -> None:
-        with self.meter.timed(account, "messages"):
-            for w in works:
-                w.wait()
 
-    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int,
-             account: Account = "comm") -> None:
-        """Send ``tensors`` to ``dst`` in order and wait until they are received."""
-        self.wait([self.post_send(t, dst, tag) for t in tensors], account)
-
-    def recv(self, tensor: torch.Tensor, src: int, tag: int, account: Account = "comm") -> None:
-        self.wait([self.post_recv(tensor, src, tag)], account)
-
-    def recv_any(self, tensor: torch.Tensor, tag: int, account: Account = "wait") -> int:
-        """Receive the next message with ``tag`` from whichever rank sends first; its rank."""
-        with self.meter.timed(account, "receive (any rank)"):
-            source = dist.recv(tensor, src=None, tag=tag, group=self.group)
-        self.meter.count(received=nbytes(tensor))
-        return int(source)
+def exchange(message: torch.Tensor, to: Sequence[int], receive_from: Sequence[int], tag: int,
+             group: dist.ProcessGroup | None = None) -> Exchange:
+    """Send ``message`` to every rank in ``to``; receive a buffer like it from each rank in
+    ``receive_from``. Non-blocking: complete with ``Exchange.wait()``. Unmetered."""
+    received = [torch.empty_like(message) for _ in receive_from]
+    if not to and not receive_from:
+        return Exchange([], [], received)
+    tag %= TAG_MODULUS
+    ops = [dist.P2POp(dist.irecv, buf, src, group=group, tag=tag)
+           for buf, src in zip(received, receive_from, strict=True)]
+    ops += [dist.P2POp(dist.isend, message, dst, group=group, tag=tag) for dst in to]
+    if dist.get_backend(group) == "nccl":  # NCCL needs the batch to coalesce its sends and receives
+        return Exchange(dist.batch_isend_irecv(ops), [message], received)
+    # gloo and the mpi backend run each as an independent non-blocking operation (receives posted
+    # first), which cannot deadlock; the Python mpi backend has no batch (coalescing) support
+    return Exchange([op.op(op.tensor, op.peer, group=op.group, tag=op.tag) for op in ops],
+                    [message], received)

@@ -1,0 +1,152 @@
+"""Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun, NIPS 2015, Algorithm 2; the
+center on a server rank as TorchMPI had): ``--algorithm easgd --mode async``.
+
+Rank 0 holds the center x~ and serves it on the parameter-server protocol Downpour uses
+(``ps_server.ServeLoop``, one shard: the model's floating-point parameters). Every tau =
+``period`` steps of its own, a worker sends it x_i in an EXCHANGE and gets back the center as it
+was before the exchange; both move by the same elastic difference, the worker
+x_i -= alpha (x_i - x~), the server x~ += alpha (x_i - x~) (``ElasticPull``, the shard's
+"optimizer": its push is x_i, not a gradient). No worker waits for another. The first worker
+evaluates the center (a FETCH) and, after every worker's last exchange, ends with the final center
+(its FINAL, answered once every worker is DONE). Buffers stay each worker's own. It neither
+checkpoints nor stops early (``EASGDOptions.checkpoint_refusal``, ``stop_refusal``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.collectives import flatten, unflatten_into
+from ..comm.p2p import HEADER, header
+from .easgd import SERVER, EASGDOptions
+from .localsgd import Periodic
+from .ps_server import (
+    DATA,
+    DONE,
+    EXCHANGE,
+    FETCH,
+    FINAL,
+    PUSH_DATA,
+    REPLY,
+    REQUEST,
+    ServeLoop,
+    ShardServer,
+    from_bytes,
+)
+
+
+class ElasticPull(torch.optim.Optimizer):
+    """The center's side of an exchange: x~ += alpha (x_i - x~), with the worker's x_i in ``.grad``
+    (where ``ShardServer.apply`` puts a push)."""
+
+    def __init__(self, params: list[nn.Parameter], alpha: float) -> None:
+        super().__init__(params, {"lr": alpha})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad - p, alpha=group["lr"])
+
+
+class AsyncEASGD(Periodic):
+    name = "easgd"  # the variant of easgd that ``mode=async`` chooses (``algorithm_class``)
+    Options = EASGDOptions
+    options: EASGDOptions
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+        model = super().setup(model, optimizer)  # every rank, the server too: one start
+        self.alpha = self.options.alpha(len(self.roles.workers))
+        self.center = flatten([p.detach() for p in self.params]).clone().cpu()
+        self.final = False  # the evaluator: self.center is the run's final center
+        self.link = self.comm.messages()  # collective: every rank, before any message
+        self.server: ShardServer | None = None
+        if self.rank == SERVER:
+            alpha = self.alpha
+            self.server = ShardServer(0, self.params, [], lambda ps: ElasticPull(ps, alpha))
+        return model
+
+    def after_step(self, model: nn.Module) -> None:
+        self.t += 1
+        self.met = self.t % self.options.period == 0
+        if self.met:
+            self._exchange()
+        if self.t == self.total:
+            self._finish()
+
+    # -- the worker's side ------------------------------------------------------------------------
+
+    def _ask(self, kind: int, x: torch.Tensor | None = None) -> torch.Tensor:
+        """A request (with x_i for an EXCHANGE) to the server; the center it sends back."""
+        center, reply = torch.empty_like(self.center), torch.empty(HEADER, dtype=torch.int64)
+        works = [self.link.irecv(reply, SERVER, REPLY), self.link.irecv(center, SERVER, DATA),
+                 self.link.isend(header(kind, 0, self.t - 1), SERVER, REQUEST)]
+        if x is not None:
+            works.append(self.link.isend(x, SERVER, PUSH_DATA))
+        self.link.wait(works, account="comm")
+        return center
+
+    @torch.no_grad()
+    def _exchange(self) -> None:
+        x = flatten([p.detach() for p in self.params])
+        center = self._ask(EXCHANGE, x.cpu()).to(x.device)
+        unflatten_into(x - self.alpha * (x - center), self.params)
+
+    def _finish(self) -> None:
+        """After the last step: DONE, or for the evaluator FINAL, which the server answers with
+        its state (the center) once every worker is done."""
+        if self.rank != self.roles.evaluator:
+            self.link.send([header(DONE)], SERVER, REQUEST)
+            return
+        reply = torch.empty(HEADER, dtype=torch.int64)
+        self.link.wait([self.link.irecv(reply, SERVER, REPLY),
+                        self.link.isend(header(FINAL), SERVER, REQUEST)], account="comm")
+        data = torch.empty(int(reply[0]), dtype=torch.uint8)
+        self.link.recv(data, SERVER, DATA)
+        self.center, self.final = flatten(from_bytes(data)["params"]), True
+
+    # -- the server -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
+        """Rank 0: the center's loop, until every worker is done; an update per exchange."""
+        updates = 0
+
+        def applied(source: int, staleness: int) -> None:
+            nonlocal updates
+            on_update(updates, None)
+            updates += 1
+
+        ServeLoop(self.server, self.link, self.roles.workers, on_update=applied).run()
+        self.center = flatten([p.detach() for p in self.server.params]).cpu()
+        unflatten_into(self.center.to(self.params[0].device), self.params)  # the server ends as x~
+
+    # -- evaluation and state ---------------------------------------------------------------------
+
+    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
+        return {}  # the workers take no common steps: no collective
+
+    @contextmanager
+    def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
+        """The center, in the model's place while it is evaluated."""
+        if not self.final:
+            self.center = self._ask(FETCH)
+        own = flatten([p.detach() for p in self.params]).clone()
+        with torch.no_grad():
+            unflatten_into(self.center.to(own.device), self.params)
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                unflatten_into(own, self.params)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"center": self.center.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.center.copy_(state["center"])
