@@ -13,7 +13,7 @@ optim      the update rule, learning rate and its schedule, precision     yes
 length     how long it trains and how it is measured (steps or epochs,    yes
            throughput warm-up, evaluation cadence)
 system     backend, device, threads, timeout, memory format               yes
-stragglers emulated slow workers                                          yes
+emulation  emulated slow workers and emulated compute                        yes
 outputs    where the run writes (records, trace, checkpoints) and the     no
            checkpoint it continues
 runtime    how a launcher stops and restarts it (preemption signal,       no
@@ -247,18 +247,38 @@ class System:
 
 
 @dataclass(frozen=True)
-class Stragglers:
-    """Emulated slow workers: the last ``slow_workers`` take ``slowdown`` times their compute."""
+class Emulation:
+    """What is emulated rather than computed: slow workers (the last ``slow_workers`` take
+    ``slowdown`` times their compute), and the compute itself (``compute="emulated"``: sleeps of
+    the real step's length while real-sized gradients appear when the real backward makes them,
+    ``emulate.py``), so communication can be measured at more ranks than the machine has cores."""
 
     identity: ClassVar[bool] = True
     slow_workers: int = _help("stragglers: this many workers (the last ones) take slowdown times "
                               "their compute time every step, sleeping the difference", default=0)
     slowdown: float = _help("the stragglers' factor on their compute time (>= 1)", default=1.0)
+    compute: Literal["real", "emulated"] = _help(
+        "real: forward and backward computed; emulated: each worker sleeps their time "
+        "(emulated_step_s) while its real-sized gradients become ready at the real backward's "
+        "moments, so communication is real and loss and accuracy are absent (named apart from "
+        "the records' compute_s, the compute each step took)", default="real")
+    emulated_step_s: float | None = _help(
+        "emulated compute: seconds of forward+backward per step (e.g. 0.05 for a GPU's step); "
+        "none = auto, timed on this machine on the same model and batch first", default=None)
 
     def __post_init__(self) -> None:
+        check_choices(self)
         _at_least("slow_workers", self.slow_workers, 0)
         if not (_finite(self.slowdown) and self.slowdown >= 1):
             raise ConfigError("slowdown", self.slowdown, "must be a finite factor >= 1, e.g. 2")
+        if self.emulated_step_s is not None:
+            if not (_finite(self.emulated_step_s) and self.emulated_step_s > 0):
+                raise ConfigError("emulated_step_s", self.emulated_step_s,
+                                  "seconds per step > 0, e.g. 0.05, or none for auto")
+            if self.compute != "emulated":
+                raise ConfigError("emulated_step_s", self.emulated_step_s,
+                                  "applies to compute=emulated only (--compute emulated); a real "
+                                  "run computes its own step")
 
 
 @dataclass(frozen=True)
@@ -326,7 +346,7 @@ class Runtime:
 
 #: The sections in order, by attribute name. A field's flat name is unique across them.
 SECTIONS: dict[str, type] = {"data": Data, "optim": Optim, "length": Length, "system": System,
-                             "stragglers": Stragglers, "outputs": Outputs, "runtime": Runtime}
+                             "emulation": Emulation, "outputs": Outputs, "runtime": Runtime}
 #: flat field name -> its section's attribute name
 SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
 #: The fields outside any section: what is trained.
@@ -347,17 +367,17 @@ class TrainConfig:
     optim: Optim = _help("the update rule and its learning rate", default=None)
     length: Length = _help("how long it trains and how it is measured", default=None)
     system: System = _help("backend, device, threads, timeout", default=None)
-    stragglers: Stragglers = _help("emulated slow workers", default=None)
+    emulation: Emulation = _help("emulated slow workers and compute", default=None)
     outputs: Outputs = _help("what the run writes, and the checkpoint it continues", default=None)
     runtime: Runtime = _help("preemption and requeue", default=None)
 
     def __init__(self, algorithm: str = "sync_ps", options: Any = None, model: str = "mlp", *,
                  data: Data | None = None, optim: Optim | None = None,
                  length: Length | None = None, system: System | None = None,
-                 stragglers: Stragglers | None = None, outputs: Outputs | None = None,
+                 emulation: Emulation | None = None, outputs: Outputs | None = None,
                  runtime: Runtime | None = None, **flat: Any) -> None:
         given = {"data": data, "optim": optim, "length": length, "system": system,
-                 "stragglers": stragglers, "outputs": outputs, "runtime": runtime}
+                 "emulation": emulation, "outputs": outputs, "runtime": runtime}
         for name in flat:
             if name not in SECTION_OF:
                 raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}")

@@ -30,9 +30,8 @@ from torch import nn
 from .errors import ConfigError
 from .records import device_sync
 
-#: Sleeps shorter than this are carried to the next parameter's: a sleep overshoots by tens of
-#: microseconds, which over a ResNet's ~60 parameters would add milliseconds a step.
-MIN_SLEEP_S = 200e-6
+#: Deadlines nearer than this are not slept for: a sleep overshoots by tens of microseconds.
+MIN_SLEEP_S = 100e-6
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class ComputeProfile:
         """The same shape (forward share, gradient order and moments) at ``step_s`` a step,
         e.g. a GPU's step time on this machine's measured backward order."""
         if not step_s > 0:
-            raise ConfigError("compute_s", step_s, "seconds per step > 0, or auto")
+            raise ConfigError("emulated_step_s", step_s, "seconds per step > 0, or none for auto")
         k = step_s / self.step_s if self.step_s > 0 else 0.0
         return ComputeProfile(self.forward_s * k, self.backward_s * k, self.ready, source)
 
@@ -162,33 +161,34 @@ class EmulatedCompute:
         # backward order: the earliest-ready gradient's node must run first, and autograd runs
         # the most recently created of the ready nodes first, so they are created latest-first
         self.order = sorted(range(len(self.params)), key=lambda i: -profile.ready[i])
-        self.debt = 0.0  # seconds slept beyond what was asked, paid back by later sleeps
+        self.t_backward = 0.0  # when this step's backward began (the loss node's backward)
         self._installed = False
 
-    def _nap(self, seconds: float) -> None:
-        want = seconds - self.debt
-        if want < MIN_SLEEP_S:
-            self.debt = -want if want < 0 else self.debt - seconds
-            return
-        t = self.clock()
-        self.sleep(want)
-        self.debt = (self.clock() - t) - want
+    def _until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` on the clock, if it is far enough ahead to sleep at all.
+        Deadlines, not durations: what the host does between two gradients (AccumulateGrad's
+        copy, a hook launching a bucket) then takes the emulated compute's time, not adds to it,
+        as a GPU's backward runs on while the host launches, and a sleep's overshoot never
+        accumulates."""
+        left = deadline - self.clock()
+        if left >= MIN_SLEEP_S:
+            self.sleep(left)
+
+    def _backward_began(self) -> None:
+        self.t_backward = self.clock()
 
     def forward(self, *_: object, **__: object) -> torch.Tensor:
         """The emulated forward: sleeps ``forward_s``, returns the scalar to call backward on."""
-        self.debt = 0.0
-        self._nap(self.profile.forward_s)
+        self._until(self.clock() + self.profile.forward_s)
         ready, backward_s = self.profile.ready, self.profile.backward_s
         nodes = []
-        for n, i in enumerate(self.order):  # created latest-ready first, so they run earliest first
-            earlier = ready[self.order[n + 1]] if n + 1 < len(self.order) else 0.0
-
-            def wait(share: float = (ready[i] - earlier) * backward_s) -> None:
-                self._nap(share)  # the compute between the previous gradient and this one
+        for i in self.order:  # created latest-ready first, so they run earliest first
+            def wait(at: float = ready[i] * backward_s) -> None:
+                self._until(self.t_backward + at)
             nodes.append(_Ready.apply(self.params[i], self.grads[i], wait))
-        last = ready[self.order[0]] if self.order else 0.0
         loss = torch.stack(nodes).sum() if nodes else torch.zeros((), requires_grad=True)
-        return _Tail.apply(loss, lambda: self._nap((1.0 - last) * backward_s))
+        return _Tail.apply(loss, self._backward_began,
+                           lambda: self._until(self.t_backward + backward_s))
 
     def install(self) -> EmulatedCompute:
         if not self._installed:
@@ -203,20 +203,23 @@ class EmulatedCompute:
 
 
 class _Tail(torch.autograd.Function):
-    """The backward after the last gradient is ready (e.g. a first layer's input gradient). It
-    is the loss's node, so it runs first; it queues the sleep to autograd's end-of-backward
-    callbacks, which run after every gradient's hooks and before the callbacks queued later (DDP
-    queues its wait for the buckets at its first gradient), as the real tail would."""
+    """The loss's own node, so the first of the backward: it marks the backward's start, and
+    queues the rest of the backward after the last gradient (e.g. a first layer's input
+    gradient) to autograd's end-of-backward callbacks, which run after every gradient's hooks and
+    before the callbacks queued later (DDP queues its wait for the buckets at its first gradient),
+    as the real tail would."""
 
     @staticmethod
-    def forward(ctx, loss: torch.Tensor, wait: Callable[[], None]):  # type: ignore[override]
-        ctx.wait = wait
+    def forward(ctx, loss: torch.Tensor, began: Callable[[], None],  # type: ignore[override]
+                tail: Callable[[], None]):
+        ctx.began, ctx.tail = began, tail
         return loss.clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        torch.autograd.Variable._execution_engine.queue_callback(ctx.wait)
-        return grad, None
+        ctx.began()
+        torch.autograd.Variable._execution_engine.queue_callback(ctx.tail)
+        return grad, None, None
 
 
 def backward_order(model: nn.Module, run: Callable[[], None]) -> list[int]:

@@ -18,6 +18,7 @@ when it applies one asynchronous push (Downpour's). At a point that is due, ever
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import os
@@ -40,6 +41,7 @@ from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
 from .data.loader import TrainBatches, eval_batches, loader_batches
 from .data.sources import ImageSource
+from .emulate import ComputeProfile, EmulatedCompute, measure
 from .errors import CheckpointError, ConfigError, Diverged
 from .lifecycle import Lifecycle, Stopped, every
 from .models import build_model
@@ -114,9 +116,12 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     if outputs.checkpoint_dir and config.options.checkpoint_refusal():
         raise ConfigError("checkpoint_dir", outputs.checkpoint_dir,
                           config.options.checkpoint_refusal())
-    if config.stragglers.slow_workers > len(roles.workers):
-        raise ConfigError("slow_workers", config.stragglers.slow_workers,
+    if config.emulation.slow_workers > len(roles.workers):
+        raise ConfigError("slow_workers", config.emulation.slow_workers,
                           f"this run has {len(roles.workers)} worker(s); slow at most that many")
+    if config.emulation.compute == "emulated" and config.optim.precision == "fp16":
+        raise ConfigError("precision", "fp16", "emulated compute's pseudo-gradients carry no loss "
+                          "scale; use fp32 or bf16 with compute=emulated")
     if data.augment == "standard" and train.augmentation is None:
         raise ConfigError("augment", data.augment,
                           f"data set {data.dataset!r} has no standard augmentation (the real "
@@ -202,6 +207,43 @@ def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
     return loss_sum / len(source), correct / len(source)
 
 
+def emulated_profile(config: TrainConfig, ctx: DistContext, comm: Comm, roles: Roles,
+                     model: nn.Module, train: ImageSource) -> ComputeProfile | None:
+    """Under ``compute=emulated``, the step every worker emulates (None otherwise): the first
+    worker times its real forward and backward on one synthetic batch of the run's shape (alone:
+    the other ranks wait in the broadcast that hands it to them), then ``emulated_step_s``, if given,
+    rescales it. Called on every rank before the algorithm's setup, so no gradient hook fires;
+    the model's buffers and the random state are put back as they were."""
+    emulation = config.emulation
+    if emulation.compute != "emulated":
+        return None
+    n = sum(1 for p in model.parameters() if p.requires_grad)
+    packed = torch.zeros(2 + n, dtype=torch.float64)
+    if ctx.rank == roles.workers[0]:
+        state, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
+        g = torch.Generator().manual_seed(config.data.seed)
+        x = torch.randn(config.data.batch_size, *train.input_shape, generator=g).to(ctx.device)
+        y = torch.randint(0, train.num_classes, (config.data.batch_size,), generator=g)
+        with autocast(config.optim.precision, ctx.device):
+            measured = measure(model, x, y.to(ctx.device))
+        model.load_state_dict(state)
+        model.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
+        packed = torch.tensor([measured.forward_s, measured.backward_s, *measured.ready],
+                              dtype=torch.float64)
+    if comm.active:
+        packed = comm.broadcast(packed.to(ctx.device), root=roles.workers[0]).cpu()
+    values = packed.tolist()
+    profile = ComputeProfile(values[0], values[1], tuple(values[2:]),
+                             f"measured: {config.model}, batch {config.data.batch_size}, "
+                             f"rank {roles.workers[0]}")
+    if emulation.emulated_step_s is not None:
+        profile = profile.scaled(emulation.emulated_step_s,
+                                 f"given: {emulation.emulated_step_s:g} s a step, the moments "
+                                 f"{profile.source}")
+    return profile
+
+
 class Trainer:
     """One rank's part of a run. ``run()`` returns the full ``RunResult`` on rank 0, None elsewhere.
     The run's life around the steps (resume, preemption, checkpoints, trace, gather) is its
@@ -236,7 +278,12 @@ class Trainer:
         if config.system.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(config, self.model.parameters())
+        self.compute = emulated_profile(config, ctx, self.comm, self.roles, self.model, train)
         self.forward_model = self.algorithm.setup(self.model, self.optimizer)
+        self.emulator = None
+        if self.compute is not None and self.role == "worker":
+            self.emulator = EmulatedCompute(self.model, self.compute,
+                                            seed=config.data.seed + 1000 * ctx.rank).install()
         self.life = Lifecycle(config, ctx, self.plan, self.comm, self.algorithm, self.model,
                               self.optimizer, self.scaler, self.tracer)
         self.sampler = None
@@ -286,7 +333,12 @@ class Trainer:
         self.algorithm.close()
         wall_s = time.perf_counter() - self.t_start
         self.life.end(stopped)
-        return self.life.gather(wall_s, self.step_records, self.eval_records)
+        result = self.life.gather(wall_s, self.step_records, self.eval_records)
+        if result is not None and self.compute is not None:  # what each worker slept a step
+            result.summary.update(emulated_forward_s=self.compute.forward_s,
+                                  emulated_backward_s=self.compute.backward_s,
+                                  emulated_compute=self.compute.source)
+        return result
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
@@ -313,7 +365,7 @@ class Trainer:
     def _steps(self, steps: range, batches, forward, params: list[torch.nn.Parameter]) -> None:
         meter, clock = self.meter, StepClock(self.ctx.device)
         scaler, algorithm = self.scaler, self.algorithm
-        straggling = self.config.stragglers.slow_workers
+        straggling = self.config.emulation.slow_workers
         slow = self.ctx.rank in self.roles.workers[len(self.roles.workers) - straggling:]
         slowed = 0.0
         for step in steps:
@@ -324,7 +376,8 @@ class Trainer:
             set_lr(self.optimizer, self.lr_at(step))
             self.optimizer.zero_grad(set_to_none=True)
             with forward:
-                loss = F.cross_entropy(self.forward_model(x), y)
+                out = self.forward_model(x)
+                loss = out if self.emulator is not None else F.cross_entropy(out, y)
             (loss if scaler is None else loss * scaler.scale).backward()
             if slow and straggling:  # a straggler: F x its compute time
                 slowed = self._straggle(clock)
@@ -358,12 +411,14 @@ class Trainer:
                 scaler.update(skip)
             record = StepRecord(
                 rank=self.ctx.rank, role="worker", step=step, epoch=epoch, samples=len(indices),
-                loss=loss.item(), data_s=t1 - t0, compute_s=max(0.0, t2 - t1 - exposed),
+                loss=math.nan if self.emulator else loss.item(), data_s=t1 - t0,
+                compute_s=max(0.0, t2 - t1 - exposed),
                 comm_s=meter.comm_s + exposed, wait_s=meter.wait_s,
                 update_s=max(0.0, t3 - t2 - meter.comm_s - meter.wait_s), step_s=t3 - t0,
                 bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
                 time_s=t3 - self.t_start, extras=extras)
-            _check_finite(record, skip, floor)  # before a diverged model is evaluated or saved
+            if self.emulator is None:  # emulated: no loss to check
+                _check_finite(record, skip, floor)  # before a diverged model is evaluated or saved
             self._finish_step(record, point=True)
 
     def _trace_step(self, step: int, t0: float, t1: float, t2: float, t3: float,
@@ -380,7 +435,7 @@ class Trainer:
     def _straggle(self, clock: StepClock) -> float:
         """Sleep (slowdown - 1) x the forward and backward just done; the seconds slept."""
         device_sync(self.ctx.device)
-        extra = (self.config.stragglers.slowdown - 1) * (time.perf_counter() - clock.host_data_ready)
+        extra = (self.config.emulation.slowdown - 1) * (time.perf_counter() - clock.host_data_ready)
         time.sleep(extra)
         return extra
 
@@ -419,9 +474,11 @@ class Trainer:
         if not point:
             return
         step, last = record.step, record.step + 1 == self.plan.total_steps
-        if record.role == "worker":
+        if record.role == "worker" and self.emulator is None:
             self.progress.set_loss(record.loss)
-        if (last and self.config.length.final_eval) or every(step, self.config.length.eval_every):
+        evaluates = self.compute is None  # emulated compute: accuracy means nothing
+        if evaluates and ((last and self.config.length.final_eval)
+                          or every(step, self.config.length.eval_every)):
             extras = self.algorithm.eval_metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
                 with self.tracer.timed("evaluate") if self.tracer else contextlib.nullcontext():

@@ -162,15 +162,15 @@ def test_sections_hold_every_field_once_and_read_flat_and_dotted():
     config = TrainConfig(algorithm="ddp", batch_size=64, lr=0.1, steps=9, threads=1,
                          checkpoint_dir="ck", preempt_signal="none", slow_workers=1, slowdown=2.0)
     flat = config.to_dict()
-    assert len(flat) == 41 and set(flat) == set(TOP) | set(SECTION_OF)
+    assert len(flat) == 43 and set(flat) == set(TOP) | set(SECTION_OF)
     for name, section in SECTION_OF.items():
         dotted = getattr(getattr(config, section), name)
         assert getattr(config, name) == dotted  # the flat alias reads the section
         assert flat[name] == (list(dotted) if isinstance(dotted, tuple) else dotted)
     assert (config.data.batch_size, config.optim.lr, config.length.steps) == (64, 0.1, 9)
     assert config.system.threads == 1 and config.outputs.checkpoint_dir == "ck"
-    assert config.runtime.preempt_signal == "none" and config.stragglers.slowdown == 2.0
-    assert set(SECTIONS) == {"data", "optim", "length", "system", "stragglers", "outputs",
+    assert config.runtime.preempt_signal == "none" and config.emulation.slowdown == 2.0
+    assert set(SECTIONS) == {"data", "optim", "length", "system", "emulation", "outputs",
                              "runtime"}
 
 
@@ -194,13 +194,13 @@ def test_flat_names_build_replace_and_round_trip_a_sectioned_config():
 
 
 def test_each_section_validates_its_own_fields():
-    from downpour_lib.config import Data, Length, Optim, Outputs, Stragglers, System
+    from downpour_lib.config import Data, Emulation, Length, Optim, Outputs, System
 
     for section, values, name in [(Data, {"batch_size": 0}, "batch_size"),
                                   (Optim, {"lr": -1.0, "optimizer": "sgd", "momentum": 0.0}, "lr"),
                                   (Length, {"steps": 3, "warmup_steps": 3}, "warmup_steps"),
                                   (System, {"timeout_s": 0.0}, "timeout_s"),
-                                  (Stragglers, {"slowdown": 0.5}, "slowdown"),
+                                  (Emulation, {"slowdown": 0.5}, "slowdown"),
                                   (Outputs, {"keep_checkpoints": 0}, "keep_checkpoints")]:
         with pytest.raises(ConfigError) as err:
             section(**values)
