@@ -218,6 +218,24 @@ def test_scaling_table_against_ideal_linear_scaling():
     assert list(table.ranks_exceed_cores) == [False, False, False, True]  # b at 4 workers: 5 ranks
 
 
+def test_emulated_points_are_their_own_series_never_mixed_with_real_ones():
+    runs = pd.DataFrame({
+        "algorithm": "a", "model": "m", "dataset": "d", "batch_size": 8, "cores": 2, "hosts": "h",
+        "num_workers": [1, 2, 1, 2, 32], "world_size": [1, 2, 1, 2, 32],
+        "compute": ["real", "real", "emulated", "emulated", "emulated"],
+        "emulated_step_s": [None, None, 0.05, 0.05, 0.05],
+        "samples_per_s": [100.0, 150.0, 20.0, 40.0, 320.0],
+    })
+    table = scaling_table(runs).set_index(["series", "num_workers"])
+    emulated = "a (emulated, 50 ms a step)"
+    assert set(table.index.get_level_values(0)) == {"a", emulated}
+    assert table.loc[("a", 2), "efficiency"] == pytest.approx(0.75)  # against the real 1 worker
+    assert table.loc[(emulated, 32), "efficiency"] == pytest.approx(0.5)  # the emulated one's
+    assert table.loc[(emulated, 32), "compute"] == "emulated"
+    assert set(scaling_table(runs.drop(columns=["compute", "emulated_step_s"]).iloc[:2]).series) \
+        == {"a"}  # a CSV from before emulation: every row real
+
+
 def test_bad_study_specs():
     with pytest.raises(ConfigError, match="algorithms='nope'"):
         StudySpec(algorithms=("nope",))

@@ -42,6 +42,12 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):
         p.add_argument("--" + key.replace("_", "-"), dest=key, default=SCALING_BASE[key],
                        type=type(SCALING_BASE[key]), help=f"(default: {SCALING_BASE[key]})")
+    p.add_argument("--compute", choices=("real", "emulated"), default="real",
+                   help="emulated: every worker sleeps its compute while its gradients and all "
+                        "communication stay real, to measure more workers than cores (default: real)")
+    p.add_argument("--emulated-step-s", type=float, default=None,
+                   help="with --compute emulated: seconds of compute per step, e.g. 0.05 for a "
+                        "GPU's (default: timed here on the same model and batch)")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                    help=f"runs per point, their spread the error bars (default: {DEFAULT_REPEATS})")
     p.add_argument("--out", default=None,
@@ -74,6 +80,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     base = {**SCALING_BASE, **{k: getattr(args, k) for k in
                                ("model", "dataset", "batch_size", "steps", "warmup_steps",
                                 "threads")}}
+    if args.compute == "emulated":  # only then: a real study's rows keep their identity
+        base.update(compute="emulated", emulated_step_s=args.emulated_step_s)
     out = study_dir(args.out)
     spec = StudySpec(algorithms=args.algorithms, workers=args.workers, base=base,
                      csv=str(out / "runs.csv"), repeats=args.repeats)

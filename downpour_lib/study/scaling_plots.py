@@ -25,14 +25,34 @@ from .core import latest_commit
 from .figures import figure_grid, measured_on, save_figure
 from .load import LOADED_SHARE, MIN_WINDOW_S
 
-GROUP = ["algorithm", "model", "dataset", "batch_size"]
+GROUP = ["series", "algorithm", "model", "dataset", "batch_size"]
 FIGURES = ("throughput", "speedup", "efficiency", "breakdown")
 
 
 def load_runs(csv: str | Path) -> pd.DataFrame:
     """The study CSV's rows of the commit measured last (``core.latest_commit``): a machine's CSV
-    keeps its earlier commits' rows, and a figure must not mix code versions."""
-    return latest_commit(pd.read_csv(csv))
+    keeps its earlier commits' rows, and a figure must not mix code versions. Each row gets its
+    ``series`` (``with_series``)."""
+    return with_series(latest_commit(pd.read_csv(csv)))
+
+
+def with_series(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with ``compute`` (``real`` where a CSV predates emulation) and ``series``: the
+    algorithm, and for emulated compute its step, e.g. ``allreduce (emulated, 50 ms a step)``. A
+    series is a line of its own with its own 1-worker base, so emulated points are never mixed
+    with real ones, and are labelled as such in every legend and table."""
+    if "algorithm" not in runs:  # not a scaling study's rows
+        return runs
+    runs = runs.copy()
+    compute = runs["compute"] if "compute" in runs else pd.Series("real", index=runs.index)
+    runs["compute"] = compute.fillna("real")
+    step = runs["emulated_step_s"] if "emulated_step_s" in runs else pd.Series(float("nan"),
+                                                                                index=runs.index)
+    label = step.map(lambda s: "auto" if pd.isna(s) else f"{float(s) * 1e3:g} ms a step")
+    emulated = runs["compute"] == "emulated"
+    runs["series"] = runs["algorithm"].where(~emulated, runs["algorithm"] + " (emulated, "
+                                             + label + ")")
+    return runs
 
 
 def run_cores(runs: pd.DataFrame) -> pd.Series:
@@ -86,6 +106,8 @@ def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
     any did, and the largest share of the cores other processes took), and
     speedup and efficiency against ideal linear scaling with their spread (the two throughputs'
     relative deviations added in quadrature)."""
+    if "series" not in runs:
+        runs = with_series(runs)
     parts = {part: (part, "mean") for part in ("step_s", *TIME_PARTS) if part in runs}
     present = [part for part in TIME_PARTS if part in runs]
     table = (runs.assign(cores=run_cores(runs), ranks_exceed_cores=ranks_exceed_cores(runs),
@@ -95,6 +117,7 @@ def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
              .agg(samples_per_s=("samples_per_s", "mean"),
                   samples_per_s_std=("samples_per_s", "std"), runs=("samples_per_s", "size"),
                   world_size=("world_size", "first"), cores=("cores", "first"),
+                  compute=("compute", "first"),
                   ranks_exceed_cores=("ranks_exceed_cores", "any"),
                   loaded_runs=("under_load", "sum"), load_others_share=("load_others_share", "max"),
                   parts_total_s_std=("parts_total_s", "std"), **parts))
@@ -126,11 +149,15 @@ def _axes(title: str, ylabel: str, width: float = 8.5):
 
 def _subtitle(runs: pd.DataFrame) -> str:
     """The setting and the machine it was measured on (older CSVs lack some of the latter)."""
+    if "series" not in runs:
+        runs = with_series(runs)
     first = runs.iloc[0]
     repeats = int(runs.groupby(GROUP + ["num_workers"]).size().min())
     setting = (f"{first.model}, {first.dataset}, batch {first.batch_size}/worker, "
                f"{first.get('measured_steps', '?')} measured steps, "
                f"mean ± std of {repeats} repeat(s)")
+    if (runs.compute == "emulated").any():
+        setting += "\nemulated: compute slept (its step in the legend), communication real"
     machine = [str(first.get("host", first.get("hosts", "?")))]
     if "cores" in first:
         machine.append(f"{first.cores} cores, {first.get('cpu_model', '?')}")
@@ -142,8 +169,12 @@ def _subtitle(runs: pd.DataFrame) -> str:
 
 
 def _by_algorithm(table: pd.DataFrame):
-    for i, (name, part) in enumerate(table.groupby("algorithm")):
-        yield f"C{i}", name, part
+    """(color, label, rows) per series: one color per algorithm, whatever its compute."""
+    colors = {name: f"C{i}" for i, name in enumerate(sorted(table.algorithm.unique()))}
+    for name, part in table.groupby("series"):
+        yield colors[part.algorithm.iloc[0]], name, part
+
+
 
 
 #: How far apart, in workers, the first and last algorithm's points sit at one worker count: at
@@ -153,10 +184,10 @@ DODGE = 0.24
 
 def dodged(table: pd.DataFrame) -> pd.Series:
     """Each row's x: its worker count, shifted by its algorithm's place among the algorithms."""
-    names = sorted(table.algorithm.unique())
+    names = sorted(table.series.unique())
     shift = {name: (i - (len(names) - 1) / 2) * DODGE / max(1, len(names) - 1)
              for i, name in enumerate(names)}
-    return table.num_workers + table.algorithm.map(shift)
+    return table.num_workers + table.series.map(shift)
 
 
 def _crowded_label(crowded: pd.DataFrame) -> str:
@@ -170,7 +201,9 @@ def _scaling_lines(ax, table: pd.DataFrame, column: str, reference: str | None =
     another); ringed where ranks exceed cores; the legend outside the axes, off the data."""
     x = dodged(table)
     for color, name, part in _by_algorithm(table):
-        ax.errorbar(x[part.index], part[column], yerr=part[f"{column}_std"], fmt="o-",
+        emulated = "(emulated" in name  # hollow squares on a dash-dot line: never read as real
+        ax.errorbar(x[part.index], part[column], yerr=part[f"{column}_std"],
+                    fmt="s-." if emulated else "o-", mfc="none" if emulated else color,
                     color=color, capsize=3, label=name)
     crowded = table[table.ranks_exceed_cores]
     if len(crowded):
