@@ -112,9 +112,15 @@ def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
               "out": str(tmp_path),
               "overrides": {"model": "mlp", "dataset": "synthetic-mnist", "batch_size": 16, "steps": 6,
                             "warmup_steps": 2},
-              "options": {"sync_ps": {"server": "colocated"}}}  # 1 and 2 ranks for both: 2 engines
+              "options": {"sync_ps": {"server": "colocated"}},  # 1 and 2 ranks for both: 2 engines
+              "emulated_workers": [1, 2], "emulated_algorithms": ["ddp"],
+              "emulated_step_s": [0.02], "emulated_repeats": 1}
     nb = run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params)
-    runs = pd.read_csv(tmp_path / "runs.csv")
+    everything = pd.read_csv(tmp_path / "runs.csv")
+    emulated = everything[everything.compute == "emulated"]  # a series of its own, labelled
+    assert sorted(emulated.world_size) == [1, 2] and (emulated.emulated_step_s == 0.02).all()
+    assert emulated.final_train_loss.isna().all() and (emulated.samples_per_s > 0).all()
+    runs = everything[everything.compute == "real"]
     pairs = sorted(zip(runs.algorithm, runs.world_size, runs["repeat"], strict=True))
     assert pairs == sorted((a, n, r) for a in ("ddp", "sync_ps") for n in (1, 2) for r in (0, 1))
     assert (runs.samples_per_s > 0).all() and (runs["options.server"].dropna() == "colocated").all()

@@ -265,6 +265,8 @@ def read_study(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
     missing = _NEEDED - set(runs.columns)
     if missing:
         raise ConfigError("study", _name(path), f"lacks {sorted(missing)}: give a study's runs.csv")
+    if "compute" in runs:  # an emulated run's compute is a sleep: nothing to calibrate on
+        runs = runs[runs["compute"].fillna("real") == "real"]
     return runs
 
 

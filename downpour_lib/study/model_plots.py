@@ -60,12 +60,12 @@ def model_for_study(study: str | Path, out: str | Path | None = None,
     largest run, and past them nodes are joined by ``between`` (an assumption, named in the
     calibration's source, which every row carries)."""
     from .calibrate import calibrate, measure_collectives, save
-    from .scaling_plots import load_runs
+    from .scaling_plots import load_runs, real_only
 
     study = Path(study)
     csv = study / "runs.csv" if study.is_dir() else study
     out = Path(out) if out is not None else csv.parent
-    runs = load_runs(csv)
+    runs = real_only(load_runs(csv))
     if collectives is None:
         collectives = out / "collectives.json"
         if not collectives.is_file():

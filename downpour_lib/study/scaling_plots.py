@@ -168,6 +168,14 @@ def _subtitle(runs: pd.DataFrame) -> str:
             + (f"\n{loaded}: marked (red x; ! in the breakdown)" if loaded else ""))
 
 
+def real_only(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose compute was real: what the model is calibrated on and set beside (an
+    emulated row's compute is a sleep; its check against the model is a table of its own)."""
+    if "compute" not in runs:
+        return runs
+    return runs[runs["compute"].fillna("real") == "real"]
+
+
 def _by_algorithm(table: pd.DataFrame):
     """(color, label, rows) per series: one color per algorithm, whatever its compute."""
     colors = {name: f"C{i}" for i, name in enumerate(sorted(table.algorithm.unique()))}
@@ -298,6 +306,7 @@ def model_gaps(runs: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
     per core, nothing else running) and adds what it predicts communication costs; so where the
     measured compute per step grew with the workers (ranks sharing cores, other processes), or
     communication and waiting took longer than predicted, the measurement falls below it."""
+    runs = real_only(runs)
     measured = scaling_table(runs)
     if predictions.empty or measured.empty:
         return pd.DataFrame()
@@ -434,6 +443,7 @@ def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
     bars over repeats) beside the model's (hollow diamond), a thin line between them. Right: the
     model's curves out to 1,024 workers, coinciding curves drawn once. The title names the machine
     and commit; the note under the axes says where and why the two differ (``model_gaps``)."""
+    runs = real_only(runs)
     model = runs.model.iloc[0]  # a study trains one model; the figure shows the first
     runs = runs[runs.model == model]
     measured = scaling_table(runs)

@@ -153,3 +153,18 @@ class Accuracy:
 
 #: study name -> its class (the names ``core.STUDIES`` lists)
 STUDY_CLASSES: dict[str, type] = {cls.name: cls for cls in (Scaling, Staleness, Gossip, Accuracy)}
+
+
+def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
+                       step_s: Sequence[float | None], overrides: dict | None = None,
+                       options: dict | None = None, *, csv: str | os.PathLike,
+                       repeats: int = 1, profile: str | None = "local-mpi") -> None:
+    """Notebook 02's sweep past the cores: ``algorithms`` x ``workers`` under emulated compute,
+    once for each compute time in ``step_s`` (None: this machine's own, timed), into ``csv`` beside
+    the real runs, where each is a series of its own (``scaling_plots.with_series``). Nothing
+    runs when ``workers`` is empty. ``options`` may name more algorithms (the real sweep's)."""
+    options = {name: o for name, o in (options or {}).items() if name in algorithms}
+    for seconds in step_s if workers else ():
+        emulated = {**(overrides or {}), "compute": "emulated", "emulated_step_s": seconds}
+        spec = scaling.study_spec(algorithms, workers, emulated, options, csv=csv, repeats=repeats)
+        run_study(Scaling(spec, profile=profile))
