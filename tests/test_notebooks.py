@@ -130,6 +130,7 @@ def test_02_scaling_study_writes_the_csv_and_figures_and_resumes(tmp_path):
                        "throughput.png"]
     assert images(nb) == 5
     assert "samples_per_s_std" in outputs(nb, "plots.scaling_table(runs)")
+    assert "predicted_step_s" in outputs(nb, "emulated_vs_model(")  # the emulated points' model
     # the model's curves: both algorithms from 1 to 1,024 workers, each row naming its calibration
     predictions = pd.read_csv(tmp_path / "predictions.csv")
     assert sorted(set(zip(predictions.algorithm, predictions.workers, strict=True))) == \

@@ -435,3 +435,25 @@ def test_the_study_says_which_algorithms_it_leaves_out_and_why():
     assert text.startswith("8 of the 13 algorithms are in this study; left out:")
     assert all(f"  {name}: {why}" in text for name, why in LEFT_OUT.items())
     assert left_out(tuple(ALGORITHMS)) == "all 13 algorithms are in this study"
+
+
+def test_the_model_beside_the_emulated_sweep_uses_its_own_compute_and_one_node():
+    from downpour_lib.study.emulated_check import emulated_vs_model
+    from downpour_lib.study.netmodel import Link, Network
+    from downpour_lib.study.perfmodel import Calibration, Workload
+
+    link = Link(1e-5, 1e9)  # 10 us, 1 GB/s inside the node; the inter link must not be used
+    cal = Calibration("here", Network(link, Link(1.0, 1.0), per_node=2),
+                      {"m": Workload("m", 8, compute_s=9.0, param_bytes=1e6)}, overlap=0.0)
+    runs = pd.DataFrame({
+        "algorithm": "allreduce", "model": "m", "dataset": "d", "batch_size": 8, "cores": 2,
+        "num_workers": [1, 4, 1], "world_size": [1, 4, 1], "step_s": [0.05, 0.06, 0.5],
+        "comm_s": 0.0, "wait_s": 0.0, "compute_s": 0.05, "update_s": 0.0,
+        "compute": ["emulated", "emulated", "real"], "emulated_step_s": [0.05, 0.05, None],
+        "samples_per_s": 1.0})
+    table = emulated_vs_model(runs, cal).set_index("workers")
+    assert list(table.index) == [1, 4]  # the real row is not in it
+    assert table.loc[1, "error"] == 0.0  # the series' own 1-worker step is the compute
+    ring = 2 * 3 * (1e-5 + 1e6 / 4 / 1e9)  # a ring on the intra link, all 4 on one node
+    assert table.loc[4, "predicted_step_s"] == pytest.approx(0.05 + ring)
+    assert table.loc[4, "error"] == pytest.approx((0.05 + ring) / 0.06 - 1)

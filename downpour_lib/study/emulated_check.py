@@ -1,0 +1,55 @@
+"""The performance model against the emulated sweep: measured communication at many workers.
+
+An emulated run's compute is a sleep of known length, so what grows with the workers is
+communication (and what the machine does for it: copies, reductions, the scheduler). Each
+emulated series is set beside the model with the same compute (its own 1-worker step, which
+holds the sleep, the data and the update) and this machine's measured link (the calibration's
+``intra`` link, every rank on this one node). Where they differ, the model leaves out what the
+machine adds; ``why`` says which of the measured parts grew.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+
+from .netmodel import Network
+from .perfmodel import Calibration, predict
+from .scaling_plots import with_series
+
+#: The tolerance the issue sets at 32 workers.
+TOLERANCE = 0.15
+
+
+def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
+    """One row per emulated series and worker count: measured and predicted step (s) and the
+    relative error (predicted / measured - 1; negative: the model is optimistic), with the
+    measured step's parts. Empty when ``runs`` holds no emulated row; a series whose model the
+    calibration has no size for, or that lacks its 1-worker point, is left out."""
+    runs = with_series(runs)
+    emulated = runs[runs["compute"] == "emulated"]
+    rows = []
+    for series, part in emulated.groupby("series"):
+        model = part.model.iloc[0]
+        base = part[part.num_workers == 1]
+        if base.empty or model not in cal.workloads:
+            continue
+        compute = float(base.step_s.mean())  # the sleep, the data and the update: no messages
+        workload = replace(cal.workload(model), compute_s=compute,
+                           batch_size=int(part.batch_size.iloc[0]),
+                           source=f"{series}: its 1-worker step")
+        largest = int(part.world_size.max())
+        one_node = Network(cal.network.intra, cal.network.inter, per_node=max(largest, 1))
+        here = replace(cal, network=one_node, workloads={model: workload})
+        for n, point in part.groupby("num_workers"):
+            p = predict(here, part.algorithm.iloc[0], int(n), model)
+            measured = float(point.step_s.mean())
+            rows.append({"series": series, "algorithm": part.algorithm.iloc[0], "workers": int(n),
+                         "measured_step_s": measured, "predicted_step_s": p.step_s,
+                         "error": p.step_s / measured - 1,
+                         "within": abs(p.step_s / measured - 1) <= TOLERANCE,
+                         "comm_s": float(point.comm_s.mean()), "wait_s": float(point.wait_s.mean()),
+                         "compute_s": float(point.compute_s.mean()),
+                         "update_s": float(point.update_s.mean()), "runs": len(point)})
+    return pd.DataFrame(rows)
