@@ -7,11 +7,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-from equivalence import BASE, B, train
+from equivalence import BASE, B
+from reference import compare, one_process, trained
 
 from downpour_lib import TrainConfig, runtime
 from downpour_lib.comm.collectives import Comm
-from downpour_lib.comm.runtime import DistContext
 
 
 def main() -> int:
@@ -24,15 +24,14 @@ def main() -> int:
     for name, change in [("ddp", dict(algorithm="ddp")),
                          ("sync_ps colocated", dict(algorithm="sync_ps",
                                                     options={"server": "colocated"}))]:
-        _, dist_params = train(TrainConfig(**base, **change, batch_size=B), ctx)
-        initial, ref = train(TrainConfig(**base, algorithm="local", batch_size=2 * B),
-                             DistContext.single())
-        diff = max(float((d - r).abs().max()) for d, r in zip(dist_params, ref, strict=True))
-        moved = max(float((r - p).abs().max()) for r, p in zip(ref, initial, strict=True))
-        failed |= diff > 1e-5
+        _, dist_params, _ = trained(TrainConfig(**base, **change, batch_size=B), ctx)
+        initial, ref = one_process(base, 2 * B)
+        result = compare(dist_params, ref, initial)
+        failed |= result["max_abs_diff"] > 1e-5
         if ctx.rank == 0:
-            print(json.dumps({"case": name, "backend": ctx.backend, "max_abs_diff": diff,
-                              "reference_moved": moved}), flush=True)
+            print(json.dumps({"case": name, "backend": ctx.backend, "max_abs_diff":
+                              result["max_abs_diff"], "reference_moved": result["reference_moved"]}),
+                  flush=True)
     flag = torch.tensor([int(failed)])
     dist.all_reduce(flag)
     runtime.shutdown()
