@@ -37,6 +37,40 @@ from .localsgd import Periodic, PeriodicOptions
 SERVER = 0  # the asynchronous center's rank
 
 
+
+@contextmanager
+def center_in_place(params: list[torch.Tensor], center: torch.Tensor) -> Iterator[None]:
+    """The center (flat) in the parameters' place for the block, then their own values back:
+    what is evaluated and checkpointed is the center, in synchronous and asynchronous EASGD."""
+    own = flatten([p.detach() for p in params]).clone()
+    with torch.no_grad():
+        unflatten_into(center.to(own.device), params)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            unflatten_into(own, params)
+
+
+class CenterState:
+    """What an EASGD run evaluates and checkpoints: the center variable x~ (``self.center``,
+    flat), shared by the synchronous and the asynchronous algorithm."""
+
+    center: torch.Tensor
+    params: list[torch.Tensor]
+
+    @contextmanager
+    def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
+        """The center, in the model's place while it is evaluated (or checkpointed)."""
+        with center_in_place(self.params, self.center):
+            yield model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"center": self.center.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.center.copy_(state["center"])
+
 @dataclass(frozen=True)
 class EASGDOptions(PeriodicOptions):
     moving_rate: float | None = field(default=None, metadata={
@@ -85,7 +119,7 @@ class EASGDOptions(PeriodicOptions):
         return self.roles(check_workers(workers) + (self.mode == "async"))
 
 
-class EASGD(Periodic):
+class EASGD(CenterState, Periodic):
     """Synchronous EASGD; ``mode=async`` runs ``easgd_async.AsyncEASGD`` instead (``variant``)."""
 
     name = "easgd"
@@ -114,23 +148,3 @@ class EASGD(Periodic):
         unflatten_into(x - self.alpha * diff, self.params)
         self.center.add_(total, alpha=self.alpha)
         self.average_(self.buffers)
-
-    # -- evaluation and state -------------------------------------------------------------------
-
-    @contextmanager
-    def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
-        """The center, in the model's place while it is evaluated (or checkpointed)."""
-        own = flatten([p.detach() for p in self.params]).clone()
-        with torch.no_grad():
-            unflatten_into(self.center.to(own.device), self.params)
-        try:
-            yield model
-        finally:
-            with torch.no_grad():
-                unflatten_into(own, self.params)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"center": self.center.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.center.copy_(state["center"])

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import HEADER, header
-from .easgd import SERVER, EASGDOptions
+from .easgd import SERVER, CenterState, EASGDOptions
 from .localsgd import Periodic
 from .ps_server import (
     DATA,
@@ -54,7 +53,7 @@ class ElasticPull(torch.optim.Optimizer):
                 p.add_(p.grad - p, alpha=group["lr"])
 
 
-class AsyncEASGD(Periodic):
+class AsyncEASGD(CenterState, Periodic):
     name = "easgd"  # the variant of easgd that ``mode=async`` chooses (``algorithm_class``)
     Options = EASGDOptions
     options: EASGDOptions
@@ -136,17 +135,5 @@ class AsyncEASGD(Periodic):
         """The center, in the model's place while it is evaluated."""
         if not self.final:
             self.center = self._ask(FETCH)
-        own = flatten([p.detach() for p in self.params]).clone()
-        with torch.no_grad():
-            unflatten_into(self.center.to(own.device), self.params)
-        try:
-            yield model
-        finally:
-            with torch.no_grad():
-                unflatten_into(own, self.params)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"center": self.center.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.center.copy_(state["center"])
+        with super().eval_parameters(model) as center:
+            yield center
