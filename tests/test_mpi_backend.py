@@ -210,7 +210,7 @@ def test_mpi_name_resolves_to_our_backend_on_the_stock_wheel():
 def test_importing_registers_without_initializing_mpi():
     import subprocess
 
-    code = ("import sys, downpour_lib, torch.distributed as dist; "
+    code = ("import sys, downpour_lib.comm, torch.distributed as dist; "
             "print(dist.Backend._plugins['MPI'].creator_fn.__module__, 'mpi4py.MPI' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["downpour_lib.comm.mpi.backend", "False"], explain(proc)

@@ -4,8 +4,8 @@
     register()            # "mpi" now names this backend (a no-op where torch has MPI built in)
     use_world(comm)       # optional: an mpi4py sub-communicator is torch's world from now on
 
-Importing this package registers the backend (``import downpour_lib`` does, through
-``comm.runtime``). The modules: ``backend`` (registration, group creation, failure handling: the
+Importing this package registers the backend (``import downpour_lib.comm`` does, through
+``comm.runtime``; ``import downpour_lib`` alone imports nothing). The modules: ``backend`` (registration, group creation, failure handling: the
 design is in its docstring), ``process_group`` (the operations), ``types`` (dtypes and staging),
 ``work`` (async work and its thread), ``liveness`` (timeouts, the watchdog), ``shm`` (the
 shared-memory allreduce), ``profiling`` (the profiler events native backends record), ``device``
