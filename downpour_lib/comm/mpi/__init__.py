@@ -5,8 +5,9 @@
     use_world(comm)       # optional: an mpi4py sub-communicator is torch's world from now on
 
 Importing this package registers the backend (``import downpour_lib.comm`` does, through
-``comm.runtime``; ``import downpour_lib`` alone imports nothing). The modules: ``backend`` (registration, group creation, failure handling: the
-design is in its docstring), ``process_group`` (the operations), ``types`` (dtypes and staging),
+``comm.runtime``; ``import downpour_lib`` alone imports nothing). The modules: ``backend``
+(registration, group creation, failure handling: the design is in its docstring),
+``process_group`` (the operations), ``types`` (dtypes and staging),
 ``work`` (async work and its thread), ``liveness`` (timeouts, the watchdog), ``shm`` (the
 shared-memory allreduce), ``profiling`` (the profiler events native backends record), ``device``
 (the backend torch looks up per device), ``monitored`` (monitored_barrier).
