@@ -65,15 +65,6 @@ class ComputeProfile:
         k = step_s / self.step_s if self.step_s > 0 else 0.0
         return ComputeProfile(self.forward_s * k, self.backward_s * k, self.ready, source)
 
-    def to_dict(self) -> dict[str, object]:
-        return {"forward_s": self.forward_s, "backward_s": self.backward_s,
-                "ready": list(self.ready), "source": self.source}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, object]) -> ComputeProfile:
-        return cls(float(d["forward_s"]), float(d["backward_s"]),  # type: ignore[arg-type]
-                   tuple(float(f) for f in d["ready"]), str(d.get("source", "given")))  # type: ignore[union-attr]
-
 
 def _trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
