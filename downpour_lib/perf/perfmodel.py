@@ -1,24 +1,25 @@
 """A performance model of data-parallel training: one worker's step of each algorithm at N workers.
 
 A step is the worker's computation (data, forward, backward, update: measured for the model and the
-device) plus the communication its algorithm cannot hide, on a network of alpha-beta links
-(``netmodel``):
+device, less what is lost when its node's other devices are busy: ``terms.NodeCompute``), the wait for
+the slowest of N in synchronous algorithms (``terms.straggler_factor``, or ``slow_workers``), plus the
+communication its algorithm cannot hide, on a network of alpha-beta links (``netmodel``). What an
+algorithm sends is what its options class declares (``traffic``, one of ``TRAFFIC``):
 
-- ``allreduce``, ``ddp``: the gradients allreduced (ring, tree or hierarchical) in buckets that start
-  as backward produces them (``pipeline_exposed_s``); ``overlap`` in [0, 1] says how much of that
-  ideal pipeline a system achieves (measured: ``calibrate.overlap_from_study``);
-- ``sync_ps``: push to and pull from S server shards, whose cards are the bottleneck;
-- ``sgp``, ``dpsgd``: gossip to one peer (SGP, Assran et al. 2019) or to both ring neighbours
-  (D-PSGD, Lian et al. 2017); ``osgp`` hides the gossip behind the next step's computation;
-- ``localsgd``, ``diloco``, ``slowmo``, sync ``easgd``: one allreduce of the model every ``period``
+- ``collective`` (allreduce, ddp): the gradients allreduced (ring, tree, hierarchical, or the faster
+  of ring and tree per bucket) in buckets that start as backward produces them
+  (``pipeline_exposed_s``); ``overlap`` in [0, 1] says how much of that ideal pipeline a system
+  achieves (measured: ``calibrate.overlap_from_study``; not measured: a band from 0 to 1);
+- ``push_pull`` (sync_ps): push to and pull from S server shards, whose cards are the bottleneck;
+- ``gossip`` (sgp, dpsgd): to one peer (SGP, Assran et al. 2019) or to both ring neighbours
+  (D-PSGD, Lian et al. 2017); ``overlapped_gossip`` (osgp) hides it behind the next step;
+- ``periodic`` (localsgd, diloco, slowmo, sync easgd): one allreduce of the model every ``period``
   steps, amortized over the period;
-- the asynchronous ones (``downpour``, ``adpsgd``, async ``easgd``) through the discrete-event
+- ``async_push_pull``, ``async_gossip`` (downpour, async easgd, adpsgd): the discrete-event
   simulation of ``perfsim``, which also gives Downpour's staleness.
 
-What it leaves out, on purpose: compute that slows with N (memory or CPU contention on a shared
-node; a calibration measured at the worker counts it predicts avoids it), stragglers in synchronous
-steps (the simulation has slow workers), congestion between jobs, and algorithms' accuracy: it
-predicts time per step, not steps to a target.
+What it leaves out: congestion between jobs, and algorithms' accuracy: it predicts time per step,
+not steps to a target.
 """
 
 from __future__ import annotations
