@@ -9,8 +9,8 @@ other published result is a check (``presets.published_checks``), never a fit.
   the step; the faster a device's step, the larger the share lost. Loss = ``c * rate**p`` at the
   fitted devices per node (``rate``: one device's samples per second alone), growing with log2 of
   the devices per node below and beyond it (an assumption: the table has 1 and 8 devices only).
-  ``c`` and ``p`` solve the table's two points (FP32 and AMP at 8 V100) exactly, after the
-  alpha-beta allreduce over NVLink is taken off them.
+  ``c`` and ``p`` solve the table's two points (FP32 and AMP at 8 V100) exactly: c = 6.27e-6,
+  p = 1.43 (the allreduce over NVLink, about 1 ms of a step of 213 ms or more, is left in them).
 - **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
   rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
   nodes (results/reference/model/sandbox-*nodes/validation.csv: the fitted bandwidth over the
