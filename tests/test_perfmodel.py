@@ -344,7 +344,8 @@ def test_calibrate_from_a_run_summary_predicts_that_run(tmp_path, capsys):
     summary = tmp_path / "lenet.json"
     proc = downpour("train", "--model", "lenet", "--dataset", "synthetic-cifar", "--algorithm",
                     "allreduce", "--steps", "12", "--warmup-steps", "4", "--eval-every", "0",
-                    "--threads", "1", "--summary-json", str(summary))
+                    "--threads", "1", "--summary-json", str(summary), "--output-dir",
+                    str(tmp_path / "run"))
     assert proc.returncode == 0, explain(proc)
     run = json.loads(summary.read_text())
     assert run["backend"] == "none" and run["num_workers"] == 1  # what made users say --backend
@@ -357,6 +358,15 @@ def test_calibrate_from_a_run_summary_predicts_that_run(tmp_path, capsys):
     assert "backend gloo (one process's run had no backend; a launch of several would use gloo)" \
         in out, out
     assert "predictions hide none of the allreduce" in out
+    # the same run's steps.csv gives the spread a synchronous step waits on
+    steps_csv = tmp_path / "run" / "steps.csv"
+    assert main(["model", "calibrate", "--collectives", str(collectives), "--summary",
+                 str(summary), "--steps", str(steps_csv), "--out", str(tmp_path / "j.json")]) == 0
+    steps = pd.read_csv(steps_csv)
+    busy = (steps.step_s - steps.comm_s - steps.wait_s)[steps.step >= 5]
+    jitter = calib.load(tmp_path / "j.json").jitter
+    assert jitter == pytest.approx(busy.std() / busy.mean()) and jitter > 0
+    assert "step-time spread" in capsys.readouterr().out
     cal = calib.load(cal_path)
     w = cal.workload("lenet")
     assert w.batch_size == run["batch_size"]
