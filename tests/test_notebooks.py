@@ -52,7 +52,7 @@ def test_parameters_are_injected_after_the_parameters_cell_and_checked():
     ("02_scaling_study", {"algorithms": ["nope"]},
      "ConfigError: algorithms='nope' is not valid: choose from local, sync_ps", "study_spec("),
     ("06_at_scale", {"preset": "nope"},
-     "ConfigError: preset='nope' is not valid: choose one of dgx-h100-ib400", "map_preset("),
+     "ConfigError: preset='nope' is not valid: choose one of dgx-a100, dgx-h100-ib400", "map_preset("),
 ])
 def test_a_bad_parameter_fails_the_first_cell_that_uses_it_with_one_line(tmp_path, notebook,
                                                                          parameters, message, cell):

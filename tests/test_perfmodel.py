@@ -15,8 +15,8 @@ from conftest import ROOT, downpour, explain, mpiexec
 
 from downpour_lib.comm.traffic import ring_share
 from downpour_lib.errors import ConfigError
-from downpour_lib.study import calibrate as calib
-from downpour_lib.study.netmodel import (
+from downpour_lib.perf import calibrate as calib
+from downpour_lib.perf.netmodel import (
     GBIT,
     Link,
     Network,
@@ -26,8 +26,8 @@ from downpour_lib.study.netmodel import (
     ps_transfer_s,
     ring_allreduce_s,
 )
-from downpour_lib.study.perfmodel import Calibration, Workload, modelled_options, predict
-from downpour_lib.study.presets import PARAMETERS, PRESETS, published_checks
+from downpour_lib.perf.perfmodel import Calibration, Workload, modelled_options, predict
+from downpour_lib.perf.presets import PARAMETERS, PRESETS, published_checks
 
 REFERENCE = ROOT / "results" / "reference" / "scaling" / "runs.csv"
 LINK = Link(1e-5, 1e9)
@@ -212,11 +212,34 @@ def test_model_cli_calibrates_and_predicts_as_the_readme_says(collectives, tmp_p
 
 
 def test_published_results_agree_within_the_stated_tolerances():
-    checks = {c.claim.split(" ")[1] if c.claim.startswith("Horovod") else "SGP": c
+    """Overlap is not published for these systems: each prediction is a band between overlap 0
+    and 1, and the published value lies within 10 points of it (VGG-16: 2 points above it)."""
+    checks = {c.claim.split(" ")[1] if c.claim.startswith("Horovod") else c.claim.split(" ")[0]: c
               for c in published_checks()}
     for name in ("ResNet-101", "Inception", "VGG-16"):
-        assert abs(checks[name].error) <= 0.10, checks[name]
-    assert 1.5 <= checks["SGP"].predicted <= 4.5, checks["SGP"]
+        c = checks[name]
+        assert c.low <= c.predicted <= c.high and c.outside_band <= 0.10, c
+    assert 1.5 <= checks["SGP"].low <= checks["SGP"].high <= 4.5, checks["SGP"]
+
+
+def test_the_dgx1_fit_reproduces_its_own_table_and_checks_err_on_both_sides():
+    """The node-compute term is fitted once, on NVIDIA's DGX-1 16GB table (FP32 and AMP at 1 and
+    8 V100): the model gives back that table's efficiency at 8 GPUs within half a point (the
+    allreduce over NVLink, left in the fit, is all that differs). On the published results it
+    was not fitted on, its errors fall on both sides of zero."""
+    fitted = [c for c in published_checks(include_fitted=True) if c.fitted]
+    assert len(fitted) == 2
+    for c in fitted:
+        assert abs(c.error) <= 0.005, c
+    checks = [c for c in published_checks() if c.unit == "efficiency"]
+    assert not any(c.fitted for c in checks)
+    errors = [c.error for c in checks]
+    assert min(errors) < 0 < max(errors), errors
+    # the term itself: a faster step loses more when the node's 8 devices are busy
+    node = PRESETS["dgx1-v100"].node_compute
+    assert node.efficiency(1, 1200) == 1
+    assert node.efficiency(8, 1200) < node.efficiency(8, 367) < node.efficiency(4, 367) < 1
+    assert node.efficiency(8, 367) == pytest.approx(2855 / (8 * 367), abs=0.005)
 
 
 def test_parameter_server_throughput_stops_growing_as_workers_outnumber_one_server():
@@ -240,11 +263,11 @@ def test_preset_parameter_counts_are_the_published_models():
         PARAMETERS["inception_v3"]
     for cal in PRESETS.values():
         assert cal.source and all(w.source for w in cal.workloads.values())
-        assert cal.network.inter.bandwidth_Bps >= 10 * GBIT
+        assert cal.network.inter.bandwidth_Bps >= 0.9 * 10 * GBIT  # line rate x efficiency
 
 
 def test_simulated_downpour_staleness_follows_the_protocol():
-    from downpour_lib.study.perfsim import simulate
+    from downpour_lib.perf.perfsim import simulate
 
     fast = Link(1e-6, 1e12)  # communication negligible: staleness from the schedule alone
     even = simulate("downpour", 2, compute_s=0.01, model_bytes=1e5, link=fast, steps=100)
@@ -321,7 +344,8 @@ def test_calibrate_from_a_run_summary_predicts_that_run(tmp_path, capsys):
     summary = tmp_path / "lenet.json"
     proc = downpour("train", "--model", "lenet", "--dataset", "synthetic-cifar", "--algorithm",
                     "allreduce", "--steps", "12", "--warmup-steps", "4", "--eval-every", "0",
-                    "--threads", "1", "--summary-json", str(summary))
+                    "--threads", "1", "--summary-json", str(summary), "--output-dir",
+                    str(tmp_path / "run"))
     assert proc.returncode == 0, explain(proc)
     run = json.loads(summary.read_text())
     assert run["backend"] == "none" and run["num_workers"] == 1  # what made users say --backend
@@ -334,19 +358,29 @@ def test_calibrate_from_a_run_summary_predicts_that_run(tmp_path, capsys):
     assert "backend gloo (one process's run had no backend; a launch of several would use gloo)" \
         in out, out
     assert "predictions hide none of the allreduce" in out
+    # the same run's steps.csv gives the spread a synchronous step waits on
+    steps_csv = tmp_path / "run" / "steps.csv"
+    assert main(["model", "calibrate", "--collectives", str(collectives), "--summary",
+                 str(summary), "--steps", str(steps_csv), "--out", str(tmp_path / "j.json")]) == 0
+    steps = pd.read_csv(steps_csv)
+    busy = (steps.step_s - steps.comm_s - steps.wait_s)[steps.step >= 5]
+    jitter = calib.load(tmp_path / "j.json").jitter
+    assert jitter == pytest.approx(busy.std() / busy.mean()) and jitter > 0
+    assert "step-time spread" in capsys.readouterr().out
     cal = calib.load(cal_path)
     w = cal.workload("lenet")
     assert w.batch_size == run["batch_size"]
     assert w.param_bytes == 4 * parameter_count(build_model("lenet", (3, 32, 32), 10))
     assert str(summary) in cal.source
-    link = calib.fit_link(calib.read_collectives(collectives), "gloo")
-    assert cal.network.intra == link and cal.overlap == 0.0
+    link, gamma = calib.fit_reduction(calib.read_collectives(collectives), "gloo")
+    assert cal.network.intra == link and cal.network.gamma_s_per_byte == gamma
+    assert cal.overlap == 0.0
     rows = tmp_path / "rows.json"
     assert main(["model", "predict", "--calibration", str(cal_path), "--model", "lenet",
                  "--workers", "1,2", "--json", str(rows)]) == 0
     one, two = json.loads(rows.read_text())
     assert one["step_s"] == pytest.approx(run["step_s"], rel=1e-9)  # the measured step, exactly
-    ring = ring_allreduce_s(2, w.param_bytes, link)
+    ring = ring_allreduce_s(2, w.param_bytes, link) + w.param_bytes / 2 * gamma
     assert two["comm_s"] == pytest.approx(ring, rel=1e-9)
     assert two["step_s"] == pytest.approx(run["step_s"] + ring, rel=1e-9)
 
@@ -383,3 +417,132 @@ def test_validate_takes_any_model_and_borrows_a_larger_sandbox(tmp_path):
     (tmp_path / "nodes").write_text("3\n")  # made with 3 nodes, not running
     assert sandbox_size(tmp_path, 2) == 2 and sandbox_size(tmp_path, 4) == 4
     assert sandbox_size(tmp_path / "none", 3) == 3
+
+
+def test_every_registered_algorithm_declares_what_it_sends_and_the_model_reads_it():
+    """The model lists no algorithm names: each options class declares its ``traffic`` and the
+    model takes the registry's algorithms and their options' defaults."""
+    from downpour_lib.algorithms import ALGORITHMS as REGISTRY
+    from downpour_lib.perf.perfmodel import ALGORITHMS, TRAFFIC, options_for, traffic
+
+    assert set(ALGORITHMS) == set(REGISTRY) - {"local"}
+    for name in ALGORITHMS:
+        assert traffic(name, options_for(name)) in TRAFFIC, name
+    assert traffic("easgd", options_for("easgd", {"mode": "async"})) == "async_push_pull"
+    assert traffic("allreduce", {}) == "collective" and traffic("osgp", {}) == "overlapped_gossip"
+    # defaults are the options classes': diloco's period is its own, not localsgd's
+    assert options_for("diloco")["period"] == REGISTRY["diloco"].Options().period == 20
+    assert options_for("localsgd")["period"] == 4
+    assert options_for("downpour", {"servers": 4})["servers"] == 4
+
+
+def test_slow_workers_and_step_spread_make_a_synchronous_step_wait():
+    """`--option allreduce.slow_workers=1 --option allreduce.slowdown=2` was accepted and
+    ignored; now the step waits for the slow worker, and a step-time spread makes the slowest
+    of N later as N grows (1 + cv sqrt(2 ln N))."""
+    from downpour_lib.perf.terms import straggler_factor
+
+    cal = toy(overlap=0.0)
+    plain = predict(cal, "allreduce", 8, "m")
+    slow = predict(cal, "allreduce", 8, "m", {"slow_workers": 1, "slowdown": 2})
+    assert slow.step_s == pytest.approx(plain.step_s + 0.1) and slow.straggler == 2
+    assert slow.comm_s == pytest.approx(plain.comm_s)
+    with pytest.raises(ConfigError, match="slowdown"):
+        predict(cal, "allreduce", 8, "m", {"slow_workers": 1, "slowdown": 0.5})
+    with pytest.raises(ConfigError, match="slow_workers.*workers=8"):
+        predict(cal, "allreduce", 8, "m", {"slow_workers": 9, "slowdown": 2})
+    spread = replace(cal, jitter=0.1)
+    steps = {n: predict(spread, "allreduce", n, "m").step_s - predict(cal, "allreduce", n, "m").step_s
+             for n in (2, 8, 512)}
+    assert 0 < steps[2] < steps[8] < steps[512]
+    assert steps[512] == pytest.approx(0.1 * 0.1 * math.sqrt(2 * math.log(512)))
+    assert straggler_factor(1, 0.5) == 1
+    # the asynchronous ones get the spread as the simulation's jitter: no barrier to wait at
+    assert predict(spread, "downpour", 4, "m", steps=20).straggler == 1
+
+
+def test_a_collective_per_size_and_n_and_a_crowded_node():
+    """auto picks tree where latency dominates (small messages, many ranks), ring where bytes
+    do; on one node the ranks share its memory and cores (issue 34: comm grew 2.5 -> 363 ms from
+    2 to 32 ranks on 2 cores), so per-rank comm grows with ranks instead of staying flat."""
+    net = Network(Link(1e-6, 100e9), Link(1e-5, 10e9), per_node=8)
+    for n, size in ((1024, 1e3), (1024, 1e9), (16, 1e8)):
+        best = min(allreduce_s(n, size, net, "ring"), allreduce_s(n, size, net, "tree"))
+        assert allreduce_s(n, size, net, "auto") == best
+    assert allreduce_s(1024, 1e3, net, "auto") == allreduce_s(1024, 1e3, net, "tree")
+    assert allreduce_s(16, 1e8, net, "auto") == allreduce_s(16, 1e8, net, "ring")
+    free = Network(Link(1e-4, 4e9), Link(1e-4, 4e9), per_node=32)
+    crowded = replace(free, gamma_s_per_byte=1e-9, node_Bps=14e9, cores=2)
+    grow = {n: allreduce_s(n, 6.6e6, crowded) / allreduce_s(n, 6.6e6, free) for n in (2, 8, 32)}
+    assert 1 < grow[2] < grow[8] < grow[32] and grow[32] > 10
+    assert allreduce_s(2, 6.6e6, crowded) == pytest.approx(
+        ring_allreduce_s(2, 6.6e6, free.intra) + 6.6e6 / 2 * 1e-9)
+    with pytest.raises(ConfigError, match="cores"):
+        replace(free, cores=0)
+
+
+def test_overlap_not_measured_gives_a_band_and_measured_a_point():
+    cal = toy(overlap=None)
+    p = predict(cal, "allreduce", 8, "m")
+    none, ideal = predict(toy(overlap=0.0), "allreduce", 8, "m"), predict(toy(), "allreduce", 8, "m")
+    assert p.step_s_high == pytest.approx(none.step_s) and p.step_s_low == pytest.approx(ideal.step_s)
+    assert p.efficiency_low < p.efficiency < p.efficiency_high
+    assert p.step_s == pytest.approx((p.step_s_low + p.step_s_high) / 2)
+    assert ideal.step_s_low == ideal.step_s == ideal.step_s_high
+    back = Calibration.from_dict(json.loads(json.dumps(replace(cal, jitter=0.2).to_dict())))
+    assert back == replace(cal, jitter=0.2)
+
+
+def test_hardware_files_are_the_presets_and_bad_fields_are_named(tmp_path):
+    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, load_hardware
+    from downpour_lib.perf.terms import LINK_EFFICIENCY
+
+    assert {p.stem for p in HARDWARE_DIR.glob("*.yaml")} == set(PRESETS)
+    sgp = PRESETS["sgp-v100-10g"]
+    assert sgp.network.inter.bandwidth_Bps == pytest.approx(10 * GBIT * LINK_EFFICIENCY)
+    assert sgp.overlap is None and "Assran" in sgp.source
+    spec = {"name": "mine", "devices_per_node": 4, "overlap": 0.5,
+            "links": {"inter": {"gbit_per_s": 25, "latency_us": 10, "efficiency": 0.9}},
+            "models": {"net": {"batch": 32, "step_s": 0.2, "parameters": 1e6}}}
+    cal = hardware_from_dict(spec)
+    assert cal.network.inter.alpha_s == pytest.approx(1e-5) and cal.network.per_node == 4
+    assert cal.network.inter.bandwidth_Bps == pytest.approx(25 * GBIT * 0.9)
+    assert cal.workloads["net"].compute_s == pytest.approx(0.2) and cal.overlap == 0.5
+    for bad, field in ((dict(spec, devices_per_node=0), "devices_per_node"),
+                       (dict(spec, overlap=2), "overlap"),
+                       (dict(spec, links={"inter": {"gbit_per_s": -1}}), "links.inter.gbit_per_s"),
+                       (dict(spec, links={"inter": {"gbit_per_s": 1, "efficiency": 2}}),
+                        "links.inter.efficiency"),
+                       (dict(spec, models={"net": {"batch": 32, "parameters": 1}}), "models.net"),
+                       (dict(spec, colective="ring"), "hardware.*colective")):
+        with pytest.raises(ConfigError, match=field):
+            hardware_from_dict(bad)
+    path = tmp_path / "mine.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(spec))
+    assert load_hardware(path) == cal
+    with pytest.raises(ConfigError, match="hardware"):
+        load_hardware(tmp_path / "none.yaml")
+
+
+def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
+    from downpour_lib.cli import main
+
+    hw = Path(__file__).parents[1] / "downpour_lib" / "perf" / "hardware" / "sgp-v100-10g.yaml"
+    rows_at = tmp_path / "rows.json"
+    assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
+                 "32", "--json", str(rows_at)]) == 0
+    (base,) = json.loads(rows_at.read_text())
+    assert "efficiency_low" in capsys.readouterr().out
+    assert base["efficiency_low"] < base["efficiency"] < base["efficiency_high"]
+    assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
+                 "32", "--inter-gbit", "100", "--overlap", "1", "--json", str(rows_at)]) == 0
+    (fast,) = json.loads(rows_at.read_text())
+    assert fast["efficiency"] > base["efficiency_high"]
+    assert fast["efficiency_low"] == fast["efficiency"] == fast["efficiency_high"]
+    assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
+                 "32", "--jitter", "0.1", "--option", "allreduce.slow_workers=1", "--option",
+                 "allreduce.slowdown=2", "--json", str(rows_at)]) == 0
+    (slow,) = json.loads(rows_at.read_text())
+    assert slow["step_s"] > base["step_s"] + 0.9 * base["compute_s"]

@@ -46,6 +46,8 @@ from .decentralized import BoundedLagOptions, Decentralized
 
 @dataclass(frozen=True)
 class ADPSGDOptions(BoundedLagOptions):
+    #: for the performance model: pairwise averaging on each worker's own clock
+    traffic: ClassVar[str] = "async_gossip"
     lag_bounds: ClassVar[str] = "the averaging thread may fall that many steps behind"
     without_lag: ClassVar[str] = "for lock-step neighbour averaging use --algorithm dpsgd"
     needs_symmetric: ClassVar[bool] = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -21,6 +22,8 @@ from .base import Algorithm, AlgorithmOptions, Roles
 
 @dataclass(frozen=True)
 class DDPOptions(AlgorithmOptions):
+    #: per step, for the performance model (downpour_lib.perf): the gradients allreduced in buckets
+    traffic: ClassVar[str] = "collective"
     bucket_cap_mb: float = field(default=25.0, metadata={"help": "DDP gradient bucket size in MB"})
 
     def __post_init__(self) -> None:

@@ -50,6 +50,8 @@ from .ps_shards import model_layout, shard_tensors
 
 @dataclass(frozen=True)
 class DownpourOptions(ps_placement.PSOptions):
+    #: for the performance model: push every n_push, fetch every n_fetch steps, each on its own clock
+    traffic: ClassVar[str] = "async_push_pull"
     default_optimizer: ClassVar[str] = "adagrad"  # as in Dean et al. 2012
     # a worker evaluates: it can fetch every shard; the servers each hold one
     evaluator: ClassVar[Literal["server", "worker"]] = "worker"

@@ -32,6 +32,8 @@ from .decentralized import Decentralized, GraphOptions
 
 @dataclass(frozen=True)
 class DPSGDOptions(GraphOptions):
+    #: per step, for the performance model: the model exchanged with the graph's neighbours
+    traffic: ClassVar[str] = "gossip"
     needs_symmetric: ClassVar[bool] = True
 
     topology: Literal["ring", "complete"] = field(default="ring", metadata={

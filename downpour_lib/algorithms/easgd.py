@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -73,6 +73,8 @@ class CenterState:
 
 @dataclass(frozen=True)
 class EASGDOptions(PeriodicOptions):
+    #: for the performance model, by ``variant()``: async pulls from a center on a server rank
+    traffic_variants: ClassVar[dict[str, str]] = {"async": "async_push_pull"}
     moving_rate: float | None = field(default=None, metadata={
         "help": "easgd: the moving rate alpha = eta * rho, in (0, 1/N]; none = 0.9 / N"})
     mode: Literal["sync", "async"] = field(default="sync", metadata={

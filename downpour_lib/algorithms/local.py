@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..errors import ConfigError
 from .base import Algorithm, AlgorithmOptions, Roles
@@ -11,6 +12,8 @@ from .base import Algorithm, AlgorithmOptions, Roles
 @dataclass(frozen=True)
 class LocalOptions(AlgorithmOptions):
     """No options; one process, one worker."""
+
+    traffic: ClassVar[str] = "none"  # for the performance model: no communication
 
     def roles(self, world_size: int) -> Roles:
         if world_size != 1:

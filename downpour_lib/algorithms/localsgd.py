@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -94,6 +94,8 @@ PERIOD_HELP = ("steps between the workers' meetings: localsgd's and slowmo's ave
 
 @dataclass(frozen=True)
 class PeriodicOptions(AlgorithmOptions):
+    #: for the performance model: the model allreduced once every ``period`` steps
+    traffic: ClassVar[str] = "periodic"
     period: int = field(default=4, metadata={"help": PERIOD_HELP})
 
     def __post_init__(self) -> None:

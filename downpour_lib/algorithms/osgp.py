@@ -52,6 +52,8 @@ from .sgp import PushSumAlgorithm, PushSumOptions
 
 @dataclass(frozen=True)
 class OSGPOptions(BoundedLagOptions, PushSumOptions):
+    #: for the performance model: k-peer gossip hidden behind the next step's computation
+    traffic: ClassVar[str] = "overlapped_gossip"
     lag_bounds: ClassVar[str] = "messages stay in flight for at most that many steps"
     without_lag: ClassVar[str] = "for synchronous push-sum use --algorithm sgp"
 

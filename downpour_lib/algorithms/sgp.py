@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -28,6 +28,8 @@ from .push_sum import PushSum
 
 @dataclass(frozen=True)
 class PushSumOptions(GraphOptions):
+    #: per step, for the performance model: the model sent to k peers of the graph
+    traffic: ClassVar[str] = "gossip"
     """Options of the push-sum algorithms (SGP and Overlap-SGP)."""
 
     topology: Literal["exponential", "ring", "complete"] = field(default="exponential", metadata={

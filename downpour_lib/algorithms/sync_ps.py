@@ -29,6 +29,8 @@ from .ps_shards import model_layout, shard_tensors
 
 @dataclass(frozen=True)
 class SyncPSOptions(ps_placement.PSOptions):
+    #: per step, for the performance model: push to and pull from S server shards, in lock-step
+    traffic: ClassVar[str] = "push_pull"
     """Where the servers run and how many there are (see ``ps_placement``)."""
 
     # after the pull every rank holds every parameter, so server 0 can evaluate

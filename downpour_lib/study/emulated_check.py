@@ -14,8 +14,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from .netmodel import Network
-from .perfmodel import Calibration, predict
+from ..perf.perfmodel import Calibration, predict
 from .scaling_plots import with_series
 
 #: The tolerance the issue sets at 32 workers.
@@ -40,7 +39,7 @@ def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
                            batch_size=int(part.batch_size.iloc[0]),
                            source=f"{series}: its 1-worker step")
         largest = int(part.world_size.max())
-        one_node = Network(cal.network.intra, cal.network.inter, per_node=max(largest, 1))
+        one_node = replace(cal.network, per_node=max(largest, 1))
         here = replace(cal, network=one_node, workloads={model: workload})
         for n, point in part.groupby("num_workers"):
             p = predict(here, part.algorithm.iloc[0], int(n), model)

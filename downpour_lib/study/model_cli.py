@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError
+from ..perf.perfmodel import ALGORITHMS, MODELLED_OPTIONS, Calibration
 from .core import host_dirname
-from .perfmodel import ALGORITHMS, MODELLED_OPTIONS, Calibration
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
 REFERENCE_STUDY = "results/reference/scaling/runs.csv"
@@ -41,14 +41,15 @@ def find_calibration() -> Path:
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
-def check_names(model: str, algorithms: list[str]) -> None:
-    """--model and --algorithm against the names that exist, before any file is read."""
+def check_names(model: str, algorithms: list[str], any_model: bool = False) -> None:
+    """--model and --algorithm against the names that exist, before any file is read (any model
+    where a hardware file names its own)."""
     from ..errors import unknown_name
     from ..models import MODELS
-    from .presets import PRESETS
+    from ..perf.presets import PRESETS
 
     models = set(MODELS) | {m for cal in PRESETS.values() for m in cal.workloads}
-    if model not in models:
+    if model not in models and not any_model:
         raise unknown_name("model", model, models)
     if not algorithms:
         raise ConfigError("algorithm", "", "give one or more of " + ", ".join(ALGORITHMS))
@@ -106,8 +107,20 @@ def _option(text: str) -> tuple[str, str, object]:
     return algorithm, key, raw
 
 
+def _overlap(text: str) -> float | None:
+    if text.strip().lower() in ("none", "null", "band"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share in [0, 1], or none (a band)")
+    return value
+
+
 def add_model_parser(sub: argparse._SubParsersAction) -> None:
-    from .presets import PRESETS
+    from ..perf.presets import PRESETS
 
     model = sub.add_parser("model", help="the performance model: calibrate, predict, presets, check",
                            description=__doc__.split("\n\n")[0])
@@ -125,6 +138,9 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default=None,
                    help="whose link to fit (default: the runs'; a one-process run's is the one a "
                         "launch of several would use, or the one the collectives file measured)")
+    p.add_argument("--steps", default=None, metavar="CSV",
+                   help="a run's steps.csv (`downpour train --output-dir`): the spread of its step "
+                        "times, for the slowest-of-N wait of synchronous steps (default: none)")
     p.add_argument("--out", default=None, help=f"where the calibration goes "
                                                f"(default: {default_calibration()})")
     p.set_defaults(func=cmd_calibrate)
@@ -132,6 +148,10 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("predict", help="step time, throughput and efficiency at N workers")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--preset", choices=sorted(PRESETS), help="published hardware")
+    where.add_argument("--hardware", default=None, metavar="FILE.yaml",
+                       help="your hardware: devices, nodes, links, models with their sources "
+                            "(the fields: downpour_lib/perf/hardware.py; the presets are such files "
+                            "in downpour_lib/perf/hardware/)")
     where.add_argument("--calibration", default=None,
                        help=f"a calibration file (default: the newer of {study_calibration()}, "
                             f"which `make study` writes, and {default_calibration()}, which "
@@ -140,8 +160,23 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", default="allreduce",
                    help=f"comma-separated, of {', '.join(ALGORITHMS)}")
     p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
-    p.add_argument("--collective", choices=("ring", "tree", "hierarchical"), default=None,
-                   help="the allreduce algorithm (default: the calibration's)")
+    p.add_argument("--collective", choices=("ring", "tree", "hierarchical", "auto"), default=None,
+                   help="the allreduce algorithm (default: the calibration's; auto: the faster of "
+                        "ring and tree per bucket, as NCCL)")
+    hw = p.add_argument_group("hardware fields (override the calibration's, preset's or file's)")
+    hw.add_argument("--devices-per-node", type=int, default=None, help="workers (GPUs) per node")
+    for side, what in (("intra", "between devices of a node"), ("inter", "a node's network card")):
+        hw.add_argument(f"--{side}-gbit", type=float, default=None,
+                        help=f"line rate {what}, Gbit/s per direction")
+        hw.add_argument(f"--{side}-latency-us", type=float, default=None,
+                        help=f"latency of one message {what}, microseconds")
+    hw.add_argument("--link-efficiency", type=float, default=None,
+                    help="achieved / line rate for the rates given here (default: the fitted one)")
+    hw.add_argument("--overlap", type=_overlap, default=argparse.SUPPRESS,
+                    help="share of the bucket pipeline achieved, 0 to 1; none: not measured (a band)")
+    hw.add_argument("--jitter", type=float, default=None,
+                    help="coefficient of variation of a step's time (a run's steps.csv): a "
+                         "synchronous step waits for the slowest of N")
     p.add_argument("--option", action="append", default=[], type=_option, metavar="ALG.KEY=VALUE",
                    help="an algorithm's option, e.g. downpour.servers=16, easgd.mode=async, "
                         "localsgd.period=8, downpour.slow_workers=1 (repeat for more)")
@@ -174,7 +209,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import (
+    from ..perf.calibrate import (
         calibrate,
         compare_with_study,
         pick_backend,
@@ -189,11 +224,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if backend is None:
         backend, why = pick_backend(study, read_collectives(args.collectives), args.collectives)
     cal = calibrate(args.collectives, study, backend=backend)
+    if args.steps:
+        from dataclasses import replace
+
+        from ..perf.calibrate import jitter_from_steps
+
+        cal = replace(cal, jitter=jitter_from_steps(args.steps))
+        print(f"step-time spread (coefficient of variation) {cal.jitter:.3f}, from {args.steps}")
     path = save(cal, args.out or default_calibration())
     link = cal.network.intra
     print(f"backend {backend} ({why})")
-    print(f"link: alpha {link.alpha_s * 1e6:.1f} us, beta {link.bandwidth_Bps / 1e9:.2f} GB/s; "
-          f"overlap {cal.overlap:.2f}")
+    net = cal.network
+    print(f"link: alpha {link.alpha_s * 1e6:.1f} us, beta {link.bandwidth_Bps / 1e9:.2f} GB/s, "
+          f"gamma {net.gamma_s_per_byte * 1e9:.3f} ns/byte; node memory "
+          + (f"{net.node_Bps / 1e9:.1f} GB/s" if net.node_Bps else "not measured")
+          + f", {net.cores or '?'} cores; overlap {cal.overlap:.2f}")
     if not ((study["num_workers"] > 1) & study["algorithm"].isin(("allreduce", "ddp"))).any():
         print("overlap: no allreduce run of 2 or more workers to measure it from; predictions hide "
               "none of the allreduce behind backward (an upper bound on the step)")
@@ -209,18 +254,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .calibrate import load
-    from .perfmodel import predict_rows
-    from .presets import PRESETS
+    from ..perf.calibrate import load
+    from ..perf.hardware import load_hardware, with_fields
+    from ..perf.perfmodel import predict_rows
+    from ..perf.presets import PRESETS
 
     algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
-    check_names(args.model, algorithms)
-    path = None if args.preset else (args.calibration or find_calibration())
-    cal = PRESETS[args.preset] if args.preset else load(path)
+    check_names(args.model, algorithms, any_model=bool(args.hardware))
+    if args.hardware:
+        path, cal = Path(args.hardware), load_hardware(args.hardware)
+    else:
+        path = None if args.preset else (args.calibration or find_calibration())
+        cal = PRESETS[args.preset] if args.preset else load(path)
     if args.model not in cal.workloads:  # named before predicting, with the way to measure it
         raise no_compute(cal, args.model, path)
     if args.collective:
         cal = replace(cal, collective=args.collective)
+    cal = with_fields(cal, devices_per_node=args.devices_per_node, intra_gbit=args.intra_gbit,
+                      intra_latency_us=args.intra_latency_us, inter_gbit=args.inter_gbit,
+                      inter_latency_us=args.inter_latency_us, link_efficiency=args.link_efficiency,
+                      jitter=args.jitter, **({"overlap": args.overlap} if "overlap" in args else {}))
     options: dict[str, dict] = {}
     for algorithm, key, value in args.option:
         if algorithm not in algorithms:
@@ -233,8 +286,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     rows = predict_rows(cal, algorithms, args.workers, args.model, options)
     table = pd.DataFrame(rows)
     print(f"calibration {cal.name}" + (f" ({path})" if path else "") + f": {cal.source}")
-    print(table[["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]]
-          .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    columns = ["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]
+    if cal.overlap is None:
+        print("overlap not measured: efficiency is the middle of the band between overlap 1 "
+              "(efficiency_high) and 0 (efficiency_low)")
+        columns[5:5] = ["efficiency_low", "efficiency_high"]
+    print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.json:
         from ..checkpoint import atomic_write_text
 
@@ -285,7 +342,7 @@ def verdict(table: pd.DataFrame, tolerance: float) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from .presets import PRESETS
+    from ..perf.presets import PRESETS
 
     for cal in PRESETS.values():
         net = cal.network
@@ -298,7 +355,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .presets import published_table
+    from ..perf.presets import published_table
 
     table = published_table().drop(columns="source")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..perf.netmodel import GBIT, Link
+from ..perf.perfmodel import Calibration, predict_rows
+from ..perf.terms import LINK_EFFICIENCY
 from .figures import figure_row
-from .netmodel import GBIT, Link
-from .perfmodel import Calibration, predict_rows
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -59,7 +60,7 @@ def model_for_study(study: str | Path, out: str | Path | None = None,
     One machine measures the link inside a node only: the node holds as many ranks as the study's
     largest run, and past them nodes are joined by ``between`` (an assumption, named in the
     calibration's source, which every row carries)."""
-    from .calibrate import calibrate, measure_collectives, save
+    from ..perf.calibrate import calibrate, measure_collectives, save
     from .scaling_plots import load_runs, real_only
 
     study = Path(study)
@@ -106,8 +107,8 @@ def map_preset(preset: str, model: str, algorithms, gbits) -> Calibration:
     """The preset a fastest-algorithm map is drawn on, with the map's settings checked up front (a
     notebook's parameters: ``preset``, ``preset_model``, ``map_algorithms``, ``gbits``)."""
     from ..errors import ConfigError, unknown_name
-    from .perfmodel import ALGORITHMS
-    from .presets import PRESETS
+    from ..perf.perfmodel import ALGORITHMS
+    from ..perf.presets import PRESETS
 
     if preset not in PRESETS:
         raise unknown_name("preset", preset, PRESETS)
@@ -133,7 +134,9 @@ def fastest_map(cal: Calibration, algorithms, model: str, workers=WORKERS[1:],
     there; the card's latency stays the calibration's."""
     rows = []
     for rate in gbits:
-        net = replace(cal.network, inter=Link(cal.network.inter.alpha_s, rate * GBIT))
+        # a line rate: what a collective gets of it is the fitted share
+        net = replace(cal.network, inter=Link(cal.network.inter.alpha_s,
+                                              rate * GBIT * LINK_EFFICIENCY))
         at = replace(cal, network=net)
         for r in predict_rows(at, list(algorithms), list(workers), model):
             rows.append({**r, "gbit": rate})

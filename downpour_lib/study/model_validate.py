@@ -38,10 +38,10 @@ import pandas as pd
 
 from ..config import TrainConfig
 from ..errors import ConfigError
-from .calibrate import fit_link, parameter_bytes, read_collectives
+from ..perf.calibrate import fit_link, parameter_bytes, read_collectives
+from ..perf.netmodel import Link, Network
+from ..perf.perfmodel import Calibration, Workload, modelled_options, predict
 from .core import StudyError
-from .netmodel import Link, Network
-from .perfmodel import Calibration, Workload, modelled_options, predict
 
 #: the rates of the two settings. The sandbox's token buckets let max(64 KB, 4 ms) of traffic pass
 #: at once after an idle spell, which a real card does not: with the 1.6 MB model that is 4% of a

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..comm.traffic import ring_share
 from ..errors import ConfigError
 from .netmodel import Link, Network
 from .perfmodel import Calibration, Workload, bucketed_allreduce_s, modelled_options, predict
@@ -88,7 +89,7 @@ def fit_link(rows: list[dict[str, Any]], backend: str) -> Link:
             continue
         n, m = r["world_size"], r["bytes"]
         if r["op"] == "allreduce":
-            design.append((2 * (n - 1), 2 * (n - 1) / n * m))
+            design.append((2 * (n - 1), float(ring_share("allreduce", n)) * m))
         elif r["op"] == "broadcast" and n == 2:
             design.append((1, m))
         else:
@@ -108,6 +109,65 @@ def fit_link(rows: list[dict[str, Any]], backend: str) -> Link:
         raise ConfigError("collectives", backend, "times do not grow with size: measure larger "
                           "sizes (--sizes 4K,1M,64M)")
     return Link(float(alpha), float(1 / inv_beta))
+
+
+def fit_reduction(rows: list[dict[str, Any]], backend: str) -> tuple[Link, float]:
+    """(the link, gamma: seconds per byte reduced) of ``backend``, the three fitted together: a
+    ring allreduce of M over n ranks costs ``2(n-1) alpha + 2(n-1)/n M / beta + (n-1)/n M gamma``,
+    a broadcast at two ranks ``alpha + M / beta`` and no reduction, which separates gamma from
+    beta. Without broadcast rows (or where gamma comes out negative) gamma is 0 and the link is
+    ``fit_link``'s."""
+    design, times = [], []
+    for r in rows:
+        if r.get("backend") != backend or r.get("world_size", 1) < 2:
+            continue
+        n, m = r["world_size"], r["bytes"]
+        if r["op"] == "allreduce":
+            design.append((2 * (n - 1), float(ring_share("allreduce", n)) * m, (n - 1) / n * m))
+        elif r["op"] == "broadcast" and n == 2:
+            design.append((1, m, 0.0))
+        else:
+            continue
+        times.append(r["p50_s"])
+    a, t = np.array(design, dtype=float).reshape(-1, 3), np.array(times)
+    if len(t) < 4 or not (a[:, 2] > 0).any() or (a[:, 2] > 0).all():
+        return fit_link(rows, backend), 0.0
+    weight = 1 / t
+    (alpha, inv_beta, gamma), *_ = np.linalg.lstsq(a * weight[:, None], t * weight, rcond=None)
+    if alpha < 0 or inv_beta <= 0 or gamma <= 0:
+        return fit_link(rows, backend), 0.0
+    return Link(float(alpha), float(1 / inv_beta)), float(gamma)
+
+
+def node_memory_Bps(rows: list[dict[str, Any]]) -> float | None:
+    """The host's memory throughput, bytes/s: ``bench collectives``' memcpy row of the largest
+    size (one thread copying, the ceiling a node's shared-memory transfers share); None without."""
+    copies = [r for r in rows if r.get("backend") == "memcpy" and r.get("p50_s", 0) > 0]
+    if not copies:
+        return None
+    largest = max(copies, key=lambda r: r["bytes"])
+    return float(largest["bytes"] / largest["p50_s"])
+
+
+def jitter_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> float:
+    """The spread of a run's compute per step: the coefficient of variation of each worker's
+    step less its communication and waiting (``steps.csv`` of ``downpour train --output-dir``),
+    past ``warmup_steps``, the mean over workers. A synchronous step waits for the slowest of N
+    such draws (``terms.straggler_factor``)."""
+    from .terms import step_spread
+
+    try:
+        steps = pd.read_csv(path)
+    except FileNotFoundError:
+        raise ConfigError("steps", str(path), "no such file: `downpour train --output-dir DIR` "
+                          "writes DIR/steps.csv") from None
+    if "step_s" not in steps:
+        raise ConfigError("steps", str(path), "has no step_s column: give a run's steps.csv")
+    if "step" in steps:
+        steps = steps[steps["step"] >= warmup_steps]
+    busy = steps["step_s"] - steps[[c for c in _NOT_COMPUTE if c in steps]].sum(axis=1)
+    ranks = steps["rank"] if "rank" in steps else pd.Series(0, index=steps.index)
+    return float(np.mean([step_spread(list(group)) for _, group in busy.groupby(ranks)]))
 
 
 def _compute_s(rows: pd.DataFrame) -> float:
@@ -136,7 +196,8 @@ def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload
         sent = runs[runs["algorithm"].isin(("allreduce", "ddp")) & (runs["num_workers"] > 1)]
         if not sent.empty:  # a ring allreduce sends 2(n-1)/n of the buffer
             n = sent["num_workers"]
-            nbytes = float((sent["bytes_sent_per_step"] * n / (2 * (n - 1))).median())
+            share = n.map(lambda k: float(ring_share("allreduce", k)))
+            nbytes = float((sent["bytes_sent_per_step"] / share).median())
         else:
             data_dir = runs["data_dir"].iloc[0] if "data_dir" in runs else "data"
             nbytes = parameter_bytes(model, str(runs["dataset"].iloc[0]), str(data_dir))
@@ -171,15 +232,18 @@ def calibrate(collectives: str | os.PathLike, study: str | os.PathLike | pd.Data
     runs = read_study(study)
     rows = read_collectives(collectives)
     backend = backend or pick_backend(runs, rows, str(collectives))[0]
-    link = fit_link(rows, backend)
+    link, gamma = fit_reduction(rows, backend)
     per_node = per_node or int(runs["world_size"].max())
+    cores = int(runs["cores"].min()) if "cores" in runs and runs["cores"].notna().any() else None
     host = str(runs["host"].iloc[0]) if "host" in runs else "here"
     buckets = runs["options.bucket_cap_mb"].dropna() if "options.bucket_cap_mb" in runs else []
     between = ""
     if inter is not None:
         between = (f"; between nodes of {per_node} workers (assumed): "
                    f"{inter.bandwidth_Bps * 8 / 1e9:g} Gbit/s, {inter.alpha_s * 1e6:g} us")
-    cal = Calibration(f"measured-{host}", Network(link, inter or link, per_node),
+    network = Network(link, inter or link, per_node, gamma_s_per_byte=gamma,
+                      node_Bps=node_memory_Bps(rows), cores=cores)
+    cal = Calibration(f"measured-{host}", network,
                       workloads_from_study(runs, _name(study)), collective="ring",
                       bucket_bytes=(float(buckets.median()) if len(buckets) else 25.0) * (1 << 20),
                       overlap=0.0, source=f"link: {backend} rows of {collectives}; compute: "

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..comm.traffic import ring_share
 from ..errors import ConfigError
 
 #: bytes per second of one Gbit/s
@@ -64,10 +65,39 @@ class Network:
     intra: Link  # between ranks on one node
     inter: Link  # a node's network card, shared by its ranks
     per_node: int = 1  # workers (GPUs) per node
+    #: seconds per byte a rank takes to reduce (sum) a received buffer into its own: what a CPU
+    #: backend spends beyond the transfer (0 for GPUs, whose reduction hides in the transfer)
+    gamma_s_per_byte: float = 0.0
+    #: a node's memory throughput, bytes/s, that its ranks' shared-memory transfers share (the
+    #: host's memcpy rate, ``bench collectives``' ``memcpy`` row); None: not limiting
+    node_Bps: float | None = None
+    #: cores of a node: ranks beyond them time-share, each message and reduction takes that much
+    #: longer (issue 34: 32 ranks on 2 cores); None: not limiting
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.per_node, int) and self.per_node >= 1):
             raise ConfigError("per_node", self.per_node, "workers per node, an integer >= 1")
+        if not (math.isfinite(self.gamma_s_per_byte) and self.gamma_s_per_byte >= 0):
+            raise ConfigError("gamma_s_per_byte", self.gamma_s_per_byte, "seconds per byte >= 0")
+        if self.node_Bps is not None and not self.node_Bps > 0:
+            raise ConfigError("node_Bps", self.node_Bps, "bytes/s > 0, or None")
+        if self.cores is not None and not (isinstance(self.cores, int) and self.cores >= 1):
+            raise ConfigError("cores", self.cores, "an integer >= 1, or None")
+
+    def crowding(self, workers: int) -> float:
+        """How many ranks share each core of a node when ``workers`` run (1: none)."""
+        busy = min(workers, self.per_node)
+        return max(1.0, busy / self.cores) if self.cores else 1.0
+
+    def shared(self, workers: int) -> Link:
+        """``path(workers)`` as each rank sees it with its node's others busy: the node's memory
+        throughput split among them (inside a node), every message slower by ``crowding``."""
+        link, busy = self.path(workers), min(workers, self.per_node)
+        bandwidth = link.bandwidth_Bps
+        if self.node_Bps is not None and workers <= self.per_node:
+            bandwidth = min(bandwidth, self.node_Bps / busy)
+        return Link(link.alpha_s * self.crowding(workers), bandwidth)
 
     def nodes(self, workers: int) -> int:
         return math.ceil(workers / self.per_node)
@@ -75,13 +105,17 @@ class Network:
     def path(self, workers: int) -> Link:
         """The link a pattern among ``workers`` ranks is limited by: intra-node while they fit on
         one node, else the slower of the two."""
-        return self.intra if workers <= self.per_node else self.intra.slower(self.inter)
+        if workers <= self.per_node:
+            return self.intra
+        # one worker per node: no hop stays inside a node
+        return self.inter if self.per_node == 1 else self.intra.slower(self.inter)
 
 
 def ring_allreduce_s(n: int, nbytes: float, link: Link) -> float:
     if n <= 1:
         return 0.0
-    return 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * nbytes / link.bandwidth_Bps
+    share = float(ring_share("allreduce", n))  # 2(n-1)/n: the bytes, written once in comm.traffic
+    return 2 * (n - 1) * link.alpha_s + share * nbytes / link.bandwidth_Bps
 
 
 def tree_allreduce_s(n: int, nbytes: float, link: Link) -> float:
@@ -95,25 +129,32 @@ def hierarchical_allreduce_s(n: int, nbytes: float, net: Network) -> float:
     k = math.ceil(n / g)
     inside = 0.0
     if g > 1:  # reduce-scatter, later allgather: (g-1) steps of M/g each
-        inside = 2 * ((g - 1) * net.intra.alpha_s + (g - 1) / g * nbytes / net.intra.bandwidth_Bps)
+        inside = ring_allreduce_s(g, nbytes, net.intra)
     if k <= 1:
         return inside
-    across = 2 * (k - 1) * net.inter.alpha_s + 2 * (k - 1) / k * nbytes / net.inter.bandwidth_Bps
-    return inside + across
+    return inside + ring_allreduce_s(k, nbytes, net.inter)
 
 
-COLLECTIVES = ("ring", "tree", "hierarchical")
+COLLECTIVES = ("ring", "tree", "hierarchical", "auto")
 
 
 def allreduce_s(n: int, nbytes: float, net: Network, collective: str = "ring") -> float:
-    """Seconds for ``n`` workers to allreduce ``nbytes`` each."""
+    """Seconds for ``n`` workers to allreduce ``nbytes`` each. ``auto`` picks, as NCCL's tuner
+    does per message, the faster of ring (bandwidth-optimal) and tree (latency log n): tree wins
+    for small messages at large N."""
+    if collective not in COLLECTIVES:
+        raise ConfigError("collective", collective, "choose from " + ", ".join(COLLECTIVES))
+    if collective == "auto":
+        return min(allreduce_s(n, nbytes, net, "ring"), allreduce_s(n, nbytes, net, "tree"))
+    if n <= 1:
+        return 0.0
+    # a ring's rank reduces (n-1)/n of the buffer; a tree's, up to the whole of it
+    reduce_s = nbytes * net.gamma_s_per_byte * net.crowding(n)
     if collective == "ring":
-        return ring_allreduce_s(n, nbytes, net.path(n))
+        return ring_allreduce_s(n, nbytes, net.shared(n)) + (n - 1) / n * reduce_s
     if collective == "tree":
-        return tree_allreduce_s(n, nbytes, net.path(n))
-    if collective == "hierarchical":
-        return hierarchical_allreduce_s(n, nbytes, net)
-    raise ConfigError("collective", collective, "choose from " + ", ".join(COLLECTIVES))
+        return tree_allreduce_s(n, nbytes, net.shared(n)) + reduce_s
+    return hierarchical_allreduce_s(n, nbytes, net) + (n - 1) / n * reduce_s
 
 
 def ps_transfer_s(workers: int, nbytes: float, servers: int, net: Network) -> float:
@@ -122,7 +163,7 @@ def ps_transfer_s(workers: int, nbytes: float, servers: int, net: Network) -> fl
     ``workers`` messages; each worker's card sends ``nbytes`` in S messages; the slower side wins."""
     if workers < 1 or servers < 1:
         raise ConfigError("servers", servers, "at least one server and one worker")
-    link = net.path(workers + servers)
+    link = net.shared(workers + servers)
     server_side = link.transfer_s(workers * nbytes / servers, messages=workers)
     worker_side = link.transfer_s(nbytes, messages=servers)
     return max(server_side, worker_side)

@@ -1,0 +1,203 @@
+"""Hardware as an input: a YAML file describing devices, nodes and links, read into a ``Calibration``.
+
+``downpour model predict --hardware FILE.yaml`` reads one; the presets are such files
+(``downpour_lib/perf/hardware/*.yaml``). Every number names its source. The fields::
+
+    name: my-cluster                  # what prediction rows name as their calibration
+    source: "where the description comes from"
+    devices_per_node: 8               # workers (GPUs) per node
+    collective: auto                  # ring, tree, hierarchical, or auto (the faster per bucket)
+    bucket_mb: 25                     # DDP's bucket_cap_mb (Horovod's fusion buffer: 64)
+    overlap: null                     # share of the bucket pipeline achieved; null: not measured,
+                                      # a prediction is then a band between 0 and 1
+    jitter: 0.0                       # coefficient of variation of a step (a run's steps.csv)
+    node_compute: fitted              # compute lost when a node's devices are all busy:
+                                      # fitted (terms.fit_node_compute, on NVIDIA's DGX-1 table) or none
+    links:
+      intra:                          # between devices of one node
+        gbit_per_s: 1200              # line rate, per direction
+        latency_us: 5
+        efficiency: fitted            # achieved / line rate: a number, or fitted (terms.LINK_EFFICIENCY)
+        source: "..."
+      inter: {gbit_per_s: 100, latency_us: 5, efficiency: fitted, source: "..."}
+    models:
+      resnet50:
+        batch: 256                    # samples per worker per step
+        images_per_s: 367             # one device alone; or step_s: seconds per step
+        parameters: 25557032          # what an allreduce carries: parameters x bytes_per_parameter
+        bytes_per_parameter: 4
+        devices_per_worker: 1         # >1: a worker is that many devices of one node (SGP's nodes)
+        source: "..."
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .netmodel import GBIT, Link, Network
+from .perfmodel import MIB, Calibration, Workload
+from .terms import LINK_EFFICIENCY, NodeCompute, fit_node_compute
+
+HARDWARE_DIR = Path(__file__).parent / "hardware"
+
+_TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "overlap", "jitter",
+        "node_compute", "links", "models"}
+_LINK = {"gbit_per_s", "latency_us", "efficiency", "source"}
+_MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
+          "devices_per_worker", "backward_fraction", "source"}
+
+
+@lru_cache(maxsize=1)
+def fitted_node_compute() -> NodeCompute:
+    """The node-compute term, fitted once on NVIDIA's DGX-1 table (``terms.DGX1_TABLE``)."""
+    return fit_node_compute()
+
+
+def _number(where: str, value: Any, what: str, low: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= low:
+        raise ConfigError(where, value, what)
+    return float(value)
+
+
+def _unknown(where: str, given: dict, known: set[str]) -> None:
+    extra = sorted(set(given) - known)
+    if extra:
+        raise ConfigError(where, extra[0], "not a field here: use " + ", ".join(sorted(known)))
+
+
+def _link(name: str, d: Any) -> Link:
+    if not isinstance(d, dict):
+        raise ConfigError(f"links.{name}", d, "a mapping with gbit_per_s, latency_us, efficiency")
+    _unknown(f"links.{name}", d, _LINK)
+    rate = _number(f"links.{name}.gbit_per_s", d.get("gbit_per_s"),
+                   "a line rate in Gbit/s > 0, e.g. 100")
+    latency = d.get("latency_us", 5)
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
+        raise ConfigError(f"links.{name}.latency_us", latency, "microseconds >= 0, e.g. 5")
+    eff = d.get("efficiency", "fitted")
+    eff = LINK_EFFICIENCY if eff == "fitted" else eff
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+        raise ConfigError(f"links.{name}.efficiency", eff, "a share in (0, 1], or fitted")
+    return Link(latency * 1e-6, rate * GBIT * eff)
+
+
+def _workload(name: str, d: Any, node: NodeCompute) -> Workload:
+    where = f"models.{name}"
+    if not isinstance(d, dict):
+        raise ConfigError(where, d, "a mapping with batch, images_per_s (or step_s), parameters")
+    _unknown(where, d, _MODEL)
+    batch = d.get("batch")
+    if isinstance(batch, bool) or not (isinstance(batch, int) and batch >= 1):
+        raise ConfigError(f"{where}.batch", batch, "samples per worker per step, an integer >= 1")
+    devices = d.get("devices_per_worker", 1)
+    if isinstance(devices, bool) or not (isinstance(devices, int) and devices >= 1):
+        raise ConfigError(f"{where}.devices_per_worker", devices, "an integer >= 1")
+    if ("images_per_s" in d) == ("step_s" in d):
+        raise ConfigError(where, sorted(d), "give one of images_per_s (one device alone) or step_s")
+    if "images_per_s" in d:
+        rate = _number(f"{where}.images_per_s", d["images_per_s"], "samples/s of one device > 0")
+    else:
+        step = _number(f"{where}.step_s", d["step_s"], "seconds per step > 0")
+        rate = batch / devices / step
+    # a worker of several devices of one node: their own averaging is inside its step
+    compute = batch / (devices * rate * node.efficiency(devices, rate))
+    params = _number(f"{where}.parameters", d.get("parameters"), "the model's parameter count > 0")
+    width = _number(f"{where}.bytes_per_parameter", d.get("bytes_per_parameter", 4),
+                    "bytes per gradient element, e.g. 4 (fp32) or 2 (fp16)")
+    extra = {"backward_fraction": d["backward_fraction"]} if "backward_fraction" in d else {}
+    return Workload(name, batch, compute, params * width, source=str(d.get("source", "")), **extra)
+
+
+def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
+    """A ``Calibration`` from a hardware description (the module docstring's fields)."""
+    if not isinstance(d, dict):
+        raise ConfigError(where, type(d).__name__, "a YAML mapping of the fields in "
+                          "downpour_lib/perf/hardware.py's docstring")
+    _unknown(where, d, _TOP)
+    per_node = d.get("devices_per_node", 1)
+    if isinstance(per_node, bool) or not (isinstance(per_node, int) and per_node >= 1):
+        raise ConfigError("devices_per_node", per_node, "an integer >= 1")
+    links = d.get("links") or {}
+    if not isinstance(links, dict) or "inter" not in links and "intra" not in links:
+        raise ConfigError("links", links, "a mapping with intra and/or inter links")
+    # a file with one link uses it for both, and names it as written in its errors
+    inter = _link("inter" if "inter" in links else "intra", links.get("inter", links.get("intra")))
+    intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
+    node = d.get("node_compute", "fitted")
+    if node not in ("fitted", "none"):
+        raise ConfigError("node_compute", node, "fitted (NVIDIA's DGX-1 table) or none")
+    node_compute = fitted_node_compute() if node == "fitted" else NodeCompute()
+    models = d.get("models")
+    if not isinstance(models, dict) or not models:
+        raise ConfigError("models", models, "one or more models, each with batch, images_per_s "
+                          "(or step_s) and parameters")
+    overlap = d.get("overlap")
+    if overlap is not None and (isinstance(overlap, bool) or not isinstance(overlap, (int, float))
+                                or not 0 <= overlap <= 1):
+        raise ConfigError("overlap", overlap, "a share in [0, 1], or null (not measured: a band)")
+    sources = [str(d.get("source", ""))] + [f"{k}: {v['source']}" for k, v in links.items()
+                                              if isinstance(v, dict) and v.get("source")]
+    return Calibration(
+        str(d.get("name", where)), Network(intra, inter, per_node),
+        {name: _workload(name, m, node_compute) for name, m in models.items()},
+        collective=str(d.get("collective", "auto")),
+        bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,
+        overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
+        jitter=float(d.get("jitter", 0.0)), node_compute=node_compute)
+
+
+def load_hardware(path: str | os.PathLike) -> Calibration:
+    """A hardware YAML file as a ``Calibration``."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("hardware", str(path), "no such file: write one as in "
+                          f"{HARDWARE_DIR}/*.yaml, or give --preset") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("hardware", str(path), f"not YAML: {exc}") from None
+    return hardware_from_dict(data, str(path))
+
+
+def preset_files() -> dict[str, Path]:
+    """The presets: every YAML file under ``HARDWARE_DIR``, by name."""
+    return {p.stem: p for p in sorted(HARDWARE_DIR.glob("*.yaml"))}
+
+
+def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
+                intra_gbit: float | None = None, intra_latency_us: float | None = None,
+                inter_gbit: float | None = None, inter_latency_us: float | None = None,
+                link_efficiency: float | None = None, jitter: float | None = None,
+                **overlap: float | None) -> Calibration:
+    """``cal`` with the hardware fields given (``downpour model predict``'s flags) replaced: a
+    rate given here is a line rate, times ``link_efficiency`` (default: the fitted one)."""
+    from dataclasses import replace
+
+    net = cal.network
+    links = {"intra": net.intra, "inter": net.inter}
+    for side, rate, latency in (("intra", intra_gbit, intra_latency_us),
+                                ("inter", inter_gbit, inter_latency_us)):
+        if rate is None and latency is None:
+            continue
+        old = links[side]
+        spec = {"gbit_per_s": rate if rate is not None else old.bandwidth_Bps / GBIT,
+                "latency_us": latency if latency is not None else old.alpha_s * 1e6,
+                "efficiency": (link_efficiency if link_efficiency is not None else "fitted")
+                if rate is not None else 1.0}
+        links[side] = _link(side, spec)
+    if devices_per_node is not None and not (isinstance(devices_per_node, int)
+                                             and devices_per_node >= 1):
+        raise ConfigError("devices_per_node", devices_per_node, "an integer >= 1")
+    network = replace(net, intra=links["intra"], inter=links["inter"],
+                      per_node=devices_per_node or net.per_node)
+    fields = {"network": network, **overlap}
+    if jitter is not None:
+        fields["jitter"] = jitter
+    return replace(cal, **fields)

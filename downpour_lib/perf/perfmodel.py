@@ -1,0 +1,370 @@
+"""A performance model of data-parallel training: one worker's step of each algorithm at N workers.
+
+A step is the worker's computation (data, forward, backward, update: measured for the model and the
+device, less what is lost when its node's other devices are busy: ``terms.NodeCompute``), the wait for
+the slowest of N in synchronous algorithms (``terms.straggler_factor``, or ``slow_workers``), plus the
+communication its algorithm cannot hide, on a network of alpha-beta links (``netmodel``). What an
+algorithm sends is what its options class declares (``traffic``, one of ``TRAFFIC``):
+
+- ``collective`` (allreduce, ddp): the gradients allreduced (ring, tree, hierarchical, or the faster
+  of ring and tree per bucket) in buckets that start as backward produces them
+  (``pipeline_exposed_s``); ``overlap`` in [0, 1] says how much of that ideal pipeline a system
+  achieves (measured: ``calibrate.overlap_from_study``; not measured: a band from 0 to 1);
+- ``push_pull`` (sync_ps): push to and pull from S server shards, whose cards are the bottleneck;
+- ``gossip`` (sgp, dpsgd): to one peer (SGP, Assran et al. 2019) or to both ring neighbours
+  (D-PSGD, Lian et al. 2017); ``overlapped_gossip`` (osgp) hides it behind the next step;
+- ``periodic`` (localsgd, diloco, slowmo, sync easgd): one allreduce of the model every ``period``
+  steps, amortized over the period;
+- ``async_push_pull``, ``async_gossip`` (downpour, async easgd, adpsgd): the discrete-event
+  simulation of ``perfsim``, which also gives Downpour's staleness.
+
+What it leaves out: congestion between jobs, and algorithms' accuracy: it predicts time per step,
+not steps to a target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..comm.traffic import ring_share
+from ..errors import ConfigError
+from ..topology import exponential_offsets, make_topology
+from .netmodel import (
+    COLLECTIVES,
+    Network,
+    allreduce_s,
+    gossip_s,
+    pipeline_exposed_s,
+    ps_transfer_s,
+)
+from .terms import NodeCompute, straggler_factor
+
+MIB = 1 << 20
+
+#: what an algorithm sends a step, as its options class declares it (``traffic``, beside its
+#: options in ``downpour_lib.algorithms``): the model reads the registry, not a list of names
+TRAFFIC = {
+    "collective": "the gradients allreduced in buckets, every step",
+    "push_pull": "push to and pull from S server shards, every step, in lock-step",
+    "gossip": "the model sent to k peers of a graph, every step",
+    "overlapped_gossip": "k-peer gossip hidden behind the next step's computation",
+    "periodic": "the model allreduced once every `period` steps",
+    "async_push_pull": "push and fetch to S shards, each worker on its own clock (simulated)",
+    "async_gossip": "pairwise averaging on each worker's own clock (simulated)",
+    "none": "no communication",
+}
+SIMULATED = ("async_push_pull", "async_gossip")
+
+
+def _registry() -> dict[str, type]:
+    """algorithm name -> its options class (imported late: the registry pulls in torch)."""
+    from ..algorithms import ALGORITHMS as REGISTRY
+
+    return {name: cls.Options for name, cls in REGISTRY.items()
+            if name != "local"}  # one process: nothing to predict at N workers
+
+
+class _Names:
+    """The algorithms the model predicts, read from the registry on first use."""
+
+    def __iter__(self):
+        return iter(_registry())
+
+    def __contains__(self, name: object) -> bool:
+        return name in _registry()
+
+    def __len__(self) -> int:
+        return len(_registry())
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+ALGORITHMS = _Names()
+
+
+#: the options a prediction reads (others, e.g. a learning rate, do not change a step's time)
+MODELLED_OPTIONS = ("servers", "n_fetch", "n_push", "period", "mode", "topology", "peers_per_step",
+                    "max_lag", "max_staleness", "warmstart", "slow_workers", "slowdown")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model on one device: what a worker computes per step."""
+
+    model: str
+    batch_size: int  # samples per worker per step
+    compute_s: float  # one worker's step without communication
+    param_bytes: float  # what one allreduce, push or gossip message carries
+    backward_fraction: float = 2 / 3  # backward's share of compute: where buckets can overlap
+    source: str = ""  # where compute_s comes from
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.compute_s) and self.compute_s > 0):
+            raise ConfigError("compute_s", self.compute_s, "seconds per step > 0")
+        if not self.param_bytes > 0:
+            raise ConfigError("param_bytes", self.param_bytes, "the model's size in bytes > 0")
+        if not 0 <= self.backward_fraction <= 1:
+            raise ConfigError("backward_fraction", self.backward_fraction, "a share in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything a prediction needs besides the algorithm and N, and where it came from.
+
+    ``to_dict`` is the calibration JSON that ``downpour model calibrate`` writes (``load`` reads
+    it; a hardware YAML, ``hardware.py``, is the hand-written way in). Its keys, SI units::
+
+        name            rows of `model predict` name it
+        network.intra   {alpha_s, bandwidth_Bps}: between ranks of a node (achieved, not line rate)
+        network.inter   {alpha_s, bandwidth_Bps}: a node's card, shared by its ranks
+        network.per_node            workers per node
+        network.gamma_s_per_byte    reduction cost per byte (CPU backends; 0 for GPUs)
+        network.node_Bps            a node's memory throughput its ranks share (memcpy), or null
+        network.cores               a node's cores (ranks beyond them time-share), or null
+        workloads.MODEL {model, batch_size, compute_s, param_bytes, backward_fraction, source}
+        collective      ring, tree, hierarchical or auto
+        bucket_bytes    gradient bucket (DDP's bucket_cap_mb in bytes)
+        overlap         measured share of the bucket pipeline achieved, or null (a band)
+        jitter          coefficient of variation of a step's compute (steps.csv)
+        node_compute    {c, p, at, source}: compute lost when a node's devices share it
+        source          where all of it came from
+    """
+
+    name: str
+    network: Network
+    workloads: dict[str, Workload]  # model name -> its workload on this device
+    collective: str = "ring"  # the allreduce algorithm: ring, tree, hierarchical or auto
+    bucket_bytes: float = 25 * MIB  # DDP's bucket_cap_mb; Horovod's fusion threshold is 64 MiB
+    #: share of the ideal bucket pipeline achieved (0: none, 1: ideal); None where it was not
+    #: measured: then a prediction is a band between 0 and 1 (``step_s_low``, ``step_s_high``)
+    overlap: float | None = 1.0
+    source: str = ""  # the measurement or publication it came from
+    #: coefficient of variation of one worker's step times (a run's steps.csv): a synchronous
+    #: step waits for the slowest of N (``terms.straggler_factor``)
+    jitter: float = 0.0
+    #: compute lost when devices share a node (``terms.NodeCompute``; none by default)
+    node_compute: NodeCompute = field(default_factory=NodeCompute)
+
+    def __post_init__(self) -> None:
+        if self.overlap is not None and not 0 <= self.overlap <= 1:
+            raise ConfigError("overlap", self.overlap, "a share in [0, 1], or None (not measured)")
+        if not (math.isfinite(self.jitter) and self.jitter >= 0):
+            raise ConfigError("jitter", self.jitter, "a coefficient of variation >= 0, e.g. 0.05")
+        if self.collective not in COLLECTIVES:
+            raise ConfigError("collective", self.collective, "choose from " + ", ".join(COLLECTIVES))
+
+    def workload(self, model: str) -> Workload:
+        if model not in self.workloads:
+            raise ConfigError("model", model, f"calibration {self.name!r} has "
+                              + ", ".join(sorted(self.workloads)))
+        return self.workloads[model]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        from .netmodel import Link
+
+        net = dict(d["network"])
+        network = Network(**{**net, "intra": Link(**net["intra"]), "inter": Link(**net["inter"])})
+        workloads = {k: Workload(**w) for k, w in d["workloads"].items()}
+        node = NodeCompute(**d.get("node_compute", {}))
+        return cls(**{**d, "network": network, "workloads": workloads, "node_compute": node})
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One predicted point: a row of ``downpour model predict``."""
+
+    algorithm: str
+    workers: int
+    model: str
+    step_s: float
+    compute_s: float
+    comm_s: float  # communication not hidden behind computation
+    samples_per_s: float  # all workers together
+    efficiency: float  # samples_per_s / (workers x one worker without communication)
+    bytes_per_step: float  # sent by one worker per step
+    calibration: str
+    collective: str
+    staleness_mean: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    #: the band where the calibration's overlap was not measured (overlap 1 and 0); else the point
+    step_s_low: float = math.nan
+    step_s_high: float = math.nan
+    efficiency_low: float = math.nan
+    efficiency_high: float = math.nan
+    compute_efficiency: float = 1.0  # of one device alone, with its node's others busy
+    straggler: float = 1.0  # the slowest worker's compute over the mean one's
+
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row.update({f"options.{k}": v for k, v in row.pop("options").items()})
+        return row
+
+
+def modelled_options(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a prediction reads from a run's summary or study row (its ``options.KEY``
+    entries; missing and NaN ones left out, whole numbers from a CSV's floats made ints)."""
+    out = {}
+    for key in MODELLED_OPTIONS:
+        value = row.get(f"options.{key}")
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[key] = int(value) if isinstance(value, float) and value.is_integer() else value
+    return out
+
+
+#: options a prediction reads that are not fields of an algorithm's options (the simulation's)
+_SIMULATION_ONLY = ("slow_workers", "slowdown")
+
+
+def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The modelled options of ``algorithm``: its options class's defaults, updated by ``options``,
+    so that a prediction models what runs."""
+    import dataclasses
+
+    registry = _registry()
+    if algorithm not in registry:
+        raise ConfigError("algorithm", algorithm, "choose from " + ", ".join(registry))
+    fields = {f.name: f.default for f in dataclasses.fields(registry[algorithm])
+              if f.name in MODELLED_OPTIONS and f.default is not dataclasses.MISSING}
+    return {**{k: v for k, v in fields.items() if v is not None}, **(options or {})}
+
+
+def traffic(algorithm: str, opts: Mapping[str, Any]) -> str:
+    """What ``algorithm`` with ``opts`` sends a step: its options class's ``traffic`` (one of
+    ``TRAFFIC``), or, where an option picks another variant (easgd's mode), ``traffic_variants``'."""
+    cls = _registry()[algorithm]
+    variants = getattr(cls, "traffic_variants", {})
+    for value in opts.values():
+        if isinstance(value, str) and value in variants:
+            return variants[value]
+    pattern = getattr(cls, "traffic", None)
+    if pattern not in TRAFFIC:
+        raise ConfigError("algorithm", algorithm, f"its {cls.__name__} declares no `traffic` of "
+                          + ", ".join(TRAFFIC) + ": add one beside its options")
+    return pattern
+
+
+def gossip_peers(workers: int, opts: Mapping[str, Any]) -> int:
+    """How many others a gossip worker sends its model to per step: the out-peers of the graph the
+    run builds from its ``topology`` and ``peers_per_step`` (at a sweep's small N, where the
+    exponential graph has fewer hops than asked for, all of them)."""
+    name, per_step = opts.get("topology", "exponential"), int(opts.get("peers_per_step", 1))
+    if name == "exponential":
+        per_step = min(per_step, max(1, len(exponential_offsets(workers))))
+    return len(make_topology(name, workers, per_step).out_peers(0, 0))
+
+
+def bucketed_allreduce_s(workers: int, w: Workload, cal: Calibration,
+                         compute_s: float | None = None,
+                         overlap: float | None = None) -> tuple[float, float]:
+    """(all of the allreduce, what of it backward does not hide) for one step's gradients, of a
+    step computing ``compute_s`` (default: the workload's) at ``overlap`` (default: the
+    calibration's; 1 where it was not measured)."""
+    buckets = max(1, math.ceil(w.param_bytes / cal.bucket_bytes))
+    total = buckets * allreduce_s(workers, w.param_bytes / buckets, cal.network, cal.collective)
+    backward = w.backward_fraction * (compute_s if compute_s is not None else w.compute_s)
+    ideal = pipeline_exposed_s(total, buckets, backward)
+    share = overlap if overlap is not None else (1.0 if cal.overlap is None else cal.overlap)
+    return total, (1 - share) * total + share * ideal
+
+
+def simulated_steps(workers: int) -> int:
+    """Steps per worker a simulation runs: enough for the queues to reach their steady state
+    (200 at a few workers; about 20,000 pushes in all at many, at least 20 each)."""
+    return min(200, max(20, 20_000 // workers))
+
+
+def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: str) -> float:
+    """The slowest worker's compute over the mean one's in a synchronous step: the expected
+    slowest of N from the calibration's step-time spread, or ``slow_workers`` at ``slowdown``.
+    Periodic averaging waits once per period, for the slowest sum of ``period`` steps."""
+    slow, slowdown = opts.get("slow_workers", 0), opts.get("slowdown", 1.0)
+    if not (isinstance(slow, int) and 0 <= slow <= workers):
+        raise ConfigError("slow_workers", slow, f"a whole number between 0 and workers={workers}")
+    if not (isinstance(slowdown, (int, float)) and slowdown >= 1):
+        raise ConfigError("slowdown", slowdown, "a factor >= 1 (1: no slowdown), e.g. 2")
+    cv = cal.jitter / math.sqrt(opts.get("period", 1)) if pattern == "periodic" else cal.jitter
+    spread = straggler_factor(workers, cv)
+    return max(spread, float(slowdown)) if slow else spread
+
+
+def predict(cal: Calibration, algorithm: str, workers: int, model: str,
+            options: dict[str, Any] | None = None, steps: int | None = None) -> Prediction:
+    """The step time of ``algorithm`` at ``workers`` workers training ``model``."""
+    if not (isinstance(workers, int) and workers >= 1):
+        raise ConfigError("workers", workers, "an integer >= 1")
+    opts = options_for(algorithm, options)
+    pattern = traffic(algorithm, opts)
+    w = cal.workload(model)
+    net, m = cal.network, w.param_bytes
+    devices = min(workers, net.per_node)
+    efficiency = cal.node_compute.efficiency(devices, w.batch_size / w.compute_s)
+    c = w.compute_s / efficiency  # one worker's compute, its node's other devices busy
+    staleness, band, straggler = None, None, 1.0
+    if pattern not in SIMULATED:
+        straggler = _slowest(workers, opts, cal, pattern)
+    c_sync = c * straggler
+    if workers == 1 and pattern not in ("push_pull", "async_push_pull"):
+        exposed, sent = 0.0, 0.0  # nothing to talk to
+    elif pattern == "collective":
+        _, exposed = bucketed_allreduce_s(workers, w, cal, c)
+        if cal.overlap is None:  # not measured: the band between no overlap and the ideal
+            band = (exposed, bucketed_allreduce_s(workers, w, cal, c, overlap=0.0)[1])
+            exposed = sum(band) / 2
+        sent = float(ring_share("allreduce", workers)) * m
+    elif pattern == "push_pull":
+        exposed = 2 * ps_transfer_s(workers, m, opts["servers"], net)
+        sent = m
+    elif pattern in ("gossip", "overlapped_gossip"):
+        peers = gossip_peers(workers, opts)
+        comm = gossip_s(m, peers, net.shared(workers))
+        exposed = max(0.0, comm - c) if pattern == "overlapped_gossip" else comm
+        sent = peers * m
+    elif pattern == "periodic":
+        period = opts["period"]
+        exposed = allreduce_s(workers, m, net, cal.collective) / period
+        sent = float(ring_share("allreduce", workers)) * m / period
+    elif pattern in SIMULATED:
+        from .perfsim import simulate
+
+        link = net.shared(workers + opts.get("servers", 0))
+        sim_opts = {k: opts[k] for k in ("servers", "n_fetch", "n_push", "period", "max_lag",
+                                         "max_staleness", "warmstart", "slow_workers", "slowdown")
+                    if k in opts}
+        result = simulate(algorithm, workers, compute_s=c, model_bytes=m, link=link,
+                          steps=steps or simulated_steps(workers), jitter=cal.jitter, **sim_opts)
+        exposed = max(0.0, result.step_s - c)
+        if result.staleness_hist:
+            total = sum(result.staleness_hist.values())
+            staleness = sum(k * v for k, v in result.staleness_hist.items()) / total
+        sent = m / opts.get("n_push", opts.get("period", 1))
+    else:  # "none": a single process's algorithm
+        raise ConfigError("algorithm", algorithm, "runs one process: nothing to predict at "
+                          f"{workers} workers")
+    wait = c_sync - c  # waiting for the slowest worker: not computation, not the link
+    alone = workers * w.batch_size / w.compute_s
+
+    def rate(exposed_s: float) -> tuple[float, float, float]:
+        step = c + wait + exposed_s
+        return step, workers * w.batch_size / step, workers * w.batch_size / step / alone
+
+    step, samples, eff = rate(exposed)
+    low, high = (rate(band[0]), rate(band[1])) if band else ((step, samples, eff),) * 2
+    return Prediction(algorithm, workers, model, step, c, exposed, samples, eff, sent,
+                      cal.name, cal.collective, staleness, opts, low[0], high[0], high[2], low[2],
+                      efficiency, straggler)
+
+
+def predict_rows(cal: Calibration, algorithms: list[str], workers: list[int], model: str,
+                 options: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every algorithm at every worker count, as rows (the CSV and JSON of ``downpour model``)."""
+    return [predict(cal, a, n, model, (options or {}).get(a)).row()
+            for a in algorithms for n in workers]

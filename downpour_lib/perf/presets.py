@@ -1,0 +1,117 @@
+"""Presets of published hardware, each a hardware YAML file with its sources
+(``downpour_lib/perf/hardware/*.yaml``, read by ``hardware.load_hardware``), and the published
+results the model is checked against (``published_checks``; the notebook and
+tests/test_perfmodel.py print and assert them).
+
+A preset's compute times are published single-GPU throughputs; its links are the published line
+rates times the fitted link efficiency. The latencies (alpha) are not published for these systems:
+they are typical values for the transport, named as assumptions. Only ``dgx1-v100`` is fitted on
+(its table fixes ``terms.fit_node_compute``); every other published number is a check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .hardware import load_hardware, preset_files
+from .perfmodel import Calibration, predict
+
+#: parameters of the published models (torchvision's counts; tests check them against torchvision)
+PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_544,
+              "inception_v3": 23_834_568}
+
+_HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
+            'TensorFlow"; horovod docs/benchmarks.rst')
+
+PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in preset_files().items()}
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published scaling result and what the model predicts for it: a point, and where the
+    overlap of communication with backward was not measured, the band between overlap 0 and 1
+    (``low``, ``high``), of which the point is the middle."""
+
+    claim: str
+    source: str
+    published: float
+    predicted: float
+    unit: str  # "efficiency" or "speedup"
+    tolerance: str  # what counts as agreement
+    low: float = math.nan
+    high: float = math.nan
+    fitted: bool = False  # a row of the table the model is fitted on: not a check
+
+    @property
+    def error(self) -> float:
+        """The point's error: predicted - published (efficiency points, or speedup)."""
+        return self.predicted - self.published
+
+    @property
+    def outside_band(self) -> float:
+        """How far the published value lies outside the predicted band (0: inside it)."""
+        low, high = (self.low, self.high) if self.low == self.low else (self.predicted,) * 2
+        return max(0.0, low - self.published, self.published - high)
+
+
+def _efficiency(claim: str, source: str, preset: str, model: str, workers: int,
+                published: float, fitted: bool = False,
+                tolerance: str = "within 10 points of the band") -> Published:
+    p = predict(PRESETS[preset], "allreduce", workers, model)
+    return Published(claim, source, published, p.efficiency, "efficiency", tolerance,
+                     p.efficiency_low, p.efficiency_high, fitted)
+
+
+#: NVIDIA's DeepLearningExamples ResNet-50 v1.5 PyTorch README: training throughput, 1 and 8 GPUs
+_DLE = "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
+DLE_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
+    ("dgx1-v100", "resnet50", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), FP32",
+     367, 2855),
+    ("dgx1-v100", "resnet50-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), "
+     "mixed precision", 1200, 8322),
+    ("dgx1-v100-32g", "resnet50", "Training performance: NVIDIA DGX-1 32GB (8x V100 32GB), FP32",
+     356, 2766),
+    ("dgx1-v100-32g", "resnet50-amp", "Training performance: NVIDIA DGX-1 32GB (8x V100 32GB), "
+     "mixed precision", 1156, 8056),
+    ("dgx-a100", "resnet50", "Training performance: NVIDIA DGX A100 (8x A100 80GB), TF32",
+     938, 7248),
+    ("dgx-a100", "resnet50-amp", "Training performance: NVIDIA DGX A100 (8x A100 80GB), mixed "
+     "precision", 2470, 16621),
+)
+
+
+def published_checks(include_fitted: bool = False) -> list[Published]:
+    """Each published result next to the model's prediction (the notebook's table); with
+    ``include_fitted`` also the rows of the table the model is fitted on (``fitted``: True)."""
+    checks = [_efficiency(f"Horovod {name} scaling efficiency at 512 GPUs", _HOROVOD,
+                          "horovod-pascal-25g", model, 512, value)
+              for name, model, value in (("ResNet-101", "resnet101", 0.90),
+                                         ("Inception V3", "inception_v3", 0.90),
+                                         ("VGG-16", "vgg16", 0.68))]
+    for preset, model, section, one, eight in DLE_CHECKS:
+        fitted = preset == "dgx1-v100"
+        if fitted and not include_fitted:
+            continue
+        checks.append(_efficiency(f"{section.split(': ')[1]} efficiency at 8 GPUs",
+                                  _DLE + f'section "{section}"', preset, model, 8,
+                                  eight / (8 * one), fitted,
+                                  "the fit: within half a point" if fitted else "reported"))
+    sgp = PRESETS["sgp-v100-10g"]
+    ar = predict(sgp, "allreduce", 32, "resnet50")
+    best = min((predict(sgp, a, 32, "resnet50") for a in ("sgp", "osgp")), key=lambda p: p.step_s)
+    checks.append(Published("SGP (best of SGP, OSGP) vs AllReduce SGD, 32 nodes on 10 GbE: speedup",
+                            "Assran et al. 2019: up to 3x faster than AllReduce SGD on 10 GbE",
+                            3.0, ar.step_s / best.step_s, "speedup", "faster, by 1.5x to 4.5x",
+                            ar.step_s_low / best.step_s, ar.step_s_high / best.step_s))
+    return checks
+
+
+def published_table():
+    """``published_checks`` as a table: claim, published, predicted, error, what counts as agreement."""
+    import pandas as pd
+
+    return pd.DataFrame([{"claim": c.claim, "published": c.published, "predicted": c.predicted,
+                          "low": c.low, "high": c.high, "error": c.error,
+                          "outside_band": c.outside_band, "agreement": c.tolerance,
+                          "source": c.source} for c in published_checks()])

@@ -1,0 +1,113 @@
+"""The terms of a step the alpha-beta network alone misses, each with its fitted value and source.
+
+Fitted once, on what the model may be fitted on: NVIDIA's DeepLearningExamples ResNet-50 v1.5 table
+for PyTorch on a DGX-1 (``DGX1_TABLE``), and our own measurements (the sandbox's shaped links). Every
+other published result is a check (``presets.published_checks``), never a fit.
+
+- **Compute that slows when devices share a node** (``node_compute_efficiency``): a node's devices
+  share its input pipeline, host memory and PCIe, and communication kernels take compute units from
+  the step; the faster a device's step, the larger the share lost. Loss = ``c * rate**p`` at the
+  fitted devices per node (``rate``: one device's samples per second alone), growing with log2 of
+  the devices per node below and beyond it (an assumption: the table has 1 and 8 devices only).
+  ``c`` and ``p`` solve the table's two points (FP32 and AMP at 8 V100) exactly: c = 6.27e-6,
+  p = 1.43 (the allreduce over NVLink, about 1 ms of a step of 213 ms or more, is left in them).
+- **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
+  rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
+  nodes (results/reference/model/sandbox-*nodes/validation.csv: the fitted bandwidth over the
+  shaped rate, mean of four). Assumed for RDMA and NVLink, where we have no measurement.
+- **The slowest of N** (``straggler_factor``): a synchronous step waits for the slowest worker.
+  With independent normal step times of coefficient of variation ``cv`` the expected maximum of N
+  is about ``mean * (1 + cv * sqrt(2 ln N))`` (the leading term of the extreme-value asymptote of N
+  normals; an upper estimate at small N, e.g. 1.18 sigma at N=2 where the exact value is 0.56).
+- **The collective chosen per size and N** (``choose_collective``): as NCCL's tuner, the faster of
+  ring and tree for each bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+DLE_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
+              "section \"Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)\" (pytorch-21.03 "
+              "NGC container; commit 291f0d02e815)")
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One row of a published throughput table."""
+
+    precision: str
+    gpus: int
+    images_per_s: float
+
+
+#: the table the compute-efficiency term is fitted on, copied from ``DLE_SOURCE``
+DGX1_TABLE = (TableRow("fp32", 1, 367), TableRow("fp32", 8, 2855),
+              TableRow("amp", 1, 1200), TableRow("amp", 8, 8322))
+
+#: achieved / line rate of a TCP link under gloo: 95.6, 97.0 (2 nodes; 100, 200 Mbit/s), 94.9,
+#: 96.5 % (4 nodes), results/reference/model/sandbox-{2,4}nodes/validation.csv
+LINK_EFFICIENCY = 0.96
+LINK_EFFICIENCY_SOURCE = ("fitted bandwidth / shaped rate of gloo allreduce on the Slurm sandbox "
+                          "(100 and 200 Mbit/s, 2 and 4 nodes): results/reference/model/"
+                          "sandbox-{2,4}nodes/validation.csv, mean of 0.956, 0.970, 0.949, 0.965")
+
+
+@dataclass(frozen=True)
+class NodeCompute:
+    """Loss of compute when ``devices`` share a node: ``c * rate**p`` at ``at`` devices."""
+
+    c: float = 0.0
+    p: float = 1.0
+    at: int = 8
+    source: str = ""
+
+    def efficiency(self, devices: int, rate: float) -> float:
+        """Share of one device's lone throughput each of ``devices`` on a node keeps."""
+        if devices <= 1 or self.c == 0:
+            return 1.0
+        loss = self.c * rate ** self.p * math.log2(devices) / math.log2(self.at)
+        return 1 / (1 + loss)
+
+
+def fit_node_compute(rows: tuple[TableRow, ...] = DGX1_TABLE, comm_s: dict[str, float] | None = None,
+                     batch: int = 256, source: str = DLE_SOURCE) -> NodeCompute:
+    """``c`` and ``p`` through the table's two precisions at its largest device count: the loss
+    there is (throughput alone * devices / throughput together) - 1, less the share of the step the
+    allreduce left exposed (``comm_s``, per precision; none when not given)."""
+    comm_s = comm_s or {}
+    points = []
+    for precision in sorted({r.precision for r in rows}):
+        mine = sorted((r for r in rows if r.precision == precision), key=lambda r: r.gpus)
+        alone, most = mine[0], mine[-1]
+        if alone.gpus != 1 or most.gpus < 2:
+            raise ConfigError("table", precision, "needs a row at 1 device and one at more")
+        step = batch / alone.images_per_s
+        together = batch * most.gpus / most.images_per_s  # the measured step at most.gpus
+        loss = (together - comm_s.get(precision, 0.0)) / step - 1
+        points.append((alone.images_per_s, loss, most.gpus))
+    if len(points) != 2 or min(p[1] for p in points) <= 0:
+        raise ConfigError("table", [p[:2] for p in points], "two precisions, each losing throughput")
+    (r1, l1, at), (r2, l2, _) = sorted(points)
+    p = math.log(l2 / l1) / math.log(r2 / r1)
+    return NodeCompute(l1 / r1 ** p, p, at, source)
+
+
+def straggler_factor(workers: int, cv: float) -> float:
+    """Expected slowest of ``workers`` step times over their mean: ``1 + cv * sqrt(2 ln N)``."""
+    if not (math.isfinite(cv) and cv >= 0):
+        raise ConfigError("jitter", cv, "a coefficient of variation of step times >= 0, e.g. 0.05")
+    return 1.0 if workers <= 1 else 1 + cv * math.sqrt(2 * math.log(workers))
+
+
+def step_spread(step_s: list[float] | tuple[float, ...]) -> float:
+    """Coefficient of variation of a run's step times (``steps.csv``'s ``step_s``)."""
+    values = [float(v) for v in step_s if math.isfinite(float(v))]
+    if len(values) < 3:
+        raise ConfigError("steps", len(values), "3 or more step times to measure their spread")
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(var) / mean
