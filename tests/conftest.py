@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -222,7 +223,7 @@ def pytest_addoption(parser):
 
 class _Recorder:
     def __init__(self, path: Path):
-        self.path, self.seconds = path, {}
+        self.path, self.seconds, self.load = path, {}, os.getloadavg()[0]
 
     def pytest_runtest_logreport(self, report):
         total, setup = self.seconds.get(report.nodeid, (0.0, 0.0))
@@ -232,7 +233,10 @@ class _Recorder:
     def pytest_sessionfinish(self, session):
         merged = {**read_durations(self.path), **self.seconds}
         lines = [f"{t:.2f}\t{s:.2f}\t{node}" for node, (t, s) in sorted(merged.items()) if t >= KEPT_S]
-        self.path.write_text(HEADER + "\n".join(lines) + "\n")
+        # the load stretches every duration: say what it was, from the start to the end
+        when = (f"# Last measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
+                f"{os.cpu_count()} cores, load average {self.load:.0f} to {os.getloadavg()[0]:.0f}.\n")
+        self.path.write_text(HEADER + when + "\n".join(lines) + "\n")
 
 
 KEPT_S = 0.5  # quicker tests are left out of the file: none of them decides anything
