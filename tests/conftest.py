@@ -194,9 +194,12 @@ SLOW_SETUPS = {"conftest.digits_runs", "test_study.study", "test_gossip_multiran
 # -- slow, by measurement -----------------------------------------------------------------------------
 # `make test-fast` leaves out every test measured over SLOW_S here. tests/durations.txt holds each
 # test's seconds (setup + call + teardown, and its setup alone), as `make test-durations` measured
-# them on this 2-core machine; a test not in it (new, or renamed) counts as quick until measured.
-# A shared (module or session) setup is paid by whichever of its tests runs first: when one of them
-# was measured with a slow setup, every test of that fixture is slow, or the next one would pay it.
+# them on this 2-core machine. A test not in it (new, or renamed) counts as quick until measured if
+# it runs in one process, and as slow if it starts processes (tier `ranks`): every rank imports
+# torch, and each of those measured took 15 s or more at a load of 15 (some under 0.5 s: they stop
+# before launching). A shared (module or session) setup is paid by whichever of its tests runs
+# first: when one of them was measured with a slow setup, every test of that fixture is slow, or the
+# next one would pay it. While measuring (--record-durations), only the marks in the code count.
 SLOW_S = 3.0
 DURATIONS = TESTS_DIR / "durations.txt"
 
@@ -232,18 +235,16 @@ class _Recorder:
 
     def pytest_sessionfinish(self, session):
         merged = {**read_durations(self.path), **self.seconds}
-        lines = [f"{t:.2f}\t{s:.2f}\t{node}" for node, (t, s) in sorted(merged.items()) if t >= KEPT_S]
+        lines = [f"{t:.2f}\t{s:.2f}\t{node}" for node, (t, s) in sorted(merged.items())]
         # the load stretches every duration: say what it was, from the start to the end
         when = (f"# Last measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
                 f"{os.cpu_count()} cores, load average {self.load:.0f} to {os.getloadavg()[0]:.0f}.\n")
         self.path.write_text(HEADER + when + "\n".join(lines) + "\n")
 
 
-KEPT_S = 0.5  # quicker tests are left out of the file: none of them decides anything
 HEADER = """\
 # Seconds each test took (all, then its setup alone), measured by `make test-durations` on the
 # 2-core machine the suite is sized for; tests/conftest.py marks those over SLOW_S `slow`.
-# Tests under KEPT_S (tests/conftest.py) are left out.
 """
 
 
@@ -254,20 +255,21 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    measured = read_durations()
+    measured = {} if config.getoption("--record-durations") else read_durations()
     heavy = set().union(*(shared_setups(item) for item in items
                           if measured.get(item.nodeid, (0, 0))[1] > SLOW_S))
     for item in items:
         if "digits_runs" in item.fixturenames:
             item.add_marker(pytest.mark.timeout(DIGITS_TIMEOUT_S))
-        setups = {f"{d.func.__module__}.{name}" for name, defs in
-                  item._fixtureinfo.name2fixturedefs.items() for d in defs}
-        if setups & SLOW_SETUPS or measured.get(item.nodeid, (0, 0))[0] > SLOW_S \
-                or shared_setups(item) & heavy:
-            item.add_marker("slow")
         named = {m.name for m in item.iter_markers()}
         tier, extra = tier_of(item)
         if not named & set(TIERS):
             item.add_marker(tier)
         for name in extra - named:
             item.add_marker(name)
+        setups = {f"{d.func.__module__}.{name}" for name, defs in
+                  item._fixtureinfo.name2fixturedefs.items() for d in defs}
+        unmeasured_ranks = measured and item.nodeid not in measured and item.get_closest_marker("ranks")
+        if setups & SLOW_SETUPS or measured.get(item.nodeid, (0, 0))[0] > SLOW_S \
+                or shared_setups(item) & heavy or unmeasured_ranks:
+            item.add_marker("slow")
