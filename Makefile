@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: study studies test test-fast lab gpu-check venv lint figures clean
+.PHONY: study studies test test-fast test-durations lab gpu-check venv lint figures clean
 
 study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
@@ -34,6 +34,13 @@ test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebo
 # Another tier alone: PYTEST_ARGS='-m cluster' make test (or notebooks, slurm, "ranks and slow").
 test-fast: $(STAMP)  ## the fast tier (unit + quick mpiexec tests): a few minutes
 	$(BIN)/python -m pytest -m "(unit or ranks) and not slow" $(PYTEST_ARGS)
+
+# What decides the fast tier: each test's seconds, measured here, into tests/durations.txt (tests
+# over conftest's SLOW_S are `slow`). It measures every unit and ranks test but those slow by a mark
+# in the code (while measuring, the file marks nothing): at a load of 15, 40 minutes or more; name
+# files in PYTEST_ARGS to measure only those (the file keeps the other entries).
+test-durations: $(STAMP)  ## measure the unit and ranks tests into tests/durations.txt
+	$(BIN)/python -m pytest -m "(unit or ranks) and not slow" --record-durations tests/durations.txt $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with a kernel that is .venv's python (its kernelspec is written into
 # .venv and put first on JUPYTER_PATH), so the notebooks import this downpour_lib and its mpiexec.

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,7 @@ DIGITS_TIMEOUT_S = 1800
 # own code, its fixtures' and the test-side helpers they call (tests/*.py), down to the first thing
 # below that starts processes, a cluster, a notebook or the Slurm sandbox. A new test is tiered by
 # what it does, with nothing to remember; a module or test may still name its tier itself.
-# `make test-fast` runs `unit or ranks` minus the tests marked `slow` (measured over ~15 s here).
+# `make test-fast` runs `unit or ranks` minus the tests marked `slow` (below).
 TIERS = ("slurm", "notebooks", "cluster", "ranks", "unit")  # the first one reached wins
 REACHES = {  # what a test reaches (a downpour_lib name, a module, a name it imports) -> its tier
     "SlurmSandbox": "slurm", "Network": "slurm",
@@ -190,18 +191,85 @@ def tier_of(item) -> tuple[str, set[str]]:
 SLOW_SETUPS = {"conftest.digits_runs", "test_study.study", "test_gossip_multirank.cases",
                "test_periodic.references"}
 
+# -- slow, by measurement -----------------------------------------------------------------------------
+# `make test-fast` leaves out every test measured over SLOW_S here. tests/durations.txt holds each
+# test's seconds (setup + call + teardown, and its setup alone), as `make test-durations` measured
+# them on this 2-core machine. A test not in it (new, or renamed) counts as quick until measured if
+# it runs in one process, and as slow if it starts processes (tier `ranks`): every rank imports
+# torch, and each of those measured took 15 s or more at a load of 15 (some under 0.5 s: they stop
+# before launching). A shared (module or session) setup is paid by whichever of its tests runs
+# first: when one of them was measured with a slow setup, every test of that fixture is slow, or the
+# next one would pay it. While measuring (--record-durations), only the marks in the code count.
+SLOW_S = 3.0
+DURATIONS = TESTS_DIR / "durations.txt"
+
+
+def read_durations(path: Path = DURATIONS) -> dict[str, tuple[float, float]]:
+    """node id -> (seconds in all, seconds of its setup) from a durations file."""
+    if not path.exists():
+        return {}
+    rows = (line.split("\t") for line in path.read_text().splitlines() if line and line[0] != "#")
+    return {node: (float(total), float(setup)) for total, setup, node in rows}
+
+
+def shared_setups(item) -> set[str]:
+    """The module- and session-scoped fixtures ``item`` asks for (not the autouse ones)."""
+    return {f"{d.func.__module__}.{name}" for name, defs in item._fixtureinfo.name2fixturedefs.items()
+            for d in defs if d.scope in ("module", "session") and name in item._fixtureinfo.argnames}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write each test's measured seconds to PATH, over the entries already "
+                          "there (make test-durations: tests/durations.txt)")
+
+
+class _Recorder:
+    def __init__(self, path: Path):
+        self.path, self.seconds, self.load = path, {}, os.getloadavg()[0]
+
+    def pytest_runtest_logreport(self, report):
+        total, setup = self.seconds.get(report.nodeid, (0.0, 0.0))
+        self.seconds[report.nodeid] = (total + report.duration,
+                                       setup + (report.duration if report.when == "setup" else 0.0))
+
+    def pytest_sessionfinish(self, session):
+        merged = {**read_durations(self.path), **self.seconds}
+        lines = [f"{t:.2f}\t{s:.2f}\t{node}" for node, (t, s) in sorted(merged.items())]
+        # the load stretches every duration: say what it was, from the start to the end
+        when = (f"# Last measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
+                f"{os.cpu_count()} cores, load average {self.load:.0f} to {os.getloadavg()[0]:.0f}.\n")
+        self.path.write_text(HEADER + when + "\n".join(lines) + "\n")
+
+
+HEADER = """\
+# Seconds each test took (all, then its setup alone), measured by `make test-durations` on the
+# 2-core machine the suite is sized for; tests/conftest.py marks those over SLOW_S `slow`.
+"""
+
+
+def pytest_configure(config):
+    path = config.getoption("--record-durations")
+    if path:
+        config.pluginmanager.register(_Recorder(Path(path)), "downpour-durations")
+
 
 def pytest_collection_modifyitems(config, items):
+    measured = {} if config.getoption("--record-durations") else read_durations()
+    heavy = set().union(*(shared_setups(item) for item in items
+                          if measured.get(item.nodeid, (0, 0))[1] > SLOW_S))
     for item in items:
         if "digits_runs" in item.fixturenames:
             item.add_marker(pytest.mark.timeout(DIGITS_TIMEOUT_S))
-        setups = {f"{d.func.__module__}.{name}" for name, defs in
-                  item._fixtureinfo.name2fixturedefs.items() for d in defs}
-        if setups & SLOW_SETUPS:
-            item.add_marker("slow")
         named = {m.name for m in item.iter_markers()}
         tier, extra = tier_of(item)
         if not named & set(TIERS):
             item.add_marker(tier)
         for name in extra - named:
             item.add_marker(name)
+        setups = {f"{d.func.__module__}.{name}" for name, defs in
+                  item._fixtureinfo.name2fixturedefs.items() for d in defs}
+        unmeasured_ranks = measured and item.nodeid not in measured and item.get_closest_marker("ranks")
+        if setups & SLOW_SETUPS or measured.get(item.nodeid, (0, 0))[0] > SLOW_S \
+                or shared_setups(item) & heavy or unmeasured_ranks:
+            item.add_marker("slow")
