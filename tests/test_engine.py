@@ -90,12 +90,12 @@ def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypa
         name = "counting"
         updates = 0
 
-        def step_metrics(self):
+        def metrics(self, model=None):
+            if model is not None:
+                return {"param_norm": float(sum(p.detach().norm() ** 2
+                                                for p in model.parameters()) ** 0.5)}
             self.updates += 1
             return {"updates_so_far": float(self.updates), "staleness": float(self.updates % 3)}
-
-        def eval_metrics(self, model):
-            return {"param_norm": float(sum(p.detach().norm() ** 2 for p in model.parameters()) ** 0.5)}
 
     monkeypatch.setitem(ALGORITHMS, "counting", Counting)
     result = Trainer(TrainConfig(algorithm="counting", steps=6, eval_every=3, **FAST),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from .base import Algorithm, AlgorithmOptions, Roles
 
 @dataclass(frozen=True)
 class DDPOptions(AlgorithmOptions):
+    overflow: ClassVar[Literal["reduced"]] = "reduced"  # fp16: DDP averages in backward
     bucket_cap_mb: float = field(default=25.0, metadata={"help": "DDP gradient bucket size in MB"})
 
     def __post_init__(self) -> None:
@@ -34,7 +36,6 @@ class DDP(Algorithm):
     name = "ddp"
     Options = DDPOptions
     options: DDPOptions
-    overflow = "reduced"
 
     @classmethod
     def check_plan(cls, options: DDPOptions, roles: Roles, model: nn.Module, total_steps: int,
