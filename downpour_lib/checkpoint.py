@@ -7,7 +7,7 @@ its directory, unless a live writer still holds its lock on it (two runs writing
 
 A checkpoint is one file, ``ckpt-<step>.pt``, written by one rank, the evaluator: for synchronous
 algorithms it gathers every rank's state at the same step; for asynchronous ones it asks the
-parameter servers for theirs by message (``Algorithm.collect_states``). One file per checkpoint
+parameter servers for theirs by message (``Algorithm.points``). One file per checkpoint
 means there is never a set of shard files of which some are missing (no manifest or two-phase
 commit), at the price of moving every shard to one rank, which is small next to a step's traffic.
 

@@ -5,14 +5,15 @@ resumed run starts from) that runs before any rendezvous, so a bad setting fails
 once instead of leaving some of them waiting. Each entry point runs it once and hands its
 ``RunPlan`` to ``Trainer`` (``downpour train`` on each rank; a cluster session on the client, its
 engines then only re-read the checkpoint to resume, ``plan_resume``). ``Trainer`` then runs the
-workers' loop or the algorithm's server loop and evaluates on the algorithm's evaluator rank; the
-run's life around the loop (resume, preemption, checkpoints, trace, gather) is
-``lifecycle.Lifecycle``'s.
+workers' loop, or on a server rank the ``Server`` the algorithm's ``setup`` made there, and
+evaluates on the algorithm's evaluator rank; the run's life around the loop (resume, preemption,
+checkpoints, trace, gather) is ``lifecycle.Lifecycle``'s. The engine names no option: what it
+needs of them is declared (``AlgorithmOptions.overflow``, the fp16 ranks' agreement to skip).
 
 One path for every algorithm. A worker's step is a *point*; so is a server's update when it
-completes the workers' step (a synchronous server says so from its loop, ``Algorithm.serve``), not
+completes the workers' step (a synchronous server says so from its loop, ``Server.serve``), not
 when it applies one asynchronous push (Downpour's). At a point that is due, every rank there calls
-``eval_metrics`` and the evaluator evaluates, then the lifecycle checkpoints or stops.
+``Algorithm.metrics(model)`` and the evaluator evaluates, then the lifecycle checkpoints or stops.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from torch import nn
 
 from . import checkpoint, preempt, trace
 from .algorithms import Roles, algorithm_class
-from .algorithms.base import vote_overflow
+from .algorithms.base import Server, vote_overflow
 from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
@@ -279,7 +280,13 @@ class Trainer:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(config, self.model.parameters())
         self.compute = emulated_profile(config, ctx, self.comm, self.roles, self.model, train)
-        self.forward_model = self.algorithm.setup(self.model, self.optimizer)
+        made = self.algorithm.setup(self.model, self.optimizer)
+        if isinstance(made, Server) != (self.role == "server"):
+            raise TypeError(f"{config.algorithm}: setup on rank {ctx.rank}, a {self.role}, "
+                            f"returned {type(made).__name__}; a server rank needs a Server, a "
+                            "worker the module to run forward on")
+        self.forward_model = made if self.role == "worker" else self.model
+        self.server = made if isinstance(made, Server) else None
         self.emulator = None
         if self.compute is not None and self.role == "worker":
             self.emulator = EmulatedCompute(self.model, self.compute,
@@ -319,10 +326,10 @@ class Trainer:
         stopped: Stopped | None = None
         try:
             self.algorithm.start(steps)
-            if self.role == "worker":
+            if self.server is None:
                 self._work(steps)
             else:
-                self.algorithm.serve(steps, self._served)
+                self.server.serve(steps, self._served)
         except Stopped as stop:  # preempted: this rank stopped at a step the ranks agreed on
             stopped = stop
         except BaseException:
@@ -365,6 +372,7 @@ class Trainer:
     def _steps(self, steps: range, batches, forward, params: list[torch.nn.Parameter]) -> None:
         meter, clock = self.meter, StepClock(self.ctx.device)
         scaler, algorithm = self.scaler, self.algorithm
+        overflow = self.config.options.overflow  # how ranks agree to skip an fp16 step
         straggling = self.config.emulation.slow_workers
         slow = self.ctx.rank in self.roles.workers[len(self.roles.workers) - straggling:]
         slowed = 0.0
@@ -383,13 +391,13 @@ class Trainer:
                 slowed = self._straggle(clock)
             clock.backward_done()
             skip = False
-            if scaler is not None and algorithm.overflow != "reduced":
+            if scaler is not None and overflow != "reduced":
                 skip = self._unscale(params)  # before the gradients are pushed or gossiped
-                if skip and algorithm.overflow == "alone":
+                if skip and overflow == "alone":
                     for p in params:  # skipped here alone: nothing of it is pushed or gossiped
                         p.grad = None
             algorithm.after_backward(self.model)
-            if scaler is not None and algorithm.overflow == "reduced":
+            if scaler is not None and overflow == "reduced":
                 skip = self._unscale(params)  # averaged already: the same on every rank
             if skip:
                 for p in params:  # an optimizer leaves a parameter without a gradient alone
@@ -400,7 +408,7 @@ class Trainer:
             exposed = meter.exposed_backward_comm_s
             if self.tracer is not None:
                 self._trace_step(step, t0, t1, t2, t3, exposed)
-            extras = algorithm.step_metrics()
+            extras = algorithm.metrics()
             extras["lr"] = self.optimizer.param_groups[0]["lr"]
             if straggling:
                 extras["slowed_s"] = slowed
@@ -441,14 +449,14 @@ class Trainer:
 
     def _unscale(self, params: list[torch.nn.Parameter]) -> bool:
         """fp16: take the loss scale off the gradients; whether the step is skipped, as every
-        rank that steps with this one agrees (``Algorithm.overflow``)."""
+        rank that steps with this one agrees (``AlgorithmOptions.overflow``)."""
         found = self.scaler.unscale_(params)
-        return vote_overflow(self.comm, found) if self.algorithm.overflow == "vote" else found
+        return vote_overflow(self.comm, found) if self.config.options.overflow == "vote" else found
 
-    def _served(self, update: int, step: int | None) -> None:
+    def _served(self, update: int, step: int | None, metrics: dict[str, float]) -> None:
         """Called by a server's loop after each update it applies: the workers' ``step`` it
         completes (a point, as a worker's step is), or None (an asynchronous server's update,
-        recorded by its count from 0 in this run)."""
+        recorded by its count from 0 in this run); ``metrics``, the update's numbers."""
         meter, now = self.meter, time.perf_counter()
         last = self.step_records[-1].time_s if self.step_records else 0.0
         step_s = (now - self.t_start) - last
@@ -461,13 +469,13 @@ class Trainer:
             compute_s=0.0, comm_s=meter.comm_s, wait_s=meter.wait_s,
             update_s=max(0.0, step_s - meter.comm_s - meter.wait_s), step_s=step_s,
             bytes_sent=meter.bytes_sent, bytes_received=meter.bytes_received,
-            time_s=now - self.t_start, extras=self.algorithm.step_metrics()), point=step is not None)
+            time_s=now - self.t_start, extras=dict(metrics)), point=step is not None)
         meter.reset()
 
     def _finish_step(self, record: StepRecord, point: bool) -> None:
         """Record a step (or a server's update); at a ``point`` (a step, on every rank that
-        takes it) evaluate and checkpoint when due. The algorithm decides what a checkpoint
-        point means for it (``collect_states``), and the evaluator evaluates."""
+        takes it) evaluate and checkpoint when due. The lifecycle decides what a checkpoint
+        point means for the algorithm (``Lifecycle.checkpoint``), and the evaluator evaluates."""
         self.step_records.append(record)
         for callback in self.callbacks:
             callback(record)
@@ -479,7 +487,7 @@ class Trainer:
         evaluates = self.compute is None  # emulated compute: accuracy means nothing
         if evaluates and ((last and self.config.length.final_eval)
                           or every(step, self.config.length.eval_every)):
-            extras = self.algorithm.eval_metrics(self.model)
+            extras = self.algorithm.metrics(self.model)
             if self.ctx.rank == self.roles.evaluator:
                 with self.tracer.timed("evaluate") if self.tracer else contextlib.nullcontext():
                     self._evaluate(step, extras)

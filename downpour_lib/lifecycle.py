@@ -12,15 +12,18 @@ them, at the moments the trainer names:
 - ``end``: after the steps, the evaluator's stop is told to every rank, and they raise together;
 - ``gather``: every rank's records (and trace) on rank 0, written out as the run's ``RunResult``.
 
-A checkpoint is written by the evaluator with the states ``Algorithm.collect_states`` brings it:
-gathered collectively by default, where every rank reaches the same points, or fetched from the
-servers by message (Downpour, whose other workers write nothing).
+How the ranks stop together is the options' declaration (``stopper``: a vote read ``stop_lag``
+steps later, or ``stop_refusal``), and a checkpoint is written by the evaluator with every rank's
+state, gathered collectively (``gather_states``), since every rank reaches the same points. An
+algorithm whose ranks take no common steps does both by its own messages (``Algorithm.points``:
+Downpour's workers hear the stop from the servers, and its evaluator fetches their shards).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from .checkpoint import atomic_write_text
 from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
+from .options import AlgorithmOptions, Roles
 from .precision import LossScaler
 from .records import EvalRecord, RunResult, StepRecord, frames, summarize
 
@@ -67,7 +71,9 @@ class Lifecycle:
         if config.runtime.preempt_signal != "none":
             self.signal.install(config.runtime.preempt_signal)
             self.control = preempt.control_group(ctx)  # collective, the same on every rank
-            self.stopper = self.algorithm.stopper(self.control, self.signal)
+            points = self.algorithm.points
+            self.stopper = (points.stopper(self.signal) if points is not None
+                            else stopper(config.options, self.control, self.signal))
 
     # -- preemption --------------------------------------------------------------------------
 
@@ -131,10 +137,13 @@ class Lifecycle:
         if self.evaluating:
             with self.algorithm.eval_parameters(self.model) as evaluated:
                 model = {k: v.detach().cpu().clone() for k, v in evaluated.state_dict().items()}
-        ranks = self.algorithm.collect_states(
-            lambda: checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict(),
-                                          self.scaler),
-            final if over is None else over)
+        def local() -> dict[str, Any]:
+            return checkpoint.rank_state(self.model, self.optimizer, self.algorithm.state_dict(),
+                                         self.scaler)
+
+        points = self.algorithm.points
+        ranks = (points.collect_states(local, final if over is None else over)
+                 if points is not None else gather_states(self.comm, self.plan.roles, local))
         if ranks is None:
             return
         start = time.perf_counter()
@@ -190,6 +199,26 @@ class Lifecycle:
             atomic_write_text(out / "evals.csv", evals.to_csv(index=False))
             result.write_summary_json(str(out / "summary.json"))
         return result
+
+
+def stopper(options: AlgorithmOptions, control: preempt.Control | None,
+            signal: preempt.StopSignal) -> preempt.Stopper:
+    """How ranks that take the same steps agree to stop early when ``signal`` arrives
+    (preemption; ``control`` is a group of every rank for the purpose), as their options declare
+    it: votes a fraction of a second apart, each read at least ``stop_lag`` steps later, so every
+    rank stops after the same step; or, where the options give a ``stop_refusal``, never."""
+    why = options.stop_refusal()
+    if why is not None:
+        return preempt.Unstoppable(signal, why)
+    return preempt.StepVote(control, signal, lag=options.stop_lag)
+
+
+def gather_states(comm: Comm, roles: Roles, local: Callable[[], dict[str, Any]]
+                  ) -> dict[int, dict[str, Any]] | None:
+    """At a checkpoint point, which every rank reaches: every rank's state (``local()`` on
+    each), by rank, on the evaluator, which writes the checkpoint; None on the others."""
+    parts = comm.gather_object(local(), root=roles.evaluator)
+    return None if parts is None else dict(enumerate(parts))
 
 
 def every(step: int, period: int | None) -> bool:

@@ -59,10 +59,18 @@ class AlgorithmOptions:
     #: the learning rate that goes with ``default_optimizer`` when the run names neither (None:
     #: the run's default, 0.05)
     default_lr: ClassVar[float | None] = None
-    #: The stop policy on a preemption signal (``Algorithm.stopper``): the fewest steps between a
+    #: The stop policy on a preemption signal (``lifecycle.stopper``): the fewest steps between a
     #: vote and its reading. 1 costs no waiting where ranks step together; options that let ranks
     #: drift apart give their bound (a property where it depends on a field).
     stop_lag: ClassVar[int] = 1
+    #: fp16: how the ranks agree to skip a step whose gradients overflowed, read by the engine.
+    #: "vote": the loss scale comes off before ``after_backward`` and every rank skips if any
+    #: overflowed (a MAX allreduce of 4 bytes, ``algorithms.base.vote_overflow``); "reduced": the
+    #: gradients are averaged during backward (bucketed allreduce, DDP), so the scale comes off
+    #: after ``after_backward`` and every rank finds the same; "alone": no rank steps with
+    #: another (asynchronous), the scale comes off before ``after_backward`` and a rank that
+    #: overflowed skips alone: its ``after_backward`` and ``step`` see no gradients.
+    overflow: ClassVar[Literal["vote", "reduced", "alone"]] = "vote"
 
     def __post_init__(self) -> None:
         check_choices(self)

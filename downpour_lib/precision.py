@@ -6,9 +6,9 @@ algorithm uses them, and a step whose gradients are not finite is skipped and S 
 again after ``growth_interval`` good steps), as ``torch.amp.GradScaler`` does.
 
 What a distributed run adds is that the ranks that step together must skip together, or their
-parameters part ways. ``Algorithm.overflow`` declares the agreement: by default one small MAX allreduce
-of the finding over the ranks (the gossip methods, sync_ps with its servers); none where every rank
-already sees the same gradients (allreduce and DDP, which average during backward: with a
+parameters part ways. ``AlgorithmOptions.overflow`` declares the agreement: by default one small
+MAX allreduce of the finding over the ranks (the gossip methods, sync_ps with its servers); none
+where every rank already sees the same gradients (allreduce and DDP, which average during backward: with a
 power-of-two S, averaging scaled gradients and then unscaling gives exactly the unscaled average)
 and none for the asynchronous methods (Downpour, AD-PSGD), where no rank steps with another and a
 worker whose gradients overflowed just sends none that step. The scale is checkpointed with each

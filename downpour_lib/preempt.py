@@ -12,7 +12,7 @@ while the others go on. Instead the ranks agree at a step boundary:
   previous vote, which has long completed, so voting costs no waiting (``StepVote``). Every rank
   reads the same vote at the same step, so they stop together, within about half a second;
 * Downpour's workers never wait for each other: a worker that has the signal stops at its next
-  step, and its servers tell the others in their replies (``Algorithm.stopper``).
+  step, and its servers tell the others in their replies (``Algorithm.points``).
 
 Then one checkpoint is written the usual way (atomically, by the evaluator), every rank learns that
 the run stopped early from one last vote, rank 0 runs ``scontrol requeue $SLURM_JOB_ID``, and every

@@ -80,6 +80,24 @@ def test_throughput_sums_worker_rates_after_warmup():
     assert summary["bytes_sent_per_step"] == 100
 
 
+def test_a_worker_given_a_server_by_setup_is_refused_naming_the_rank(monkeypatch):
+    """``setup`` returns the module to run forward on, or on a server rank a ``Server``: a
+    mix-up is an error that says which, before any step runs."""
+    from downpour_lib.algorithms import ALGORITHMS
+    from downpour_lib.algorithms.base import Server
+    from downpour_lib.algorithms.local import Local
+
+    class Confused(Local):
+        name = "confused"
+
+        def setup(self, model, optimizer):
+            return Server()
+
+    monkeypatch.setitem(ALGORITHMS, "confused", Confused)
+    with pytest.raises(TypeError, match="confused: setup on rank 0, a worker, returned Server"):
+        Trainer(TrainConfig(algorithm="confused", steps=6, **FAST), DistContext.single())
+
+
 def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypatch):
     """An algorithm reports numbers per step and per evaluation; the summary is the records' own
     analysis of them (staleness here), which no algorithm implements."""
@@ -90,12 +108,12 @@ def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypa
         name = "counting"
         updates = 0
 
-        def step_metrics(self):
+        def metrics(self, model=None):
+            if model is not None:
+                return {"param_norm": float(sum(p.detach().norm() ** 2
+                                                for p in model.parameters()) ** 0.5)}
             self.updates += 1
             return {"updates_so_far": float(self.updates), "staleness": float(self.updates % 3)}
-
-        def eval_metrics(self, model):
-            return {"param_norm": float(sum(p.detach().norm() ** 2 for p in model.parameters()) ** 0.5)}
 
     monkeypatch.setitem(ALGORITHMS, "counting", Counting)
     result = Trainer(TrainConfig(algorithm="counting", steps=6, eval_every=3, **FAST),

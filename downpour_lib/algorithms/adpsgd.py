@@ -29,7 +29,7 @@ graph); the paper's uniformly random partner is not needed for the averaging to 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
@@ -41,6 +41,7 @@ from ..comm.collectives import flatten, nbytes, unflatten_into
 from ..comm.gossip import destroy_group, new_group
 from ..comm.p2p import exchange
 from ..topology import Topology
+from .base import Roles
 from .decentralized import BoundedLagOptions, Decentralized
 
 
@@ -51,6 +52,8 @@ class ADPSGDOptions(BoundedLagOptions):
     lag_bounds: ClassVar[str] = "the averaging thread may fall that many steps behind"
     without_lag: ClassVar[str] = "for lock-step neighbour averaging use --algorithm dpsgd"
     needs_symmetric: ClassVar[bool] = True
+    # fp16: asynchronous, no rank steps with another; an overflowing one skips alone
+    overflow: ClassVar[Literal["alone"]] = "alone"
 
     topology: Literal["bipartite_exponential"] = field(default="bipartite_exponential", metadata={
         "help": "gossip graph: bipartite_exponential (odd ranks pair with even ones; needs an "
@@ -159,9 +162,16 @@ class ADPSGD(Decentralized):
     name = "adpsgd"
     Options = ADPSGDOptions
     options: ADPSGDOptions
-    overflow = "alone"  # asynchronous: no rank steps with another; an overflowing one skips alone
-    one_worker = ("it has no peer to average with, so this run is plain SGD, not AD-PSGD; "
-                  "launch an even number of ranks (2 or more) to measure AD-PSGD")
+
+    @classmethod
+    def check_plan(cls, options: ADPSGDOptions, roles: Roles, model: nn.Module,
+                   total_steps: int, report: Callable[[str], None], precision: str = "fp32"
+                   ) -> None:
+        super().check_plan(options, roles, model, total_steps, report, precision)
+        if len(roles.workers) == 1:
+            report("adpsgd with one worker: it has no peer to average with, so this run is plain "
+                   "SGD, not AD-PSGD; launch an even number of ranks (2 or more) to measure "
+                   "AD-PSGD")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         self.setup_graph(model)
@@ -205,8 +215,10 @@ class ADPSGD(Decentralized):
                 self.comm.count(sent=n, received=n)
         self.step_index += 1
 
-    def step_metrics(self) -> dict[str, float]:
-        return {"staleness": self.staleness}
+    def metrics(self, model: nn.Module | None = None) -> dict[str, float]:
+        if model is None:
+            return {"staleness": self.staleness}
+        return super().metrics(model)
 
     def local_vector(self, model: nn.Module) -> torch.Tensor:
         if self.averaging is None:

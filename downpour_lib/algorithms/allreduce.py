@@ -36,6 +36,7 @@ WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 class AllReduceOptions(AlgorithmOptions):
     #: per step, for the performance model (downpour_lib.perf): the gradients allreduced in buckets
     traffic: ClassVar[str] = "collective"
+    overflow: ClassVar[Literal["reduced"]] = "reduced"  # fp16: averaged in backward, as DDP
     # DDP's 25 MB. On CPU ranks every bucket in flight takes CPU from backward, so fewer, larger
     # buckets win until there is only one (no overlap left). ResNet-18 (45 MB of gradients), 2 ranks,
     # one thread each, step time: mpi 82-86 ms at 25 MB, 86-88 at 16, 95-100 at 4 and 8, 108-112 at
@@ -79,7 +80,6 @@ class AllReduce(Algorithm):
     name = "allreduce"
     Options = AllReduceOptions
     options: AllReduceOptions
-    overflow = "reduced"
 
     @classmethod
     def check_plan(cls, options: AllReduceOptions, roles: Roles, model: nn.Module,

@@ -1,46 +1,75 @@
 """The small interface every training algorithm implements.
 
 Two plug-in points, as in torch.distributed.algorithms: ``after_backward`` on the gradient side and
-``after_step`` on the parameter side, plus ``step`` (the update) and ``serve`` (a server rank's loop).
-Algorithms communicate only through ``comm.Comm``, so with a world of one they run in a unit test.
+``after_step`` on the parameter side, plus ``step`` (the update). A rank whose role is "server" gets
+a ``Server`` from ``setup`` instead of a module, and runs its ``serve`` loop instead of the steps.
+What the options decide is declared on them (``AlgorithmOptions``: the roles, the stop policy,
+how fp16 ranks agree to skip a step), not on the algorithm. Algorithms communicate only through
+``comm.Comm``, so with a world of one they run in a unit test.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..comm.collectives import Comm
 from ..options import AlgorithmOptions, Roles
-from ..preempt import Control, StepVote, Stopper, StopSignal, Unstoppable
+from ..preempt import Stopper, StopSignal
+
+#: ``Server.serve``'s report after each update it applies: (update, step, metrics), see there.
+OnUpdate = Callable[[int, "int | None", dict[str, float]], None]
+
+
+class Server:
+    """A server rank's part of a run: what ``Algorithm.setup`` returns on a rank whose role is
+    "server" (``Roles.role``), in place of the module a worker runs forward on. A rank that both
+    works and serves (colocated) is a worker: its algorithm serves beside its steps."""
+
+    def serve(self, steps: range, on_update: OnUpdate) -> None:
+        """The loop over the workers' ``steps`` of this run. After each update it applies it calls
+        ``on_update(update, step, metrics)``: ``update`` counts from 0; ``step`` is the workers'
+        step the update completes when servers and workers step together (an evaluation and
+        checkpoint point, as for every rank), None for an asynchronous server; ``metrics`` the
+        update's numbers for its record (e.g. staleness)."""
+        raise NotImplementedError
+
+
+class Points:
+    """How ranks that take no common steps (Downpour's) meet at their points by their own
+    messages: whether to stop early, and what a checkpoint holds. Ranks that step together need
+    none (``Algorithm.points`` is None): they vote to stop as their options declare
+    (``AlgorithmOptions.stop_lag``, ``stop_refusal``) and gather a checkpoint's states together."""
+
+    def stopper(self, signal: StopSignal) -> Stopper:
+        """How a rank stops early when ``signal`` (a preemption) arrives here or is heard."""
+        raise NotImplementedError
+
+    def collect_states(self, local: Callable[[], dict[str, Any]], final: bool
+                       ) -> dict[int, dict[str, Any]] | None:
+        """At a checkpoint point: every rank's state, by rank, on the rank that writes the
+        checkpoint (the evaluator; ``local()`` is this rank's, ``checkpoint.rank_state``); None
+        on the others. ``final``: no rank trains after this checkpoint."""
+        raise NotImplementedError
 
 
 class Algorithm:
     """Default behaviour: every rank is a worker and steps its own optimizer.
 
     The life of one run: ``setup`` (on every rank, collective), the checkpoint's state loaded
-    (``load_state_dict``, on resume), ``start``, then the steps (a worker) or ``serve`` (a server),
-    then ``close`` if the run finished or ``abort`` if it failed. Who works, serves and evaluates
-    is ``self.roles``, which the options produce (``AlgorithmOptions.roles``)."""
+    (``load_state_dict``, on resume), ``start``, then the steps (a worker) or the ``Server``'s
+    loop (a server), then ``close`` if the run finished or ``abort`` if it failed. Who works,
+    serves and evaluates is ``self.roles``, which the options produce (``AlgorithmOptions.roles``)."""
 
     name: ClassVar[str]
     Options: ClassVar[type[AlgorithmOptions]] = AlgorithmOptions
-    #: fp16: how the ranks agree to skip a step whose gradients overflowed, one declaration the
-    #: engine reads. "vote": the loss scale comes off before ``after_backward`` and every rank
-    #: skips if any overflowed (a MAX allreduce of 4 bytes, ``vote_overflow``); "reduced": the
-    #: gradients are averaged during backward (bucketed allreduce, DDP), so the scale comes off
-    #: after ``after_backward`` and every rank finds the same; "alone": no rank steps with
-    #: another (asynchronous), the scale comes off before ``after_backward`` and a rank that
-    #: overflowed skips alone: its ``after_backward`` and ``step`` see no gradients.
-    overflow: ClassVar[Literal["vote", "reduced", "alone"]] = "vote"
-    #: What the algorithm becomes with one worker, where that is not what its name promises
-    #: (``check_plan`` reports it): every algorithm runs at world size 1, but an asynchronous
-    #: one then has nothing to be asynchronous with.
-    one_worker: ClassVar[str] = ""
+    #: Set by ``setup`` where the ranks take no common steps, so they cannot vote to stop or
+    #: gather a checkpoint together (Downpour's, by its servers' messages); None: they can.
+    points: Points | None = None
 
     def __init__(self, options: AlgorithmOptions, comm: Comm,
                  lr_at: Callable[[int], float] | None = None, loss_scaling: bool = False) -> None:
@@ -58,12 +87,12 @@ class Algorithm:
         """Every check and warning about these options for this run, before any rank talks to
         another: raise ConfigError if they cannot work with this model (built on the meta device,
         so the check allocates nothing), run length or ``precision``, e.g. more parameter shards
-        than tensors; ``report`` what is legal but pointless. Overrides call this one."""
-        if len(roles.workers) == 1 and cls.one_worker:
-            report(f"{cls.name} with one worker: {cls.one_worker}")
+        than tensors; ``report`` what is legal but pointless (e.g. an asynchronous algorithm
+        with one worker, which has nothing to be asynchronous with). Overrides call this one."""
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
-        """Prepare the model; return the module the engine runs forward on (may be a wrapper)."""
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module | Server:
+        """Prepare the model; return the module the engine runs forward on (may be a wrapper),
+        or on a server rank the ``Server`` it runs."""
         return model
 
     def start(self, steps: range) -> None:
@@ -80,20 +109,10 @@ class Algorithm:
     def after_step(self, model: nn.Module) -> None:
         """Parameter side: runs after the update (gossip, averaging, fetching)."""
 
-    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
-        """A server rank's loop over the workers' ``steps`` of this run. After each update it
-        applies it calls ``on_update(update, step)``: ``update`` counts from 0; ``step`` is the
-        workers' step the update completes when servers and workers step together (an
-        evaluation and checkpoint point, as for every rank), None for an asynchronous server."""
-        raise NotImplementedError(f"{self.name} has no server ranks")
-
-    def step_metrics(self) -> dict[str, float]:
-        """Extra numbers for the step (or server update) just finished, e.g. staleness."""
-        return {}
-
-    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
-        """Extra numbers at an evaluation point, e.g. consensus distance. Called on every rank at
-        the same step, so it may use collectives (if the algorithm's ranks share step indices)."""
+    def metrics(self, model: nn.Module | None = None) -> dict[str, float]:
+        """Extra numbers for the records. ``model`` None: the step just finished, e.g. staleness.
+        A ``model``: an evaluation point, e.g. consensus distance; called on every rank at the
+        same step, so it may use collectives (if the algorithm's ranks share step indices)."""
         return {}
 
     @contextmanager
@@ -105,32 +124,11 @@ class Algorithm:
         """This rank's algorithm state for a checkpoint (tensors and plain values only)."""
         return {}
 
-    def collect_states(self, local: Callable[[], dict[str, Any]], final: bool
-                       ) -> dict[int, dict[str, Any]] | None:
-        """At a checkpoint point: every rank's state (``local()`` on each, see
-        ``checkpoint.rank_state``), by rank, on the rank that writes the checkpoint (the
-        evaluator); None on the others. Every rank reaches the same checkpoint points here, so
-        the default gathers collectively; an asynchronous algorithm fetches what other ranks
-        hold by message instead. ``final``: training is over on every rank."""
-        parts = self.comm.gather_object(local(), root=self.roles.evaluator)
-        return None if parts is None else dict(enumerate(parts))
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-    def stopper(self, control: Control | None, signal: StopSignal) -> Stopper:
-        """How this algorithm's ranks agree to stop early when ``signal`` arrives (preemption;
-        ``control`` is a group of every rank for the purpose), as the options declare it
-        (``AlgorithmOptions.stop_lag``, ``stop_refusal``): votes a fraction of a second apart,
-        each read at least ``stop_lag`` steps later, so every rank stops after the same step.
-        An algorithm whose ranks do not take the same steps (Downpour) agrees by its messages."""
-        why = self.options.stop_refusal()
-        if why is not None:
-            return Unstoppable(signal, why)
-        return StepVote(control, signal, lag=self.options.stop_lag)
-
     def close(self) -> None:
-        """The run finished on every rank (or stopped early where ``stopper`` agreed): finish
+        """The run finished on every rank (or stopped early where the ranks agreed to): finish
         what is still in flight (this may communicate), join threads, release what ``setup``
         took. The engine calls it after the last step; a training loop of your own calls it too."""
 
@@ -141,7 +139,7 @@ class Algorithm:
 
 
 def vote_overflow(comm: Comm, found: bool) -> bool:
-    """fp16, ``Algorithm.overflow == "vote"``: whether any rank's gradients overflowed this step,
+    """fp16, ``AlgorithmOptions.overflow == "vote"``: whether any rank's gradients overflowed this step,
     given whether they did here (``found``): a MAX allreduce of the finding over every rank. A
     server that steps with the workers joins it with ``found=False``."""
     if not comm.active:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from .base import Algorithm, AlgorithmOptions, Roles
 class DDPOptions(AlgorithmOptions):
     #: per step, for the performance model (downpour_lib.perf): the gradients allreduced in buckets
     traffic: ClassVar[str] = "collective"
+    overflow: ClassVar[Literal["reduced"]] = "reduced"  # fp16: DDP averages in backward
     bucket_cap_mb: float = field(default=25.0, metadata={"help": "DDP gradient bucket size in MB"})
 
     def __post_init__(self) -> None:
@@ -37,7 +38,6 @@ class DDP(Algorithm):
     name = "ddp"
     Options = DDPOptions
     options: DDPOptions
-    overflow = "reduced"
 
     @classmethod
     def check_plan(cls, options: DDPOptions, roles: Roles, model: nn.Module, total_steps: int,

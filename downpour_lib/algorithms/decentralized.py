@@ -3,7 +3,7 @@
 Decentralized training in the sense of Lian et al. (NeurIPS 2017) and Assran et al. (ICML 2019):
 every rank is a worker with its own copy of the model, and copies agree only through gossip with a
 few peers per step. Each rank's model therefore differs; the engine evaluates rank 0's (as the SGP
-paper does), and ``eval_metrics`` adds ``consensus_distance``, the mean over ranks of
+paper does), and ``metrics`` adds ``consensus_distance``, the mean over ranks of
 ||x_i - x_bar||, x_bar the ranks' average, computed on every rank at every evaluation point.
 
 This module holds behaviour, not switches: the options say which graph (``GraphOptions.graph``,
@@ -82,6 +82,8 @@ class Decentralized(Algorithm):
         """This rank's model as one flat vector (de-biased, for push-sum)."""
         return flatten([p.detach() for p in model.parameters()])
 
-    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
-        # Collective: the engine calls this on every rank at the same steps.
+    def metrics(self, model: nn.Module | None = None) -> dict[str, float]:
+        if model is None:
+            return {}
+        # Collective: the engine calls this on every rank at the same evaluation points.
         return {"consensus_distance": consensus_distance(self.comm, self.local_vector(model))}

@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..preempt import Stopper, StopSignal
 from ..records import Meter
 from . import ps_placement
-from .base import Algorithm, Roles
+from .base import Algorithm, OnUpdate, Points, Roles, Server
 from .ps_client import ShardClient
 from .ps_server import (
     FINAL,
@@ -53,6 +53,8 @@ class DownpourOptions(ps_placement.PSOptions):
     #: for the performance model: push every n_push, fetch every n_fetch steps, each on its own clock
     traffic: ClassVar[str] = "async_push_pull"
     default_optimizer: ClassVar[str] = "adagrad"  # as in Dean et al. 2012
+    # fp16: no worker steps with another; one that overflowed leaves the step out of its push
+    overflow: ClassVar[Literal["alone"]] = "alone"
     # a worker evaluates: it can fetch every shard; the servers each hold one
     evaluator: ClassVar[Literal["server", "worker"]] = "worker"
     n_fetch: int = field(default=1, metadata={
@@ -88,10 +90,6 @@ class Downpour(Algorithm):
     name = "downpour"
     Options = DownpourOptions
     options: DownpourOptions
-    overflow = "alone"
-    one_worker = ("it pushes and fetches in turn, never stale, so this run is sequential SGD "
-                  "with the server's optimizer, not asynchronous Downpour; launch 2 or more "
-                  "workers to measure Downpour")
 
     @classmethod
     def check_plan(cls, options: DownpourOptions, roles: Roles, model: nn.Module,
@@ -99,10 +97,14 @@ class Downpour(Algorithm):
                    ) -> None:
         super().check_plan(options, roles, model, total_steps, report, precision)
         model_layout(model, len(roles.servers))
+        if len(roles.workers) == 1:
+            report("downpour with one worker: it pushes and fetches in turn, never stale, so this "
+                   "run is sequential SGD with the server's optimizer, not asynchronous Downpour; "
+                   "launch 2 or more workers to measure Downpour")
 
     # -- set-up --------------------------------------------------------------------------------
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module | Server:
         self.params, self.buffers = shard_tensors(model)
         self.servers, self.workers = self.roles.servers, self.roles.workers
         self.evaluator = self.roles.evaluator
@@ -112,34 +114,33 @@ class Downpour(Algorithm):
         self.link = self.comm.messages()
         shards = [([self.params[i] for i in layout.params(s)],
                    [self.buffers[i] for i in layout.buffers(s)]) for s in range(len(self.servers))]
-        self.server: ShardServer | None = None  # the shard this rank serves
+        self.shard: ShardServer | None = None  # the shard this rank serves
         if self.rank in self.servers:
             index = self.servers.index(self.rank)
             kind, defaults = type(optimizer), dict(optimizer.defaults)
-            self.server = ShardServer(index, *shards[index], lambda ps: kind(ps, **defaults),
-                                      self.lr_at, self.options.max_staleness)
+            self.shard = ShardServer(index, *shards[index], lambda ps: kind(ps, **defaults),
+                                     self.lr_at, self.options.max_staleness)
         self.is_worker = self.rank in self.workers
-        self.client = ShardClient(self.link, self.rank, self.servers, shards, self.server,
+        self.client = ShardClient(self.link, self.rank, self.servers, shards, self.shard,
                                   self.comm.ctx.device, (self.params or self.buffers)[0].dtype)
         self.thread: ServerThread | None = None  # a colocated server's loop
         self.local_done = threading.Event()  # this rank's worker has pushed for the last time
-        self.serving = False  # a dedicated server, in its loop
-        self.last_update: dict[str, float] = {}  # a dedicated server's last update, for records
         self.refetch = False  # a push was refused as too stale: fetch before the next step
         self.pushed: dict[str, float] = {}  # the push of the step just taken, for records
         self.final: list[dict[str, Any]] | None = None  # the evaluator: every shard's last state
         self.finished = False
-        self.signal: StopSignal | None = None
-        return model
+        self.signal: StopSignal | None = None  # set by the lifecycle's stopper (points)
+        self.points = _ByMessages(self)
+        return model if self.is_worker else DedicatedServer(self)
 
     def start(self, steps: range) -> None:
         if not self.is_worker:
             return  # a dedicated server: its loop is serve()
         self.t, self.total = steps.start, steps.stop
-        if self.server is not None:  # colocated: this worker's shard is served by a thread
+        if self.shard is not None:  # colocated: this worker's shard is served by a thread
             remote = [w for w in self.workers if w != self.rank]
             self.thread = ServerThread(ServeLoop(
-                self.server, self.link.with_meter(Meter(self.comm.ctx.device)), remote,
+                self.shard, self.link.with_meter(Meter(self.comm.ctx.device)), remote,
                 local_done=self.local_done, signal=self.signal))
             self.thread.start()
         if self.rank != self.workers[0]:  # Dean et al.'s warmstart: the first worker alone
@@ -177,11 +178,10 @@ class Downpour(Algorithm):
             self.client.fetch(account="comm")
             self.refetch = False
 
-    def step_metrics(self) -> dict[str, float]:
-        """A worker's step: the staleness of the push it made (if any). A dedicated server's
-        update: its staleness and the worker it came from."""
-        if self.serving:
-            return dict(self.last_update)
+    def metrics(self, model: nn.Module | None = None) -> dict[str, float]:
+        """A worker's step: the staleness of the push it made (if any)."""
+        if model is not None:
+            return {}
         out, self.pushed = self.pushed, {}
         return out
 
@@ -197,10 +197,6 @@ class Downpour(Algorithm):
     # -- preemption: agreed by the servers' replies, not by a vote ------------------------------
 
     stopping = False  # this worker stopped before its last step
-
-    def stopper(self, control, signal: StopSignal) -> Stopper:
-        self.signal = signal
-        return _StopByMessages(self)
 
     def stop_heard_locally(self) -> bool:
         """The signal here, or the run's stop heard from a server (by reply, or by the colocated
@@ -233,23 +229,6 @@ class Downpour(Algorithm):
             self.thread.join()
             self.thread = None
 
-    # -- the server's loop ----------------------------------------------------------------------
-
-    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
-        """A dedicated server: serve every worker until each is done (``steps`` is not used:
-        the number of updates depends on the workers, and none of them is a step)."""
-        self.serving = True
-        updates = 0
-
-        def applied(source: int, staleness: int) -> None:
-            nonlocal updates
-            self.last_update = {"staleness": float(staleness), "source_rank": float(source)}
-            on_update(updates, None)
-            updates += 1
-
-        ServeLoop(self.server, self.link, self.workers, on_update=applied,
-                  signal=self.signal).run()
-
     # -- evaluation and checkpoints -------------------------------------------------------------
 
     @contextmanager
@@ -275,22 +254,11 @@ class Downpour(Algorithm):
             self.client.versions = versions
 
     def state_dict(self) -> dict[str, Any]:
-        return self.server.state_dict() if self.server is not None else {}
+        return self.shard.state_dict() if self.shard is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.server is not None and state:
-            self.server.load_state_dict(state)
-
-    def collect_states(self, local: Callable[[], dict[str, Any]], final: bool
-                       ) -> dict[int, dict[str, Any]] | None:
-        """On the evaluator alone, which asks the servers for their shards by message (they are
-        serving, not stepping); the other workers write nothing."""
-        if self.rank != self.evaluator:
-            return None
-        states = self._final() if final else self.client.snapshots(SNAPSHOT, self.stopping)
-        ranks = {server: {"algorithm": state} for server, state in zip(self.servers, states, strict=True)}
-        ranks[self.rank] = {**local(), **ranks.get(self.rank, {})}  # a colocated server's shard
-        return ranks
+        if self.shard is not None and state:
+            self.shard.load_state_dict(state)
 
     def close(self) -> None:
         if self.is_worker and not self.finished and hasattr(self, "t"):
@@ -306,6 +274,53 @@ class Downpour(Algorithm):
         # launcher's abort ends the others; a colocated server thread is a daemon and ends with
         # the process.
         self.thread = None
+
+
+class DedicatedServer(Server):
+    """A rank that only serves: its shard's loop, in the rank's main thread."""
+
+    def __init__(self, algorithm: Downpour) -> None:
+        self.algorithm = algorithm
+
+    def serve(self, steps: range, on_update: OnUpdate) -> None:
+        """Serve every worker until each is done (``steps`` is not used: the number of updates
+        depends on the workers, and none of them is a step). An update's record carries its
+        staleness and the worker it came from."""
+        downpour, updates = self.algorithm, 0
+
+        def applied(source: int, staleness: int) -> None:
+            nonlocal updates
+            on_update(updates, None, {"staleness": float(staleness), "source_rank": float(source)})
+            updates += 1
+
+        ServeLoop(downpour.shard, downpour.link, downpour.workers, on_update=applied,
+                  signal=downpour.signal).run()
+
+
+class _ByMessages(Points):
+    """Downpour's ranks take no common steps: they agree to stop by the servers' replies
+    (``_StopByMessages``), and the evaluator alone writes a checkpoint, with the servers' shards
+    it asks them for by message (they are serving, not stepping)."""
+
+    def __init__(self, algorithm: Downpour) -> None:
+        self.algorithm = algorithm
+
+    def stopper(self, signal: StopSignal) -> Stopper:
+        self.algorithm.signal = signal  # the servers' loops pass it on to the workers
+        return _StopByMessages(self.algorithm)
+
+    def collect_states(self, local: Callable[[], dict[str, Any]], final: bool
+                       ) -> dict[int, dict[str, Any]] | None:
+        """On the evaluator alone; the other workers write nothing."""
+        downpour = self.algorithm
+        if downpour.rank != downpour.evaluator:
+            return None
+        states = downpour._final() if final else downpour.client.snapshots(SNAPSHOT,
+                                                                           downpour.stopping)
+        ranks = {server: {"algorithm": state}
+                 for server, state in zip(downpour.servers, states, strict=True)}
+        ranks[downpour.rank] = {**local(), **ranks.get(downpour.rank, {})}  # a colocated shard
+        return ranks
 
 
 class _StopByMessages(Stopper):

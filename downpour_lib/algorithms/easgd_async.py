@@ -22,6 +22,7 @@ from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import HEADER, header
+from .base import OnUpdate, Server
 from .easgd import SERVER, CenterState, EASGDOptions
 from .localsgd import Periodic
 from .ps_server import (
@@ -58,17 +59,13 @@ class AsyncEASGD(CenterState, Periodic):
     Options = EASGDOptions
     options: EASGDOptions
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module | Server:
         model = super().setup(model, optimizer)  # every rank, the server too: one start
         self.alpha = self.options.alpha(len(self.roles.workers))
         self.center = flatten([p.detach() for p in self.params]).clone().cpu()
         self.final = False  # the evaluator: self.center is the run's final center
         self.link = self.comm.messages()  # collective: every rank, before any message
-        self.server: ShardServer | None = None
-        if self.rank == SERVER:
-            alpha = self.alpha
-            self.server = ShardServer(0, self.params, [], lambda ps: ElasticPull(ps, alpha))
-        return model
+        return CenterServer(self) if self.rank == SERVER else model
 
     def after_step(self, model: nn.Module) -> None:
         self.t += 1
@@ -109,26 +106,12 @@ class AsyncEASGD(CenterState, Periodic):
         self.link.recv(data, SERVER, DATA)
         self.center, self.final = flatten(from_bytes(data)["params"]), True
 
-    # -- the server -------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
-        """Rank 0: the center's loop, until every worker is done; an update per exchange."""
-        updates = 0
-
-        def applied(source: int, staleness: int) -> None:
-            nonlocal updates
-            on_update(updates, None)
-            updates += 1
-
-        ServeLoop(self.server, self.link, self.roles.workers, on_update=applied).run()
-        self.center = flatten([p.detach() for p in self.server.params]).cpu()
-        unflatten_into(self.center.to(self.params[0].device), self.params)  # the server ends as x~
-
     # -- evaluation and state ---------------------------------------------------------------------
 
-    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
-        return {}  # the workers take no common steps: no collective
+    def metrics(self, model: nn.Module | None = None) -> dict[str, float]:
+        if model is None:
+            return super().metrics()
+        return {}  # the workers take no common steps: no collective at an evaluation
 
     @contextmanager
     def eval_parameters(self, model: nn.Module) -> Iterator[nn.Module]:
@@ -137,3 +120,26 @@ class AsyncEASGD(CenterState, Periodic):
             self.center = self._ask(FETCH)
         with super().eval_parameters(model) as center:
             yield center
+
+
+class CenterServer(Server):
+    """Rank 0: the center x~ as a one-shard parameter server, whose pushes are elastic pulls."""
+
+    def __init__(self, algorithm: AsyncEASGD) -> None:
+        self.algorithm = algorithm
+        alpha = algorithm.alpha
+        self.shard = ShardServer(0, algorithm.params, [], lambda ps: ElasticPull(ps, alpha))
+
+    @torch.no_grad()
+    def serve(self, steps: range, on_update: OnUpdate) -> None:
+        """The center's loop, until every worker is done; an update per exchange."""
+        easgd, updates = self.algorithm, 0
+
+        def applied(source: int, staleness: int) -> None:
+            nonlocal updates
+            on_update(updates, None, {})
+            updates += 1
+
+        ServeLoop(self.shard, easgd.link, easgd.roles.workers, on_update=applied).run()
+        easgd.center = flatten([p.detach() for p in self.shard.params]).cpu()
+        unflatten_into(easgd.center.to(easgd.params[0].device), easgd.params)  # the server ends as x~

@@ -79,10 +79,9 @@ class Periodic(Algorithm):
         with torch.no_grad():
             unflatten_into(wire.to(flat.dtype) if dtype is not None else wire, tensors)
 
-    def step_metrics(self) -> dict[str, float]:
-        return {"outer_step": float(self.met)}
-
-    def eval_metrics(self, model: nn.Module) -> dict[str, float]:
+    def metrics(self, model: nn.Module | None = None) -> dict[str, float]:
+        if model is None:
+            return {"outer_step": float(self.met)}
         # collective: every rank reaches the same evaluation points
         return {"consensus_distance": consensus_distance(self.comm, flatten(
             [p.detach() for p in self.params]))}

@@ -118,8 +118,10 @@ class OSGP(PushSumAlgorithm):
                 for p, z in zip(self.params, saved, strict=True):
                     p.copy_(z)
 
-    def step_metrics(self) -> dict[str, float]:
-        return {"staleness": self.staleness}
+    def metrics(self, model: nn.Module | None = None) -> dict[str, float]:
+        if model is None:
+            return {"staleness": self.staleness}
+        return super().metrics(model)
 
     def drain(self) -> None:
         """Absorb every message still in flight (each has a receiver: all ranks post the same

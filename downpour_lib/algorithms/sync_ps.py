@@ -23,7 +23,7 @@ from torch import nn
 from ..comm.collectives import flatten, unflatten_into
 from ..schedule import set_lr
 from . import ps_placement
-from .base import Algorithm, Roles, vote_overflow
+from .base import Algorithm, OnUpdate, Roles, Server, vote_overflow
 from .ps_shards import model_layout, shard_tensors
 
 
@@ -49,7 +49,7 @@ class SyncPS(Algorithm):
         super().check_plan(options, roles, model, total_steps, report, precision)
         model_layout(model, len(roles.servers))
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module | Server:
         self.optimizer = optimizer
         self.params, self.buffers = shard_tensors(model)
         self.servers, self.num_workers = self.roles.servers, len(self.roles.workers)
@@ -61,7 +61,7 @@ class SyncPS(Algorithm):
                 p.grad = torch.zeros_like(p)
         # Everyone starts from the servers' parameters, whatever their own initialization was.
         self._pull(account="comm")
-        return model
+        return model if self.rank in self.roles.workers else DedicatedServer(self)
 
     def _members(self, shard: int) -> tuple[list[int], list[int]]:
         return self.layout.params(shard), self.layout.buffers(shard)
@@ -104,18 +104,28 @@ class SyncPS(Algorithm):
         # A worker's time here is mostly the servers' update: it counts as waiting.
         self._pull(account="comm" if self.shard is not None else "wait")
 
-    def serve(self, steps: range, on_update: Callable[[int, int | None], None]) -> None:
-        zeros = [torch.zeros_like(p) for p in self.params]
+
+
+class DedicatedServer(Server):
+    """A server that only serves: each workers' step, its shard's half of the push and pull the
+    workers make in ``after_backward`` and ``step``, and its shard's update between them."""
+
+    def __init__(self, algorithm: SyncPS) -> None:
+        self.algorithm = algorithm
+
+    def serve(self, steps: range, on_update: OnUpdate) -> None:
+        ps = self.algorithm
+        zeros = [torch.zeros_like(p) for p in ps.params]
         for i, step in enumerate(steps):
-            # the workers agree on fp16 overflows before they push (Algorithm.overflow)
-            skip = vote_overflow(self.comm, False) if self.loss_scaling else False
+            # the workers agree on fp16 overflows before they push (AlgorithmOptions.overflow)
+            skip = vote_overflow(ps.comm, False) if ps.loss_scaling else False
             # A dedicated server runs no forward pass: it adds nothing to the buffers' average.
-            for b in self.buffers:
+            for b in ps.buffers:
                 b.zero_()
-            self._push(zeros, account="wait")  # waiting for the workers' gradients
-            if self.lr_at is not None:
-                set_lr(self.optimizer, self.lr_at(step))
+            ps._push(zeros, account="wait")  # waiting for the workers' gradients
+            if ps.lr_at is not None:
+                set_lr(ps.optimizer, ps.lr_at(step))
             if not skip:
-                self.optimizer.step()
-            self._pull(account="comm")
-            on_update(i, step)  # the workers' step: servers and workers step together
+                ps.optimizer.step()
+            ps._pull(account="comm")
+            on_update(i, step, {})  # the workers' step: servers and workers step together

@@ -8,7 +8,7 @@ moves them. Each prints one JSON line from rank 0 with what the test asserts on:
   after ``close`` only), and at the end;
 - ``reference_err``: max over ranks of |z_i - (P_T ... P_1 x(0))_i|, P_t from
   ``mixing.mixing_matrix``; ``mean_err``: the same against the exact average of x(0);
-- ``distances``: the consensus distance (``eval_metrics``) after each step, index 0 = start;
+- ``distances``: the consensus distance (``metrics``) after each step, index 0 = start;
   ``raw_distances``: the same for the parameters as they are (for Overlap-SGP, nothing in flight
   included).
 
@@ -72,7 +72,7 @@ def mixing_case(ctx, name: str, options: dict, steps: int) -> dict:
     x0 = flatten([p.detach() for p in params])
     x0_rows = gather_rows(x0, ctx.world_size)
     mass0 = all_sum(x0.double())
-    distances = [algorithm.eval_metrics(model)["consensus_distance"]]
+    distances = [algorithm.metrics(model)["consensus_distance"]]
     raw = [consensus_distance(algorithm.comm, x0)]  # of the parameters as they are, nothing landed
     mass_err = 0.0
     for _ in range(steps):
@@ -82,7 +82,7 @@ def mixing_case(ctx, name: str, options: dict, steps: int) -> dict:
         algorithm.step(optimizer)
         algorithm.after_step(model)
         raw.append(consensus_distance(algorithm.comm, flatten([p.detach() for p in params])))
-        distances.append(algorithm.eval_metrics(model)["consensus_distance"])
+        distances.append(algorithm.metrics(model)["consensus_distance"])
         m = mass(algorithm, name, params)
         if m is not None:
             mass_err = max(mass_err, float((m - mass0).abs().max() / mass0.abs().max()))
