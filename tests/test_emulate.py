@@ -6,6 +6,7 @@ fixed overshoot), so the moments asserted are the schedule's own, not this machi
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from downpour_lib.data import load_dataset
 from downpour_lib.emulate import ComputeProfile, EmulatedCompute, backward_order, measure
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
+from downpour_lib.study.core import mpiexec_launch
 
 
 def _model() -> nn.Module:
@@ -145,3 +147,35 @@ def test_emulated_compute_refuses_what_it_cannot_emulate():
     config = TrainConfig(algorithm="allreduce", compute="emulated", precision="fp16")
     with pytest.raises(ConfigError, match="fp16"):
         plan_run(config, 1, load_dataset("digits", "data").train)
+
+
+#: Every algorithm notebook 02's emulated sweep names, with options that make each communicate
+#: within a short run (localsgd and diloco meet every 2 steps; downpour's workers start together).
+SWEPT = {
+    "allreduce": ("allreduce", {}), "ddp": ("ddp", {}), "sync_ps": ("sync_ps", {}),
+    "sync_ps-sharded": ("sync_ps", {"servers": 2}), "downpour": ("downpour", {"warmstart": 0}),
+    "sgp": ("sgp", {}), "localsgd": ("localsgd", {"period": 2}),
+    "diloco": ("diloco", {"period": 2}),
+}
+STEP_S = 0.02
+
+
+@pytest.mark.ranks
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SWEPT))
+def test_every_swept_algorithm_trains_emulated_on_three_ranks(name):
+    """Under mpiexec -n 3 (servers' updates real), each algorithm finishes a few emulated steps:
+    loss and accuracy absent, bytes sent every step on average, no step shorter than the emulated
+    compute it sleeps."""
+    algorithm, options = SWEPT[name]
+    config = TrainConfig.from_dict({
+        "algorithm": algorithm, "model": "lenet", "dataset": "synthetic-cifar", "batch_size": 8,
+        "steps": 8, "warmup_steps": 2, "eval_every": 4, "eval_batch_size": 64, "threads": 1,
+        "backend": "gloo", "compute": "emulated", "emulated_step_s": STEP_S, "options": options})
+    s = mpiexec_launch(config, 3, timeout_s=300)
+    assert s["num_workers"] == len(config.options.roles(3).workers)
+    assert math.isnan(s["final_train_loss"]) and math.isnan(s["test_accuracy"]), s
+    assert s["emulated_forward_s"] + s["emulated_backward_s"] == pytest.approx(STEP_S)
+    assert s["bytes_sent_per_step"] > 0, s
+    assert s["step_s"] >= STEP_S - 1e-3, s
+
