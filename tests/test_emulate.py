@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,6 +21,9 @@ from downpour_lib.emulate import ComputeProfile, EmulatedCompute, backward_order
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
 from downpour_lib.study.core import mpiexec_launch
+from downpour_lib.study.scaling import EMULATED_SWEEP
+from downpour_lib.study.scaling_plots import with_series
+from downpour_lib.study.studies import emulated_variant
 
 
 def _model() -> nn.Module:
@@ -179,3 +183,31 @@ def test_every_swept_algorithm_trains_emulated_on_three_ranks(name):
     assert s["bytes_sent_per_step"] > 0, s
     assert s["step_s"] >= STEP_S - 1e-3, s
 
+
+def test_emulated_sweep_entries_name_an_algorithm_and_its_own_options():
+    assert emulated_variant("sync_ps") == ("sync_ps", {})
+    assert emulated_variant("sync_ps:servers=2") == ("sync_ps", {"servers": 2})
+    assert emulated_variant("diloco: period=4, outer_lr=0.5") == (
+        "diloco", {"period": 4, "outer_lr": 0.5})
+    with pytest.raises(ConfigError, match="emulated_algorithms='nope'"):
+        emulated_variant("nope")
+    with pytest.raises(ConfigError, match="options of sync_ps as key=value: .*servers"):
+        emulated_variant("sync_ps:shards=2")
+    with pytest.raises(ConfigError, match="servers"):
+        emulated_variant("sync_ps:servers=two")
+    # the full sweep plans (every run checked) without running anything
+    sweep = EMULATED_SWEEP
+    assert len(sweep["algorithms"]) == 8 and sweep["step_s"] == [None, 0.05]
+    for entry in sweep["algorithms"]:
+        name, opts = emulated_variant(entry)
+        TrainConfig.from_dict({"algorithm": name, "options": opts}).options.roles_for(32)
+
+
+def test_sharded_servers_are_a_series_of_their_own():
+    runs = pd.DataFrame({"algorithm": ["sync_ps", "sync_ps", "sync_ps", "ddp"],
+                         "options.servers": [1, 2, 2, float("nan")],
+                         "compute": ["emulated", "emulated", "real", "emulated"],
+                         "emulated_step_s": [0.05, 0.05, float("nan"), float("nan")]})
+    assert list(with_series(runs).series) == [
+        "sync_ps (emulated, 50 ms a step)", "sync_ps 2 servers (emulated, 50 ms a step)",
+        "sync_ps 2 servers", "ddp (emulated, auto)"]
