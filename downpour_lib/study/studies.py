@@ -191,15 +191,17 @@ def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
     then all run on one cluster of ``profile`` (its engines import torch once for the whole
     sweep), or each under mpiexec when ``profile`` is None. Nothing runs when ``workers`` is empty.
     ``options`` may name more algorithms (the real sweep's)."""
+    entries = [emulated_variant(entry) for entry in algorithms]
+    # the plain names share one spec (its repeats interleave over them); each variant has its own
+    groups = [[(n, o) for n, o in entries if not o]] + [[(n, o)] for n, o in entries if o]
     specs = []
     for seconds in step_s if workers else ():
         emulated = {**(overrides or {}), "compute": "emulated", "emulated_step_s": seconds}
-        for entry in algorithms:
-            name, own = emulated_variant(entry)
+        for group in (g for g in groups if g):
             opts = {name: {**scaling.EMULATED_OPTIONS.get(name, {}),
-                           **(options or {}).get(name, {}), **own}}
-            specs.append(scaling.study_spec([name], workers, emulated, opts, csv=csv,
-                                            repeats=repeats))
+                           **(options or {}).get(name, {}), **own} for name, own in group}
+            specs.append(scaling.study_spec([name for name, _ in group], workers, emulated, opts,
+                                            csv=csv, repeats=repeats))
     planned = [run for spec in specs for run in spec.planned()]  # every check before any run
     if not planned:
         return
