@@ -6,7 +6,9 @@ fixed overshoot), so the moments asserted are the schedule's own, not this machi
 from __future__ import annotations
 
 import json
+import math
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,10 +16,16 @@ from conftest import explain, mpi_python
 from torch import nn
 
 from downpour_lib import TrainConfig, plan_run
+from downpour_lib.bench.emulated import launch_fractions
+from downpour_lib.cli import main
 from downpour_lib.data import load_dataset
 from downpour_lib.emulate import ComputeProfile, EmulatedCompute, backward_order, measure
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
+from downpour_lib.study.core import mpiexec_launch
+from downpour_lib.study.scaling import EMULATED_SWEEP
+from downpour_lib.study.scaling_plots import with_series
+from downpour_lib.study.studies import emulated_variant
 
 
 def _model() -> nn.Module:
@@ -145,3 +153,113 @@ def test_emulated_compute_refuses_what_it_cannot_emulate():
     config = TrainConfig(algorithm="allreduce", compute="emulated", precision="fp16")
     with pytest.raises(ConfigError, match="fp16"):
         plan_run(config, 1, load_dataset("digits", "data").train)
+
+
+#: Every algorithm notebook 02's emulated sweep names, with options that make each communicate
+#: within a short run (localsgd and diloco meet every 2 steps; downpour's workers start together).
+SWEPT = {
+    "allreduce": ("allreduce", {}), "ddp": ("ddp", {}), "sync_ps": ("sync_ps", {}),
+    "sync_ps-sharded": ("sync_ps", {"servers": 2}), "downpour": ("downpour", {"warmstart": 0}),
+    "sgp": ("sgp", {}), "localsgd": ("localsgd", {"period": 2}),
+    "diloco": ("diloco", {"period": 2}),
+}
+STEP_S = 0.02
+
+
+@pytest.mark.ranks
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SWEPT))
+def test_every_swept_algorithm_trains_emulated_on_three_ranks(name):
+    """Under mpiexec -n 3 (servers' updates real), each algorithm finishes a few emulated steps:
+    loss and accuracy absent, bytes sent every step on average, no step shorter than the emulated
+    compute it sleeps."""
+    algorithm, options = SWEPT[name]
+    config = TrainConfig.from_dict({
+        "algorithm": algorithm, "model": "lenet", "dataset": "synthetic-cifar", "batch_size": 8,
+        "steps": 8, "warmup_steps": 2, "eval_every": 4, "eval_batch_size": 64, "threads": 1,
+        "backend": "gloo", "compute": "emulated", "emulated_step_s": STEP_S, "options": options})
+    s = mpiexec_launch(config, 3, timeout_s=300)
+    assert s["num_workers"] == len(config.options.roles(3).workers)
+    assert math.isnan(s["final_train_loss"]) and math.isnan(s["test_accuracy"]), s
+    assert s["emulated_forward_s"] + s["emulated_backward_s"] == pytest.approx(STEP_S)
+    assert s["bytes_sent_per_step"] > 0, s
+    assert s["step_s"] >= STEP_S - 1e-3, s
+
+
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_bench_emulated_prints_and_writes_both_checks(tmp_path, capsys):
+    """``downpour bench emulated`` run small: its rows and table carry the fields (not the times,
+    which the benchmark reports and this machine's load decides)."""
+    out = tmp_path / "emulated.json"
+    assert main(["bench", "emulated", "--model", "lenet", "--batch-size", "8",
+                 "--bucket-cap-mb", "0.01", "--algorithms", "allreduce", "--steps", "6",
+                 "--warmup-steps", "2", "--json", str(out)]) == 0, capsys.readouterr()
+    rows = json.loads(out.read_text())
+    launches = [r for r in rows if r["check"] == "bucket_launch"]
+    rates = [r for r in rows if r["check"] == "throughput"]
+    assert len(launches) >= 4 and {r["buckets"] for r in launches} == {len(launches)}
+    for r in launches:  # every bucket launched in both runs, inside the step
+        assert r["real_fraction"] is not None and r["emulated_fraction"] is not None, r
+        assert r["difference"] == pytest.approx(abs(r["real_fraction"] - r["emulated_fraction"]))
+        assert 0 < r["forward_share"] < 1 and isinstance(r["within"], bool)
+    assert [r["workers"] for r in rates] == [1, 2]
+    for r in rates:
+        assert r["ratio"] == pytest.approx(r["emulated_samples_per_s"] / r["real_samples_per_s"])
+        assert r["within"] == (abs(r["ratio"] - 1) <= 0.10) and r["model"] == "lenet"
+    assert all(r["load_1min_start"] >= 0 and r["load_1min_end"] >= 0 for r in rows)
+    text = capsys.readouterr().out
+    assert "fractions of backward" in text and "emulated / real" in text and "within" in text
+    assert "load average (1 min)" in text
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--algorithms", "sgp"], "algorithms='sgp' is not valid: the bucketed ones"),
+    (["--steps", "5", "--warmup-steps", "5"], "steps=5"),
+    (["--tolerance", "2"], "tolerance=2"),
+    (["--model", "nope"], "model='nope'"),
+])
+def test_bench_emulated_refuses_bad_input_before_launching(capsys, args, expected):
+    assert main(["bench", "emulated", *args]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_launch_fractions_place_buckets_in_their_steps_backward():
+    """Two steps of a trace: forward 40% of forward+backward, buckets at known moments."""
+    events = []
+    for step, t in ((0, 0.0), (1, 1000.0)):
+        events += [{"name": f"step {step}", "pid": 1, "ts": t, "dur": 200.0},
+                   {"name": "forward+backward", "pid": 1, "ts": t + 10, "dur": 100.0},
+                   {"name": "bucket 0 allreduce", "pid": 1, "ts": t + 10 + 40 + 15, "dur": 5.0},
+                   {"name": "bucket 1 allreduce", "pid": 1, "ts": t + 10 + 40 + 60, "dur": 5.0}]
+    fractions = launch_fractions(events, forward_share=0.4, warmup=1)
+    assert fractions == {0: [pytest.approx(0.25)], 1: [pytest.approx(1.0)]}
+
+
+def test_emulated_sweep_entries_name_an_algorithm_and_its_own_options():
+    assert emulated_variant("sync_ps") == ("sync_ps", {})
+    assert emulated_variant("sync_ps:servers=2") == ("sync_ps", {"servers": 2})
+    assert emulated_variant("diloco: period=4, outer_lr=0.5") == (
+        "diloco", {"period": 4, "outer_lr": 0.5})
+    with pytest.raises(ConfigError, match="emulated_algorithms='nope'"):
+        emulated_variant("nope")
+    with pytest.raises(ConfigError, match="options of sync_ps as key=value: .*servers"):
+        emulated_variant("sync_ps:shards=2")
+    with pytest.raises(ConfigError, match="servers"):
+        emulated_variant("sync_ps:servers=two")
+    # the full sweep plans (every run checked) without running anything
+    sweep = EMULATED_SWEEP
+    assert len(sweep["algorithms"]) == 8 and sweep["step_s"] == [None, 0.05]
+    for entry in sweep["algorithms"]:
+        name, opts = emulated_variant(entry)
+        TrainConfig.from_dict({"algorithm": name, "options": opts}).options.roles_for(32)
+
+
+def test_sharded_servers_are_a_series_of_their_own():
+    runs = pd.DataFrame({"algorithm": ["sync_ps", "sync_ps", "sync_ps", "ddp"],
+                         "options.servers": [1, 2, 2, float("nan")],
+                         "compute": ["emulated", "emulated", "real", "emulated"],
+                         "emulated_step_s": [0.05, 0.05, float("nan"), float("nan")]})
+    assert list(with_series(runs).series) == [
+        "sync_ps (emulated, 50 ms a step)", "sync_ps 2 servers (emulated, 50 ms a step)",
+        "sync_ps 2 servers", "ddp (emulated, auto)"]

@@ -9,7 +9,7 @@ import argparse
 import importlib
 
 #: module names under downpour_lib.bench that provide a ``downpour bench`` subcommand
-BENCHMARKS: list[str] = ["collectives", "train", "gpu", "engines"]
+BENCHMARKS: list[str] = ["collectives", "train", "gpu", "engines", "emulated"]
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:

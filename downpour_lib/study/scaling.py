@@ -39,7 +39,8 @@ from .core import (
     run_plan,
 )
 
-__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "LEFT_OUT", "REFERENCE_DIR",
+__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "EMULATED_OPTIONS", "EMULATED_SWEEP",
+           "LEFT_OUT", "REFERENCE_DIR",
            "SCALING_BASE", "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers",
            "left_out", "measure_spec", "measure_spec_on_cluster", "mpiexec_launch", "run_id",
            "study_dir", "study_spec"]
@@ -79,6 +80,18 @@ SCALING_BASE: dict[str, Any] = {
 #: workers back until the first has pushed 20 times: in a 12-step run they would never overlap,
 #: and the summed per-worker rates would count a lone worker twice (a "speedup" of 2.04x).
 SCALING_OPTIONS: dict[str, dict[str, Any]] = {"downpour": {"warmstart": 0}}
+#: Notebook 02's full emulated sweep (issue 34), a parameter away from its small default: every
+#: algorithm whose communication the sweep measures, sync_ps also sharded over two servers
+#: (``studies.emulated_variant``), 1 to 32 workers, this machine's own compute (None: timed) and a
+#: GPU's (50 ms a step), three repeats.
+EMULATED_SWEEP: dict[str, Any] = {
+    "algorithms": ["allreduce", "ddp", "sync_ps", "sync_ps:servers=2", "downpour", "sgp",
+                   "localsgd", "diloco"],
+    "workers": [1, 2, 4, 8, 16, 32], "step_s": [None, 0.05], "repeats": 3,
+}
+#: Options under the user's for the emulated sweep: the periodic algorithms meet every 4 steps,
+#: so a 12-step run communicates (DiLoCo's default 20 would not once).
+EMULATED_OPTIONS: dict[str, dict[str, Any]] = {"localsgd": {"period": 4}, "diloco": {"period": 4}}
 #: Runs per point: enough for an error bar, few enough that `make study` fits ~10 min on 2 cores.
 DEFAULT_REPEATS = 3
 

@@ -50,8 +50,12 @@ def with_series(runs: pd.DataFrame) -> pd.DataFrame:
                                                                                 index=runs.index)
     label = step.map(lambda s: "auto" if pd.isna(s) else f"{float(s) * 1e3:g} ms a step")
     emulated = runs["compute"] == "emulated"
-    runs["series"] = runs["algorithm"].where(~emulated, runs["algorithm"] + " (emulated, "
-                                             + label + ")")
+    name = runs["algorithm"]
+    if "options.servers" in runs:  # sharded servers: a series apart from the one-server runs
+        servers = pd.to_numeric(runs["options.servers"], errors="coerce")
+        name = name.where(~(servers > 1), name + " " + servers.map(
+            lambda s: f"{s:.0f}" if pd.notna(s) else "") + " servers")
+    runs["series"] = name.where(~emulated, name + " (emulated, " + label + ")")
     return runs
 
 

@@ -10,13 +10,16 @@ import the study's module (a study module importing its figures would close a ci
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pandas as pd
 
+from ..errors import ConfigError
+from ..options import coerce
 from . import (
     accuracy,
     accuracy_plots,
@@ -27,7 +30,7 @@ from . import (
     staleness,
     staleness_plots,
 )
-from .core import PlannedRun, StudyStore, mpiexec_launch
+from .core import PlannedRun, StudyStore, cluster_for, mpiexec_launch
 from .protocol import Study, run_study
 
 __all__ = ["Accuracy", "Gossip", "Scaling", "Staleness", "Study", "run_study"]
@@ -155,16 +158,64 @@ class Accuracy:
 STUDY_CLASSES: dict[str, type] = {cls.name: cls for cls in (Scaling, Staleness, Gossip, Accuracy)}
 
 
+def emulated_variant(entry: str) -> tuple[str, dict[str, Any]]:
+    """An emulated sweep's algorithm entry: a name (``"sync_ps"``), or a name with options of its
+    own, ``"name:option=value,..."`` (``"sync_ps:servers=2"``: sharded over two servers), so one
+    algorithm can be swept in two settings side by side."""
+    from ..algorithms import ALGORITHMS
+
+    name, _, rest = entry.partition(":")
+    if name not in ALGORITHMS:
+        raise ConfigError("emulated_algorithms", entry, "an algorithm (" + ", ".join(ALGORITHMS)
+                          + "), optionally with options: 'sync_ps:servers=2'")
+    hints = typing.get_type_hints(ALGORITHMS[name].Options)
+    opts: dict[str, Any] = {}
+    for pair in (p.strip() for p in rest.split(",") if p.strip()):
+        key, eq, value = (s.strip() for s in pair.partition("="))
+        if not eq or key not in hints:
+            raise ConfigError("emulated_algorithms", entry, f"options of {name} as key=value: "
+                              + ", ".join(hints) + " (e.g. 'sync_ps:servers=2')")
+        opts[key] = coerce(key, hints[key], value, text=True)
+    return name, opts
+
+
 def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
                        step_s: Sequence[float | None], overrides: dict | None = None,
                        options: dict | None = None, *, csv: str | os.PathLike,
-                       repeats: int = 1, profile: str | None = "local-mpi") -> None:
-    """Notebook 02's sweep past the cores: ``algorithms`` x ``workers`` under emulated compute,
-    once for each compute time in ``step_s`` (None: this machine's own, timed), into ``csv`` beside
-    the real runs, where each is a series of its own (``scaling_plots.with_series``). Nothing
-    runs when ``workers`` is empty. ``options`` may name more algorithms (the real sweep's)."""
-    options = {name: o for name, o in (options or {}).items() if name in algorithms}
+                       repeats: int = 1, profile: str | None = "local-mpi",
+                       log: Callable[[str], None] = print) -> None:
+    """Notebook 02's sweep past the cores: ``algorithms`` (names, or ``emulated_variant``'s
+    ``"sync_ps:servers=2"``) x ``workers`` under emulated compute, once for each compute time in
+    ``step_s`` (None: this machine's own, timed), into ``csv`` beside the real runs, where each is
+    a series of its own (``scaling_plots.with_series``). Every run is planned and checked first,
+    then all run on one cluster of ``profile`` (its engines import torch once for the whole
+    sweep), or each under mpiexec when ``profile`` is None. Nothing runs when ``workers`` is empty.
+    ``options`` may name more algorithms (the real sweep's)."""
+    entries = [emulated_variant(entry) for entry in algorithms]
+    # the plain names share one spec (its repeats interleave over them); each variant has its own
+    groups = [[(n, o) for n, o in entries if not o]] + [[(n, o)] for n, o in entries if o]
+    specs = []
     for seconds in step_s if workers else ():
         emulated = {**(overrides or {}), "compute": "emulated", "emulated_step_s": seconds}
-        spec = scaling.study_spec(algorithms, workers, emulated, options, csv=csv, repeats=repeats)
-        run_study(Scaling(spec, profile=profile))
+        for group in (g for g in groups if g):
+            opts = {name: {**scaling.EMULATED_OPTIONS.get(name, {}),
+                           **(options or {}).get(name, {}), **own} for name, own in group}
+            specs.append(scaling.study_spec([name for name, _ in group], workers, emulated, opts,
+                                            csv=csv, repeats=repeats))
+    planned = [run for spec in specs for run in spec.planned()]  # every check before any run
+    if not planned:
+        return
+    store = StudyStore.of_csv(csv)
+    if profile is None:
+        log(f"emulated sweep: {len(planned)} run(s), each under mpiexec on this machine's ranks")
+        for spec in specs:
+            scaling.measure_spec(spec, log=log)
+        return
+    with cluster_for(planned, store, profile=profile, log=log) as cluster:
+        if cluster is None:
+            return
+        log(f"emulated sweep: on the engines of one {profile} cluster ("
+            + ("ranks of this machine" if profile == "local-mpi" else "the profile's hosts")
+            + ")")
+        for spec in specs:
+            scaling.measure_spec(spec, log=log, launch=cluster.launch, own_pids=cluster.local_pids)
