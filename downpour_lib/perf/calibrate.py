@@ -77,29 +77,37 @@ def measure_collectives(path: str | os.PathLike, ranks: int = 2, sizes: str = "4
     return path
 
 
-def fit_link(rows: list[dict[str, Any]], backend: str) -> Link:
-    """alpha and beta of ``backend`` from its allreduce rows (a ring's cost), and its broadcast rows
-    at two ranks (one message). A broadcast among more ranks is left out: its cost depends on the
-    backend's algorithm (gloo's root sends to every rank in turn, n-1 messages on its card; Open
-    MPI's binomial tree takes log2 n rounds), and measured on four sandbox nodes, fitting it as a tree
-    put the fitted bandwidth 17% low."""
+def _design(rows: list[dict[str, Any]], backend: str) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares rows of ``backend``'s allreduce rows (a ring: 2(n-1) messages, its share of
+    the bytes each way, (n-1)/n of them reduced) and its broadcast rows at two ranks (one message,
+    nothing reduced), columns (messages, bytes sent, bytes reduced), and their p50 times."""
     design, times = [], []
     for r in rows:
         if r.get("backend") != backend or r.get("world_size", 1) < 2:
             continue
         n, m = r["world_size"], r["bytes"]
         if r["op"] == "allreduce":
-            design.append((2 * (n - 1), float(ring_share("allreduce", n)) * m))
+            design.append((2 * (n - 1), float(ring_share("allreduce", n)) * m, (n - 1) / n * m))
         elif r["op"] == "broadcast" and n == 2:
-            design.append((1, m))
+            design.append((1, m, 0.0))
         else:
             continue
         times.append(r["p50_s"])
-    if len(times) < 2:
+    return np.array(design, dtype=float).reshape(-1, 3), np.array(times, dtype=float)
+
+
+def fit_link(rows: list[dict[str, Any]], backend: str) -> Link:
+    """alpha and beta of ``backend`` from its allreduce rows (a ring's cost), and its broadcast rows
+    at two ranks (one message). A broadcast among more ranks is left out: its cost depends on the
+    backend's algorithm (gloo's root sends to every rank in turn, n-1 messages on its card; Open
+    MPI's binomial tree takes log2 n rounds), and measured on four sandbox nodes, fitting it as a tree
+    put the fitted bandwidth 17% low."""
+    a, t = _design(rows, backend)
+    a = a[:, :2]
+    if len(t) < 2:
         found = sorted({r.get("backend") for r in rows})
         raise ConfigError("backend", backend, f"needs allreduce or broadcast rows at 2 or more "
                           f"ranks at two sizes or more; the file has backends {found}")
-    a, t = np.array(design, dtype=float), np.array(times)
     weight = 1 / t  # relative error
     (alpha, inv_beta), *_ = np.linalg.lstsq(a * weight[:, None], t * weight, rcond=None)
     if alpha < 0:  # latency below resolution: fit the bandwidth alone
@@ -117,19 +125,7 @@ def fit_reduction(rows: list[dict[str, Any]], backend: str) -> tuple[Link, float
     a broadcast at two ranks ``alpha + M / beta`` and no reduction, which separates gamma from
     beta. Without broadcast rows (or where gamma comes out negative) gamma is 0 and the link is
     ``fit_link``'s."""
-    design, times = [], []
-    for r in rows:
-        if r.get("backend") != backend or r.get("world_size", 1) < 2:
-            continue
-        n, m = r["world_size"], r["bytes"]
-        if r["op"] == "allreduce":
-            design.append((2 * (n - 1), float(ring_share("allreduce", n)) * m, (n - 1) / n * m))
-        elif r["op"] == "broadcast" and n == 2:
-            design.append((1, m, 0.0))
-        else:
-            continue
-        times.append(r["p50_s"])
-    a, t = np.array(design, dtype=float).reshape(-1, 3), np.array(times)
+    a, t = _design(rows, backend)
     if len(t) < 4 or not (a[:, 2] > 0).any() or (a[:, 2] > 0).all():
         return fit_link(rows, backend), 0.0
     weight = 1 / t
