@@ -301,12 +301,14 @@ def test_simulated_downpour_staleness_follows_the_protocol():
         simulate("downpour", 2, compute_s=0.01, model_bytes=1, link=fast, jitter=-0.1)
 
 
-def test_simulated_staleness_matches_the_measured_study_on_average(collectives):
+def test_simulated_staleness_matches_the_measured_study_on_average():
     """The staleness study's Downpour runs (committed reference), each simulated with its own
-    settings and measured compute over this machine's fitted link: the mean staleness agrees
-    within half an update or 15% (the deterministic simulation has no tail: the table reports the
-    total variation distance, not asserted)."""
-    cal = calib.calibrate(collectives, REFERENCE)
+    settings and measured compute over the link fitted on the machine that measured them (the
+    committed reference's collectives: a link measured here and now, under whatever else runs,
+    moved fetch=4 push=1 from 3.37 to 3.70 updates): the mean staleness agrees within half an
+    update or 15% (the deterministic simulation has no tail: the table reports the total variation
+    distance, not asserted)."""
+    cal = calib.calibrate(ROOT / "results" / "reference" / "model" / "collectives.json", REFERENCE)
     table, dists = calib.compare_staleness(cal.network.intra,
                                            ROOT / "results" / "reference" / "staleness")
     assert len(table) == 5 and table.agrees.all(), table.to_string()
