@@ -21,21 +21,19 @@ within the tolerance. Nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from .. import trace
-from ..checkpoint import atomic_write_text
 from ..config import TrainConfig
-from ..errors import ConfigError, DownpourError
+from ..errors import ConfigError
 from ..provenance import environment
-from ..study.core import StudyError, mpiexec_launch
+from ..study.core import mpiexec_launch
+from .report import print_columns, run_command
 
 #: the algorithms whose buckets are traced from their launch
 BUCKETED = ("allreduce", "ddp")
@@ -192,43 +190,31 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     cells += [(r["algorithm"], str(r["bucket"]), _f(r["real_fraction"]),
                _f(r["emulated_fraction"]), _f(r["difference"]), "yes" if r["within"] else "NO")
               for r in rows if r["check"] == "bucket_launch"]
-    _print(cells)
+    print_columns(cells)
     print(f"\nthroughput, emulated / real (within: |ratio - 1| <= {tol:g})")
     cells = [("algorithm", "workers", "real samples/s", "emulated samples/s", "ratio", "within")]
     cells += [(r["algorithm"], str(r["workers"]), _f(r["real_samples_per_s"], ".1f"),
                _f(r["emulated_samples_per_s"], ".1f"), _f(r["ratio"]),
                "yes" if r["within"] else "NO") for r in rows if r["check"] == "throughput"]
-    _print(cells)
+    print_columns(cells)
     if rows:
         print(f"load average (1 min): {rows[0]['load_1min_start']:.1f} at the start, "
               f"{rows[0]['load_1min_end']:.1f} at the end")
 
 
-def _print(cells: list[tuple[str, ...]]) -> None:
-    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
-    for c in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
-
-
 def cmd_bench_emulated(args: argparse.Namespace) -> int:
-    try:
+    def launch() -> list[dict[str, Any]]:
         check_args(args)
         print(f"downpour bench emulated: {len(args.algorithms) * 4 * args.repeats} launch(es) of "
               f"{args.model} on {args.dataset}, batch {args.batch_size} per worker, buckets of "
               f"{args.bucket_cap_mb:g} MB", flush=True)
-        rows = run_bench(args, log=lambda line: print(line, flush=True))
-    except ConfigError as exc:
-        print(f"downpour bench emulated: error: {exc}", file=sys.stderr)
-        return 2
-    except (StudyError, DownpourError) as exc:
-        print(f"downpour bench emulated: {exc}", file=sys.stderr)
-        return 1
-    print_table(rows)
-    few = {r["algorithm"]: r["buckets"] for r in rows if r["check"] == "bucket_launch"
-           and r["buckets"] < 4}
-    for algorithm, n in few.items():
-        print(f"note: {algorithm} had {n} bucket(s); a smaller --bucket-cap-mb gives more")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(rows, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+        return run_bench(args, log=lambda line: print(line, flush=True))
+
+    def report(rows: list[dict[str, Any]]) -> None:
+        print_table(rows)
+        few = {r["algorithm"]: r["buckets"] for r in rows if r["check"] == "bucket_launch"
+               and r["buckets"] < 4}
+        for algorithm, n in few.items():
+            print(f"note: {algorithm} had {n} bucket(s); a smaller --bucket-cap-mb gives more")
+
+    return run_command("emulated", launch, report, args.json)

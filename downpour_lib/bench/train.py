@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from ..algorithms import ALGORITHMS
-from ..checkpoint import atomic_write_text
 from ..comm.runtime import backend_usable
 from ..config import TrainConfig
-from ..errors import ConfigError, DownpourError
+from ..errors import ConfigError
 from ..provenance import environment
 from ..study.core import StudyError, mpiexec_launch
+from .report import print_columns, run_command
 
 INDEPENDENT = "independent"  # the ceiling's rows: N copies of `local` that never communicate
 
@@ -238,25 +238,14 @@ def print_table(rows: list[dict[str, Any]]) -> None:
          f"{r['scaling_efficiency']:.3f}", f"{r['exposed_comm_s']:.4f}",
          "-" if r["vs_ddp_gloo"] is None else f"{r['vs_ddp_gloo']:.2f}x",
          "-" if r["vs_ceiling"] is None else f"{r['vs_ceiling']:.3f}") for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    for c in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    print_columns(cells)
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
-    try:
+    def launch() -> list[dict[str, Any]]:
         runs = plan(args)  # every check before the first launch
         print(f"downpour bench train: {len(runs) * args.repeats} launch(es) of {args.model} on "
               f"{args.dataset}, batch {args.batch_size} per worker", flush=True)
-        rows = run_bench(args, log=lambda line: print(line, flush=True))
-    except ConfigError as exc:
-        print(f"downpour bench train: error: {exc}", file=sys.stderr)
-        return 2
-    except (StudyError, DownpourError) as exc:
-        print(f"downpour bench train: {exc}", file=sys.stderr)
-        return 1
-    print_table(rows)
-    if args.json:
-        atomic_write_text(args.json, json.dumps(rows, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+        return run_bench(args, log=lambda line: print(line, flush=True))
+
+    return run_command("train", launch, print_table, args.json)
