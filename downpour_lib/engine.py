@@ -386,6 +386,7 @@ class Trainer:
             with forward:
                 out = self.forward_model(x)
                 loss = out if self.emulator is not None else F.cross_entropy(out, y)
+            clock.forward_done()
             (loss if scaler is None else loss * scaler.scale).backward()
             if slow and straggling:  # a straggler: F x its compute time
                 slowed = self._straggle(clock)
@@ -407,7 +408,7 @@ class Trainer:
             t0, t1, t2, t3 = clock.end()
             exposed = meter.exposed_backward_comm_s
             if self.tracer is not None:
-                self._trace_step(step, t0, t1, t2, t3, exposed)
+                self._trace_step(step, (t0, t1, clock.forward_end, t2, t3), exposed)
             extras = algorithm.metrics()
             extras["lr"] = self.optimizer.param_groups[0]["lr"]
             if straggling:
@@ -429,13 +430,17 @@ class Trainer:
                 _check_finite(record, skip, floor)  # before a diverged model is evaluated or saved
             self._finish_step(record, point=True)
 
-    def _trace_step(self, step: int, t0: float, t1: float, t2: float, t3: float,
+    def _trace_step(self, step: int, marks: tuple[float, float, float, float, float],
                     exposed: float) -> None:
-        """The step's spans, from the marks its record is made of."""
+        """The step's spans, from the marks its record is made of (start, data ready, forward
+        done, backward done, end)."""
+        t0, t1, tf, t2, t3 = marks
         span = self.tracer.span
         span(f"step {step}", t0, t3)
         span("data", t0, t1)
         span("forward+backward", t1, t2)
+        span("forward", t1, tf)  # inside forward+backward: where the backward's buckets begin
+        span("backward", tf, t2)
         span("update", t2, t3)  # the algorithm's hooks and the optimizer
         if exposed:  # DDP's buckets: the part backward did not hide (its record counts it)
             span("buckets: exposed wait", t2 - exposed, t2, "comm", account="comm")

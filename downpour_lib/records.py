@@ -35,17 +35,19 @@ def device_sync(device: torch.device) -> None:
 
 
 class StepClock:
-    """The four marks of a worker's step: start, data ready, backward done, end (host seconds).
+    """The marks of a worker's step: start, data ready, forward done, backward done, end (host
+    seconds). ``end()`` returns all but the forward's, which ``forward_end`` holds (the trace's
+    split of forward and backward; the records need only their sum).
 
-    On the CPU they are host times. On a GPU the middle two are CUDA events, converted after the
+    On the CPU they are host times. On a GPU the middle ones are CUDA events, converted after the
     end mark's one synchronisation (which the step needs anyway to read its loss): timing adds no
     stall of the device's queue inside the step. The device is idle at the start mark (the last
     step ended synchronised), so the events' elapsed times add up from the start's host time."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.cuda = device, device.type == "cuda"
-        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.cuda else []
-        self.t = [0.0, 0.0, 0.0]
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
+        self.t = [0.0, 0.0, 0.0, 0.0]  # start, data ready, backward done, forward done
 
     def _mark(self, i: int) -> None:
         if self.cuda:
@@ -62,15 +64,24 @@ class StepClock:
         self.host_data_ready = time.perf_counter()
         self._mark(1)
 
+    def forward_done(self) -> None:
+        self._mark(3)
+
     def backward_done(self) -> None:
         self._mark(2)
+
+    @property
+    def forward_end(self) -> float:
+        """The forward's end, valid after ``end()``."""
+        return self.t[3]
 
     def end(self) -> tuple[float, float, float, float]:
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            e0, e1, e2 = self.events
+            e0, e1, e2, e3 = self.events
             self.t[1] = self.t[0] + e0.elapsed_time(e1) / 1000
             self.t[2] = self.t[1] + e1.elapsed_time(e2) / 1000
+            self.t[3] = self.t[1] + e1.elapsed_time(e3) / 1000
         return self.t[0], self.t[1], self.t[2], time.perf_counter()
 
 

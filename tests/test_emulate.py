@@ -234,6 +234,11 @@ def test_launch_fractions_place_buckets_in_their_steps_backward():
                    {"name": "bucket 1 allreduce", "pid": 1, "ts": t + 10 + 40 + 60, "dur": 5.0}]
     fractions = launch_fractions(events, forward_share=0.4, warmup=1)
     assert fractions == {0: [pytest.approx(0.25)], 1: [pytest.approx(1.0)]}
+    # a trace with the backward marked: its span is the backward, the share is not used
+    for t in (0.0, 1000.0):
+        events.append({"name": "backward", "pid": 1, "ts": t + 10 + 30, "dur": 80.0})
+    fractions = launch_fractions(events, forward_share=0.4, warmup=1)
+    assert fractions == {0: [pytest.approx(25 / 80)], 1: [pytest.approx(70 / 80)]}
 
 
 def test_emulated_sweep_entries_name_an_algorithm_and_its_own_options():

@@ -1,5 +1,5 @@
 """``downpour train --trace DIR``: the timeline's spans are the step records' own times, every bucket's
-allreduce is there (and starts before backward ends), servers show their updates."""
+allreduce is there (and starts inside backward), servers show their updates."""
 
 import pandas as pd
 import pytest
@@ -31,6 +31,10 @@ def test_the_trace_agrees_with_the_step_records(tmp_path, name):
             return spans.loc[spans["name"] == name_, "dur"].sum() / 1e6
 
         assert total("data") == pytest.approx(records["data_s"].sum(), abs=tol)
+        # the forward's end splits forward+backward: the two spans tile it, step by step
+        assert total("forward") + total("backward") == pytest.approx(
+            total("forward+backward"), abs=2 * tol)
+        assert total("forward") > 0 and total("backward") > 0
         step_s = spans.loc[spans["name"].str.startswith("step "), "dur"].sum() / 1e6
         assert step_s == pytest.approx(records["step_s"].sum(), abs=tol)
         comm = mine[mine["tid"] == trace.TRACKS["comm"]]
@@ -53,6 +57,9 @@ def test_the_trace_agrees_with_the_step_records(tmp_path, name):
             # the first bucket of each step starts while backward is still running
             firsts = buckets[buckets["name"] == "bucket 0 allreduce"]["ts"].to_numpy()
             assert (firsts < ends).mean() > 0.5, (firsts[:5], ends[:5])
+            # and none starts before its step's backward does (the buckets hold gradients)
+            begins = spans[spans["name"] == "backward"]["ts"].to_numpy()
+            assert (firsts >= begins - 0.2).all(), (firsts[:5], begins[:5])
     if name == "downpour":
         served = events[(events["pid"] == 0) & (events["tid"] == trace.TRACKS["server"])]
         assert len(served) == (steps["rank"] == 0).sum() > 0  # one span per applied update

@@ -6,9 +6,10 @@ mpiexec, real and emulated on the same model, batch and buckets:
 - **Bucket launches.** With ``--trace``, every gradient bucket's allreduce is a span from its
   launch (our bucketed ``allreduce`` and ``ddp`` both trace theirs). Each launch is placed as a
   fraction of its step's backward; the median per bucket, real against emulated, should agree
-  within ``--tolerance`` (0.10: a tenth of the backward). The trace marks forward+backward as one
-  span, so the backward is taken to start at the forward's share of it, the share ``auto``
-  measured on this machine (the emulated run's ``emulated_forward_s / (forward + backward)``).
+  within ``--tolerance`` (0.10: a tenth of the backward). The trace marks each step's ``backward``
+  span (its start is the forward's end, marked on the step's clock); a trace without one (from
+  before the mark) is read with the backward starting at the forward's share of
+  ``forward+backward``, the share ``auto`` measured (``emulated_forward_s / (forward + backward)``).
 - **Throughput.** At 1 and 2 workers, the emulated run's samples/s against the real run's; the
   ratio should be within ``--tolerance`` of 1. Where it is not, the table says so: on a machine
   whose cores the ranks share, 2 real workers slow each other's compute, which ``auto`` (timed on
@@ -100,21 +101,24 @@ def check_args(args: argparse.Namespace) -> None:
 def launch_fractions(events: list[dict[str, Any]], forward_share: float, warmup: int
                      ) -> dict[int, list[float]]:
     """Each bucket's launches after ``warmup`` steps, as fractions of their step's backward, from
-    a trace's complete events (every worker rank's)."""
+    a trace's complete events (every worker rank's). The backward is the step's ``backward`` span
+    where the trace has one, else ``forward+backward`` less its first ``forward_share``."""
     by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         by_rank[e["pid"]].append(e)
     out: dict[int, list[float]] = defaultdict(list)
     for evs in by_rank.values():
         steps = sorted((e for e in evs if e["name"].startswith("step ")), key=lambda e: e["ts"])
-        computes = sorted((e for e in evs if e["name"] == "forward+backward"),
-                          key=lambda e: e["ts"])
+        marked = sorted((e for e in evs if e["name"] == "backward"), key=lambda e: e["ts"])
+        computes = marked or sorted((e for e in evs if e["name"] == "forward+backward"),
+                                    key=lambda e: e["ts"])
+        share = 0.0 if marked else forward_share
         buckets = [e for e in evs if e["name"].startswith("bucket ")]
         for step, compute in zip(steps, computes, strict=False):
             if int(step["name"].split()[1]) < warmup:
                 continue
-            begin = compute["ts"] + forward_share * compute["dur"]
-            length = (1 - forward_share) * compute["dur"]
+            begin = compute["ts"] + share * compute["dur"]
+            length = (1 - share) * compute["dur"]
             end = step["ts"] + step["dur"]
             for b in buckets:
                 if step["ts"] <= b["ts"] <= end and length > 0:
