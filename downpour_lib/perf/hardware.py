@@ -16,7 +16,8 @@
                                       # fitted (terms.fit_node_compute, on NVIDIA's DGX-1 table) or none
     host:                             # the CPUs that feed the devices (optional: without it the
       cores: 128                      # node-compute loss is the fitted DGX-1 host's); physical
-      source: "..."                   # cores of the node, all sockets
+      source: "..."                   # cores of the node, all sockets (also the network's cores:
+                                      # ranks beyond them time-share, netmodel.Network.crowding)
     links:
       intra:                          # between devices of one node
         gbit_per_s: 1200              # line rate, per direction

@@ -307,15 +307,21 @@ def _ready_pipeline_s(comm_s: float, buckets: int, backward_s: float,
     (``ready_at``, linear between its points) rather than at i/B of backward."""
     if comm_s <= 0:
         return 0.0
-    shares = [k / len(ready_at) for k in range(len(ready_at) + 1)]
-    times = (0.0, *ready_at)
     each, done = comm_s / buckets, 0.0
     for i in range(1, buckets + 1):
-        s = i / buckets
-        k = min(len(ready_at), max(1, math.ceil(s * len(ready_at) - 1e-9)))
-        t = times[k - 1] + (times[k] - times[k - 1]) * (s - shares[k - 1]) / (shares[k] - shares[k - 1])
-        done = max(done, t * backward_s) + each
+        done = max(done, _ready_time(i / buckets, ready_at) * backward_s) + each
     return max(each, done - backward_s)
+
+
+def _ready_time(share: float, ready_at: tuple[float, ...]) -> float:
+    """When ``share`` of the gradient bytes is ready, as a share of backward: ``ready_at`` read
+    linearly between its points (evenly over backward where it is empty)."""
+    if not ready_at:
+        return min(1.0, max(0.0, share))
+    x = min(1.0, max(0.0, share)) * len(ready_at)
+    k = min(len(ready_at), max(1, math.ceil(x - 1e-9)))
+    before = ready_at[k - 2] if k >= 2 else 0.0
+    return before + (ready_at[k - 1] - before) * (x - (k - 1))
 
 
 def _share_ready(t: float, ready_at: tuple[float, ...]) -> float:
@@ -345,12 +351,8 @@ def _fused_pipeline_s(workers: int, w: Workload, cal: Calibration, backward_s: f
         ready = _share_ready(start / backward_s if backward_s > 0 else 1.0, w.ready_at)
         if ready * w.param_bytes <= sent * (1 + 1e-9) + 1e-3 * w.param_bytes:
             # nothing (or little) ready: wait until a thousandth more of the bytes is
-            want = min(1.0, sent / w.param_bytes + 1e-3)
-            lo, hi = start / backward_s if backward_s > 0 else 1.0, 1.0
-            for _ in range(40):  # bisect the moment ``want`` is ready
-                mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if _share_ready(mid, w.ready_at) >= want else (mid, hi)
-            start, ready = max(start, hi * backward_s), max(want, _share_ready(hi, w.ready_at))
+            ready = min(1.0, sent / w.param_bytes + 1e-3)
+            start = max(start, _ready_time(ready, w.ready_at) * backward_s)
         size = min(ready * w.param_bytes - sent, cal.bucket_bytes)
         free = start + allreduce_s(workers, size, cal.network, cal.collective)
         sent += size
