@@ -52,7 +52,13 @@ def test_a_ring_across_nodes_runs_at_the_cards_rate_and_hierarchical_sends_less_
     inside = allreduce_s(8, 1e8, net)
     across = allreduce_s(16, 1e8, net)
     assert inside == pytest.approx(ring_allreduce_s(8, 1e8, net.intra))
-    assert across == pytest.approx(ring_allreduce_s(16, 1e8, Link(1e-5, 10e9)))
+    # a ring ordered by node: the card's bandwidth, not divided among the node's ranks (each card
+    # carries one ring edge in and one out), and its hops' mean latency: 2 of 16 cross a card
+    hop = (2 * 1e-5 + 14 * 1e-6) / 16
+    assert across == pytest.approx(ring_allreduce_s(16, 1e8, Link(hop, 10e9)))
+    horovod = Network(Link(5e-6, 12e9), Link(1e-5, 3e9), per_node=4)  # 128 nodes x 4, one card
+    assert allreduce_s(512, 64e6, horovod) == pytest.approx(
+        2 * 511 * (128 * 1e-5 + 384 * 5e-6) / 512 + float(ring_share("allreduce", 512)) * 64e6 / 3e9)
     # 128 ranks on 16 nodes: the two-level scheme pays 2*15 card latencies, not 2*127
     flat, two_level = allreduce_s(128, 1e5, net), allreduce_s(128, 1e5, net, "hierarchical")
     assert two_level < flat
@@ -213,12 +219,12 @@ def test_model_cli_calibrates_and_predicts_as_the_readme_says(collectives, tmp_p
 
 def test_published_results_agree_within_the_stated_tolerances():
     """Overlap is not published for these systems: each prediction is a band between overlap 0
-    and 1, and the published value lies within 10 points of it (VGG-16: 2 points above it)."""
+    and 1, and the published value lies within 10 points of it (Horovod's three: inside it)."""
     checks = {c.claim.split(" ")[1] if c.claim.startswith("Horovod") else c.claim.split(" ")[0]: c
               for c in published_checks()}
     for name in ("ResNet-101", "Inception", "VGG-16"):
         c = checks[name]
-        assert c.low <= c.predicted <= c.high and c.outside_band <= 0.10, c
+        assert c.low <= c.predicted <= c.high and c.outside_band == 0, c
     assert 1.5 <= checks["SGP"].low <= checks["SGP"].high <= 4.5, checks["SGP"]
 
 
@@ -235,6 +241,8 @@ def test_the_dgx1_fit_reproduces_its_own_table_and_checks_err_on_both_sides():
     assert not any(c.fitted for c in checks)
     errors = [c.error for c in checks]
     assert min(errors) < 0 < max(errors), errors
+    # the issue's goal, on the seven it can see (its own check is on results it does not)
+    assert sum(map(abs, errors)) / len(errors) <= 0.05 and max(map(abs, errors)) <= 0.10, errors
     # the term itself: a faster step loses more when the node's 8 devices are busy
     node = PRESETS["dgx1-v100"].node_compute
     assert node.efficiency(1, 1200) == 1
@@ -548,3 +556,94 @@ def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
                  "allreduce.slowdown=2", "--json", str(rows_at)]) == 0
     (slow,) = json.loads(rows_at.read_text())
     assert slow["step_s"] > base["step_s"] + 0.9 * base["compute_s"]
+
+
+def test_node_compute_follows_the_host_cores_per_device_and_is_the_old_law_on_the_fitted_host():
+    """Issue 35: the node-compute loss in samples per second per host core. On the fitted host
+    (a DGX-1: 40 cores for 8 V100) and on a host of unknown cores it is the law fitted in rate
+    alone; a host with more cores per device loses less at the same rate."""
+    from downpour_lib.perf.hardware import fitted_node_compute, hardware_from_dict
+    from downpour_lib.perf.terms import DGX1_HOST_CORES, NodeCompute, fit_node_compute
+
+    node = fitted_node_compute()
+    assert node.cores_per_device == DGX1_HOST_CORES / 8 == 5
+    old = NodeCompute(node.c, node.p, node.at)  # the term before hosts: rate alone
+    for devices, rate in ((8, 367), (8, 1200), (4, 938), (8, 2470)):
+        assert node.efficiency(devices, rate, 5.0) == pytest.approx(old.efficiency(devices, rate))
+        assert node.efficiency(devices, rate) == old.efficiency(devices, rate)
+        assert node.efficiency(devices, rate, 16.0) > old.efficiency(devices, rate)
+    # the fit still goes through its table: the loss at 8 V100 is the table's, in both precisions
+    for rate, eight in ((367, 2855), (1200, 8322)):
+        assert node.efficiency(8, rate, 5.0) == pytest.approx(eight / (8 * rate), abs=0.005)
+    assert fit_node_compute(host_cores=None).cores_per_device is None
+    # a DGX A100 at 8 A100 (128 cores, 16 per device): as the DGX-1 law at 5/16 of the rate
+    a100 = PRESETS["dgx-a100"]
+    assert a100.network.cores == 128 and "EPYC 7742" in a100.source
+    p = predict(a100, "allreduce", 8, "resnet50-amp")
+    assert p.compute_efficiency == pytest.approx(old.efficiency(8, 2470 * 5 / 16))
+    spec = {"devices_per_node": 8, "links": {"intra": {"gbit_per_s": 1200}},
+            "models": {"net": {"batch": 256, "images_per_s": 2470, "parameters": 1e6}}}
+    without = predict(hardware_from_dict(spec), "allreduce", 8, "net")
+    assert without.compute_efficiency == pytest.approx(old.efficiency(8, 2470))
+    for host, field in (({"cores": 0}, "host.cores"), ({"cores": 12.5}, "host.cores"),
+                        ({"cores": True}, "host.cores"), ({"threads": 8}, "host"), (40, "host")):
+        with pytest.raises(ConfigError, match=field):
+            hardware_from_dict(dict(spec, host=host))
+    with pytest.raises(ConfigError, match="host.cores"):
+        node.efficiency(8, 367, 0.0)
+
+
+def test_gradient_readiness_is_the_models_own_and_the_presets_carry_it():
+    """When each tenth of the gradient is ready, from the layers backward visits in reverse: a
+    hand-derived two-layer reference, and the presets' profiles are the function's on
+    torchvision's models (VGG-16: 89% of its bytes, the FC layers, ready within 1% of backward)."""
+    import torch
+    import torchvision.models as tvm
+
+    from downpour_lib.perf.terms import gradient_ready_at
+
+    # big-but-cheap last (1000x1000, 1e6 MACs at batch 1), small-but-costly first (a conv:
+    # 9e6 MACs, 280 parameters): 99.97% of the bytes are ready after 1e6 / 1.0e7 of backward
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 10, 3, padding=1), torch.nn.Flatten(),
+                              torch.nn.Linear(10 * 10 * 10, 1000))
+    ready = gradient_ready_at(net, torch.zeros(1, 3, 10, 10))
+    macs = 10 * 10 * 10 * 3 * 9 + 1000 * 1000
+    assert ready == (round((1000 * 1000 + 1000) / (macs + 1000), 3),) * 9 + (1.0,)
+    hw = {name: PRESETS["horovod-pascal-25g"].workloads[name].ready_at
+          for name in ("vgg16", "resnet101")}
+    for name, ctor in (("vgg16", tvm.vgg16), ("resnet101", tvm.resnet101)):
+        assert gradient_ready_at(ctor(), torch.zeros(1, 3, 224, 224)) == pytest.approx(hw[name])
+    assert hw["vgg16"][7] < 0.01 and PRESETS["dgx-a100"].workloads["resnet50"].ready_at
+    with pytest.raises(ConfigError, match="ready_at"):
+        Workload("m", 32, 0.1, 1e6, ready_at=(0.5, 0.2, 1.0))
+
+
+def test_readiness_moves_buckets_and_tensor_fusion_sends_what_is_ready():
+    """Evenly spread readiness is the old pipeline exactly; front-loaded gradients start the
+    link earlier; Tensor Fusion (``bucketing: ready``) against hand-derived references on a
+    link without latency: one that keeps up leaves only a sliver of the last layers exposed, one
+    that cannot is busy from the start of backward to the end of its bytes."""
+    from downpour_lib.perf.perfmodel import bucketed_allreduce_s
+
+    even = tuple(k / 10 for k in range(1, 11))
+    base = toy(overlap=1.0, compute_s=0.15)  # backward 0.1 s, the link busy 0.19 s
+    w = base.workloads["m"]
+    for ready, same in ((even, True), ((0.01,) * 9 + (1.0,), False)):
+        cal = replace(base, workloads={"m": replace(w, ready_at=ready)})
+        exposed = bucketed_allreduce_s(16, cal.workloads["m"], cal)[1]
+        old = bucketed_allreduce_s(16, w, base)[1]
+        assert exposed == pytest.approx(old) if same else exposed < old
+    net = Network(Link(0.0, 1e9), Link(0.0, 1e9), 1)
+    for rate, compute in ((1e9, 3.0), (1e9, 0.03)):
+        m = replace(w, ready_at=even, compute_s=compute, backward_fraction=1.0)
+        cal = Calibration("fused", replace(net, inter=Link(0.0, rate)), {"m": m},
+                          bucket_bytes=25e6, bucketing="ready")
+        total, exposed = bucketed_allreduce_s(8, m, cal)
+        wire = float(ring_share("allreduce", 8)) * 100e6 / rate  # 0.175 s for all of it
+        assert total == pytest.approx(wire)
+        if compute > wire:  # keeps up: the last message is a sliver of the bytes
+            assert exposed <= 2e-3 * wire
+        else:  # cannot: busy from the first gradient to the last byte
+            assert exposed == pytest.approx(wire - compute, rel=0.02)
+    with pytest.raises(ConfigError, match="bucketing"):
+        replace(base, bucketing="greedy")

@@ -8,11 +8,16 @@
     devices_per_node: 8               # workers (GPUs) per node
     collective: auto                  # ring, tree, hierarchical, or auto (the faster per bucket)
     bucket_mb: 25                     # DDP's bucket_cap_mb (Horovod's fusion buffer: 64)
+    bucketing: fixed                  # fixed (DDP's buckets) or ready (Horovod's Tensor Fusion)
     overlap: null                     # share of the bucket pipeline achieved; null: not measured,
                                       # a prediction is then a band between 0 and 1
     jitter: 0.0                       # coefficient of variation of a step (a run's steps.csv)
     node_compute: fitted              # compute lost when a node's devices are all busy:
                                       # fitted (terms.fit_node_compute, on NVIDIA's DGX-1 table) or none
+    host:                             # the CPUs that feed the devices (optional: without it the
+      cores: 128                      # node-compute loss is the fitted DGX-1 host's); physical
+      source: "..."                   # cores of the node, all sockets (also the network's cores:
+                                      # ranks beyond them time-share, netmodel.Network.crowding)
     links:
       intra:                          # between devices of one node
         gbit_per_s: 1200              # line rate, per direction
@@ -27,6 +32,8 @@
         parameters: 25557032          # what an allreduce carries: parameters x bytes_per_parameter
         bytes_per_parameter: 4
         devices_per_worker: 1         # >1: a worker is that many devices of one node (SGP's nodes)
+        ready_at: [0.01, ..., 1.0]    # share of backward done as each tenth of the gradient is
+                                      # ready (terms.gradient_ready_at); omitted: evenly spread
         source: "..."
 """
 
@@ -45,11 +52,12 @@ from .terms import LINK_EFFICIENCY, NodeCompute, fit_node_compute
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 
-_TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "overlap", "jitter",
-        "node_compute", "links", "models"}
+_TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucketing", "overlap", "jitter",
+        "node_compute", "host", "links", "models"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
-          "devices_per_worker", "backward_fraction", "source"}
+          "devices_per_worker", "backward_fraction", "ready_at", "source"}
+_HOST = {"cores", "source"}
 
 
 @lru_cache(maxsize=1)
@@ -87,7 +95,21 @@ def _link(name: str, d: Any) -> Link:
     return Link(latency * 1e-6, rate * GBIT * eff)
 
 
-def _workload(name: str, d: Any, node: NodeCompute) -> Workload:
+def _host_cores(d: Any) -> int | None:
+    """A node's host cores (``host.cores``), or None where the file gives no host."""
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise ConfigError("host", d, "a mapping with cores (the node's CPU cores) and source")
+    _unknown("host", d, _HOST)
+    cores = d.get("cores")
+    if isinstance(cores, bool) or not (isinstance(cores, int) and cores >= 1):
+        raise ConfigError("host.cores", cores, "the node's physical CPU cores, an integer >= 1, "
+                          "e.g. 128 for 2x AMD EPYC 7742")
+    return cores
+
+
+def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None) -> Workload:
     where = f"models.{name}"
     if not isinstance(d, dict):
         raise ConfigError(where, d, "a mapping with batch, images_per_s (or step_s), parameters")
@@ -106,12 +128,19 @@ def _workload(name: str, d: Any, node: NodeCompute) -> Workload:
         step = _number(f"{where}.step_s", d["step_s"], "seconds per step > 0")
         rate = batch / devices / step
     # a worker of several devices of one node: their own averaging is inside its step
-    compute = batch / (devices * rate * node.efficiency(devices, rate))
+    per_device = cores / devices if cores else None
+    compute = batch / (devices * rate * node.efficiency(devices, rate, per_device))
     params = _number(f"{where}.parameters", d.get("parameters"), "the model's parameter count > 0")
     width = _number(f"{where}.bytes_per_parameter", d.get("bytes_per_parameter", 4),
                     "bytes per gradient element, e.g. 4 (fp32) or 2 (fp16)")
-    extra = {"backward_fraction": d["backward_fraction"]} if "backward_fraction" in d else {}
-    return Workload(name, batch, compute, params * width, source=str(d.get("source", "")), **extra)
+    extra = {k: d[k] for k in ("backward_fraction", "ready_at") if k in d}
+    if "ready_at" in extra and not isinstance(extra["ready_at"], (list, tuple)):
+        raise ConfigError(f"{where}.ready_at", extra["ready_at"], "a list of shares of backward")
+    try:
+        return Workload(name, batch, compute, params * width, source=str(d.get("source", "")),
+                        **extra)
+    except ConfigError as exc:  # name the model the bad field belongs to
+        raise ConfigError(f"{where}.{exc.field}", exc.value, exc.expected) from None
 
 
 def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
@@ -133,6 +162,8 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     if node not in ("fitted", "none"):
         raise ConfigError("node_compute", node, "fitted (NVIDIA's DGX-1 table) or none")
     node_compute = fitted_node_compute() if node == "fitted" else NodeCompute()
+    host = d.get("host")
+    cores = _host_cores(host)
     models = d.get("models")
     if not isinstance(models, dict) or not models:
         raise ConfigError("models", models, "one or more models, each with batch, images_per_s "
@@ -143,10 +174,12 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         raise ConfigError("overlap", overlap, "a share in [0, 1], or null (not measured: a band)")
     sources = [str(d.get("source", ""))] + [f"{k}: {v['source']}" for k, v in links.items()
                                               if isinstance(v, dict) and v.get("source")]
+    if host and host.get("source"):
+        sources.append(f"host: {host['source']}")
     return Calibration(
-        str(d.get("name", where)), Network(intra, inter, per_node),
-        {name: _workload(name, m, node_compute) for name, m in models.items()},
-        collective=str(d.get("collective", "auto")),
+        str(d.get("name", where)), Network(intra, inter, per_node, cores=cores),
+        {name: _workload(name, m, node_compute, cores) for name, m in models.items()},
+        collective=str(d.get("collective", "auto")), bucketing=str(d.get("bucketing", "fixed")),
         bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
         jitter=float(d.get("jitter", 0.0)), node_compute=node_compute)

@@ -135,6 +135,19 @@ def hierarchical_allreduce_s(n: int, nbytes: float, net: Network) -> float:
     return inside + ring_allreduce_s(k, nbytes, net.inter)
 
 
+def _ring_link(n: int, net: Network) -> Link:
+    """The link a ring of ``n`` ranks ordered by node runs at: its slowest hop's bandwidth, and
+    the mean latency of its hops, since a pipelined ring (NCCL's) streams each chunk through every
+    hop in turn: of n hops, one per node crosses a card, the others stay inside a node (NCCL's
+    tuning model charges them so: intra-node steps at the intra-node latency)."""
+    link = net.shared(n)
+    if not n > net.per_node > 1:
+        return link
+    k = net.nodes(n)
+    hop = (k * net.inter.alpha_s + (n - k) * net.intra.alpha_s) / n
+    return Link(hop * net.crowding(n), link.bandwidth_Bps)
+
+
 COLLECTIVES = ("ring", "tree", "hierarchical", "auto")
 
 
@@ -151,7 +164,7 @@ def allreduce_s(n: int, nbytes: float, net: Network, collective: str = "ring") -
     # a ring's rank reduces (n-1)/n of the buffer; a tree's, up to the whole of it
     reduce_s = nbytes * net.gamma_s_per_byte * net.crowding(n)
     if collective == "ring":
-        return ring_allreduce_s(n, nbytes, net.shared(n)) + (n - 1) / n * reduce_s
+        return ring_allreduce_s(n, nbytes, _ring_link(n, net)) + (n - 1) / n * reduce_s
     if collective == "tree":
         return tree_allreduce_s(n, nbytes, net.shared(n)) + reduce_s
     return hierarchical_allreduce_s(n, nbytes, net) + (n - 1) / n * reduce_s

@@ -57,6 +57,7 @@ TRAFFIC = {
     "none": "no communication",
 }
 SIMULATED = ("async_push_pull", "async_gossip")
+BUCKETING = ("fixed", "ready")
 
 
 def _registry() -> dict[str, type]:
@@ -101,8 +102,17 @@ class Workload:
     param_bytes: float  # what one allreduce, push or gossip message carries
     backward_fraction: float = 2 / 3  # backward's share of compute: where buckets can overlap
     source: str = ""  # where compute_s comes from
+    #: share of backward done when each tenth (or 1/len) of the gradient bytes is ready, in the
+    #: order backward makes them (``terms.gradient_ready_at``); empty: ready evenly over backward
+    ready_at: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        ready = tuple(float(t) for t in self.ready_at)
+        object.__setattr__(self, "ready_at", ready)  # a JSON list reads back as the tuple
+        if ready and not (all(0 <= a <= b <= 1 for a, b in zip(ready, ready[1:] + (1,), strict=True))
+                          and ready[-1] == 1):
+            raise ConfigError("ready_at", list(ready), "shares of backward in [0, 1], "
+                              "non-decreasing, the last 1 (terms.gradient_ready_at)")
         if not (math.isfinite(self.compute_s) and self.compute_s > 0):
             raise ConfigError("compute_s", self.compute_s, "seconds per step > 0")
         if not self.param_bytes > 0:
@@ -124,13 +134,17 @@ class Calibration:
         network.per_node            workers per node
         network.gamma_s_per_byte    reduction cost per byte (CPU backends; 0 for GPUs)
         network.node_Bps            a node's memory throughput its ranks share (memcpy), or null
-        network.cores               a node's cores (ranks beyond them time-share), or null
-        workloads.MODEL {model, batch_size, compute_s, param_bytes, backward_fraction, source}
+        network.cores               a node's cores (ranks beyond them time-share; the host
+                                    cores per device node_compute scales by), or null
+        workloads.MODEL {model, batch_size, compute_s, param_bytes, backward_fraction, source,
+                         ready_at}: ready_at, when each tenth of the gradient is ready in backward
         collective      ring, tree, hierarchical or auto
         bucket_bytes    gradient bucket (DDP's bucket_cap_mb in bytes)
+        bucketing       fixed (DDP's buckets) or ready (Horovod's fusion of what is ready)
         overlap         measured share of the bucket pipeline achieved, or null (a band)
         jitter          coefficient of variation of a step's compute (steps.csv)
-        node_compute    {c, p, at, source}: compute lost when a node's devices share it
+        node_compute    {c, p, at, source, cores_per_device}: compute lost when a node's
+                        devices share it (cores_per_device: the fitted host's)
         source          where all of it came from
     """
 
@@ -148,6 +162,10 @@ class Calibration:
     jitter: float = 0.0
     #: compute lost when devices share a node (``terms.NodeCompute``; none by default)
     node_compute: NodeCompute = field(default_factory=NodeCompute)
+    #: how gradients become messages: ``fixed`` buckets of ``bucket_bytes`` in backward's order,
+    #: each sent once all of it is ready (PyTorch DDP); ``ready``: each message takes what is
+    #: ready when the link frees, up to ``bucket_bytes`` (Horovod's Tensor Fusion)
+    bucketing: str = "fixed"
 
     def __post_init__(self) -> None:
         if self.overlap is not None and not 0 <= self.overlap <= 1:
@@ -156,6 +174,8 @@ class Calibration:
             raise ConfigError("jitter", self.jitter, "a coefficient of variation >= 0, e.g. 0.05")
         if self.collective not in COLLECTIVES:
             raise ConfigError("collective", self.collective, "choose from " + ", ".join(COLLECTIVES))
+        if self.bucketing not in BUCKETING:
+            raise ConfigError("bucketing", self.bucketing, "choose from " + ", ".join(BUCKETING))
 
     def workload(self, model: str) -> Workload:
         if model not in self.workloads:
@@ -271,9 +291,72 @@ def bucketed_allreduce_s(workers: int, w: Workload, cal: Calibration,
     buckets = max(1, math.ceil(w.param_bytes / cal.bucket_bytes))
     total = buckets * allreduce_s(workers, w.param_bytes / buckets, cal.network, cal.collective)
     backward = w.backward_fraction * (compute_s if compute_s is not None else w.compute_s)
-    ideal = pipeline_exposed_s(total, buckets, backward)
+    if cal.bucketing == "ready":
+        ideal = _fused_pipeline_s(workers, w, cal, backward)
+    elif w.ready_at:
+        ideal = _ready_pipeline_s(total, buckets, backward, w.ready_at)
+    else:
+        ideal = pipeline_exposed_s(total, buckets, backward)
     share = overlap if overlap is not None else (1.0 if cal.overlap is None else cal.overlap)
     return total, (1 - share) * total + share * ideal
+
+
+def _ready_pipeline_s(comm_s: float, buckets: int, backward_s: float,
+                      ready_at: tuple[float, ...]) -> float:
+    """``netmodel.pipeline_exposed_s`` with bucket i of B ready when i/B of the bytes are
+    (``ready_at``, linear between its points) rather than at i/B of backward."""
+    if comm_s <= 0:
+        return 0.0
+    each, done = comm_s / buckets, 0.0
+    for i in range(1, buckets + 1):
+        done = max(done, _ready_time(i / buckets, ready_at) * backward_s) + each
+    return max(each, done - backward_s)
+
+
+def _ready_time(share: float, ready_at: tuple[float, ...]) -> float:
+    """When ``share`` of the gradient bytes is ready, as a share of backward: ``ready_at`` read
+    linearly between its points (evenly over backward where it is empty)."""
+    if not ready_at:
+        return min(1.0, max(0.0, share))
+    x = min(1.0, max(0.0, share)) * len(ready_at)
+    k = min(len(ready_at), max(1, math.ceil(x - 1e-9)))
+    before = ready_at[k - 2] if k >= 2 else 0.0
+    return before + (ready_at[k - 1] - before) * (x - (k - 1))
+
+
+def _share_ready(t: float, ready_at: tuple[float, ...]) -> float:
+    """Share of the gradient bytes ready at ``t`` (a share of backward): ``ready_at`` inverted,
+    linear between its points (evenly over backward where it is empty)."""
+    if not ready_at:
+        return min(1.0, max(0.0, t))
+    times, step, share = (0.0, *ready_at), 1 / len(ready_at), 0.0
+    for k in range(len(ready_at)):
+        if t >= times[k + 1]:
+            share = (k + 1) * step
+        elif t > times[k]:
+            share = max(share, (k + (t - times[k]) / (times[k + 1] - times[k])) * step)
+    return share
+
+
+def _fused_pipeline_s(workers: int, w: Workload, cal: Calibration, backward_s: float) -> float:
+    """Exposed allreduce of Tensor Fusion (Sergeev & Del Balso 2018): whenever the link is free,
+    one allreduce takes every gradient ready by then, up to ``bucket_bytes``; each pays the
+    collective's full latency, so while one is in flight the next one grows. What is still in
+    flight when backward ends is exposed (the last message: what backward's last layers made)."""
+    sent, free = 0.0, 0.0
+    for _ in range(100_000):  # every message carries >= 1/1000 of the bytes, or the rest
+        if sent >= w.param_bytes * (1 - 1e-9):
+            break
+        start = free
+        ready = _share_ready(start / backward_s if backward_s > 0 else 1.0, w.ready_at)
+        if ready * w.param_bytes <= sent * (1 + 1e-9) + 1e-3 * w.param_bytes:
+            # nothing (or little) ready: wait until a thousandth more of the bytes is
+            ready = min(1.0, sent / w.param_bytes + 1e-3)
+            start = max(start, _ready_time(ready, w.ready_at) * backward_s)
+        size = min(ready * w.param_bytes - sent, cal.bucket_bytes)
+        free = start + allreduce_s(workers, size, cal.network, cal.collective)
+        sent += size
+    return max(0.0, free - backward_s)
 
 
 def simulated_steps(workers: int) -> int:
@@ -306,7 +389,8 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
     w = cal.workload(model)
     net, m = cal.network, w.param_bytes
     devices = min(workers, net.per_node)
-    efficiency = cal.node_compute.efficiency(devices, w.batch_size / w.compute_s)
+    per_device = net.cores / net.per_node if net.cores else None  # host cores feeding a device
+    efficiency = cal.node_compute.efficiency(devices, w.batch_size / w.compute_s, per_device)
     c = w.compute_s / efficiency  # one worker's compute, its node's other devices busy
     staleness, band, straggler = None, None, 1.0
     if pattern not in SIMULATED:

@@ -11,6 +11,12 @@ other published result is a check (``presets.published_checks``), never a fit.
   the devices per node below and beyond it (an assumption: the table has 1 and 8 devices only).
   ``c`` and ``p`` solve the table's two points (FP32 and AMP at 8 V100) exactly: c = 6.27e-6,
   p = 1.43 (the allreduce over NVLink, about 1 ms of a step of 213 ms or more, is left in them).
+  What a device's rate costs depends on the host feeding it: where a node's host cores are known,
+  ``rate`` is taken relative to the fitted host's cores per device (``DGX1_HOST_CORES`` / 8 = 5),
+  i.e. the loss follows the samples per second each host core must decode and augment. The DLE
+  benchmark decodes JPEGs on CPU cores (``data_backend: pytorch``) with 8 loader workers per GPU on a
+  DGX-1 and 16 on a DGX A100 (``configs.yml``): its own authors size the pipeline by cores per GPU.
+  A host without a core count keeps the law in absolute rate (the fitted host's).
 - **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
   rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
   nodes (results/reference/model/sandbox-*nodes/validation.csv: the fitted bandwidth over the
@@ -21,6 +27,11 @@ other published result is a check (``presets.published_checks``), never a fit.
   normals; an upper estimate at small N, e.g. 1.18 sigma at N=2 where the exact value is 0.56).
 - **The collective chosen per size and N** (``choose_collective``): as NCCL's tuner, the faster of
   ring and tree for each bucket.
+- **When each gradient is ready** (``gradient_ready_at``): backward runs the layers in reverse, so
+  a model whose large layers come last (VGG's fully connected layers: 89 % of its bytes) has most
+  of its gradient ready at the start of backward, not spread evenly over it. Measured on the
+  model's own layers (parameters and multiply-adds), with backward time taken proportional to
+  multiply-adds (an assumption: memory-bound layers are fast but not free).
 """
 
 from __future__ import annotations
@@ -48,6 +59,10 @@ class TableRow:
 DGX1_TABLE = (TableRow("fp32", 1, 367), TableRow("fp32", 8, 2855),
               TableRow("amp", 1, 1200), TableRow("amp", 8, 8322))
 
+#: host cores of the node the table was measured on: 2x Intel Xeon E5-2698 v4, 20 cores each
+DGX1_HOST_CORES = 40
+DGX1_HOST_SOURCE = "NVIDIA DGX-1 datasheet: 2x Intel Xeon E5-2698 v4 2.2 GHz, 20 cores each"
+
 #: achieved / line rate of a TCP link under gloo: 95.6, 97.0 (2 nodes; 100, 200 Mbit/s), 94.9,
 #: 96.5 % (4 nodes), results/reference/model/sandbox-{2,4}nodes/validation.csv
 LINK_EFFICIENCY = 0.96
@@ -58,26 +73,38 @@ LINK_EFFICIENCY_SOURCE = ("fitted bandwidth / shaped rate of gloo allreduce on t
 
 @dataclass(frozen=True)
 class NodeCompute:
-    """Loss of compute when ``devices`` share a node: ``c * rate**p`` at ``at`` devices."""
+    """Loss of compute when ``devices`` share a node: ``c * rate**p`` at ``at`` devices, ``rate``
+    relative to the fitted host's ``cores_per_device`` where the node's are known."""
 
     c: float = 0.0
     p: float = 1.0
     at: int = 8
     source: str = ""
+    #: host cores per device of the node the term was fitted on; None: rate taken as it is
+    cores_per_device: float | None = None
 
-    def efficiency(self, devices: int, rate: float) -> float:
-        """Share of one device's lone throughput each of ``devices`` on a node keeps."""
+    def efficiency(self, devices: int, rate: float, cores_per_device: float | None = None) -> float:
+        """Share of one device's lone throughput each of ``devices`` on a node keeps, on a host
+        of ``cores_per_device`` (None: not known, the fitted host's law in absolute rate)."""
+        if cores_per_device is not None and not (math.isfinite(cores_per_device)
+                                                 and cores_per_device > 0):
+            raise ConfigError("host.cores", cores_per_device,
+                              "host cores per device > 0 (the node's cores / its devices)")
         if devices <= 1 or self.c == 0:
             return 1.0
+        if cores_per_device is not None and self.cores_per_device:
+            rate = rate * self.cores_per_device / cores_per_device  # the load on each host core
         loss = self.c * rate ** self.p * math.log2(devices) / math.log2(self.at)
         return 1 / (1 + loss)
 
 
 def fit_node_compute(rows: tuple[TableRow, ...] = DGX1_TABLE, comm_s: dict[str, float] | None = None,
-                     batch: int = 256, source: str = DLE_SOURCE) -> NodeCompute:
+                     batch: int = 256, source: str = DLE_SOURCE,
+                     host_cores: int | None = DGX1_HOST_CORES) -> NodeCompute:
     """``c`` and ``p`` through the table's two precisions at its largest device count: the loss
     there is (throughput alone * devices / throughput together) - 1, less the share of the step the
-    allreduce left exposed (``comm_s``, per precision; none when not given)."""
+    allreduce left exposed (``comm_s``, per precision; none when not given). ``host_cores``: the
+    cores of the table's node, shared by its largest device count (None: unknown)."""
     comm_s = comm_s or {}
     points = []
     for precision in sorted({r.precision for r in rows}):
@@ -93,7 +120,47 @@ def fit_node_compute(rows: tuple[TableRow, ...] = DGX1_TABLE, comm_s: dict[str, 
         raise ConfigError("table", [p[:2] for p in points], "two precisions, each losing throughput")
     (r1, l1, at), (r2, l2, _) = sorted(points)
     p = math.log(l2 / l1) / math.log(r2 / r1)
-    return NodeCompute(l1 / r1 ** p, p, at, source)
+    return NodeCompute(l1 / r1 ** p, p, at, source, host_cores / at if host_cores else None)
+
+
+def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
+    """When each ``1/points`` of ``model``'s gradient bytes is ready, as shares of backward: the
+    k-th number is the share of backward done when (k+1)/points of the bytes are. Backward visits
+    the layers with parameters in the reverse of their forward order, each taking time in
+    proportion to its forward multiply-adds (convolutions, linear layers; others: one per output
+    element). ``example``: one input batch (its spatial size sets the convolutions' cost)."""
+    import torch
+
+    layers: list[tuple[int, int]] = []  # (multiply-adds, parameters) in forward order
+
+    def record(module, _inputs, output) -> None:
+        params = sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
+        if not params:
+            return
+        macs = output.numel()
+        if isinstance(module, torch.nn.Conv2d):
+            macs *= module.in_channels // module.groups * math.prod(module.kernel_size)
+        elif isinstance(module, torch.nn.Linear):
+            macs *= module.in_features
+        layers.append((macs, params))
+
+    hooks = [m.register_forward_hook(record) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model.train()(example)
+    finally:
+        for h in hooks:
+            h.remove()
+    if not layers:
+        raise ConfigError("model", type(model).__name__, "a model with trainable parameters")
+    total_t, total_b = sum(t for t, _ in layers), sum(b for _, b in layers)
+    done_t = done_b = 0
+    ready: list[float] = []
+    for macs, params in reversed(layers):
+        done_t, done_b = done_t + macs, done_b + params
+        while len(ready) < points and done_b * points >= (len(ready) + 1) * total_b:
+            ready.append(round(done_t / total_t, 3))
+    return tuple(ready)
 
 
 def straggler_factor(workers: int, cv: float) -> float:
