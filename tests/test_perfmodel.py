@@ -548,3 +548,19 @@ def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
                  "allreduce.slowdown=2", "--json", str(rows_at)]) == 0
     (slow,) = json.loads(rows_at.read_text())
     assert slow["step_s"] > base["step_s"] + 0.9 * base["compute_s"]
+
+
+def test_past_the_cores_every_rank_shares_them_and_within_them_nothing_changes():
+    """Issue 34: the crowding term (a node's cores time-shared by its ranks, each hop a wake-up)
+    is nothing where the ranks fit the cores, so GPU nodes (a rank per GPU) predict as before."""
+    free = Network(Link(1e-5, 5e9), Link(1e-4, 1e9), per_node=32, gamma_s_per_byte=1e-10)
+    crowded = replace(free, cores=4, wake_s=2e-4)
+    for n in (1, 2, 4):
+        assert crowded.shared(n) == free.shared(n) == free.intra
+        assert allreduce_s(n, 6.6e6, crowded) == allreduce_s(n, 6.6e6, free)
+        assert crowded.time_shared_s(0.01, n) == 0.01
+    # at 32 ranks on 4 cores each rank has a core an eighth of the time, and waits a wake-up a hop
+    assert crowded.shared(32) == Link((1e-5 + 2e-4) * 8, 5e9 / 8)
+    assert crowded.time_shared_s(0.01, 32) == pytest.approx(0.08)
+    with pytest.raises(ConfigError, match="wake_s"):
+        replace(free, wake_s=-1.0)

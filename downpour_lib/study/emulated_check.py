@@ -35,13 +35,16 @@ def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
         if base.empty or model not in cal.workloads:
             continue
         compute = float(base.step_s.mean())  # the sleep, the data and the update: no messages
-        workload = replace(cal.workload(model), compute_s=compute,
-                           batch_size=int(part.batch_size.iloc[0]),
-                           source=f"{series}: its 1-worker step")
+        # past the calibration's cores, the step's CPU work (all but the sleep) time-shares them
+        sleep = _sleep_s(base)
         largest = int(part.world_size.max())
         one_node = replace(cal.network, per_node=max(largest, 1))
-        here = replace(cal, network=one_node, workloads={model: workload})
         for n, point in part.groupby("num_workers"):
+            busy = one_node.time_shared_s(compute - sleep, int(point.world_size.max()))
+            workload = replace(cal.workload(model), compute_s=sleep + busy,
+                               batch_size=int(part.batch_size.iloc[0]),
+                               source=f"{series}: its 1-worker step")
+            here = replace(cal, network=one_node, workloads={model: workload})
             p = predict(here, part.algorithm.iloc[0], int(n), model)
             measured = float(point.step_s.mean())
             rows.append({"series": series, "algorithm": part.algorithm.iloc[0], "workers": int(n),
@@ -52,3 +55,11 @@ def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
                          "compute_s": float(point.compute_s.mean()),
                          "update_s": float(point.update_s.mean()), "runs": len(point)})
     return pd.DataFrame(rows)
+
+
+def _sleep_s(base: pd.DataFrame) -> float:
+    """The emulated compute's sleep in a 1-worker step: the given seconds, or where they were
+    timed (auto), its forward and backward (``compute_s``), which the sleep replaced."""
+    given = base["emulated_step_s"] if "emulated_step_s" in base else pd.Series(dtype=float)
+    sleep = float(given.mean()) if given.notna().any() else float(base["compute_s"].mean())
+    return min(sleep, float(base["step_s"].mean()))
