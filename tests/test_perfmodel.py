@@ -564,3 +564,22 @@ def test_past_the_cores_every_rank_shares_them_and_within_them_nothing_changes()
     assert crowded.time_shared_s(0.01, 32) == pytest.approx(0.08)
     with pytest.raises(ConfigError, match="wake_s"):
         replace(free, wake_s=-1.0)
+
+
+def test_wake_up_fitted_at_few_ranks_predicts_32_ranks_on_2_cores():
+    """The committed allreduce rows of this machine (mpi backend, 2 cores, 2 to 32 ranks): the link
+    fitted at 2 ranks and the wake-up at 4 and 8 predict the model's allreduce at 32 ranks, which
+    the uncrowded link misses by a factor of 29."""
+    rows = json.loads((ROOT / "results" / "reference" / "scaling" / "emulated_local"
+                       / "collectives.json").read_text())
+    link = calib.fit_link([r for r in rows if r["world_size"] == 2], "mpi")
+    net = Network(link, link, per_node=32, cores=2)
+    wake = calib.fit_wake(rows, "mpi", net, most_ranks=8)
+    assert wake > 0
+    crowded = replace(net, wake_s=wake)
+    (measured,) = [r["p50_s"] for r in rows if r["backend"] == "mpi" and r["world_size"] == 32
+                   and r["bytes"] == 6597688]
+    assert allreduce_s(32, 6597688, crowded) == pytest.approx(measured, rel=0.2)
+    alone = replace(net, cores=None)  # each rank with a core of its own: what it said before
+    assert allreduce_s(32, 6597688, alone) < measured / 20
+    assert calib.fit_wake(rows, "mpi", alone) == 0.0  # no cores known: no term

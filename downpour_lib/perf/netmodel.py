@@ -178,7 +178,14 @@ def ps_transfer_s(workers: int, nbytes: float, servers: int, net: Network) -> fl
     if workers < 1 or servers < 1:
         raise ConfigError("servers", servers, "at least one server and one worker")
     link = net.shared(workers + servers)
-    server_side = link.transfer_s(workers * nbytes / servers, messages=workers)
+    server = link
+    if net.crowding(workers + servers) > 1:
+        # past the cores a server's bytes are already every worker's: what limits them is the
+        # node's cores copying both sides (workers sending, servers receiving), not a 1/crowding
+        # share of a core for each
+        wide = net.path(workers + servers).bandwidth_Bps / max(1.0, 2 * servers / net.cores)
+        server = Link(link.alpha_s, wide)
+    server_side = server.transfer_s(workers * nbytes / servers, messages=workers)
     worker_side = link.transfer_s(nbytes, messages=servers)
     return max(server_side, worker_side)
 
