@@ -135,6 +135,34 @@ def fit_reduction(rows: list[dict[str, Any]], backend: str) -> tuple[Link, float
     return Link(float(alpha), float(1 / inv_beta)), float(gamma)
 
 
+def fit_wake(rows: list[dict[str, Any]], backend: str, net: Network,
+             most_ranks: int | None = None) -> float:
+    """``Network.wake_s`` of ``backend``: what each hop costs a rank beyond the link's latency
+    when the node's ranks exceed its ``net.cores``, from its allreduce rows at more ranks than
+    cores (up to ``most_ranks``), by least squares on relative error against ``allreduce_s``'s
+    crowded ring (the link, gamma and crowding as ``net`` has them). 0 without such rows, or
+    where the crowded ring alone is already as slow as they were."""
+    from .netmodel import allreduce_s
+
+    if not net.cores:
+        return 0.0
+    a, b, t = [], [], []
+    for r in rows:
+        n = r.get("world_size", 1)
+        if (r.get("backend") != backend or r.get("op") != "allreduce" or n <= net.cores
+                or (most_ranks is not None and n > most_ranks)):
+            continue
+        one_node = replace(net, per_node=max(net.per_node, n), wake_s=0.0)
+        a.append(allreduce_s(n, r["bytes"], one_node))
+        b.append(2 * (n - 1) * one_node.crowding(n))  # the ring's hops, each crowded
+        t.append(r["p50_s"])
+    if not t:
+        return 0.0
+    a, b, t = (np.array(v, dtype=float) for v in (a, b, t))
+    wake = float(np.sum(b / t * (t - a) / t) / np.sum((b / t) ** 2))
+    return max(0.0, wake)
+
+
 def node_memory_Bps(rows: list[dict[str, Any]]) -> float | None:
     """The host's memory throughput, bytes/s: ``bench collectives``' memcpy row of the largest
     size (one thread copying, the ceiling a node's shared-memory transfers share); None without."""
@@ -239,6 +267,7 @@ def calibrate(collectives: str | os.PathLike, study: str | os.PathLike | pd.Data
                    f"{inter.bandwidth_Bps * 8 / 1e9:g} Gbit/s, {inter.alpha_s * 1e6:g} us")
     network = Network(link, inter or link, per_node, gamma_s_per_byte=gamma,
                       node_Bps=node_memory_Bps(rows), cores=cores)
+    network = replace(network, wake_s=fit_wake(rows, backend, network))
     cal = Calibration(f"measured-{host}", network,
                       workloads_from_study(runs, _name(study)), collective="ring",
                       bucket_bytes=(float(buckets.median()) if len(buckets) else 25.0) * (1 << 20),

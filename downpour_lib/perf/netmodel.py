@@ -74,6 +74,10 @@ class Network:
     #: cores of a node: ranks beyond them time-share, each message and reduction takes that much
     #: longer (issue 34: 32 ranks on 2 cores); None: not limiting
     cores: int | None = None
+    #: seconds each hop of a pattern costs a rank beyond its latency when the node's ranks exceed
+    #: its cores: a rank that sleeps in a barrier must be woken and wait its turn on a core
+    #: (``calibrate.fit_wake``, from allreduce rows at more ranks than cores; 0: not measured)
+    wake_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.per_node, int) and self.per_node >= 1):
@@ -84,6 +88,8 @@ class Network:
             raise ConfigError("node_Bps", self.node_Bps, "bytes/s > 0, or None")
         if self.cores is not None and not (isinstance(self.cores, int) and self.cores >= 1):
             raise ConfigError("cores", self.cores, "an integer >= 1, or None")
+        if not (math.isfinite(self.wake_s) and self.wake_s >= 0):
+            raise ConfigError("wake_s", self.wake_s, "seconds per hop >= 0, e.g. 1e-4")
 
     def crowding(self, workers: int) -> float:
         """How many ranks share each core of a node when ``workers`` run (1: none)."""
@@ -92,12 +98,20 @@ class Network:
 
     def shared(self, workers: int) -> Link:
         """``path(workers)`` as each rank sees it with its node's others busy: the node's memory
-        throughput split among them (inside a node), every message slower by ``crowding``."""
-        link, busy = self.path(workers), min(workers, self.per_node)
-        bandwidth = link.bandwidth_Bps
+        throughput split among them (inside a node). Past the cores, a rank has a core
+        ``1 / crowding`` of the time, and its copies and hops (each with a wake-up, ``wake_s``)
+        take ``crowding`` times as long: the node's cores move the bytes of all its ranks."""
+        link, busy, crowd = self.path(workers), min(workers, self.per_node), self.crowding(workers)
+        bandwidth = link.bandwidth_Bps / crowd
         if self.node_Bps is not None and workers <= self.per_node:
             bandwidth = min(bandwidth, self.node_Bps / busy)
-        return Link(link.alpha_s * self.crowding(workers), bandwidth)
+        wake = self.wake_s if crowd > 1 else 0.0
+        return Link((link.alpha_s + wake) * crowd, bandwidth)
+
+    def time_shared_s(self, seconds: float, workers: int) -> float:
+        """``seconds`` of one rank's CPU work that every rank of the node does at the same moment
+        (a synchronous step's data, update and loop) past the cores: ``crowding`` times as long."""
+        return seconds * self.crowding(workers)
 
     def nodes(self, workers: int) -> int:
         return math.ceil(workers / self.per_node)
@@ -177,7 +191,14 @@ def ps_transfer_s(workers: int, nbytes: float, servers: int, net: Network) -> fl
     if workers < 1 or servers < 1:
         raise ConfigError("servers", servers, "at least one server and one worker")
     link = net.shared(workers + servers)
-    server_side = link.transfer_s(workers * nbytes / servers, messages=workers)
+    server = link
+    if net.crowding(workers + servers) > 1:
+        # past the cores a server's bytes are already every worker's: what limits them is the
+        # node's cores copying both sides (workers sending, servers receiving), not a 1/crowding
+        # share of a core for each
+        wide = net.path(workers + servers).bandwidth_Bps / max(1.0, 2 * servers / net.cores)
+        server = Link(link.alpha_s, wide)
+    server_side = server.transfer_s(workers * nbytes / servers, messages=workers)
     worker_side = link.transfer_s(nbytes, messages=servers)
     return max(server_side, worker_side)
 

@@ -4,8 +4,10 @@ An emulated run's compute is a sleep of known length, so what grows with the wor
 communication (and what the machine does for it: copies, reductions, the scheduler). Each
 emulated series is set beside the model with the same compute (its own 1-worker step, which
 holds the sleep, the data and the update) and this machine's measured link (the calibration's
-``intra`` link, every rank on this one node). Where they differ, the model leaves out what the
-machine adds; ``why`` says which of the measured parts grew.
+``intra`` link, every rank on this one node). Past the calibration's ``network.cores`` the
+ranks time-share them: the step's CPU work (all of its 1-worker step but the sleep and the
+messages) and every rank's copies and hops (``Network.shared``, ``wake_s``) take ``crowding``
+times as long. Where they differ, the model leaves out what the machine adds.
 """
 
 from __future__ import annotations
@@ -34,14 +36,19 @@ def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
         base = part[part.num_workers == 1]
         if base.empty or model not in cal.workloads:
             continue
-        compute = float(base.step_s.mean())  # the sleep, the data and the update: no messages
-        workload = replace(cal.workload(model), compute_s=compute,
-                           batch_size=int(part.batch_size.iloc[0]),
-                           source=f"{series}: its 1-worker step")
+        # the sleep, the data and the update: not the messages (a server's, at one worker), which
+        # the model adds itself
+        compute = float((base.step_s - base.comm_s - base.wait_s).mean())
+        # past the calibration's cores, the step's CPU work (all but the sleep) time-shares them
+        sleep = _sleep_s(base)
         largest = int(part.world_size.max())
         one_node = replace(cal.network, per_node=max(largest, 1))
-        here = replace(cal, network=one_node, workloads={model: workload})
         for n, point in part.groupby("num_workers"):
+            busy = one_node.time_shared_s(compute - sleep, int(point.world_size.max()))
+            workload = replace(cal.workload(model), compute_s=sleep + busy,
+                               batch_size=int(part.batch_size.iloc[0]),
+                               source=f"{series}: its 1-worker step")
+            here = replace(cal, network=one_node, workloads={model: workload})
             p = predict(here, part.algorithm.iloc[0], int(n), model)
             measured = float(point.step_s.mean())
             rows.append({"series": series, "algorithm": part.algorithm.iloc[0], "workers": int(n),
@@ -52,3 +59,11 @@ def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
                          "compute_s": float(point.compute_s.mean()),
                          "update_s": float(point.update_s.mean()), "runs": len(point)})
     return pd.DataFrame(rows)
+
+
+def _sleep_s(base: pd.DataFrame) -> float:
+    """The emulated compute's sleep in a 1-worker step: the given seconds, or where they were
+    timed (auto), its forward and backward (``compute_s``), which the sleep replaced."""
+    given = base["emulated_step_s"] if "emulated_step_s" in base else pd.Series(dtype=float)
+    sleep = float(given.mean()) if given.notna().any() else float(base["compute_s"].mean())
+    return min(sleep, float((base.step_s - base.comm_s - base.wait_s).mean()))
