@@ -4,8 +4,9 @@ An emulated run's compute is a sleep of known length, so what grows with the wor
 communication (and what the machine does for it: copies, reductions, the scheduler). Each
 emulated series is set beside the model with the same compute (its own 1-worker step, which
 holds the sleep, the data and the update) and this machine's measured link (the calibration's
-``intra`` link, every rank on this one node). Where they differ, the model leaves out what the
-machine adds; ``why`` says which of the measured parts grew.
+``intra`` link, every rank on this one node), or for a sandbox series (``where``: ``sandbox
+1gbit``) that link inside each host of 4 ranks and the shaped rate between hosts. Where they
+differ, the model leaves out what the machine adds; ``why`` says which of the measured parts grew.
 """
 
 from __future__ import annotations
@@ -38,9 +39,7 @@ def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
         workload = replace(cal.workload(model), compute_s=compute,
                            batch_size=int(part.batch_size.iloc[0]),
                            source=f"{series}: its 1-worker step")
-        largest = int(part.world_size.max())
-        one_node = replace(cal.network, per_node=max(largest, 1))
-        here = replace(cal, network=one_node, workloads={model: workload})
+        here = replace(cal, network=_network(cal, part), workloads={model: workload})
         for n, point in part.groupby("num_workers"):
             p = predict(here, part.algorithm.iloc[0], int(n), model)
             measured = float(point.step_s.mean())
@@ -52,3 +51,17 @@ def emulated_vs_model(runs: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
                          "compute_s": float(point.compute_s.mean()),
                          "update_s": float(point.update_s.mean()), "runs": len(point)})
     return pd.DataFrame(rows)
+
+
+def _network(cal: Calibration, part: pd.DataFrame):
+    """The links a series ran on: this node's (every rank on it), or the sandbox's, 4 ranks a
+    host (``emulated_sandbox``) behind each host's link shaped to the series' rate."""
+    where = part["where"].iloc[0] if "where" in part else "local"
+    if pd.isna(where) or where == "local":
+        return replace(cal.network, per_node=max(int(part.world_size.max()), 1))
+    from ..perf.netmodel import Link
+    from ..sandbox.netns import parse_rate
+    from .emulated_sandbox import RANKS_PER_NODE
+
+    inter = Link(cal.network.inter.alpha_s, parse_rate(where.split()[-1]) / 8)
+    return replace(cal.network, inter=inter, per_node=RANKS_PER_NODE)

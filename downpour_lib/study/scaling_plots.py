@@ -38,7 +38,8 @@ def load_runs(csv: str | Path) -> pd.DataFrame:
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with ``compute`` (``real`` where a CSV predates emulation) and ``series``: the
-    algorithm, and for emulated compute its step, e.g. ``allreduce (emulated, 50 ms a step)``. A
+    algorithm, and for emulated compute its step and, off this machine's ranks, where it ran,
+    e.g. ``allreduce (emulated, 50 ms a step)``, ``... 50 ms a step, sandbox 1gbit)``. A
     series is a line of its own with its own 1-worker base, so emulated points are never mixed
     with real ones, and are labelled as such in every legend and table."""
     if "algorithm" not in runs:  # not a scaling study's rows
@@ -55,7 +56,10 @@ def with_series(runs: pd.DataFrame) -> pd.DataFrame:
         servers = pd.to_numeric(runs["options.servers"], errors="coerce")
         name = name.where(~(servers > 1), name + " " + servers.map(
             lambda s: f"{s:.0f}" if pd.notna(s) else "") + " servers")
-    runs["series"] = name.where(~emulated, name + " (emulated, " + label + ")")
+    # where an emulated run ran: a sandbox link rate is a series of its own ("local": as before)
+    where = runs["where"] if "where" in runs else pd.Series("local", index=runs.index)
+    at = where.fillna("local").map(lambda w: "" if w == "local" else f", {w}")
+    runs["series"] = name.where(~emulated, name + " (emulated, " + label + at + ")")
     return runs
 
 
