@@ -212,14 +212,30 @@ def _crowded_label(crowded: pd.DataFrame) -> str:
     return f"ringed: ranks > cores\n(e.g. {worst.world_size} ranks on {worst.cores:g} cores)"
 
 
+def _link_styles(series: pd.Series) -> dict[str, str]:
+    """Sandbox series (``..., sandbox 1gbit)``) of one algorithm share its colour: each link rate
+    gets a line and marker of its own, the fastest dash-dot squares, then dotted triangles."""
+    from ..sandbox.netns import parse_rate
+
+    def rate(name: str) -> str:
+        return name.rsplit(", sandbox ", 1)[1].rstrip(")")
+
+    sandbox = {name for name in series.unique() if ", sandbox " in name}
+    rates = sorted({rate(name) for name in sandbox}, key=parse_rate, reverse=True)
+    fmts = ("s-.", "v:", "D--")
+    return {name: fmts[rates.index(rate(name)) % len(fmts)] for name in sandbox}
+
+
 def _scaling_lines(ax, table: pd.DataFrame, column: str, reference: str | None = None) -> None:
     """Each algorithm's mean with error bars from its repeats (dodged sideways, so none hides
     another); ringed where ranks exceed cores; the legend outside the axes, off the data."""
     x = dodged(table)
+    links = _link_styles(table.series)
     for color, name, part in _by_algorithm(table):
         emulated = "(emulated" in name  # hollow squares on a dash-dot line: never read as real
         ax.errorbar(x[part.index], part[column], yerr=part[f"{column}_std"],
-                    fmt="s-." if emulated else "o-", mfc="none" if emulated else color,
+                    fmt=links.get(name, "s-." if emulated else "o-"),
+                    mfc="none" if emulated else color,
                     color=color, capsize=3, label=name)
     crowded = table[table.ranks_exceed_cores]
     if len(crowded):
