@@ -48,6 +48,10 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulated-step-s", type=float, default=None,
                    help="with --compute emulated: seconds of compute per step, e.g. 0.05 for a "
                         "GPU's (default: timed here on the same model and batch)")
+    p.add_argument("--links", type=_names, default=(),
+                   help="with --compute emulated: link rates of the multi-node Slurm sandbox, e.g. "
+                        "10gbit,1gbit: as root with Slurm every run goes across its hosts (4 ranks "
+                        "a host) once per rate, else on this machine's ranks (default: none)")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                    help=f"runs per point, their spread the error bars (default: {DEFAULT_REPEATS})")
     p.add_argument("--out", default=None,
@@ -87,7 +91,10 @@ def cmd_study(args: argparse.Namespace) -> int:
                      csv=str(out / "runs.csv"), repeats=args.repeats)
     study = Scaling(spec)
     try:
-        run_study(study, fresh=args.fresh)
+        if args.links:
+            _sandbox_sweep(args, base, out)
+        else:
+            run_study(study, fresh=args.fresh)
     except StudyError as exc:
         print(f"downpour study: {exc}")
         return 1
@@ -96,6 +103,21 @@ def cmd_study(args: argparse.Namespace) -> int:
     for path in study.figures():
         print(f"wrote {path}")
     return 0
+
+
+def _sandbox_sweep(args: argparse.Namespace, base: dict, out: Path) -> None:
+    """``--links``: notebook 02's emulated sweep, on the sandbox's hosts once per rate."""
+    from ..errors import ConfigError
+    from .studies import run_emulated_sweep
+
+    if args.compute != "emulated":
+        raise ConfigError("links", ",".join(args.links), "sandbox links go with --compute emulated")
+    csv = out / "runs.csv"
+    if args.fresh:
+        csv.unlink(missing_ok=True)
+    emulated = {k: v for k, v in base.items() if k not in ("compute", "emulated_step_s")}
+    run_emulated_sweep(args.algorithms, args.workers, [args.emulated_step_s], emulated, csv=csv,
+                       repeats=args.repeats, profile=None, links=args.links)
 
 
 def figure_makers() -> dict:

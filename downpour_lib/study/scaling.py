@@ -39,7 +39,8 @@ from .core import (
     run_plan,
 )
 
-__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "EMULATED_OPTIONS", "EMULATED_SWEEP",
+__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "EMULATED_LINKS", "EMULATED_OPTIONS",
+           "EMULATED_SWEEP",
            "LEFT_OUT", "REFERENCE_DIR",
            "SCALING_BASE", "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers",
            "left_out", "measure_spec", "measure_spec_on_cluster", "mpiexec_launch", "run_id",
@@ -88,7 +89,14 @@ EMULATED_SWEEP: dict[str, Any] = {
     "algorithms": ["allreduce", "ddp", "sync_ps", "sync_ps:servers=2", "downpour", "sgp",
                    "localsgd", "diloco"],
     "workers": [1, 2, 4, 8, 16, 32], "step_s": [None, 0.05], "repeats": 3,
+    "links": ["10gbit", "1gbit"],
 }
+#: The emulated sweep's two link rates on the multi-node sandbox (4 ranks a host): at 50 ms a step,
+#: inception_small's 6.6 MB of gradients cross a host's link in a ring's 2(N-1)/N x 6.6 MB = 13 MB
+#: a step, 10 ms at 10 Gbit/s (a fifth of the compute: cheap) and 105 ms at 1 Gbit/s (twice the
+#: compute: it dominates); resnet20's 1.1 MB, 2 ms and 18 ms. Slower links would only make the
+#: servers' runs longer (sync_ps's one server moves 32 x 6.6 MB each way: 1.7 s a step at 1gbit).
+EMULATED_LINKS: tuple[str, ...] = ("10gbit", "1gbit")
 #: Options under the user's for the emulated sweep: the periodic algorithms meet every 4 steps,
 #: so a 12-step run communicates (DiLoCo's default 20 would not once).
 EMULATED_OPTIONS: dict[str, dict[str, Any]] = {"localsgd": {"period": 4}, "diloco": {"period": 4}}
@@ -128,6 +136,9 @@ class StudySpec:
     timeout_s: float = 900.0  # per run
     #: per-algorithm options, e.g. {"sync_ps": {"server": "colocated"}}, over SCALING_OPTIONS
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: columns every run's row starts with, part of its identity: where an emulated sweep's runs
+    #: ran (``{"where": "sandbox 1gbit"}``), so one config at two link rates is two runs
+    columns: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -158,7 +169,9 @@ class StudySpec:
 
     def planned(self) -> list[PlannedRun]:
         """``runs()`` as the study loop's planned runs, labelled for the log."""
-        return [PlannedRun(config, size, r, label=f"{config.algorithm:<8} {size} rank(s) repeat {r}")
+        at = f" ({self.columns['where']})" if "where" in self.columns else ""
+        return [PlannedRun(config, size, r, columns=dict(self.columns),
+                           label=f"{config.algorithm:<8} {size} rank(s) repeat {r}{at}")
                 for config, size, r in self.runs()]
 
     def max_world_size(self) -> int:
@@ -167,8 +180,9 @@ class StudySpec:
 
     def plan(self) -> pd.DataFrame:
         """One row per run: what will be launched, and its run id (here, at this commit)."""
-        return pd.DataFrame([{"algorithm": c.algorithm, "world_size": size, "repeat": r,
-                              "run_id": run_id(c, size, r)} for c, size, r in self.runs()])
+        return pd.DataFrame([{**run.columns, "algorithm": run.algorithm,
+                              "world_size": run.world_size, "repeat": run.repeat,
+                              "run_id": run.run_id} for run in self.planned()])
 
 
 #: The committed study, measured on the machine its rows and figures name; a study never writes here.
@@ -182,7 +196,8 @@ def study_dir(out: str | os.PathLike | None = None, root: str | os.PathLike = "r
 
 
 def study_spec(algorithms=DEFAULT_ALGORITHMS, workers=None, overrides=None, options=None,
-               csv: str | os.PathLike | None = None, repeats: int = DEFAULT_REPEATS) -> StudySpec:
+               csv: str | os.PathLike | None = None, repeats: int = DEFAULT_REPEATS,
+               columns: dict[str, Any] | None = None) -> StudySpec:
     """A StudySpec from plain values (a notebook's parameters): ``workers`` None means 1, 2, 4, ...
     up to the cores here; ``overrides`` change SCALING_BASE's fields; ``csv`` None means
     ``results/<host>/scaling/runs.csv``."""
@@ -190,7 +205,7 @@ def study_spec(algorithms=DEFAULT_ALGORITHMS, workers=None, overrides=None, opti
                      workers=tuple(workers) if workers else default_workers(),
                      base={**SCALING_BASE, **(overrides or {})},
                      csv=str(csv or study_dir() / "runs.csv"), repeats=repeats,
-                     options=dict(options or {}))
+                     options=dict(options or {}), columns=dict(columns or {}))
 
 
 def measure_spec(spec: StudySpec, fresh: bool = False, log: Callable[[str], None] = print,

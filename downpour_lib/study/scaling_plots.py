@@ -38,7 +38,8 @@ def load_runs(csv: str | Path) -> pd.DataFrame:
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with ``compute`` (``real`` where a CSV predates emulation) and ``series``: the
-    algorithm, and for emulated compute its step, e.g. ``allreduce (emulated, 50 ms a step)``. A
+    algorithm, and for emulated compute its step and, off this machine's ranks, where it ran,
+    e.g. ``allreduce (emulated, 50 ms a step)``, ``... 50 ms a step, sandbox 1gbit)``. A
     series is a line of its own with its own 1-worker base, so emulated points are never mixed
     with real ones, and are labelled as such in every legend and table."""
     if "algorithm" not in runs:  # not a scaling study's rows
@@ -55,7 +56,10 @@ def with_series(runs: pd.DataFrame) -> pd.DataFrame:
         servers = pd.to_numeric(runs["options.servers"], errors="coerce")
         name = name.where(~(servers > 1), name + " " + servers.map(
             lambda s: f"{s:.0f}" if pd.notna(s) else "") + " servers")
-    runs["series"] = name.where(~emulated, name + " (emulated, " + label + ")")
+    # where an emulated run ran: a sandbox link rate is a series of its own ("local": as before)
+    where = runs["where"] if "where" in runs else pd.Series("local", index=runs.index)
+    at = where.fillna("local").map(lambda w: "" if w == "local" else f", {w}")
+    runs["series"] = name.where(~emulated, name + " (emulated, " + label + at + ")")
     return runs
 
 
@@ -208,14 +212,30 @@ def _crowded_label(crowded: pd.DataFrame) -> str:
     return f"ringed: ranks > cores\n(e.g. {worst.world_size} ranks on {worst.cores:g} cores)"
 
 
+def _link_styles(series: pd.Series) -> dict[str, str]:
+    """Sandbox series (``..., sandbox 1gbit)``) of one algorithm share its colour: each link rate
+    gets a line and marker of its own, the fastest dash-dot squares, then dotted triangles."""
+    from ..sandbox.netns import parse_rate
+
+    def rate(name: str) -> str:
+        return name.rsplit(", sandbox ", 1)[1].rstrip(")")
+
+    sandbox = {name for name in series.unique() if ", sandbox " in name}
+    rates = sorted({rate(name) for name in sandbox}, key=parse_rate, reverse=True)
+    fmts = ("s-.", "v:", "D--")
+    return {name: fmts[rates.index(rate(name)) % len(fmts)] for name in sandbox}
+
+
 def _scaling_lines(ax, table: pd.DataFrame, column: str, reference: str | None = None) -> None:
     """Each algorithm's mean with error bars from its repeats (dodged sideways, so none hides
     another); ringed where ranks exceed cores; the legend outside the axes, off the data."""
     x = dodged(table)
+    links = _link_styles(table.series)
     for color, name, part in _by_algorithm(table):
         emulated = "(emulated" in name  # hollow squares on a dash-dot line: never read as real
         ax.errorbar(x[part.index], part[column], yerr=part[f"{column}_std"],
-                    fmt="s-." if emulated else "o-", mfc="none" if emulated else color,
+                    fmt=links.get(name, "s-." if emulated else "o-"),
+                    mfc="none" if emulated else color,
                     color=color, capsize=3, label=name)
     crowded = table[table.ranks_exceed_cores]
     if len(crowded):

@@ -183,39 +183,81 @@ def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
                        step_s: Sequence[float | None], overrides: dict | None = None,
                        options: dict | None = None, *, csv: str | os.PathLike,
                        repeats: int = 1, profile: str | None = "local-mpi",
-                       log: Callable[[str], None] = print) -> None:
+                       links: Sequence[str] = (), sandbox_dir: str | os.PathLike | None = None,
+                       log: Callable[[str], None] = print) -> str:
     """Notebook 02's sweep past the cores: ``algorithms`` (names, or ``emulated_variant``'s
     ``"sync_ps:servers=2"``) x ``workers`` under emulated compute, once for each compute time in
     ``step_s`` (None: this machine's own, timed), into ``csv`` beside the real runs, where each is
-    a series of its own (``scaling_plots.with_series``). Every run is planned and checked first,
-    then all run on one cluster of ``profile`` (its engines import torch once for the whole
-    sweep), or each under mpiexec when ``profile`` is None. Nothing runs when ``workers`` is empty.
-    ``options`` may name more algorithms (the real sweep's)."""
+    a series of its own (``scaling_plots.with_series``). Every run is planned and checked first.
+
+    With ``links`` (e.g. ``["10gbit", "1gbit"]``) and a process that can make the multi-node Slurm
+    sandbox (root, Slurm), the sweep runs there once per link rate (``emulated_sandbox``: 4 ranks
+    a host, each host's link shaped to the rate), each run's row saying ``where`` it ran
+    (``sandbox 1gbit``); otherwise, or without ``links``, on this machine's ranks (``where``:
+    ``local``): all on one cluster of ``profile`` (its engines import torch once for the whole
+    sweep), or each under mpiexec when ``profile`` is None. Returns where it ran (``sandbox`` or
+    ``local``), and logs why. Nothing runs when ``workers`` is empty. ``options`` may name more
+    algorithms (the real sweep's)."""
+    from . import emulated_sandbox
+
+    links = emulated_sandbox.check_links(links)
     entries = [emulated_variant(entry) for entry in algorithms]
     # the plain names share one spec (its repeats interleave over them); each variant has its own
     groups = [[(n, o) for n, o in entries if not o]] + [[(n, o)] for n, o in entries if o]
-    specs = []
-    for seconds in step_s if workers else ():
-        emulated = {**(overrides or {}), "compute": "emulated", "emulated_step_s": seconds}
-        for group in (g for g in groups if g):
-            opts = {name: {**scaling.EMULATED_OPTIONS.get(name, {}),
-                           **(options or {}).get(name, {}), **own} for name, own in group}
-            specs.append(scaling.study_spec([name for name, _ in group], workers, emulated, opts,
-                                            csv=csv, repeats=repeats))
-    planned = [run for spec in specs for run in spec.planned()]  # every check before any run
-    if not planned:
-        return
+    why_not = emulated_sandbox.unavailable() if links and workers else None
+    places = [emulated_sandbox.where(link) for link in links] if links and not why_not else ["local"]
+    specs: dict[str, list[scaling.StudySpec]] = {place: [] for place in places}
+    for place in places:
+        for seconds in step_s if workers else ():
+            emulated = {**(overrides or {}), "compute": "emulated", "emulated_step_s": seconds}
+            for group in (g for g in groups if g):
+                opts = {name: {**scaling.EMULATED_OPTIONS.get(name, {}),
+                               **(options or {}).get(name, {}), **own} for name, own in group}
+                specs[place].append(scaling.study_spec(
+                    [name for name, _ in group], workers, emulated, opts, csv=csv,
+                    repeats=repeats, columns={"where": place}))
+    planned = [run for group in specs.values() for spec in group for run in spec.planned()]
+    if not planned:  # every check before any run
+        return "local"
     store = StudyStore.of_csv(csv)
+    if places != ["local"]:
+        return _sweep_on_sandbox(specs, planned, store, sandbox_dir, log)
+    if why_not:
+        log(f"emulated sweep: on this machine's ranks, not the sandbox's links ({why_not})")
     if profile is None:
         log(f"emulated sweep: {len(planned)} run(s), each under mpiexec on this machine's ranks")
-        for spec in specs:
+        for spec in specs["local"]:
             scaling.measure_spec(spec, log=log)
-        return
+        return "local"
     with cluster_for(planned, store, profile=profile, log=log) as cluster:
         if cluster is None:
-            return
+            return "local"
         log(f"emulated sweep: on the engines of one {profile} cluster ("
             + ("ranks of this machine" if profile == "local-mpi" else "the profile's hosts")
             + ")")
-        for spec in specs:
+        for spec in specs["local"]:
             scaling.measure_spec(spec, log=log, launch=cluster.launch, own_pids=cluster.local_pids)
+    return "local"
+
+
+def _sweep_on_sandbox(specs: dict[str, list[scaling.StudySpec]], planned: Sequence[PlannedRun],
+                      store: StudyStore, sandbox_dir: str | os.PathLike | None,
+                      log: Callable[[str], None]) -> str:
+    """Each link rate's runs across the sandbox's hosts, the links shaped to it first."""
+    from . import emulated_sandbox
+
+    done = store.done()
+    if all(run.run_id in done for run in planned):
+        log(f"all {len(planned)} runs are already in {store}; nothing to run")
+        return "sandbox"
+    nodes = emulated_sandbox.nodes_for(max(run.world_size for run in planned))
+    log(f"emulated sweep: on the multi-node Slurm sandbox, {emulated_sandbox.RANKS_PER_NODE} ranks "
+        f"a host, up to {nodes} hosts, at " + ", ".join(p.split()[-1] for p in specs))
+    with emulated_sandbox.SandboxLaunch(nodes, sandbox_dir, log=log) as sandbox:
+        for place, group in specs.items():
+            if all(run.run_id in done for spec in group for run in spec.planned()):
+                continue
+            sandbox.shape(place.split()[-1])
+            for spec in group:
+                scaling.measure_spec(spec, log=log, launch=sandbox)
+    return "sandbox"
