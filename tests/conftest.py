@@ -310,7 +310,15 @@ def in_groups(items) -> None:
         group = group.args[0] if group else group_of(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-        groups[item.nodeid] = group
+            name_group(item, group)
+        groups[id(item)] = group
     rank = {g: i for i, g in enumerate(GROUPS)}
-    items.sort(key=lambda item: (rank.get(groups[item.nodeid], len(GROUPS)),
-                                 groups[item.nodeid] is None))
+    items.sort(key=lambda item: (rank.get(groups[id(item)], len(GROUPS)), groups[id(item)] is None))
+
+
+def name_group(item, group: str) -> None:
+    """--dist loadgroup finds an item's group in a suffix of its node id ("...::test@slurm"), which
+    pytest-xdist (3.8) adds by setting ``item._nodeid``; pytest 9 reads the id from ``item._id``,
+    so that every test ran on any worker, Slurm's three at once. Where that is so, add it here."""
+    if hasattr(item, "_id") and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+        item._id = type(item._id).parse(f"{item.nodeid}@{group}")
