@@ -26,8 +26,12 @@ studies: study   ## every study: notebooks 02 to 06 headless
 	$(BIN)/downpour notebook run notebooks/05_time_to_accuracy.ipynb
 	$(BIN)/downpour notebook run notebooks/06_at_scale.ipynb
 
+# On TEST_WORKERS pytest-xdist workers (0: in this process): the Slurm tests, the notebooks and each
+# shared setup keep to one worker apiece (tests/conftest.py), the other tests share the rest. Three on
+# 2 cores: the Slurm worker mostly waits on the sandbox's jobs, so the other two keep the cores busy.
+TEST_WORKERS ?= 3
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The tier to run while working (tests/conftest.py tiers every test by what it starts; pyproject.toml
 # lists the markers): one-process tests and the quick multi-rank ones, no cluster, notebook or Slurm.

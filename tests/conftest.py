@@ -254,6 +254,8 @@ def pytest_configure(config):
         config.pluginmanager.register(_Recorder(Path(path)), "downpour-durations")
 
 
+# first: before pytest-xdist's own hook reads the xdist_group marks (and -m reads the tiers)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     measured = {} if config.getoption("--record-durations") else read_durations()
     heavy = set().union(*(shared_setups(item) for item in items
@@ -273,3 +275,50 @@ def pytest_collection_modifyitems(config, items):
         if setups & SLOW_SETUPS or measured.get(item.nodeid, (0, 0))[0] > SLOW_S \
                 or shared_setups(item) & heavy or unmeasured_ranks:
             item.add_marker("slow")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        in_groups(items)
+
+
+# -- in parallel (make test: pytest-xdist, --dist loadgroup) -----------------------------------------
+# Tests that must not overlap share an xdist_group, and so a worker, and run one after another:
+# every `slurm` test (the one Slurm sandbox of the machine, and its network namespaces on the same
+# 10.213.0.0/24 and interface names, test_netns.py's too), every `notebooks` one (kernels, JupyterLab
+# and the browser). Tests that share a module- or session-scoped setup go together as well, so that
+# the setup (a cluster, a sandbox, eleven trainings) is paid once, not once per worker. The groups
+# go first (Slurm, the longest by far, then the notebooks, then the shared setups), so that a worker
+# starts on each at once and the others take the single tests around them; the rest keeps its order.
+GROUPS = ("slurm", "notebooks")  # by tier, in the order they go first
+AUTOUSE = {"private_ipython_dir"}  # every test's: no group (nor pytest's own, tmp_path's)
+
+
+def group_of(item) -> str | None:
+    for tier in GROUPS:
+        if item.get_closest_marker(tier):
+            return tier
+    shared = sorted(f"{d.func.__module__}.{name}" if d.scope == "module" else name
+                    for name, defs in item._fixtureinfo.name2fixturedefs.items() for d in defs
+                    if d.scope in ("module", "session") and name not in AUTOUSE
+                    and Path(inspect.getfile(d.func)).resolve().is_relative_to(TESTS_DIR))
+    return shared[0] if shared else None
+
+
+def in_groups(items) -> None:
+    """Mark each item's group and order the items: the tier groups, the setup groups, the rest."""
+    groups = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        group = group.args[0] if group else group_of(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+            name_group(item, group)
+        groups[id(item)] = group
+    rank = {g: i for i, g in enumerate(GROUPS)}
+    items.sort(key=lambda item: (rank.get(groups[id(item)], len(GROUPS)), groups[id(item)] is None))
+
+
+def name_group(item, group: str) -> None:
+    """--dist loadgroup finds an item's group in a suffix of its node id ("...::test@slurm"), which
+    pytest-xdist (3.8) adds by setting ``item._nodeid``; pytest 9 reads the id from ``item._id``,
+    so that every test ran on any worker, Slurm's three at once. Where that is so, add it here."""
+    if hasattr(item, "_id") and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+        item._id = type(item._id).parse(f"{item.nodeid}@{group}")

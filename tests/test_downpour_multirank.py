@@ -4,6 +4,7 @@ without the slow worker. Plus the evaluator watching a real run's checkpoints, a
 
 import json
 import subprocess
+import threading
 
 import pandas as pd
 import pytest
@@ -86,23 +87,45 @@ def test_evaluator_scores_checkpoints_while_downpour_trains_and_the_run_resumes(
     ckpt, csv = tmp_path / "ckpt", tmp_path / "evals.csv"
     ckpt.mkdir()
     (ckpt / "ckpt-00000003.pt").write_bytes(b"garbage")  # a corrupt file: reported, skipped
-    evaluator = subprocess.Popen(
-        [str(BIN / "downpour"), "evaluate", "--checkpoint-dir", str(ckpt), "--csv", str(csv),
-         "--watch", "--poll-s", "0.2", "--timeout-s", "400"],
-        env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    log = tmp_path / "evaluator.out"
+    with log.open("w") as stdout:
+        evaluator = subprocess.Popen(
+            [str(BIN / "downpour"), "evaluate", "--checkpoint-dir", str(ckpt), "--csv", str(csv),
+             "--watch", "--poll-s", "0.2", "--timeout-s", "400"],
+            env=launch_env(), stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    # The race this test had under load: training started with the evaluator still importing
+    # torch, so it could write (and prune, keeping 3) every checkpoint before the first poll. Its
+    # report of the corrupt file is the sign that it polls; training starts only then.
+    stderr: list[str] = []
+    polling = threading.Event()
+
+    def read_stderr():
+        for line in evaluator.stderr:
+            stderr.append(line)
+            if "skipping" in line:
+                polling.set()
+        polling.set()  # ended: the asserts below say how
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
+        assert polling.wait(timeout=300) and evaluator.poll() is None, "".join(stderr)
         # gloo, not the faster mpi backend: on mpi the 100 steps end before the evaluator has
-        # even imported torch, and this test is about scoring checkpoints while training runs
+        # scored one checkpoint, and this test is about scoring checkpoints while training runs.
+        # Five kept: the evaluator's scoring of one may lag a loaded machine's training by more
+        # than the default three checkpoints' pruning allows
         train = ["train", "--algorithm", "downpour", "--model", "mlp", "--dataset", "digits",
                  "--threads", "1", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20",
-                 "--backend", "gloo"]
+                 "--keep-checkpoints", "5", "--backend", "gloo"]
         proc = mpiexec(4, str(BIN / "downpour"), *train, "--steps", "100",
                        "--summary-json", str(tmp_path / "a.json"))
         assert proc.returncode == 0, explain(proc)
-        out, err = evaluator.communicate(timeout=300)
+        evaluator.wait(timeout=300)
+        reader.join(timeout=60)
     finally:
         if evaluator.poll() is None:
             evaluator.kill()
+    out, err = log.read_text(), "".join(stderr)
     assert evaluator.returncode == 0, f"{out}\n{err}"
     assert "skipping" in err and "ckpt-00000003.pt" in err, err
     first = read_json(tmp_path / "a.json")

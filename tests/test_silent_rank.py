@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 from conftest import BIN, MPI_SCRIPTS, ROOT, explain, launch_env, mpi_python, mpiexec_path
 
-pytestmark = pytest.mark.slow  # each job waits out a stopped rank's timeout: 15-50 s a test
+# each job waits out a stopped rank's timeout: 15-50 s a test. Under make test's workers, one
+# after another: each asserts how soon the job ends, which two at once on 2 cores would stretch
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("silent-rank")]
 
 TIMEOUT_S = 10
 SILENT = 2
