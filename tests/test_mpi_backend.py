@@ -36,6 +36,7 @@ def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, arg
     assert parts["collectives"]["cases"] >= 1000, parts
     assert summary["cases"] >= n * 1050, summary  # all ranks, all parts (and the subgroup for n > 2)
     assert parts["point_to_point"]["cases"] >= 27 and parts["ddp"]["cases"] == 3, parts
+    assert parts["path_thresholds"]["sizes"] == 24, parts  # every switch of comm/mpi/paths.py
     assert parts["ddp"]["max_grad_diff"] < 1e-6 and parts["ddp"]["moved"] > 1e-2, parts
     # a default group on a split of COMM_WORLD (comm.mpi.use_world), from n = 3 on
     assert parts["sub_world"]["cases"] == (2 if n > 2 else 0), parts

@@ -26,7 +26,7 @@ from checker import Checker
 from mpi4py import MPI
 
 from downpour_lib import runtime
-from downpour_lib.comm.mpi import use_world
+from downpour_lib.comm.mpi import paths, use_world
 from downpour_lib.comm.mpi.process_group import MPIProcessGroup
 
 R = dist.ReduceOp
@@ -215,6 +215,34 @@ def collectives(groups, check, case=0):
     return case
 
 
+# the ops of each row of comm/mpi/paths.py's table, and whether its bytes are the whole buffer of
+# n parts (allgather's output, reduce_scatter's input)
+PATH_OPS = {"allreduce": ("all_reduce SUM", False), "broadcast": ("broadcast", False),
+            "allgather": ("all_gather_into_tensor", True),
+            "reduce_scatter": ("reduce_scatter_tensor SUM", True)}
+
+
+def path_thresholds(gloo, mpi, check):
+    """At, just below and just above every size where paths.choose switches path, each op
+    synchronous and asynchronous equals gloo's result."""
+    n, cases = gsize(mpi), 0
+    for name, (op_name, whole) in PATH_OPS.items():
+        steps = next(steps for most, steps in paths.TABLE[name] if n <= most)
+        for dt in (torch.float32, torch.int64):
+            elem = torch.empty(0, dtype=dt).element_size()
+            for start, _ in steps:
+                for nbytes in (start - elem, start, start + elem):
+                    k = max(1, -(-nbytes // (elem * n)) if whole else -(-nbytes // elem))
+                    cases += 1
+                    want = OPS[op_name](gloo, dt, k, 50000 + cases)
+                    check.check(f"{op_name} {dt} at {paths.choose(name, k * elem, n)} "
+                                f"threshold {start} B: {k} elements",
+                                same(want, OPS[op_name](mpi, dt, k, 50000 + cases)))
+                    check.check(f"{op_name} {dt} {k} elements async",
+                                same(want, OPS[op_name](mpi, dt, k, 50000 + cases, async_op=True)))
+    return {"sizes": cases}
+
+
 def point_to_point(gloo, mpi, check):
     n, me = dist.get_world_size(), dist.get_rank()
     for dt in DTYPES:
@@ -357,6 +385,7 @@ def main() -> int:
     check = Checker()
     parts = {}
     for part, fn in [("collectives", lambda: collectives(groups, check)),
+                     ("path_thresholds", lambda: path_thresholds(*groups["world"], check)),
                      ("point_to_point", lambda: point_to_point(*groups["world"], check)),
                      ("async", lambda: async_handles(groups["world"][1], check)),
                      ("non_contiguous", lambda: non_contiguous(*groups["world"], check)),

@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from . import monitored, profiling
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate, wait_request
+from .paths import choose
 from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
@@ -185,7 +186,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         finally:
             WATCHDOG.leave()
 
-    def _data(self, op: str, *args) -> None:
+    def _data(self, op: str, *args, blocking: bool = False) -> None:
         """The data phase of a collective: MPI's ``op`` (``"Reduce"``...) on ``args``. Up to
         ``SLEEPY_DATA_BYTES`` it is the nonblocking form waited on with naps and the group's
         deadline, with no gate before it (a missing member only makes the wait time out and name
@@ -195,18 +196,23 @@ class MPIProcessGroup(dist.ProcessGroup):
         collectives (libnbc) lose to its blocking ones (measured, 2 ranks on one node: Ireduce 3-4x
         slower from 256 KB, 7-70x from 4 MB once naps stretch its rounds; a 1 MB reduce took 112 ms
         against 0.33 ms), so on one node broadcast, reduce and allgather go through shared memory
-        (``shm_data``, before they get here) and allreduce too (``shm``); what is left here is
+        (``shm_data``, before they get here) and allreduce too (``shm``), or MPI's blocking call
+        after the gate where ``paths`` measured it faster (``blocking``); what is left here is
         cut into nonblocking pieces of ``SLEEPY_DATA_BYTES`` where the operation is elementwise
         (``_segmented``), and only the rest (reduce_scatter, allgatherv, across nodes) is MPI's
         blocking call after the gate, where a stop is ended by the watchdog at the timeout,
-        naming the rank, but the waiting ranks spin."""
+        naming the rank, but the waiting ranks spin. ``blocking``: MPI's blocking call after the
+        gate at any size (``paths.choose`` found it faster there)."""
         what = _DATA_NAMES.get(op, op.lower())
         # every rank must take the same form (MPI matches blocking with blocking): only where the
         # largest buffer is the same on every rank does its size decide; gather, scatter and
         # all-to-all (whose buffers differ by rank) always take the nonblocking form
         nbytes = max((len(a[0]) for a in args if isinstance(a, list) and a and a[0] is not None),
                      default=0) if op in _SAME_SIZE_ON_EVERY_RANK else 0
-        if nbytes <= SLEEPY_DATA_BYTES:
+        if blocking:
+            gate(self._comm, self._timeout_s, what)
+            getattr(self._comm, op)(*args)
+        elif nbytes <= SLEEPY_DATA_BYTES:
             wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
         elif op in _SEGMENTED:
             self._segmented(op, args, what)
@@ -232,6 +238,13 @@ class MPIProcessGroup(dist.ProcessGroup):
                 wait_request(pending.pop(0), self._timeout_s, what)
         for request in pending:
             wait_request(request, self._timeout_s, what)
+
+    def _path(self, op: str, tensor: torch.Tensor, nbytes: int) -> str:
+        """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one node the
+        measured path (``paths``), else MPI's nonblocking calls (``_data``)."""
+        if not self._shm.moves(tensor, nbytes, 0):
+            return "nb"
+        return choose(op, nbytes, self._n)
 
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
@@ -286,10 +299,14 @@ class MPIProcessGroup(dist.ProcessGroup):
     def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
         """On the executing thread: large single-node buffers through shared memory (whose barrier
         has a deadline), else MPI behind the gate."""
-        if self._shm.takes(local, red.kernel):
+        path = "nb"
+        if self._shm.takes(local, red.kernel):  # a group on one node takes the measured path
+            path = "shm" if self._shm.across or red.python else choose("allreduce", local.nbytes,
+                                                                          self._n)
+        if path == "shm":
             self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
-            self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op)
+            self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=path == "mpi")
             if red.average:
                 local.div_(self._n)
 
@@ -358,7 +375,9 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def run() -> None:
             if len(set(counts)) == 1:
-                self._data("Reduce_scatter_block", spec(flat, counts[0]), out.spec(), red.op)
+                blocking = not red.python and self._path("reduce_scatter", flat, flat.nbytes) == "mpi"
+                self._data("Reduce_scatter_block", spec(flat, counts[0]), out.spec(), red.op,
+                           blocking=blocking)
             else:
                 self._data("Reduce_scatter", spec(flat), out.spec(), counts, red.op)
             if red.average:
@@ -375,10 +394,11 @@ class MPIProcessGroup(dist.ProcessGroup):
         x = Operand(t, self._r != root, self._direct())
 
         def run() -> None:
-            if self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
+            path = self._path("broadcast", x.local, x.local.nbytes)
+            if path == "shm":
                 self._shm.broadcast(x.local, root)
             else:
-                self._data("Bcast", x.spec(), root)
+                self._data("Bcast", x.spec(), root, blocking=path == "mpi")
             x.finish()
 
         return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
@@ -394,12 +414,13 @@ class MPIProcessGroup(dist.ProcessGroup):
         x, flat = Operand(t, False, direct), scratch(sum(counts), t, direct)
 
         def run() -> None:
-            if len(set(counts)) != 1:
+            path = self._path("allgather", x.local, flat.nbytes) if len(set(counts)) == 1 else ""
+            if not path:
                 self._data("Allgatherv", x.spec(), vspec(flat, counts))
-            elif self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
+            elif path == "shm":
                 self._shm.allgather(x.local, flat)
             else:
-                self._data("Allgather", x.spec(), spec(flat, counts[0]))
+                self._data("Allgather", x.spec(), spec(flat, counts[0]), blocking=path == "mpi")
             _split_into(flat, counts, outputs)
 
         return self._issue("all_gather", run, output_tensors, _async(opts),
@@ -430,10 +451,11 @@ class MPIProcessGroup(dist.ProcessGroup):
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            if self._shm.moves(x.local, x.local.nbytes, SHM_DATA_BYTES):
+            path = self._path("allgather", x.local, y.local.nbytes)
+            if path == "shm":
                 self._shm.allgather(x.local, y.local)
             else:
-                self._data("Allgather", x.spec(), y.spec(count))
+                self._data("Allgather", x.spec(), y.spec(count), blocking=path == "mpi")
             y.finish()
 
         return run

@@ -210,6 +210,11 @@ class ShmAllreduce:
             self._ready = self._setup()
         return self._ready
 
+    @property
+    def across(self) -> bool:
+        """Whether the group spans nodes (known once ``takes`` has set the buffer up)."""
+        return self._cross is not None
+
     def takes_many(self, tensors: list[torch.Tensor], kernel) -> bool:
         """Whether ``allreduce_many`` takes these tensors: CPU, and together more than the
         one-barrier size (smaller lists are packed and take the one-barrier path)."""
