@@ -94,11 +94,13 @@ def test_a_launcher_killed_with_sigkill_does_not_break_the_next_one_with_its_pid
     assert not os.path.exists(session)
 
 
-def test_a_timed_out_launch_is_stopped_with_sigterm_and_leaves_no_session():
-    before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+def test_a_timed_out_launch_is_stopped_with_sigterm_and_leaves_no_session(tmp_path):
+    # a TMPDIR of its own: the session directory is made there, and another test's launch (make
+    # test's other workers) cannot be taken for a leftover of this one
+    env = {**launch_env(), "TMPDIR": str(tmp_path)}
     with pytest.raises(subprocess.TimeoutExpired):
         run_mpiexec([mpiexec_path(), "-n", "2", "--oversubscribe", sys.executable, "-c",
-                     "import time; time.sleep(120)"], env=launch_env(), capture_output=True, text=True,
+                     "import time; time.sleep(120)"], env=env, capture_output=True, text=True,
                     timeout_s=5)
-    left = {n for n in set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before if n.startswith("ompi.")}
+    left = {n for n in os.listdir(tmp_path) if n.startswith("ompi.")}
     assert not left, f"the stopped launcher left {left}"

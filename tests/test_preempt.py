@@ -410,7 +410,10 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algori
 def test_the_early_hold_applies_to_downpour_train_alone():
     """Importing the library holds no signal in another program: USR2 keeps its default action."""
     code = "import signal, downpour_lib; print(signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # the child starts with USR2's default whatever this process did: an ignored signal is inherited
+    # across exec, and a run earlier in this process (StopSignal.ignore) leaves USR2 ignored
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_DFL))
     assert proc.stdout.strip() == "True", explain(proc)
 
 
