@@ -177,3 +177,15 @@ def test_every_study_is_one_protocol_that_run_study_runs(tmp_path):
     shutil.copytree(ROOT / REFERENCE_ROOT / "gossip", copy, ignore=shutil.ignore_patterns("*.png"))
     drawn = Gossip(GossipPlan({}, 1, ()), copy).figures()
     assert sorted(p.name for p in drawn) == sorted(f"{name}.png" for name in FIGURES["gossip"])
+
+
+def test_run_ids_that_look_like_numbers_stay_text(tmp_path):
+    """A run id is 12 hex digits; about 1 in 230 is digits and one "e" (a float to pandas, inf)
+    and some are all digits (leading zeros lost): a resumed study must still find them."""
+    ids = ["7499e7174429", "000123456789", "16a9ccff0302"]
+    pd.DataFrame({"run_id": ids, "git_sha": ["0123456", "1e5", "abc"], "x": [1, 2, 3]}).to_csv(
+        tmp_path / "runs.csv", index=False)
+    store = StudyStore(tmp_path)
+    assert store.done() == set(ids)
+    assert list(store.read(ids)["runs"].run_id) == ids
+    assert list(store.frame().git_sha) == ["0123456", "1e5", "abc"]

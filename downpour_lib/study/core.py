@@ -134,6 +134,16 @@ def latest_commit(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.reset_index(drop=True)
 
 
+#: columns that are names, never numbers: a run id of digits and one "e" ("7499e7174429", about 1
+#: in 230 of them) would read as a float (inf), one of digits alone lose its leading zeros
+TEXT_COLUMNS = {"run_id": str, "git_sha": str}
+
+
+def read_runs_csv(path: str | os.PathLike) -> pd.DataFrame:
+    """A study table from its CSV, its ``TEXT_COLUMNS`` read as text."""
+    return pd.read_csv(path, dtype=TEXT_COLUMNS)
+
+
 class StudyStore:
     """A study's tidy tables: ``runs`` (one row per run, keyed by ``run_id``) and its companion
     tables (e.g. one row per evaluation), keyed by the same ``run_id``.
@@ -179,7 +189,7 @@ class StudyStore:
             return self._memory.get(table, pd.DataFrame())
         path = self.path(table)
         try:
-            return pd.read_csv(path)
+            return read_runs_csv(path)
         except (FileNotFoundError, pd.errors.EmptyDataError):  # none yet; no rows nor columns
             return pd.DataFrame()
 

@@ -33,6 +33,7 @@ from .core import (
     StudyStore,
     cluster_for,
     mpiexec_launch,
+    read_runs_csv,
     reference_dir,
     results_dir,
     run_id,
@@ -220,7 +221,7 @@ def measure_spec(spec: StudySpec, fresh: bool = False, log: Callable[[str], None
 
     run_plan(spec.planned(), StudyStore.of_csv(spec.csv), measure, fresh=fresh, log=log,
              own_pids=own_pids, announce=True)
-    return pd.read_csv(spec.csv)
+    return read_runs_csv(spec.csv)
 
 
 def measure_spec_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines: int | None = None,
@@ -232,6 +233,6 @@ def measure_spec_on_cluster(spec: StudySpec, profile: str = "local-mpi", engines
     with cluster_for(spec.planned(), StudyStore.of_csv(spec.csv), profile=profile,
                      engines=engines, fresh=fresh, log=log) as cluster:
         if cluster is None:
-            return pd.read_csv(spec.csv)
+            return read_runs_csv(spec.csv)
         return measure_spec(spec, fresh=fresh, log=log, launch=cluster.launch,
                             own_pids=cluster.local_pids)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..records import TIME_PARTS
-from .core import latest_commit
+from .core import latest_commit, read_runs_csv
 from .figures import figure_grid, measured_on, save_figure
 from .load import LOADED_SHARE, MIN_WINDOW_S
 
@@ -33,7 +33,7 @@ def load_runs(csv: str | Path) -> pd.DataFrame:
     """The study CSV's rows of the commit measured last (``core.latest_commit``): a machine's CSV
     keeps its earlier commits' rows, and a figure must not mix code versions. Each row gets its
     ``series`` (``with_series``)."""
-    return with_series(latest_commit(pd.read_csv(csv)))
+    return with_series(latest_commit(read_runs_csv(csv)))
 
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:

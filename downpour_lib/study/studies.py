@@ -30,7 +30,7 @@ from . import (
     staleness,
     staleness_plots,
 )
-from .core import PlannedRun, StudyStore, cluster_for, mpiexec_launch
+from .core import PlannedRun, StudyStore, cluster_for, mpiexec_launch, read_runs_csv
 from .protocol import Study, run_study
 
 __all__ = ["Accuracy", "Gossip", "Scaling", "Staleness", "Study", "run_study"]
@@ -61,7 +61,7 @@ class Scaling:
                                                              fresh, log)
 
     def tables(self) -> pd.DataFrame:
-        return self._measured if self._measured is not None else pd.read_csv(self.spec.csv)
+        return self._measured if self._measured is not None else read_runs_csv(self.spec.csv)
 
     def figures(self) -> list[Path]:
         return scaling_plots.make_figures(self.spec.csv, Path(self.spec.csv).parent / "figures")
