@@ -41,6 +41,7 @@ from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, run_mpiexec
 from ..config import TrainConfig
 from ..errors import ConfigError
 from .core import Outcome, PlannedRun, StudyError, StudyStore, run_plan, scalar_fields
+from .on_sandbox import SandboxUse
 
 #: The algorithms compared: the synchronous, gossip and asynchronous baselines, then the four
 #: low-communication methods.
@@ -226,7 +227,7 @@ class LocalRanks:
             return _read_output(Path(tmp), run.label, proc)
 
 
-class SandboxNodes:
+class SandboxNodes(SandboxUse):
     """Runs each planned run across the nodes of the multi-node Slurm sandbox (``srun``), its links
     shaped to the run's rate first. A sandbox already running in ``directory`` with ``nodes`` nodes
     is used and left running; one started here is taken down on the way out."""
@@ -235,43 +236,12 @@ class SandboxNodes:
 
     def __init__(self, directory: str | os.PathLike | None = None, nodes: int = 2,
                  timeout_s: float = 900.0, log: Callable[[str], None] = print) -> None:
-        from ..sandbox.slurm import DEFAULT_DIR, SlurmSandbox
-
-        self.sandbox = SlurmSandbox(directory or DEFAULT_DIR, nodes=nodes)
-        self.nodes, self.timeout_s, self.log = nodes, timeout_s, log
-        self.started = False
-        self.link: str | None = None
-
-    def __enter__(self) -> SandboxNodes:
-        from ..sandbox.status import SandboxError
-
-        try:
-            if not self.sandbox.status().running:
-                self.log(f"starting a {self.nodes}-node Slurm sandbox in {self.sandbox.dir}")
-                self.started = True
-            self.sandbox.up()
-        except SandboxError as exc:
-            raise StudyError(f"the multi-node sandbox: {exc}") from None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.started:
-            self.sandbox.down()
-        elif self.link is not None:
-            self.sandbox.up(bandwidth="none")  # a sandbox we borrowed: its links as we found them
-
-    def env(self) -> dict[str, str]:
-        env = self.sandbox.env()
-        if os.geteuid() == 0:  # mpi4py's MPI, imported by every rank, refuses root unless told
-            env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-        return env
+        super().__init__(directory, nodes, log)
+        self.timeout_s = timeout_s
 
     def prepare(self, run: PlannedRun) -> None:
         """Shape the links to the run's rate (only when it changes)."""
-        link = run.columns["link"]
-        if link != self.link:
-            self.sandbox.up(bandwidth=link)
-            self.link = link
+        self.shape(run.columns["link"])
 
     def train(self, run: PlannedRun) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
         minutes = math.ceil(self.timeout_s / 60) + 1

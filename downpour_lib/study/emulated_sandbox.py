@@ -28,6 +28,7 @@ from typing import Any
 from ..config import TrainConfig
 from ..errors import ConfigError
 from .core import StudyError
+from .on_sandbox import SandboxUse
 
 #: Ranks a sandbox host runs: a 4-GPU node's workers (32 workers: 8 hosts, plus a server's rank).
 RANKS_PER_NODE = 4
@@ -73,7 +74,7 @@ def nodes_for(world_size: int) -> int:
     return math.ceil(world_size / RANKS_PER_NODE)
 
 
-class SandboxLaunch:
+class SandboxLaunch(SandboxUse):
     """A study launcher, ``(config, world_size, timeout_s) -> summary row``, that runs each run
     across the sandbox's hosts by ``srun``. A sandbox already running in ``directory`` with
     ``nodes`` hosts is used and its links left unshaped on the way out; one started here is taken
@@ -81,40 +82,8 @@ class SandboxLaunch:
 
     def __init__(self, nodes: int, directory: str | os.PathLike | None = None,
                  log: Callable[[str], None] = print) -> None:
-        from ..sandbox.slurm import DEFAULT_DIR, SlurmSandbox
-
-        if nodes < 2:
-            nodes = 2  # one host has no link to shape; small runs just use the first
-        self.sandbox = SlurmSandbox(directory or DEFAULT_DIR, link_system_conf=False, nodes=nodes)
-        self.nodes, self.log, self.started, self.link = nodes, log, False, None
-
-    def __enter__(self) -> SandboxLaunch:
-        from ..sandbox.status import SandboxError
-
-        try:
-            if not self.sandbox.status().running:
-                self.log(f"starting a {self.nodes}-node Slurm sandbox in {self.sandbox.dir}")
-                self.started = True
-            self.sandbox.up()
-        except SandboxError as exc:
-            raise StudyError(f"the multi-node sandbox: {exc}") from None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.started:
-            self.sandbox.down()
-        elif self.link is not None:
-            self.sandbox.up(bandwidth="none")  # a sandbox we borrowed: its links as we found them
-
-    def shape(self, link: str) -> None:
-        self.sandbox.up(bandwidth=link)
-        self.link = link
-
-    def env(self) -> dict[str, str]:
-        env = self.sandbox.env()
-        if os.geteuid() == 0:  # mpi4py's MPI, imported by every rank, refuses root unless told
-            env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-        return env
+        # one host has no link to shape; small runs just use the first
+        super().__init__(directory, max(nodes, 2), log, link_system_conf=False)
 
     def __call__(self, config: TrainConfig, world_size: int, timeout_s: float) -> dict[str, Any]:
         nodes = nodes_for(world_size)
