@@ -173,7 +173,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         # rank that writes it, and the launcher ends the others (before any rendezvous)
         return _refuse(exc, placement.rank == 0 or getattr(exc, "field", None) in OUTPUT_FIELDS)
     try:
-        runtime.check_device(config.system.backend, config.system.device, placement.local_rank)
+        runtime.check_device(config.system.backend, config.system.device, placement.local_rank,
+                             placement.local_world_size)
     except ConfigError as exc:  # a node's devices: its first rank speaks for it
         return _refuse(exc, placement.local_rank == 0)
     # scancel, the time limit: SIGTERM stops the run at a step too, with its checkpoint

@@ -7,7 +7,7 @@ from conftest import BIN, explain, mpiexec, read_json
 
 from downpour_lib import TrainConfig, Trainer
 from downpour_lib.bench.gpu import one_gpu_algorithms
-from downpour_lib.comm.runtime import DistContext
+from downpour_lib.comm.runtime import DistContext, backend_usable
 from downpour_lib.data import ShardSampler, load_dataset
 from downpour_lib.data.generate import write_imagefolder
 from downpour_lib.data.loader import TrainBatches
@@ -31,15 +31,21 @@ def test_every_algorithm_trains_30_steps_on_the_gpu(name):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_mixed_precision_learns_on_the_gpu(precision):
-    config = TrainConfig(model="lenet", dataset="digits", epochs=10, device="cuda",
-                         precision=precision)
-    result = Trainer(config, DistContext.single(CUDA)).run()
-    assert result.summary["test_accuracy"] >= 0.9, result.summary
+    # One seed is one draw: on an H200, bf16 reached 0.84, 0.96 and 0.95 at seeds 0, 1 and 2, and
+    # a plain PyTorch loop the same 0.84 at seed 0 in bf16 and fp32, on the GPU and the CPU alike.
+    accuracies = []
+    for seed in range(3):
+        config = TrainConfig(model="lenet", dataset="digits", epochs=10, device="cuda",
+                             precision=precision, seed=seed)
+        accuracies.append(Trainer(config, DistContext.single(CUDA)).run().summary["test_accuracy"])
+    assert sorted(accuracies)[1] >= 0.9, accuracies
 
 
 @pytest.mark.parametrize("name", ["sync_ps", "downpour", "allreduce", "sgp"])
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_ranks_sharing_one_gpu_train_with_cuda_tensors(name, backend, tmp_path):
+    if not backend_usable(backend):  # a GPU node's own torch, older than the 2.14 we pin
+        pytest.skip(f"torch {torch.__version__} keeps the name {backend!r} for its own build")
     out = tmp_path / "s.json"
     proc = mpiexec(3, str(BIN / "downpour"), "train", "--algorithm", name, "--backend", backend,
                    "--device", "cuda", "--model", "lenet", "--dataset", "digits", "--epochs", "5",
@@ -48,6 +54,37 @@ def test_ranks_sharing_one_gpu_train_with_cuda_tensors(name, backend, tmp_path):
     s = read_json(out)
     assert s["device"].startswith("cuda") and s["backend"] == backend, s
     assert s["test_accuracy"] > 0.5, s
+
+
+@pytest.mark.parametrize("name", ["sgp", "osgp", "dpsgd", "adpsgd"])
+def test_gossip_over_gloo_moves_cuda_tensors_through_host_memory(name, tmp_path):
+    # gloo's point-to-point takes host pointers only: a CUDA message aborted its rank, seen on an
+    # H200 ("gloo::IoException ... writev ... Bad address"), until p2p.exchange staged it. Ten
+    # epochs: at three, 4 ranks reach 0.35-0.42 on the GPU and on the CPU alike; at ten, on the
+    # CPU, dpsgd 0.91 and sgp 0.96.
+    out = tmp_path / "s.json"
+    proc = mpiexec(4, str(BIN / "downpour"), "train", "--algorithm", name, "--backend", "gloo",
+                   "--device", "cuda", "--model", "lenet", "--dataset", "digits", "--epochs", "10",
+                   "--precision", "bf16", "--summary-json", str(out), timeout=400)
+    assert proc.returncode == 0, explain(proc)
+    s = read_json(out)
+    assert s["device"].startswith("cuda") and s["backend"] == "gloo", s
+    assert s["test_accuracy"] > 0.5, s
+
+
+def test_more_ranks_than_gpus_are_refused_nccl_and_given_a_backend_that_shares(tmp_path):
+    # NCCL takes one rank per GPU ("Duplicate GPU detected", seen on an H200 with 2 ranks)
+    ranks = torch.cuda.device_count() + 1
+    args = ["--device", "cuda", "--model", "lenet", "--dataset", "digits", "--steps", "10",
+            "--warmup-steps", "2"]
+    proc = mpiexec(ranks, str(BIN / "downpour"), "train", "--backend", "nccl", *args, timeout=300)
+    assert proc.returncode == 2, explain(proc)
+    assert f"{ranks} ranks on" in proc.stderr and "NCCL takes one rank per GPU" in proc.stderr
+    out = tmp_path / "s.json"
+    proc = mpiexec(ranks, str(BIN / "downpour"), "train", "--algorithm", "allreduce", *args,
+                   "--summary-json", str(out), timeout=300)
+    assert proc.returncode == 0, explain(proc)
+    assert read_json(out)["backend"] in ("mpi", "gloo")
 
 
 def test_imagefolder_pipeline_delivers_pinned_batches_to_the_gpu(tmp_path):

@@ -198,6 +198,29 @@ def test_backend_choice():
         pick_backend("mpi", cpu, mpi_world=False)
 
 
+def test_ranks_sharing_a_gpu_never_get_nccl():
+    # Seen on an H200 with 2 ranks: NCCL 2.28 fails "Duplicate GPU detected : rank 0 and rank 1
+    # both on CUDA device". auto takes what shares a GPU; nccl asked for is refused, named.
+    cuda = torch.device("cuda", 0)
+    assert pick_backend("auto", cuda, mpi_world=True, sharing=1, local_world_size=2) == "mpi"
+    assert pick_backend("auto", cuda, mpi_world=False, sharing=1, local_world_size=2) == "gloo"
+    assert pick_backend("auto", cuda, mpi_world=True, sharing=0, local_world_size=8) == "nccl"
+    with pytest.raises(ConfigError, match=r"backend='nccl'.*3 ranks on .* share its 1 GPU.*"
+                                          r"at most 1 rank\(s\) per node"):
+        pick_backend("nccl", cuda, mpi_world=True, sharing=1, local_world_size=3)
+
+
+def test_a_torch_that_keeps_the_name_mpi_refuses_it_by_name(monkeypatch):
+    # torch before 2.14 (2.11 was seen on a GPU node) sends "mpi" to its own MPI build and never
+    # asks a registered backend: a clear refusal instead of its "build PyTorch from source"
+    monkeypatch.delattr("torch.distributed.distributed_c10d._register_builtin_mpi_backend")
+    assert not mpi_backend.usable()
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"backend='mpi'.*needs torch 2.14 or later.*use backend 'gloo'"):
+        pick_backend("mpi", cpu, mpi_world=True)
+    assert pick_backend("auto", cpu, mpi_world=True) == "gloo"
+
+
 def test_mpi_name_resolves_to_our_backend_on_the_stock_wheel():
     import torch.distributed as dist
 

@@ -49,12 +49,15 @@ TAG_MODULUS = 1 << 30
 
 
 class Exchange:
-    """Messages posted together; ``received`` is valid once ``wait()`` returned."""
+    """Messages posted together; ``received`` is valid once ``wait()`` returned. ``device``: where
+    the received buffers go once they arrive, when they were received into host memory."""
 
-    def __init__(self, works: list, sent: list[torch.Tensor], received: list[torch.Tensor]) -> None:
+    def __init__(self, works: list, sent: list[torch.Tensor], received: list[torch.Tensor],
+                 device: torch.device | None = None) -> None:
         self._works = works
         self.sent = sent  # kept alive (and unmodified) until the sends complete
         self.received = received
+        self._device = device
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self._works)
@@ -64,23 +67,34 @@ class Exchange:
             work.wait()
         self._works = []
         self.sent = []
+        if self._device is not None:
+            self.received = [buf.to(self._device) for buf in self.received]
+            self._device = None
         return self.received
 
 
 def exchange(message: torch.Tensor, to: Sequence[int], receive_from: Sequence[int], tag: int,
              group: dist.ProcessGroup | None = None) -> Exchange:
     """Send ``message`` to every rank in ``to``; receive a buffer like it from each rank in
-    ``receive_from``. Non-blocking: complete with ``Exchange.wait()``. Unmetered."""
-    received = [torch.empty_like(message) for _ in receive_from]
+    ``receive_from``. Non-blocking: complete with ``Exchange.wait()``. Unmetered.
+
+    A CUDA ``message`` on a gloo group travels through host memory: gloo's point-to-point
+    reads and writes host pointers only (handed a device pointer, its TCP transport fails in
+    ``writev`` with "Bad address" and aborts the process), and the messages' group is gloo under a
+    NCCL default group. The received buffers come back to the device in ``wait()``."""
     if not to and not receive_from:
-        return Exchange([], [], received)
+        return Exchange([], [], [])
+    device = None
+    if message.device.type == "cuda" and dist.get_backend(group) == "gloo":
+        device, message = message.device, message.cpu()
+    received = [torch.empty_like(message) for _ in receive_from]
     tag %= TAG_MODULUS
     ops = [dist.P2POp(dist.irecv, buf, src, group=group, tag=tag)
            for buf, src in zip(received, receive_from, strict=True)]
     ops += [dist.P2POp(dist.isend, message, dst, group=group, tag=tag) for dst in to]
     if dist.get_backend(group) == "nccl":  # NCCL needs the batch to coalesce its sends and receives
-        return Exchange(dist.batch_isend_irecv(ops), [message], received)
+        return Exchange(dist.batch_isend_irecv(ops), [message], received, device)
     # gloo and the mpi backend run each as an independent non-blocking operation (receives posted
     # first), which cannot deadlock; the Python mpi backend has no batch (coalescing) support
     return Exchange([op.op(op.tensor, op.peer, group=op.group, tag=op.tag) for op in ops],
-                    [message], received)
+                    [message], received, device)

@@ -91,39 +91,73 @@ def pick_device(choice: DeviceChoice, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def check_device(backend: Backend, device: DeviceChoice, local_rank: int) -> None:
+def gpus_shared(local_world_size: int) -> int:
+    """How many GPUs this node's ``local_world_size`` ranks share (round-robin, ``pick_device``),
+    where there are fewer GPUs than ranks; 0 where each rank has its own (or there is no CUDA)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count if 0 < count < local_world_size else 0
+
+
+def check_device(backend: Backend, device: DeviceChoice, local_rank: int,
+                 local_world_size: int = 1) -> None:
     """Refuse a device or a backend that this machine cannot give (device 'cuda' or backend
-    'nccl' without CUDA) before init, where it would fail on every rank with a traceback. At any
-    world size: a launch that cannot run on N ranks should not seem to work on one."""
+    'nccl' without CUDA, nccl with ranks sharing a GPU, mpi where torch keeps the name) before
+    init, where it would fail on every rank with a traceback. At any world size: a launch that
+    cannot run on N ranks should not seem to work on one."""
     dev = pick_device(device, local_rank)
     if backend == "nccl" and dev.type != "cuda":
         why = (f"device {device!r} is not CUDA" if torch.cuda.is_available()
                else f"CUDA is not available on {socket.gethostname()}")
         raise ConfigError("backend", backend,
                           f"nccl needs CUDA devices and {why}; use backend 'gloo' or 'auto'")
+    check_backend(backend, gpus_shared(local_world_size) if dev.type == "cuda" else 0,
+                  local_world_size)
 
 
-def pick_backend(choice: Backend, device: torch.device, mpi_world: bool = False) -> str:
-    """The backend to use; ``mpi_world``: MPI is initialized here and spans the whole launch."""
+def check_backend(choice: Backend, sharing: int = 0, local_world_size: int = 1) -> None:
+    """Refuse nccl where this node's ``local_world_size`` ranks share ``sharing`` GPUs (NCCL's
+    "Duplicate GPU detected"), and mpi where this torch keeps the name for its own MPI build."""
+    if choice == "nccl" and sharing:
+        raise ConfigError("backend", choice,
+                          f"{local_world_size} ranks on {socket.gethostname()} share its {sharing} "
+                          "GPU(s), and NCCL takes one rank per GPU; use backend 'gloo' or 'mpi' "
+                          f"(or 'auto'), or launch at most {sharing} rank(s) per node")
+    if choice == "mpi" and not mpi.usable():
+        raise ConfigError("backend", choice,
+                          f"downpour's mpi backend needs torch 2.14 or later, and this is torch "
+                          f"{torch.__version__}, whose c10d keeps the name 'mpi' for its own MPI "
+                          "build (which PyPI's wheels lack); use backend 'gloo', or torch 2.14")
+
+
+def pick_backend(choice: Backend, device: torch.device, mpi_world: bool = False, sharing: int = 0,
+                 local_world_size: int = 1) -> str:
+    """The backend to use; ``mpi_world``: MPI is initialized here and spans the whole launch;
+    ``sharing``: the GPUs this node's ``local_world_size`` ranks share (``gpus_shared``), which
+    NCCL refuses ("Duplicate GPU detected"), so ``auto`` takes mpi or gloo there instead."""
     if choice not in BACKENDS:
         raise ConfigError("backend", choice, "choose one of " + ", ".join(BACKENDS))
     if choice == "nccl" and device.type != "cuda":
         raise ConfigError("backend", choice, "nccl needs CUDA devices; use 'gloo' or 'auto' on CPU")
+    check_backend(choice, sharing, local_world_size)
     if choice == "mpi" and not mpi_world:
         raise ConfigError("backend", choice, "mpi needs an MPI launch that mpi4py can see (mpiexec, "
                           "or srun --mpi=pmix) and `pip install downpour[mpi]`; use 'gloo' or 'auto'")
     if choice == "auto":
-        return "nccl" if device.type == "cuda" else ("mpi" if mpi_world else "gloo")
+        if device.type == "cuda" and not sharing:
+            return "nccl"
+        return "mpi" if mpi_world and mpi.usable() else "gloo"
     return choice
 
 
 def backend_usable(name: str) -> bool:
     """Whether this build and machine can run backend ``name``: gloo if torch has it, nccl with
-    CUDA GPUs; other registered backends (``mpi``) say for themselves when they start."""
+    CUDA GPUs, mpi where this torch lets ours take the name (or has its own)."""
     if name == "gloo":
         return dist.is_gloo_available()
     if name == "nccl":
         return dist.is_nccl_available() and torch.cuda.is_available()
+    if name == "mpi":
+        return mpi.usable()
     return True
 
 
@@ -212,7 +246,9 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         comm = launch_mpi_world()
     _startup.waiting("the rendezvous", timeout_s, placement.rank, placement.world_size)
     mpi_world = comm is not None and comm.Get_size() == placement.world_size
-    name = pick_backend(backend, dev, mpi_world)
+    name = pick_backend(backend, dev, mpi_world,
+                        gpus_shared(placement.local_world_size) if dev.type == "cuda" else 0,
+                        placement.local_world_size)
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
                     "timeout": timeout}
     if dev.type == "cuda":

@@ -13,6 +13,6 @@ shared-memory allreduce), ``profiling`` (the profiler events native backends rec
 (the backend torch looks up per device), ``monitored`` (monitored_barrier).
 """
 
-from .backend import register, use_world
+from .backend import register, usable, use_world
 
-__all__ = ["register", "use_world"]
+__all__ = ["register", "usable", "use_world"]

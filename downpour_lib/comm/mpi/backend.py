@@ -75,10 +75,24 @@ _abort_on_uncaught = False
 _world = None  # the mpi4py communicator whose ranks are torch's ranks; None: MPI_COMM_WORLD
 
 
+def name_is_free() -> bool:
+    """Whether this torch lets a registered backend take the name ``"mpi"``: from torch 2.14 its
+    built-in backends are entries of the plugin table like any other (``_register_builtin_mpi_
+    backend``); before (torch 2.11 was seen), c10d sends ``"mpi"`` straight to its own MPI build,
+    which the PyPI wheel lacks, and a registered ``mpi`` is never asked."""
+    return hasattr(dist.distributed_c10d, "_register_builtin_mpi_backend")
+
+
+def usable() -> bool:
+    """Whether ``"mpi"`` works here: torch's own MPI build, or ours where the name is free."""
+    return dist.is_mpi_available() or name_is_free()
+
+
 def register() -> bool:
-    """Make ``"mpi"`` mean this backend unless torch has MPI built in. True when ours is in use."""
+    """Make ``"mpi"`` mean this backend unless torch has MPI built in (or keeps the name, before
+    2.14). True when ours is in use."""
     global _registered
-    if dist.is_mpi_available():
+    if dist.is_mpi_available() or not name_is_free():
         return False
     if not _registered:
         dist.Backend.register_backend("mpi", _create_group, extended_api=True,
