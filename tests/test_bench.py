@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import downpour, explain
 
-from downpour_lib.bench.gpu import measure
+from downpour_lib.bench.gpu import measure, table
 from downpour_lib.cli import main
 
 FIELDS = {"algorithm", "backend", "model", "world_size", "samples_per_s", "scaling_efficiency",
@@ -73,6 +73,14 @@ def test_bench_gpu_measures_each_algorithm_against_the_plain_loop_and_the_pipeli
                               steps=6, warmup_steps=2, algorithms="local,allreduce,sync_ps",
                               images=48, data_workers=1)
     rows = measure(args, torch.device("cpu"))
-    assert [r["what"] for r in rows] == ["plain PyTorch loop", "local", "allreduce", "sync_ps",
+    assert [r["what"] for r in rows] == ["plain PyTorch loop", "plain loop, batch resident on the GPU",
+                                         "local", "allreduce", "sync_ps",
                                          "imagefolder pipeline (1 workers)"]
     assert all(r["images_per_s"] > 0 and r["vs_plain"] > 0 for r in rows), rows
+    resident = rows[1]["images_per_s"]
+    assert all(r["vs_resident"] == pytest.approx(r["images_per_s"] / resident) for r in rows)
+    lines = table(rows)
+    # an algorithm's overhead is what it costs beyond the model alone (the resident loop)
+    allreduce = next(line for line in lines if line.startswith("allreduce"))
+    assert allreduce.split()[-1] == f"{(1 - rows[3]['vs_resident']) * 100:.1f}%"
+    assert not lines[1].rstrip().endswith("%") and len(lines) == len(rows) + 1
