@@ -117,7 +117,11 @@ def test_evaluator_scores_checkpoints_while_downpour_trains_and_the_run_resumes(
         train = ["train", "--algorithm", "downpour", "--model", "mlp", "--dataset", "digits",
                  "--threads", "1", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20",
                  "--keep-checkpoints", "5", "--backend", "gloo"]
-        proc = mpiexec(4, str(BIN / "downpour"), *train, "--steps", "100",
+        # Every worker a straggler taking 20x its compute: the 80 steps after the first checkpoint
+        # last well past one scoring, and the margin grows with the machine's load (the sleeps
+        # are a multiple of the measured compute), which beside busy neighbours it did not
+        slow = ["--slow-workers", "3", "--slowdown", "20"]
+        proc = mpiexec(4, str(BIN / "downpour"), *train, *slow, "--steps", "100",
                        "--summary-json", str(tmp_path / "a.json"))
         assert proc.returncode == 0, explain(proc)
         evaluator.wait(timeout=300)
