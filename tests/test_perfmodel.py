@@ -684,24 +684,35 @@ def test_wake_up_fitted_at_few_ranks_predicts_32_ranks_on_2_cores():
     assert calib.fit_wake(rows, "mpi", alone) == 0.0  # no cores known: no term
 
 
+SCALING = ROOT / "results" / "reference" / "scaling"
+
+
+def two_core_network() -> Network:
+    """This machine's (2 cores) link fitted on its committed 2-rank mpi collectives, and the
+    wake-up on its 4- and 8-rank rows."""
+    rows = json.loads((SCALING / "emulated_local" / "collectives.json").read_text())
+    link = calib.fit_link([r for r in rows if r["world_size"] == 2], "mpi")
+    net = Network(link, link, per_node=2, cores=2)
+    return replace(net, wake_s=calib.fit_wake(rows, "mpi", replace(net, per_node=64), most_ranks=8))
+
+
+def emulated_against_model(here: Path, net: Network) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The emulated runs in ``here`` against the model on ``net``, and on ``net`` without the
+    crowded term (each rank a core of its own), each indexed by (algorithm, workers)."""
+    from downpour_lib.study.emulated_check import emulated_vs_model
+
+    ref = calib.load(SCALING / "calibration.json")
+    runs = pd.read_csv(here / "runs.csv")
+    return tuple(emulated_vs_model(runs, replace(ref, network=n, overlap=0.0)).set_index(
+        ["algorithm", "workers"]) for n in (net, replace(net, cores=None, wake_s=0.0)))
+
+
 def test_the_crowded_model_beside_the_committed_emulated_runs_at_32_workers():
     """The committed emulated runs (50 ms a step, 2 cores, a quiet machine): with the cores and the
     wake-up fitted at 4 and 8 ranks, every algorithm's 32-worker step is predicted closer than
     without (which misses all by 36-84%), sync_ps within 15%, all five within 30%; the README's
     table states the rest and why."""
-    from downpour_lib.study.emulated_check import emulated_vs_model
-
-    here = ROOT / "results" / "reference" / "scaling" / "emulated_local"
-    rows = json.loads((here / "collectives.json").read_text())
-    link = calib.fit_link([r for r in rows if r["world_size"] == 2], "mpi")
-    net = Network(link, link, per_node=2, cores=2)
-    net = replace(net, wake_s=calib.fit_wake(rows, "mpi", replace(net, per_node=64), most_ranks=8))
-    ref = calib.load(ROOT / "results" / "reference" / "scaling" / "calibration.json")
-    runs = pd.read_csv(here / "runs.csv")
-    crowded = emulated_vs_model(runs, replace(ref, network=net, overlap=0.0)).set_index(
-        ["algorithm", "workers"])
-    alone = emulated_vs_model(runs, replace(ref, network=replace(net, cores=None, wake_s=0.0),
-                                            overlap=0.0)).set_index(["algorithm", "workers"])
+    crowded, alone = emulated_against_model(SCALING / "emulated_local", two_core_network())
     at32 = crowded.xs(32, level="workers")
     assert set(at32.index) >= {"allreduce", "ddp", "sync_ps", "sgp"}
     for algorithm, row in at32.iterrows():
@@ -717,24 +728,12 @@ def test_the_crowded_model_on_a_16_core_machine_it_was_never_fitted_on():
     1 to 32 workers), with its link fitted from its own 2-rank collectives and the wake-up fitted on
     the 2-core machine (nothing of the step fitted there): allreduce within 15% at every count, 32
     ranks on 16 cores included, which the model without the crowded term misses by a third."""
-    from downpour_lib.study.emulated_check import emulated_vs_model
-
-    scaling = ROOT / "results" / "reference" / "scaling"
-    here = scaling / "emulated_16cores"
+    here = SCALING / "emulated_16cores"
     rows = json.loads((here / "collectives.json").read_text())
     link = calib.fit_link([r for r in rows if r["world_size"] == 2], "gloo")
-    local = json.loads((scaling / "emulated_local" / "collectives.json").read_text())
-    local_link = calib.fit_link([r for r in local if r["world_size"] == 2], "mpi")
-    wake = calib.fit_wake(local, "mpi", Network(local_link, local_link, per_node=64, cores=2),
-                          most_ranks=8)
-    net = Network(link, link, per_node=2, cores=16, wake_s=wake)
-    ref = calib.load(scaling / "calibration.json")
-    runs = pd.read_csv(here / "runs.csv")
-    assert set(runs.cores) == {16} and runs.num_workers.max() == 32
-    crowded = emulated_vs_model(runs, replace(ref, network=net, overlap=0.0)).set_index(
-        ["algorithm", "workers"])
-    alone = emulated_vs_model(runs, replace(ref, network=replace(net, cores=None, wake_s=0.0),
-                                            overlap=0.0)).set_index(["algorithm", "workers"])
+    net = Network(link, link, per_node=2, cores=16, wake_s=two_core_network().wake_s)
+    assert set(pd.read_csv(here / "runs.csv").cores) == {16}
+    crowded, alone = emulated_against_model(here, net)
     allreduce = crowded.loc["allreduce"]
     assert list(allreduce.index) == [1, 2, 4, 8, 16, 32]
     assert (allreduce.error.abs() <= 0.15).all(), allreduce.error

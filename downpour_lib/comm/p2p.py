@@ -84,15 +84,15 @@ def exchange(message: torch.Tensor, to: Sequence[int], receive_from: Sequence[in
     NCCL default group. The received buffers come back to the device in ``wait()``."""
     if not to and not receive_from:
         return Exchange([], [], [])
-    device = None
-    if message.device.type == "cuda" and dist.get_backend(group) == "gloo":
+    backend, device = dist.get_backend(group), None
+    if message.device.type == "cuda" and backend == "gloo":
         device, message = message.device, message.cpu()
     received = [torch.empty_like(message) for _ in receive_from]
     tag %= TAG_MODULUS
     ops = [dist.P2POp(dist.irecv, buf, src, group=group, tag=tag)
            for buf, src in zip(received, receive_from, strict=True)]
     ops += [dist.P2POp(dist.isend, message, dst, group=group, tag=tag) for dst in to]
-    if dist.get_backend(group) == "nccl":  # NCCL needs the batch to coalesce its sends and receives
+    if backend == "nccl":  # NCCL needs the batch to coalesce its sends and receives
         return Exchange(dist.batch_isend_irecv(ops), [message], received, device)
     # gloo and the mpi backend run each as an independent non-blocking operation (receives posted
     # first), which cannot deadlock; the Python mpi backend has no batch (coalescing) support

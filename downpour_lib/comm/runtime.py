@@ -91,10 +91,11 @@ def pick_device(choice: DeviceChoice, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def gpus_shared(local_world_size: int) -> int:
-    """How many GPUs this node's ``local_world_size`` ranks share (round-robin, ``pick_device``),
-    where there are fewer GPUs than ranks; 0 where each rank has its own (or there is no CUDA)."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+def gpus_shared(device: torch.device, local_world_size: int) -> int:
+    """How many GPUs this node's ``local_world_size`` ranks on ``device`` share (round-robin,
+    ``pick_device``), where there are fewer GPUs than ranks; 0 where each rank has its own, or
+    ``device`` is not CUDA."""
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
     return count if 0 < count < local_world_size else 0
 
 
@@ -110,8 +111,7 @@ def check_device(backend: Backend, device: DeviceChoice, local_rank: int,
                else f"CUDA is not available on {socket.gethostname()}")
         raise ConfigError("backend", backend,
                           f"nccl needs CUDA devices and {why}; use backend 'gloo' or 'auto'")
-    check_backend(backend, gpus_shared(local_world_size) if dev.type == "cuda" else 0,
-                  local_world_size)
+    check_backend(backend, gpus_shared(dev, local_world_size), local_world_size)
 
 
 def check_backend(choice: Backend, sharing: int = 0, local_world_size: int = 1) -> None:
@@ -246,8 +246,7 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         comm = launch_mpi_world()
     _startup.waiting("the rendezvous", timeout_s, placement.rank, placement.world_size)
     mpi_world = comm is not None and comm.Get_size() == placement.world_size
-    name = pick_backend(backend, dev, mpi_world,
-                        gpus_shared(placement.local_world_size) if dev.type == "cuda" else 0,
+    name = pick_backend(backend, dev, mpi_world, gpus_shared(dev, placement.local_world_size),
                         placement.local_world_size)
     kwargs: dict = {"backend": name, "rank": placement.rank, "world_size": placement.world_size,
                     "timeout": timeout}
