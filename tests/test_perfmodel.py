@@ -311,11 +311,12 @@ def test_simulated_downpour_staleness_follows_the_protocol():
 
 def test_simulated_staleness_matches_the_measured_study_on_average():
     """The staleness study's Downpour runs (committed reference), each simulated with its own
-    settings and measured compute over the link fitted on the machine that measured them (the
-    committed reference's collectives: a link measured here and now, under whatever else runs,
-    moved fetch=4 push=1 from 3.37 to 3.70 updates): the mean staleness agrees within half an
-    update or 15% (the deterministic simulation has no tail: the table reports the total variation
-    distance, not asserted)."""
+    settings and measured compute over the link fitted on the machine that measured them, with
+    steps that vary by 1%: the mean staleness agrees within three quarters of an update or 25% (the
+    simulation is ahead by about half an update where a worker pushes every step; the table reports
+    the total variation distance, not asserted). A link fitted under load moved the deterministic
+    simulation's fetch=4 push=1 mean from 3.37 to 3.78 updates (CI failed on it); the varying steps
+    leave it within 0.06 from 1 us and 50 GB/s to 1 ms and 0.1 GB/s, and every run agrees at both."""
     cal = calib.calibrate(ROOT / "results" / "reference" / "model" / "collectives.json", REFERENCE)
     table, dists = calib.compare_staleness(cal.network.intra,
                                            ROOT / "results" / "reference" / "staleness")
@@ -327,6 +328,12 @@ def test_simulated_staleness_matches_the_measured_study_on_average():
             4 * by.loc["downpour S=1 fetch=1 push=1", source]
     assert set(dists.source) == {"measured", "simulated"}
     assert dists.groupby(["label", "source"]).fraction.sum().round(6).eq(1).all()
+    for link in (Link(1e-6, 50e9), Link(1e-3, 0.1e9)):
+        elsewhere, _ = calib.compare_staleness(link, ROOT / "results" / "reference" / "staleness")
+        assert elsewhere.agrees.all(), elsewhere.to_string()
+        by_link = elsewhere.set_index("label").simulated_mean
+        assert abs(by_link["downpour S=1 fetch=4 push=1"]
+                   - by.loc["downpour S=1 fetch=4 push=1", "simulated_mean"]) < 0.1
     with pytest.raises(ConfigError, match="staleness"):
         calib.compare_staleness(cal.network.intra, ROOT / "results" / "reference" / "scaling")
 
