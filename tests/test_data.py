@@ -45,6 +45,33 @@ def test_digits_fixed_split_and_normalized():
     assert set(splits.test.batch(torch.arange(360))[1].tolist()) == set(range(10))
 
 
+def test_digits_from_the_cache_are_scikit_learns_split_and_a_cut_file_is_made_again(tmp_path,
+                                                                                   monkeypatch):
+    """A rank reads the split digits from the cache, not from scikit-learn (a second of CPU each):
+    made in an empty cache, read back, and made again over a file cut short, always the images,
+    labels and stratified split scikit-learn gives."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    digits = load_digits()
+    train, test = train_test_split(range(1797), test_size=360, random_state=0, stratify=digits.target)
+    expected = {"train": torch.tensor(digits.images[train], dtype=torch.float32),
+                "test": torch.tensor(digits.images[test], dtype=torch.float32)}
+    labels = {"train": torch.tensor(digits.target[train]), "test": torch.tensor(digits.target[test])}
+    for attempt in ("made", "read", "made over a cut file"):
+        cached = list((tmp_path / "downpour").glob("digits_sklearn*.npz"))
+        assert len(cached) == (attempt != "made"), attempt
+        if attempt == "made over a cut file":
+            cached[0].write_bytes(cached[0].read_bytes()[:1000])
+        splits = load_dataset("digits")
+        for part in ("train", "test"):
+            source = getattr(splits, part)
+            assert torch.equal(source.images[:, 0], expected[part]), (attempt, part)
+            assert torch.equal(source.labels, labels[part]), (attempt, part)
+        assert splits.train.mean.item() == pytest.approx(expected["train"].mean().item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("name", ["synthetic-mnist", "synthetic-cifar", "synthetic-imagenet"])
 def test_synthetic_sets_are_deterministic_and_shaped(name):
     spec = DATASETS[name]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,19 +44,39 @@ class DatasetSpec:
 
 
 def _digits(root: Path) -> Splits:
-    """The 1,797 8x8 digits scikit-learn ships; a fixed stratified split of 360 test images."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """The 1,797 8x8 digits scikit-learn ships; a fixed stratified split of 360 test images. Kept
+    in the cache directory (``_cached``) once split: importing scikit-learn costs every rank a
+    second of CPU, and a job's ranks all load the same digits."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32)
-    labels = torch.tensor(digits.target)
-    train_idx, test_idx = train_test_split(range(len(labels)), test_size=360, random_state=0,
-                                           stratify=digits.target)
+    try:
+        sklearn = version("scikit-learn")  # the split is scikit-learn's: one file per version
+    except PackageNotFoundError:
+        sklearn = "none"  # _split_digits says what to install
+    data = _cached(f"digits_sklearn{sklearn}.npz", _split_digits)
+    images = torch.tensor(data["images"], dtype=torch.float32)
+    labels = torch.tensor(data["labels"], dtype=torch.int64)
+    train_idx, test_idx = data["train_idx"].tolist(), data["test_idx"].tolist()
     train_x = images[train_idx]
     mean, std = train_x.mean().item(), train_x.std().item()
     make = lambda idx: TensorSource(images[idx], labels[idx], 10, [mean], [std])  # noqa: E731
     return Splits(make(train_idx), make(test_idx))
+
+
+def _split_digits() -> dict[str, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as exc:
+        raise DataError(f"data set 'digits' needs scikit-learn ({exc}): pip install scikit-learn "
+                        "(it is a dependency of downpour)") from None
+    digits = load_digits()
+    train_idx, test_idx = train_test_split(range(len(digits.target)), test_size=360, random_state=0,
+                                           stratify=digits.target)
+    return {"images": digits.images.astype(np.uint8),  # whole numbers 0 to 16
+            "labels": digits.target.astype(np.int64),
+            "train_idx": np.asarray(train_idx, dtype=np.int64),
+            "test_idx": np.asarray(test_idx, dtype=np.int64)}
 
 
 def _mnist1d(root: Path) -> Splits:
@@ -63,24 +84,30 @@ def _mnist1d(root: Path) -> Splits:
     signals of length 40, made by the ``mnist1d`` package from its ten templates with its published
     arguments (seed 42), so it needs no download. Harder than digits where it matters for comparing
     algorithms: a CNN reaches about 94%, an MLP about 68%, logistic regression about 32% (the
-    paper's Table 1). Made once (a few seconds) and kept in the user's cache directory
+    paper's Table 1). Made once (a few seconds) and kept in the cache directory (``_cached``)."""
+    data = _cached("mnist1d_seed42.npz", _make_mnist1d)
+    images = lambda x: torch.tensor(x, dtype=torch.float32).view(len(x), 1, 1, -1)  # noqa: E731
+    # the package already centres the signals and scales them to unit variance
+    make = lambda x, y: TensorSource(images(x), torch.tensor(y), 10, [0.0], [1.0])  # noqa: E731
+    return Splits(make(data["x"], data["y"]), make(data["x_test"], data["y_test"]))
+
+
+def _cached(name: str, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays ``make`` returns, kept as ``name`` in the user's cache directory
     (``$XDG_CACHE_HOME/downpour``, else ``~/.cache/downpour``) where it can be written."""
-    cache = _cache_dir() / "mnist1d_seed42.npz"
+    cache = _cache_dir() / name
     try:
         with np.load(cache) as arrays:
-            data = {k: arrays[k] for k in ("x", "y", "x_test", "y_test")}
-    except (OSError, KeyError, ValueError):  # not there yet (or unreadable): make it
-        data = _make_mnist1d()
+            return {k: arrays[k] for k in arrays.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # not there yet, or cut: make it
+        data = make()
         buffer = io.BytesIO()
         np.savez(buffer, **data)
         try:  # ranks making it at once each replace it whole
             atomic_write_bytes(cache, buffer.getvalue())
         except OSError:  # a read-only cache: made again next time, nothing else lost
             pass
-    images = lambda x: torch.tensor(x, dtype=torch.float32).view(len(x), 1, 1, -1)  # noqa: E731
-    # the package already centres the signals and scales them to unit variance
-    make = lambda x, y: TensorSource(images(x), torch.tensor(y), 10, [0.0], [1.0])  # noqa: E731
-    return Splits(make(data["x"], data["y"]), make(data["x_test"], data["y_test"]))
+        return data
 
 
 def _cache_dir() -> Path:

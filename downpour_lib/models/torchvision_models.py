@@ -8,7 +8,6 @@ the images do not have three channels.
 
 from __future__ import annotations
 
-import torchvision
 from torch import nn
 
 # VGG's five 2x2 max pools round down, so anything under 32x32 pools to nothing; the ResNets halve
@@ -37,6 +36,10 @@ def _replace_first_conv(model: nn.Module, in_channels: int) -> None:
 
 def torchvision_model(arch: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """torchvision.models.<arch>, untrained, for input_shape's channel count and num_classes."""
+    # here, not at the top: importing torchvision imports torch._dynamo (1.2 s of CPU here), and
+    # every rank imports this registry whichever model it trains
+    import torchvision
+
     model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
     if input_shape[0] != 3:
         _replace_first_conv(model, input_shape[0])
