@@ -222,6 +222,9 @@ def pytest_addoption(parser):
     parser.addoption("--record-durations", metavar="PATH", default=None,
                      help="write each test's measured seconds to PATH, over the entries already "
                           "there (make test-durations: tests/durations.txt)")
+    parser.addoption("--alone", choices=("with", "apart", "only"), default="with",
+                     help="the tests marked `alone`: with the others (the default), left out "
+                          "(apart: make test's parallel part), or only them (its second part)")
 
 
 class _Recorder:
@@ -275,6 +278,12 @@ def pytest_collection_modifyitems(config, items):
         if setups & SLOW_SETUPS or measured.get(item.nodeid, (0, 0))[0] > SLOW_S \
                 or shared_setups(item) & heavy or unmeasured_ranks:
             item.add_marker("slow")
+    alone = config.getoption("--alone")
+    if alone != "with":  # make test: the others on its workers, then these with nothing beside
+        wanted = alone == "only"
+        config.hook.pytest_deselected(items=[i for i in items
+                                             if bool(i.get_closest_marker("alone")) != wanted])
+        items[:] = [i for i in items if bool(i.get_closest_marker("alone")) == wanted]
     if os.environ.get("PYTEST_XDIST_WORKER"):
         in_groups(items)
 

@@ -346,6 +346,8 @@ def test_the_accuracy_study_runs_across_both_nodes_at_each_link_rate(sandbox, tm
     assert (evals.groupby("run_id").bytes_sent.max() > 0).all()
 
 
+# a measurement: beside make test's other workers, DiLoCo's 9 ms steps came out 43% off
+@pytest.mark.alone
 def test_the_performance_model_predicts_steps_across_shaped_links(sandbox, tmp_path, monkeypatch):
     """``downpour model validate`` on this sandbox (borrowed): allreduce, sgp, localsgd and diloco
     with a worker on each node, at 200mbit and 100mbit. The link is fitted from a bench collectives
