@@ -26,11 +26,33 @@ from .failures import (
     silent_in,
 )
 
+#: how long a stopped engine that was sent SIGKILL may take to exit (a moment, even on a busy machine)
+KILLED_GONE_S = 10.0
+
 
 def _finished_at(future) -> float:
     """When the engine finished the task (its own clock), for ordering failures."""
     completed = (getattr(future, "metadata", None) or {}).get("completed")
     return completed.timestamp() if completed is not None else float("inf")
+
+
+def wait_gone(processes, timeout_s: float) -> list:
+    """Wait up to ``timeout_s`` for the psutil ``processes`` to exit; returns those still alive. A
+    zombie counts as gone (an orphan's zombie waits for a PID 1 that may never reap it)."""
+    import psutil
+
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in processes if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if alive(p)]
+    return left
 
 
 class Running:
@@ -131,12 +153,18 @@ class Running:
         other signal, so stopping the engines would wait on it to its launcher's last resort."""
         import psutil
 
+        killed = []
         for rank in ranks:
             if self._process_status(rank) == "stopped":
                 try:
-                    psutil.Process(self.engines[rank]["pid"]).kill()
+                    process = psutil.Process(self.engines[rank]["pid"])
+                    process.kill()
+                    killed.append(process)
                 except psutil.Error:
                     pass
+        # gone before the ClusterTimeout says the engines were restarted: on a busy machine a
+        # killed process took longer to exit than the restart took to return
+        wait_gone(killed, KILLED_GONE_S)
 
     def _check_engines(self, what: str) -> None:
         """Raise a ClusterError if an engine of the world has gone (killed, crashed, or its node

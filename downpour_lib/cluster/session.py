@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from . import remote
 from .failures import CONTINUE, ClusterError, ClusterPreempted, ClusterRunError, _preempted
 from .mpiexec import clear_stale_sessions
-from .running import Running
+from .running import Running, wait_gone
 
 
 def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -56,25 +56,6 @@ def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]
             "slurm-mpi profiles do, or start a fresh cluster")
     return {me["rank"]: {"engine_id": eid, "host": me["host"], "pid": me["pid"]}
             for eid, me in sorted(seen.items(), key=lambda item: item[1]["rank"])}
-
-
-def _wait_gone(processes, timeout_s: float) -> list:
-    """Wait up to ``timeout_s`` for the psutil ``processes`` to exit; returns those still alive. A
-    zombie counts as gone (an orphan's zombie waits for a PID 1 that may never reap it)."""
-    import psutil
-
-    def alive(p) -> bool:
-        try:
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    deadline = time.monotonic() + timeout_s
-    left = [p for p in processes if alive(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = [p for p in left if alive(p)]
-    return left
 
 
 class ClusterSession(Running):
@@ -236,8 +217,10 @@ class ClusterSession(Running):
         """After ``restart_engines(wait=False)``: wait for the new engines and map their ranks."""
         if self._restarting is None:
             return
-        stale, self._restarting = self._restarting, None
-        self.wait_for_engines(self.size, stale_pids=stale)
+        # cleared once the engines are mapped: interrupted (Ctrl-C) or timed out, the next call
+        # waits again rather than run on the old engines' map
+        self.wait_for_engines(self.size, stale_pids=self._restarting)
+        self._restarting = None
         if self._view is not None:
             self._view = None
             self.activate()
@@ -264,14 +247,14 @@ class ClusterSession(Running):
     def _reap(self, grace_s: float) -> None:
         import psutil
 
-        alive = _wait_gone(self._processes.values(), grace_s)
+        alive = wait_gone(self._processes.values(), grace_s)
         for signal_them in ("terminate", "kill"):
             for process in alive:
                 try:
                     getattr(process, signal_them)()
                 except psutil.NoSuchProcess:
                     pass
-            alive = _wait_gone(alive, 3.0)
+            alive = wait_gone(alive, 3.0)
         self._processes = {p.pid: p for p in alive}
         clear_stale_sessions()  # what a killed mpiexec left behind would stop a later one
         if alive:
