@@ -52,6 +52,14 @@ def downpour(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, cwd=ROOT)
 
 
+def alive(pid: int) -> bool:
+    """True unless ``pid`` is gone or a zombie (Linux /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
 
@@ -290,26 +298,19 @@ def pytest_collection_modifyitems(config, items):
 
 # -- in parallel (make test: pytest-xdist, --dist loadgroup) -----------------------------------------
 # Tests that must not overlap share an xdist_group, and so a worker, and run one after another:
-# every `slurm` test of the multi-node sandbox (its network namespaces on the same 10.213.0.0/24 and
-# interface names, test_netns.py's too), every `notebooks` one (kernels, JupyterLab and the
-# browser). A one-node sandbox has its own directory, ports and munge socket and no namespace: the
-# modules that start only those (ONE_NODE_SLURM) run their slurm tests beside the multi-node ones, as
-# a group of their own. Tests that share a module- or session-scoped setup go together as well, so
-# that the setup (a cluster, a sandbox, eleven trainings) is paid once, not once per worker. The
-# groups go first (Slurm's, the longest by far, then the notebooks, then the shared setups), so that
-# a worker starts on each at once and the others take the single tests around them; the rest keeps
-# its order.
-GROUPS = ("slurm", "notebooks")  # by tier
-ONE_NODE_SLURM = {"test_preempt", "test_slurm"}  # modules: their slurm tests -> "slurm-one-node"
-FIRST = ("slurm", "slurm-one-node", "notebooks")  # the groups in the order they go first
+# every `slurm` test (the one Slurm sandbox of the machine, and its network namespaces on the same
+# 10.213.0.0/24 and interface names, test_netns.py's too), every `notebooks` one (kernels, JupyterLab
+# and the browser). Tests that share a module- or session-scoped setup go together as well, so that
+# the setup (a cluster, a sandbox, eleven trainings) is paid once, not once per worker. The groups
+# go first (Slurm, the longest by far, then the notebooks, then the shared setups), so that a worker
+# starts on each at once and the others take the single tests around them; the rest keeps its order.
+GROUPS = ("slurm", "notebooks")  # by tier, in the order they go first
 AUTOUSE = {"private_ipython_dir"}  # every test's: no group (nor pytest's own, tmp_path's)
 
 
 def group_of(item) -> str | None:
     for tier in GROUPS:
         if item.get_closest_marker(tier):
-            if tier == "slurm" and item.module.__name__ in ONE_NODE_SLURM:
-                return "slurm-one-node"
             return tier
     shared = sorted(f"{d.func.__module__}.{name}" if d.scope == "module" else name
                     for name, defs in item._fixtureinfo.name2fixturedefs.items() for d in defs
@@ -328,8 +329,8 @@ def in_groups(items) -> None:
             item.add_marker(pytest.mark.xdist_group(group))
             name_group(item, group)
         groups[id(item)] = group
-    rank = {g: i for i, g in enumerate(FIRST)}
-    items.sort(key=lambda item: (rank.get(groups[id(item)], len(FIRST)), groups[id(item)] is None))
+    rank = {g: i for i, g in enumerate(GROUPS)}
+    items.sort(key=lambda item: (rank.get(groups[id(item)], len(GROUPS)), groups[id(item)] is None))
 
 
 def name_group(item, group: str) -> None:

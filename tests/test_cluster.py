@@ -15,7 +15,7 @@ import cluster_jobs
 import pandas as pd
 import psutil
 import pytest
-from conftest import BIN, explain, launch_env, mpiexec, read_json
+from conftest import BIN, alive, explain, launch_env, mpiexec, read_json
 
 from downpour_lib import TrainConfig
 from downpour_lib.cluster import (
@@ -181,15 +181,6 @@ def test_an_engine_stopped_during_train_is_the_silent_rank_of_a_cluster_timeout(
     again = local_cluster.train(TrainConfig(**TINY))
     assert again.summary["world_size"] == 2
     assert not {e["pid"] for e in local_cluster.engines.values()} & before
-
-
-def alive(pid: int) -> bool:
-    """True unless ``pid`` is gone or a zombie (Linux /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_interrupting_a_run_restarts_the_engines_and_keeps_the_caller(local_cluster):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import BIN, MPI_SCRIPTS, ROOT, explain, launch_env, mpi_python, mpiexec_path
+from conftest import BIN, MPI_SCRIPTS, ROOT, alive, explain, launch_env, mpi_python, mpiexec_path
 
 # each job waits out a stopped rank's timeout: 15-50 s a test. Under make test's workers, one
 # after another: each asserts how soon the job ends, which two at once on 2 cores would stretch
@@ -47,14 +47,6 @@ def ranks_of(job: str) -> dict[int, int]:
         if env.get("DOWNPOUR_TEST_JOB") == job and "OMPI_COMM_WORLD_RANK" in env:
             ranks[int(env["OMPI_COMM_WORLD_RANK"])] = int(entry.name)
     return ranks
-
-
-def alive(pid: int) -> bool:
-    """True unless ``pid`` is gone or a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def cpu_s(pid: int) -> float:

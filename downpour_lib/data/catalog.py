@@ -53,7 +53,8 @@ def _digits(root: Path) -> Splits:
         sklearn = version("scikit-learn")  # the split is scikit-learn's: one file per version
     except PackageNotFoundError:
         sklearn = "none"  # _split_digits says what to install
-    data = _cached(f"digits_sklearn{sklearn}.npz", _split_digits)
+    data = _cached(f"digits_sklearn{sklearn}.npz", _split_digits,
+                   ("images", "labels", "train_idx", "test_idx"))
     images = torch.tensor(data["images"], dtype=torch.float32)
     labels = torch.tensor(data["labels"], dtype=torch.int64)
     train_idx, test_idx = data["train_idx"].tolist(), data["test_idx"].tolist()
@@ -85,21 +86,23 @@ def _mnist1d(root: Path) -> Splits:
     arguments (seed 42), so it needs no download. Harder than digits where it matters for comparing
     algorithms: a CNN reaches about 94%, an MLP about 68%, logistic regression about 32% (the
     paper's Table 1). Made once (a few seconds) and kept in the cache directory (``_cached``)."""
-    data = _cached("mnist1d_seed42.npz", _make_mnist1d)
+    data = _cached("mnist1d_seed42.npz", _make_mnist1d, ("x", "y", "x_test", "y_test"))
     images = lambda x: torch.tensor(x, dtype=torch.float32).view(len(x), 1, 1, -1)  # noqa: E731
     # the package already centres the signals and scales them to unit variance
     make = lambda x, y: TensorSource(images(x), torch.tensor(y), 10, [0.0], [1.0])  # noqa: E731
     return Splits(make(data["x"], data["y"]), make(data["x_test"], data["y_test"]))
 
 
-def _cached(name: str, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The arrays ``make`` returns, kept as ``name`` in the user's cache directory
+def _cached(name: str, make: Callable[[], dict[str, np.ndarray]],
+            keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The arrays ``make`` returns (``keys``), kept as ``name`` in the user's cache directory
     (``$XDG_CACHE_HOME/downpour``, else ``~/.cache/downpour``) where it can be written."""
     cache = _cache_dir() / name
     try:
         with np.load(cache) as arrays:
-            return {k: arrays[k] for k in arrays.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # not there yet, or cut: make it
+            return {k: arrays[k] for k in keys}
+    # not there yet, cut short, or without one of the arrays: make it
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         data = make()
         buffer = io.BytesIO()
         np.savez(buffer, **data)

@@ -434,12 +434,12 @@ def compare_staleness(link: Link, staleness_dir: str | os.PathLike) -> tuple[pd.
         options = {k: v for k, v in modelled_options(run).items()
                    if k in ("n_fetch", "n_push", "warmstart")}
         compute = float(run["data_s"] + run["compute_s"] + run["update_s"])
+        setting = {"compute_s": compute, "link": link, "steps": int(run["steps"]),
+                   "model_bytes": float(run["bytes_sent_per_step"]) * options.get("n_push", 1),
+                   "servers": int(run["num_servers"]), "jitter": STALENESS_JITTER, **options}
         s: dict[int, float] = {}
         for seed in range(STALENESS_SEEDS):
-            sim = simulate("downpour", int(run["num_workers"]), compute_s=compute,
-                           model_bytes=float(run["bytes_sent_per_step"]) * options.get("n_push", 1),
-                           link=link, steps=int(run["steps"]), servers=int(run["num_servers"]),
-                           jitter=STALENESS_JITTER, seed=seed, **options)
+            sim = simulate("downpour", int(run["num_workers"]), seed=seed, **setting)
             for k, v in sim.staleness_fraction.items():
                 s[k] = s.get(k, 0.0) + v / STALENESS_SEEDS
         s = dict(sorted(s.items()))
