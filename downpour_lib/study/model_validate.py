@@ -71,14 +71,20 @@ TOLERANCE = 0.15
 #: with four of them by a quarter of the stall; DiLoCo at 100mbit measured 21.7 ms against 11.0 ms
 #: predicted with four (and 36% off on a second run), 16.7 ms against 17.8 ms on a third
 MEETINGS = 8
+#: the unshaped runs measure this many times the steps of the runs they calibrate: their step
+#: besides the link enters every prediction of the algorithm, and on unshaped links their window
+#: is short (DiLoCo's 160 steps, 0.5 s): a transient of the machine's moved DiLoCo's from 2.9-3.3 ms
+#: to 3.9 ms and its prediction at 200mbit to 16% off. Longer, it costs a few seconds
+UNSHAPED_LONGER = 4
 
 
-def _config(base: dict[str, Any], algorithm: str) -> TrainConfig:
+def _config(base: dict[str, Any], algorithm: str, longer: int = 1) -> TrainConfig:
     """``base`` for ``algorithm``, measuring at least ``MEETINGS`` of its periods (a meeting in the
-    measured steps is a noisy event: a step time of DiLoCo's varied by 20-50% from run to run)."""
+    measured steps is a noisy event: a step time of DiLoCo's varied by 20-50% from run to run),
+    ``longer`` times that."""
     config = TrainConfig.from_dict({**base, "algorithm": algorithm})
     period = getattr(config.options, "period", 1)
-    measured = max(config.steps - config.warmup_steps, MEETINGS * period)
+    measured = max(config.steps - config.warmup_steps, MEETINGS * period) * longer
     return TrainConfig.from_dict({**base, "algorithm": algorithm,
                                   "steps": config.warmup_steps + measured})
 
@@ -192,8 +198,9 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
         # what the model says that link costs it: the rest does not depend on the link
         unshaped = _fitted(out / "collectives-unshaped.json", nodes, env, timeout_s)
         workloads = {}
-        for name, config in configs.items():
-            workloads[name] = workload_of(_train(config, nodes, env, timeout_s), unshaped)
+        for name in configs:
+            longer = _config(base, name, UNSHAPED_LONGER)
+            workloads[name] = workload_of(_train(longer, nodes, env, timeout_s), unshaped)
             log(f"{name} unshaped: {workloads[name].compute_s * 1e3:.2f} ms per step besides "
                 f"the link")
         for rate in links:
