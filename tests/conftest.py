@@ -46,6 +46,19 @@ def mpi_python(n: int, script: str, *args: str, timeout: float = 240) -> subproc
     return mpiexec(n, sys.executable, str(MPI_SCRIPTS / script), *args, timeout=timeout)
 
 
+def one_session(n: int, runs: dict[str, dict], backend: str = "gloo",
+                timeout: float = 600) -> dict[str, dict]:
+    """Train each configuration (case -> a TrainConfig dict) one after another in one mpiexec -n
+    ``n`` session (tests/mpi/runs.py): the ranks start and import torch once for all of them (3-4 s
+    of CPU a rank). case -> its summary, as ``downpour train --summary-json`` writes it."""
+    proc = mpi_python(n, "runs.py", backend, json.dumps(runs), timeout=timeout)
+    assert proc.returncode == 0, explain(proc)
+    found = {run["case"]: run for run in (json.loads(line) for line in proc.stdout.splitlines()
+                                          if line.startswith("{"))}
+    assert list(found) == list(runs), explain(proc)
+    return found
+
+
 def downpour(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """The installed console script, as a user would call it."""
     return subprocess.run([str(BIN / "downpour"), *args], env=launch_env(), capture_output=True,

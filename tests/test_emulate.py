@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import explain, mpi_python
+from conftest import explain, mpi_python, one_session
 from torch import nn
 
 from downpour_lib import TrainConfig, plan_run
@@ -22,7 +22,6 @@ from downpour_lib.data import load_dataset
 from downpour_lib.emulate import ComputeProfile, EmulatedCompute, backward_order, measure
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
-from downpour_lib.study.core import mpiexec_launch
 from downpour_lib.study.scaling import EMULATED_SWEEP
 from downpour_lib.study.scaling_plots import with_series
 from downpour_lib.study.studies import emulated_variant
@@ -166,19 +165,27 @@ SWEPT = {
 STEP_S = 0.02
 
 
+def swept_config(name: str) -> dict:
+    algorithm, options = SWEPT[name]
+    return {"algorithm": algorithm, "model": "lenet", "dataset": "synthetic-cifar", "batch_size": 8,
+            "steps": 8, "warmup_steps": 2, "eval_every": 4, "eval_batch_size": 64, "threads": 1,
+            "backend": "gloo", "compute": "emulated", "emulated_step_s": STEP_S, "options": options}
+
+
+@pytest.fixture(scope="module")
+def swept():
+    """Every swept algorithm's run, one after another in one mpiexec -n 3 session."""
+    return one_session(3, {name: swept_config(name) for name in SWEPT})
+
+
 @pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SWEPT))
-def test_every_swept_algorithm_trains_emulated_on_three_ranks(name):
+def test_every_swept_algorithm_trains_emulated_on_three_ranks(swept, name):
     """Under mpiexec -n 3 (servers' updates real), each algorithm finishes a few emulated steps:
     loss and accuracy absent, bytes sent every step on average, no step shorter than the emulated
     compute it sleeps."""
-    algorithm, options = SWEPT[name]
-    config = TrainConfig.from_dict({
-        "algorithm": algorithm, "model": "lenet", "dataset": "synthetic-cifar", "batch_size": 8,
-        "steps": 8, "warmup_steps": 2, "eval_every": 4, "eval_batch_size": 64, "threads": 1,
-        "backend": "gloo", "compute": "emulated", "emulated_step_s": STEP_S, "options": options})
-    s = mpiexec_launch(config, 3, timeout_s=300)
+    config, s = TrainConfig.from_dict(swept_config(name)), swept[name]
     assert s["num_workers"] == len(config.options.roles(3).workers)
     assert math.isnan(s["final_train_loss"]) and math.isnan(s["test_accuracy"]), s
     assert s["emulated_forward_s"] + s["emulated_backward_s"] == pytest.approx(STEP_S)

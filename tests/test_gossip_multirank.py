@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from conftest import BIN, explain, mpi_python, mpiexec, read_json
+from conftest import explain, mpi_python, one_session
 
 from downpour_lib.data import load_dataset
 from downpour_lib.models import build_model, parameter_count
@@ -108,14 +108,21 @@ def test_bytes_per_step_do_not_grow_with_the_graph_for_one_peer(digits_runs):
     assert not math.isnan(digits_runs["osgp"]["staleness_mean"])
 
 
-@pytest.mark.parametrize("algorithm", ["sgp", "osgp", "dpsgd", "adpsgd"])
-def test_gossip_runs_on_the_mpi_backend(tmp_path, algorithm):
+GOSSIP = ("sgp", "osgp", "dpsgd", "adpsgd")
+
+
+@pytest.fixture(scope="module")
+def on_mpi():
+    """Each gossip algorithm's short run, one after another in one mpiexec session on ``auto``."""
+    return one_session(N, {algorithm: {
+        "algorithm": algorithm, "model": "mlp", "dataset": "digits", "steps": 20, "eval_every": 10,
+        "threads": 1} for algorithm in GOSSIP}, backend="auto")
+
+
+@pytest.mark.parametrize("algorithm", GOSSIP)
+def test_gossip_runs_on_the_mpi_backend(on_mpi, algorithm):
     """The scripts above pin gloo; `auto` under mpiexec is the mpi backend, which has no batched
-    point-to-point and no per-group destroy: the gossip paths must not need either."""
-    out = tmp_path / "s.json"
-    proc = mpiexec(4, str(BIN / "downpour"), "train", "--algorithm", algorithm, "--model", "mlp",
-                   "--dataset", "digits", "--steps", "20", "--eval-every", "10", "--threads", "1",
-                   "--summary-json", str(out), timeout=180)
-    assert proc.returncode == 0, explain(proc)
-    summary = read_json(out)
+    point-to-point and no per-group destroy: the gossip paths must not need either (nor leave
+    anything behind that the next run in the same session trips on)."""
+    summary = on_mpi[algorithm]
     assert summary["backend"] == "mpi" and summary["test_accuracy"] > 0.2, summary
