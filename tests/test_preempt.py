@@ -47,8 +47,10 @@ JOBS = {  # name: (ranks, flags)
                   "--threads=1", "--final-eval=false"]),
 }
 REFERENCES = ("sync_ps", "allreduce")  # uninterrupted, under mpiexec, on the same backend
+# the jobs that run until Slurm stops them: their compute emulated (each step sleeps 20 ms), so the
+# minute the time limit takes costs no CPU (it was a core's, beside the rest of make test)
 LONG = ["--algorithm=allreduce", "--model=mlp", "--dataset=digits", "--steps=10000000", "--threads=1",
-        "--final-eval=false", "--backend=gloo"]
+        "--final-eval=false", "--backend=gloo", "--compute=emulated", "--emulated-step-s=0.02"]
 TERM_JOBS = {  # name: (ranks, flags, sbatch options); submitted first, so they start at once
     "scancel": (2, [*LONG, "--checkpoint-every=100"], []),  # a plain scancel after ckpt-100
     "timelimit": (1, LONG, ["--time=1"]),  # no --signal: the limit's TERM; no periodic checkpoint
@@ -287,8 +289,9 @@ def stopped_by_term_at(name: str, term_jobs) -> int:
     assert "not requeued: after a SIGTERM" in log and "downpour: SIGTERM (scancel, the time limit" in log, log
     assert restarts == "0" and "requeued Slurm job" not in log, log
     config = TrainConfig(algorithm="allreduce", model="mlp", dataset="digits", steps=10_000_000,
-                         threads=1, final_eval=False, backend="gloo",
-                         checkpoint_dir=str(ckpt_dir(root, name)), resume="auto")  # LONG's run
+                         threads=1, final_eval=False, backend="gloo", compute="emulated",
+                         emulated_step_s=0.02, checkpoint_dir=str(ckpt_dir(root, name)),
+                         resume="auto")  # LONG's run
     plan = plan_run(config, TERM_JOBS[name][0], load_dataset("digits").train)
     assert plan.start_step == completed and plan.resume_path == str(path)
     return completed
@@ -377,7 +380,7 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algori
     (143, as torchrun and Lightning treat a TERM: scancel, a time limit). Not in Slurm, it says how
     to continue instead of requeueing; --resume auto continues to the end. On the mpi backend
     (Slurm's tests: gloo)."""
-    flags = [f"--algorithm={algorithm}", "--model=mlp", "--dataset=digits", "--steps=4000",
+    flags = [f"--algorithm={algorithm}", "--model=mlp", "--dataset=digits", "--steps=1000",
              "--threads=1", "--final-eval=false", "--checkpoint-dir", str(tmp_path),
              "--checkpoint-every=100"]
     env = launch_env()
@@ -400,7 +403,7 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, algori
         assert "not requeued: after a SIGTERM" in out, out[-3000:]
     else:
         assert "requeue" not in out.replace("--resume auto", "")
-    assert [s for s, _ in checkpoint.scan(tmp_path)][-1] == completed < 4000
+    assert [s for s, _ in checkpoint.scan(tmp_path)][-1] == completed < 1000
     resumed = mpiexec(ranks, str(BIN / "downpour"), "train", *flags, "--resume", "auto",
                       "--summary-json", str(tmp_path / "s.json"), timeout=300)
     assert resumed.returncode == 0, explain(resumed)
