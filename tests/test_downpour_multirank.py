@@ -8,7 +8,7 @@ import threading
 
 import pandas as pd
 import pytest
-from conftest import BIN, ROOT, explain, launch_env, mpi_python, mpiexec, read_json
+from conftest import BIN, ROOT, explain, launch_env, mpi_python, mpiexec, one_session, read_json
 
 from downpour_lib import checkpoint
 
@@ -154,17 +154,26 @@ def test_evaluator_scores_checkpoints_while_downpour_trains_and_the_run_resumes(
     assert second["test_accuracy"] >= first["test_accuracy"] - 0.05
 
 
-@pytest.mark.parametrize("bound", [0, 2])
-def test_bounded_staleness_refuses_staler_pushes_and_refetches(tmp_path, bound):
+BOUNDS = (0, 2)
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    """A Downpour run at each staleness bound, one after another in one mpiexec -n 4 session;
+    bound -> (its summary, its output directory)."""
+    root = tmp_path_factory.mktemp("bounded")
+    runs = one_session(4, {str(bound): {
+        "algorithm": "downpour", "options": {"servers": 1, "max_staleness": bound, "warmstart": 0},
+        "model": "mlp", "dataset": "digits", "epochs": 3, "threads": 1,
+        "output_dir": str(root / str(bound))} for bound in BOUNDS})
+    return {bound: (runs[str(bound)], root / str(bound)) for bound in BOUNDS}
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_bounded_staleness_refuses_staler_pushes_and_refetches(bounded, bound):
     """max_staleness=0: every applied push was computed from the parameters it is applied to,
     as in synchronous SGD (the histogram is all zero); the refused ones are counted."""
-    out = tmp_path / "run"
-    proc = mpiexec(4, str(BIN / "downpour"), "train", "--algorithm", "downpour", "--servers", "1",
-                   "--max-staleness", str(bound), "--warmstart", "0", "--model", "mlp",
-                   "--dataset", "digits", "--epochs", "3", "--threads", "1",
-                   "--output-dir", str(out), "--summary-json", str(tmp_path / "s.json"))
-    assert proc.returncode == 0, explain(proc)
-    s = read_json(tmp_path / "s.json")
+    s, out = bounded[bound]
     assert s["staleness_max"] <= bound and sum(s["staleness_hist"].values()) > 0, s
     steps = pd.read_csv(out / "steps.csv")
     workers = steps[steps.role == "worker"]

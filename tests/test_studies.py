@@ -6,7 +6,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import BIN, ROOT, explain, mpiexec, read_json
 
 from downpour_lib import provenance
 from downpour_lib.cli import main
@@ -189,3 +189,42 @@ def test_run_ids_that_look_like_numbers_stay_text(tmp_path):
     assert store.done() == set(ids)
     assert list(store.read(ids)["runs"].run_id) == ids
     assert list(store.frame().git_sha) == ["0123456", "1e5", "abc"]
+
+
+# -- several trainings in one launch (study/batch.py) --------------------------------------------
+
+def test_a_batch_trains_each_run_as_a_launch_of_its_own_would(tmp_path):
+    """Under mpiexec -n 2, localsgd then allreduce in one session: allreduce's run ends where the
+    same run under ``downpour train`` alone does (same loss, same bytes; the first run leaves
+    nothing behind that changes it), and each run's records are in its own directory."""
+    from downpour_lib import TrainConfig
+    from downpour_lib.study.batch import batch_command, read_batch
+
+    base = {"model": "mlp", "dataset": "digits", "steps": 12, "batch_size": 16, "threads": 1,
+            "backend": "gloo", "final_eval": False}
+    configs = {name: TrainConfig.from_dict({**base, "algorithm": name})
+               for name in ("localsgd", "allreduce")}
+    proc = mpiexec(2, *batch_command(configs, tmp_path))
+    assert proc.returncode == 0, explain(proc)
+    runs = read_batch(tmp_path, configs)
+    assert list(runs) == ["localsgd", "allreduce"]
+    assert all((tmp_path / name / "steps.csv").is_file() for name in runs)
+    alone = tmp_path / "alone.json"
+    proc = mpiexec(2, str(BIN / "downpour"), "train", "--algorithm=allreduce",
+                   *(f"--{k.replace('_', '-')}={v}" for k, v in base.items()), f"--summary-json={alone}")
+    assert proc.returncode == 0, explain(proc)
+    reference = read_json(alone)
+    for key in ("final_train_loss", "bytes_sent_per_step", "total_steps", "world_size"):
+        assert runs["allreduce"][key] == reference[key], key
+
+
+def test_a_batch_shares_one_process_group_and_names_plain_directories(tmp_path):
+    from downpour_lib import TrainConfig
+    from downpour_lib.study.batch import batch_command
+
+    gloo, mpi = (TrainConfig(algorithm="allreduce", backend=b) for b in ("gloo", "mpi"))
+    with pytest.raises(ConfigError, match="one backend, device and timeout_s"):
+        batch_command({"a": gloo, "b": mpi}, tmp_path)
+    with pytest.raises(ConfigError, match="name='../x'"):
+        batch_command({"../x": gloo}, tmp_path)
+    assert not (tmp_path / "batch.json").exists()

@@ -6,8 +6,8 @@ each node a network namespace and a link shaped with ``tc`` to a rate; this vali
 
 1. measures the link between the nodes: ``downpour bench collectives`` (gloo, the backend ``srun``
    launches use) with one rank per node, fitted to the alpha-beta costs (``calibrate.fit_link``);
-2. trains each algorithm for a few steps with one worker per node (``srun --distribution=cyclic``)
-   and reads its mean step time;
+2. trains each algorithm for a few steps with one worker per node (``srun --distribution=cyclic``;
+   the algorithms one after another in one ``srun``, ``batch.py``) and reads its mean step time;
 3. predicts that step time from the fitted link and the algorithm's step besides the link, and
    reports the error.
 
@@ -24,7 +24,6 @@ on two nodes at two rates and asserts the stated tolerance.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -105,15 +104,19 @@ def _failed(what: str, proc: subprocess.CompletedProcess) -> StudyError:
     return StudyError(f"{what} failed (exit {proc.returncode}):\n{tail}")
 
 
-def _train(config: TrainConfig, nodes: int, env: dict[str, str], timeout_s: float) -> dict:
-    from .accuracy import train_command
+def _train(configs: dict[str, TrainConfig], nodes: int, env: dict[str, str],
+           timeout_s: float) -> dict[str, dict]:
+    """Each algorithm's run, one after another in one ``srun`` (``batch``): the ranks start once
+    for all of them, 4-5 s saved a run; name -> its summary."""
+    from .batch import batch_command, read_batch
 
     with tempfile.TemporaryDirectory(prefix="downpour-validate-") as tmp:
-        proc = _srun(nodes, nodes, train_command(config, Path(tmp)), env, timeout_s)
-        summary = Path(tmp) / "out" / "summary.json"
-        if proc.returncode != 0 or not summary.is_file():
-            raise _failed(f"{config.algorithm} on {nodes} node(s)", proc)
-        return json.loads(summary.read_text())
+        proc = _srun(nodes, nodes, batch_command(configs, Path(tmp)), env,
+                     timeout_s * len(configs))
+        summaries = read_batch(Path(tmp), configs)
+        if proc.returncode != 0 or len(summaries) < len(configs):
+            raise _failed(f"{', '.join(configs)} on {nodes} node(s)", proc)
+        return summaries
 
 
 def _collectives(path: Path, nodes: int, env: dict[str, str], timeout_s: float) -> Path:
@@ -197,10 +200,10 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
         # each algorithm's step with the link out of the way (unshaped: hundreds of MB/s), less
         # what the model says that link costs it: the rest does not depend on the link
         unshaped = _fitted(out / "collectives-unshaped.json", nodes, env, timeout_s)
+        longer = {name: _config(base, name, UNSHAPED_LONGER) for name in configs}
         workloads = {}
-        for name in configs:
-            longer = _config(base, name, UNSHAPED_LONGER)
-            workloads[name] = workload_of(_train(longer, nodes, env, timeout_s), unshaped)
+        for name, summary in _train(longer, nodes, env, timeout_s).items():
+            workloads[name] = workload_of(summary, unshaped)
             log(f"{name} unshaped: {workloads[name].compute_s * 1e3:.2f} ms per step besides "
                 f"the link")
         for rate in links:
@@ -210,13 +213,12 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
             link = _fitted(measured, nodes, env, timeout_s)
             log(f"{rate}: alpha {link.alpha_s * 1e6:.0f} us, beta {link.bandwidth_Bps / 1e6:.1f} MB/s")
             network = Network(link, link, per_node=1)
-            for name, config in configs.items():
+            for name, summary in _train(configs, nodes, env, timeout_s).items():
                 w = workloads[name]
                 cal = Calibration(f"sandbox-{nodes}x-{rate}", network, {w.model: w},
                                   collective="ring",
                                   source=f"gloo rows of {measured.name} ({nodes} sandbox nodes at "
                                          f"{rate}); compute: {w.source}")
-                summary = _train(config, nodes, env, timeout_s)
                 p = predict(cal, name, nodes, w.model, modelled_options(summary))
                 rows.append({"link": rate, "algorithm": name, "workers": nodes,
                              "measured_step_s": summary["step_s"], "predicted_step_s": p.step_s,

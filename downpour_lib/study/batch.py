@@ -1,0 +1,73 @@
+"""Several trainings in one launch: what a launcher runs on every rank to train a batch of
+configurations one after another in one session, so that the ranks start (and import torch, 3-4 s of
+CPU each) once for the batch, not once per run.
+
+``batch_command(configs, directory)`` writes ``directory/batch.json`` (name -> configuration, in
+order) and returns the command; each run writes its records to ``directory/<name>/`` (steps.csv,
+evals.csv, summary.json), as ``downpour train --output-dir`` does, and ``read_batch`` reads the
+summaries back. ``model_validate`` trains its algorithms this way, once per link setting. The runs
+share one process group, so they share its backend, device and timeout; any exception on any rank
+ends the job, naming the rank (``runtime.abort_on_error``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..errors import ConfigError
+
+BATCH_FILE = "batch.json"
+
+
+def batch_command(configs: dict[str, TrainConfig], directory: Path) -> list[str]:
+    """One rank's command to train ``configs`` in order (written to ``directory``)."""
+    session = {_session(config) for config in configs.values()}
+    if len(session) > 1:
+        raise ConfigError("configs", sorted(session), "one backend, device and timeout_s for every "
+                          "run of a batch: they share its process group")
+    runs = {}
+    for name, config in configs.items():
+        if not name or "/" in name or name.startswith("."):
+            raise ConfigError("name", name, "a plain directory name")
+        runs[name] = {**config.to_dict(), "output_dir": str(directory / name)}
+    (directory / BATCH_FILE).write_text(json.dumps(runs, default=str))
+    return [sys.executable, "-m", "downpour_lib.study.batch", str(directory)]
+
+
+def read_batch(directory: Path, names) -> dict[str, dict]:
+    """name -> the summary its run wrote; a run without one is missing from the result."""
+    found = {}
+    for name in names:
+        path = directory / name / "summary.json"
+        if path.is_file():
+            summary = json.loads(path.read_text())
+            summary.pop("config", None)
+            found[name] = summary
+    return found
+
+
+def _session(config: TrainConfig) -> tuple:
+    system = config.system
+    return (system.backend, system.device, system.timeout_s)
+
+
+def main(directory: str) -> int:
+    from ..comm import runtime
+    from ..engine import Trainer
+
+    runs = json.loads((Path(directory) / BATCH_FILE).read_text())
+    configs = [TrainConfig.from_dict(run) for run in runs.values()]
+    backend, device, timeout_s = _session(configs[0])
+    with runtime.abort_on_error():
+        ctx = runtime.init(backend, device, timeout_s)
+        for config in configs:
+            Trainer(config, ctx).run()
+        runtime.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
