@@ -248,6 +248,16 @@ def pytest_addoption(parser):
                           "(apart: make test's parallel part), or only them (its second part)")
 
 
+def pytest_ignore_collect(collection_path, config):
+    """--alone=only (make test's second part, on an idle machine): a test module with no test
+    marked ``pytest.mark.alone`` is not imported, since none of its tests would be selected; the
+    imports of all of them took 10 s here."""
+    if config.getoption("--alone") == "only" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_"):
+        return "pytest.mark.alone" not in collection_path.read_text()
+    return None
+
+
 class _Recorder:
     def __init__(self, path: Path):
         self.path, self.seconds, self.load = path, {}, os.getloadavg()[0]
