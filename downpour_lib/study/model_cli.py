@@ -120,7 +120,9 @@ def _overlap(text: str) -> float | None:
 
 
 def add_model_parser(sub: argparse._SubParsersAction) -> None:
-    from ..perf.presets import PRESETS
+    # the presets by file name: loading them (perf.presets) took 0.12 s of every command's start,
+    # every training rank's included
+    from ..perf.hardware import preset_files
 
     model = sub.add_parser("model", help="the performance model: calibrate, predict, presets, check",
                            description=__doc__.split("\n\n")[0])
@@ -147,7 +149,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
 
     p = verbs.add_parser("predict", help="step time, throughput and efficiency at N workers")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--preset", choices=sorted(PRESETS), help="published hardware")
+    where.add_argument("--preset", choices=sorted(preset_files()), help="published hardware")
     where.add_argument("--hardware", default=None, metavar="FILE.yaml",
                        help="your hardware: devices, nodes, links, models with their sources "
                             "(the fields: downpour_lib/perf/hardware.py; the presets are such files "
