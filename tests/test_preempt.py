@@ -36,7 +36,8 @@ from downpour_lib import TrainConfig, checkpoint, preempt
 from downpour_lib.errors import ConfigError
 from downpour_lib.sandbox import slurm_conf
 
-SYNC = ["--model=mlp", "--dataset=digits", "--steps=1500", "--batch-size=16", "--threads=1",
+SYNC_STEPS = 800  # signalled at the first checkpoint (100): 700 steps later, seconds even under load
+SYNC = ["--model=mlp", "--dataset=digits", f"--steps={SYNC_STEPS}", "--batch-size=16", "--threads=1",
         "--checkpoint-every=100", "--final-eval=false", "--backend=gloo"]
 JOBS = {  # name: (ranks, flags)
     "sync_ps": (3, ["--algorithm=sync_ps", *SYNC]),
@@ -233,13 +234,13 @@ def assert_requeued_and_resumed(name: str, state: str, log: str) -> int:
 def test_a_requeued_synchronous_run_ends_with_the_uninterrupted_parameters(jobs, name):
     state, log, root = jobs[name]
     completed = assert_requeued_and_resumed(name, state, log)
-    assert 100 <= completed < 1500  # signalled after its first periodic checkpoint, long before the end
-    resumed, reference = final_model(ckpt_dir(root, name), 1500), \
-        final_model(ckpt_dir(root / "reference", name), 1500)
+    assert 100 <= completed < SYNC_STEPS  # signalled after its first periodic checkpoint
+    resumed, reference = final_model(ckpt_dir(root, name), SYNC_STEPS), \
+        final_model(ckpt_dir(root / "reference", name), SYNC_STEPS)
     diff = max((resumed[k] - reference[k]).abs().max().item() for k in reference)
     assert diff <= 1e-6, (name, diff)
     s = read_json(root / f"{name}.json")
-    assert s["start_step"] == completed and s["total_steps"] == 1500
+    assert s["start_step"] == completed and s["total_steps"] == SYNC_STEPS
 
 
 def test_a_requeued_downpour_run_resumes_its_servers_and_reaches_90_percent(jobs):
