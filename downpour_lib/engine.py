@@ -340,12 +340,11 @@ class Trainer:
         self.algorithm.close()
         wall_s = time.perf_counter() - self.t_start
         self.life.end(stopped)
-        result = self.life.gather(wall_s, self.step_records, self.eval_records)
-        if result is not None and self.compute is not None:  # what each worker slept a step
-            result.summary.update(emulated_forward_s=self.compute.forward_s,
-                                  emulated_backward_s=self.compute.backward_s,
-                                  emulated_compute=self.compute.source)
-        return result
+        emulated = None if self.compute is None else {  # what each worker slept a step
+            "emulated_forward_s": self.compute.forward_s,
+            "emulated_backward_s": self.compute.backward_s,
+            "emulated_compute": self.compute.source}
+        return self.life.gather(wall_s, self.step_records, self.eval_records, emulated)
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y

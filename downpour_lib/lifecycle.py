@@ -160,9 +160,9 @@ class Lifecycle:
     # -- results -----------------------------------------------------------------------------
 
     def gather(self, wall_s: float, step_records: list[StepRecord],
-               eval_records: list[EvalRecord]) -> RunResult | None:
+               eval_records: list[EvalRecord], extra: dict[str, Any] | None = None) -> RunResult | None:
         """Every rank's records (and trace) on rank 0, which returns the run's result and writes
-        its files; None elsewhere."""
+        its files; None elsewhere. ``extra``: more of the summary (emulated compute's times)."""
         events = self.tracer.export() if self.tracer is not None else None
         gathered = self.comm.gather_object((step_records, eval_records, events), root=0)
         if gathered is None:
@@ -191,6 +191,7 @@ class Lifecycle:
             "torch_threads": torch.get_num_threads(),
             "hosts": ",".join(sorted(set(ctx.hosts))),
             **provenance.environment(),
+            **(extra or {}),
         }
         result = RunResult(config, steps, evals, summary)
         if outputs.output_dir:
