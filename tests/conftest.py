@@ -46,15 +46,18 @@ def mpi_python(n: int, script: str, *args: str, timeout: float = 240) -> subproc
     return mpiexec(n, sys.executable, str(MPI_SCRIPTS / script), *args, timeout=timeout)
 
 
-def one_session(n: int, runs: dict[str, dict], backend: str = "gloo",
-                timeout: float = 600) -> dict[str, dict]:
-    """Train each configuration (case -> a TrainConfig dict) one after another in one mpiexec -n
-    ``n`` session (tests/mpi/runs.py): the ranks start and import torch once for all of them (3-4 s
-    of CPU a rank). case -> its summary, as ``downpour train --summary-json`` writes it."""
-    proc = mpi_python(n, "runs.py", backend, json.dumps(runs), timeout=timeout)
+def one_session(n: int, runs: dict[str, dict], directory: Path, timeout: float = 600) -> dict[str, dict]:
+    """Train each configuration (name -> a TrainConfig dict) one after another in one mpiexec -n
+    ``n`` session (downpour_lib/study/batch.py), each writing its records to ``directory/<name>/``:
+    the ranks start and import torch once for all of them (3-4 s of CPU a rank). name -> its
+    summary, as ``downpour train --summary-json`` writes it."""
+    from downpour_lib import TrainConfig
+    from downpour_lib.study.batch import batch_command, read_batch
+
+    configs = {name: TrainConfig.from_dict(run) for name, run in runs.items()}
+    proc = mpiexec(n, *batch_command(configs, directory), timeout=timeout)
     assert proc.returncode == 0, explain(proc)
-    found = {run["case"]: run for run in (json.loads(line) for line in proc.stdout.splitlines()
-                                          if line.startswith("{"))}
+    found = read_batch(directory, configs)
     assert list(found) == list(runs), explain(proc)
     return found
 

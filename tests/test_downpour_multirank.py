@@ -164,8 +164,7 @@ def bounded(tmp_path_factory):
     root = tmp_path_factory.mktemp("bounded")
     runs = one_session(4, {str(bound): {
         "algorithm": "downpour", "options": {"servers": 1, "max_staleness": bound, "warmstart": 0},
-        "model": "mlp", "dataset": "digits", "epochs": 3, "threads": 1,
-        "output_dir": str(root / str(bound))} for bound in BOUNDS})
+        "model": "mlp", "dataset": "digits", "epochs": 3, "threads": 1} for bound in BOUNDS}, root)
     return {bound: (runs[str(bound)], root / str(bound)) for bound in BOUNDS}
 
 

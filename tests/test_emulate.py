@@ -173,9 +173,10 @@ def swept_config(name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def swept():
+def swept(tmp_path_factory):
     """Every swept algorithm's run, one after another in one mpiexec -n 3 session."""
-    return one_session(3, {name: swept_config(name) for name in SWEPT})
+    return one_session(3, {name: swept_config(name) for name in SWEPT},
+                       tmp_path_factory.mktemp("swept"))
 
 
 @pytest.mark.ranks

@@ -112,11 +112,11 @@ GOSSIP = ("sgp", "osgp", "dpsgd", "adpsgd")
 
 
 @pytest.fixture(scope="module")
-def on_mpi():
+def on_mpi(tmp_path_factory):
     """Each gossip algorithm's short run, one after another in one mpiexec session on ``auto``."""
     return one_session(N, {algorithm: {
         "algorithm": algorithm, "model": "mlp", "dataset": "digits", "steps": 20, "eval_every": 10,
-        "threads": 1} for algorithm in GOSSIP}, backend="auto")
+        "threads": 1} for algorithm in GOSSIP}, tmp_path_factory.mktemp("on_mpi"))
 
 
 @pytest.mark.parametrize("algorithm", GOSSIP)
