@@ -31,8 +31,10 @@ studies: study   ## every study: notebooks 02 to 06 headless
 # Then, in one process with nothing beside them, the tests marked `alone`: measurements that hold
 # only on a quiet machine (model validate's 9 ms DiLoCo steps came out 43% off beside the workers).
 # Pytest's exit 5 (nothing selected: a PYTEST_ARGS tier with no `alone` test) passes in one part.
-# A fresh clone's make test here: 27 minutes (install 2, workers 23, alone 2); in one process 45.
-TEST_WORKERS ?= 3
+# Four workers on 2 cores: a fourth keeps the cores busy while the tests that wait (a silent rank's
+# timeout, Slurm's time limit) sleep; with three, 2.2 CPU-minutes of the workers' part were idle.
+# A fresh clone's make test here: 24.4 minutes (install 2, workers 21, alone 1.2); in one process 45.
+TEST_WORKERS ?= 4
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 ifeq ($(TEST_WORKERS),0)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
