@@ -34,7 +34,7 @@ studies: study   ## every study: notebooks 02 to 06 headless
 # Three workers on 2 cores: with four the cores stay busier while the tests that wait (a silent
 # rank's timeout, Slurm's time limit) sleep (2.2 idle CPU-minutes of the workers' part -> 0.35, 24.4
 # minutes in all), but one of two such runs lost JupyterLab's server connection in the browser test.
-# A fresh clone's make test here: 26 minutes (install 2, workers 22, alone 1.3); in one process 45.
+# A fresh clone's make test here: 25.2 minutes (install 1.7, workers 22.3, alone 1.2); in one process 45.
 TEST_WORKERS ?= 3
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 ifeq ($(TEST_WORKERS),0)
