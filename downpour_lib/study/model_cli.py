@@ -120,7 +120,7 @@ def _overlap(text: str) -> float | None:
 
 
 def add_model_parser(sub: argparse._SubParsersAction) -> None:
-    # the presets by file name: loading them (perf.presets) took 0.12 s of every command's start,
+    # the presets by file name: loading them (perf.presets) took about 0.05 s of every command's start,
     # every training rank's included
     from ..perf.hardware import preset_files
 
