@@ -98,9 +98,13 @@ def test_a_timed_out_launch_is_stopped_with_sigterm_and_leaves_no_session(tmp_pa
     # a TMPDIR of its own: the session directory is made there, and another test's launch (make
     # test's other workers) cannot be taken for a leftover of this one
     env = {**launch_env(), "TMPDIR": str(tmp_path)}
-    with pytest.raises(subprocess.TimeoutExpired):
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
         run_mpiexec([mpiexec_path(), "-n", "2", "--oversubscribe", sys.executable, "-c",
-                     "import time; time.sleep(120)"], env=env, capture_output=True, text=True,
-                    timeout_s=5)
+                     "import sys, time; print('rank up', file=sys.stderr, flush=True); time.sleep(120)"],
+                    env=env, capture_output=True, text=True, timeout_s=5)
     left = {n for n in os.listdir(tmp_path) if n.startswith("ompi.")}
     assert not left, f"the stopped launcher left {left}"
+    # the report says what was still running and where the output stood
+    notes = "\n".join(expired.value.__notes__)
+    assert notes.count("python") == 2 and "prterun" in notes, notes
+    assert "--- stderr (end)\nrank up\nrank up" in notes, notes

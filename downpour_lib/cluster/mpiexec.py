@@ -98,11 +98,36 @@ def run_mpiexec(cmd: list[str], *, timeout_s: float, grace_s: float = 10.0,
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            alive = _process_tree(proc.pid)  # what was still there, before the launcher stops it
             proc.send_signal(signal.SIGTERM)
             try:
                 out, err = proc.communicate(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(cmd, timeout_s, out, err) from None
+            expired = subprocess.TimeoutExpired(cmd, timeout_s, out, err)
+            expired.add_note(f"at the timeout, the launcher's processes: {alive}")
+            for name, text in (("stdout", out), ("stderr", err)):
+                if text:  # captured: its end, so the report shows where the run stood
+                    tail = text[-3000:] if isinstance(text, str) else text[-3000:].decode(errors="replace")
+                    expired.add_note(f"--- {name} (end)\n{tail}")
+            raise expired from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _process_tree(pid: int) -> str:
+    """``pid`` and its descendants, each as ``pid state name`` (e.g. ``123 S python``)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return "none"
+    described = []
+    for p in procs:
+        try:
+            described.append(f"{p.pid} {p.status()} {' '.join(p.cmdline()[:4])[:100]}")
+        except psutil.Error:
+            continue
+    return "; ".join(described) or "none"
