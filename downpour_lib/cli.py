@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -96,10 +97,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 OUTPUT_FIELDS = ("output_dir", "checkpoint_dir", "summary_json", "trace")
 
 
+#: how long a rank that leaves the message to another waits before it exits with the error
+QUIET_EXIT_DELAY_S = 10.0
+
+
 def _refuse(exc: Exception, speak: bool) -> int:
-    """Exit status 2 for bad input, with its message from the ranks that ``speak``."""
+    """Exit status 2 for bad input, with its message from the ranks that ``speak``. The others wait
+    first: a launcher ends the job at the first rank that exits with an error, and a quiet rank that
+    left before the speaking one had printed took the message with it (mpiexec killed rank 0 a
+    moment before it would have said why, under load). mpiexec ends the wait once the speaking rank
+    exits; where nothing does (srun), the job ends ``QUIET_EXIT_DELAY_S`` later."""
     if speak:
         print(f"downpour train: error: {exc}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(QUIET_EXIT_DELAY_S)
     return USAGE_ERROR
 
 
