@@ -28,11 +28,12 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:  # torch is imported where a function needs it: the atomic writes and the
+    import torch  # directory scans serve commands that never load torch (sandbox, cluster)
 
 FORMAT = "downpour-checkpoint-1"
 NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -134,6 +135,8 @@ def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
 def save(directory: str | os.PathLike, state: dict[str, Any]) -> Path:
     """Write ``state`` as the checkpoint of its step, atomically; its path. Temporary files that
     killed writers left in ``directory`` are deleted first."""
+    import torch
+
     remove_stale_temps(directory)
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buffer)
@@ -171,6 +174,8 @@ def prune(directory: str | os.PathLike, keep: int, config: dict[str, Any], world
 
 def load(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint (tensors and plain values only); CheckpointError says what is wrong."""
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises many kinds for a torn or foreign file
@@ -280,6 +285,8 @@ def check_resume(state: dict[str, Any], path: Path, config: dict[str, Any], worl
 
 
 def rng_state() -> dict[str, Any]:
+    import torch
+
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -287,6 +294,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -306,6 +315,8 @@ def rank_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 def assemble(step: int, final: bool, time_s: float, config: dict[str, Any], world_size: int,
              model: dict[str, torch.Tensor], ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The checkpoint's contents; a rank's model state equal to ``model`` is stored once."""
+    import torch
+
     for entry in ranks.values():
         own = entry.get("model")
         if own is not None and own.keys() == model.keys() and all(

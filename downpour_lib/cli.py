@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import math
 import os
 import sys
@@ -19,14 +20,12 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from . import preempt
-from .algorithms import ALGORITHMS
-from .comm import runtime
-from .comm.collectives import Communicator
-from .comm.launch_env import discover
-from .config import TrainConfig
 from .errors import ConfigError, DataError
-from .options import coerce
+
+if typing.TYPE_CHECKING:
+    from . import preempt
+    from .comm import runtime
+    from .config import TrainConfig
 
 USAGE_ERROR = 2
 
@@ -38,6 +37,8 @@ def _flag(name: str) -> str:
 def _option_fields() -> dict[str, str]:
     """Every algorithm option, with its help text prefixed by the algorithms that take it (an
     option several algorithms share with different meanings, e.g. topology, lists each)."""
+    from .algorithms import ALGORITHMS
+
     helps: dict[str, dict[str, list[str]]] = {}  # option -> help text -> algorithms
     for name, cls in ALGORITHMS.items():
         for f in dataclasses.fields(cls.Options):
@@ -47,6 +48,8 @@ def _option_fields() -> dict[str, str]:
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    from .config import TrainConfig
+
     p = sub.add_parser("train", help="train one configuration (run it under mpiexec/srun/torchrun)",
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="YAML or JSON file of TrainConfig fields; flags override it")
@@ -73,6 +76,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 def _option_hints() -> dict[str, Any]:
     """Each algorithm option's type, to parse its flag's text. Algorithms that share an option name
     share its type (they may differ in a Literal's choices, which the options check)."""
+    from .algorithms import ALGORITHMS
+
     hints: dict[str, Any] = {}
     for cls in ALGORITHMS.values():
         types = typing.get_type_hints(cls.Options)
@@ -83,6 +88,9 @@ def _option_hints() -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The flags' text parsed into each field's type, over the config file's typed values."""
+    from .config import TrainConfig
+    from .options import coerce
+
     hints, option_hints = TrainConfig.flat_hints(), _option_hints()
     values = {k: coerce(k, hints[k], v, text=True) for k, v in vars(args).items()
               if k in hints and k != "options"}
@@ -119,6 +127,10 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
     Slurm batch job; then all exit together with PREEMPTED (none before the requeue is made).
     Stopped by SIGTERM: exit TERMINATED, not requeued. A requeued start that made no progress:
     exit STALLED, not requeued again (it would loop)."""
+    from . import preempt
+    from .comm import runtime
+    from .comm.collectives import Communicator
+
     preempt.SIGNAL.ignore()  # answered: a later one must not kill a rank on its way out
     status = (preempt.TERMINATED if stop.terminated else
               preempt.STALLED if stop.completed <= stop.started and preempt.restarts() else
@@ -152,6 +164,9 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from . import preempt
+    from .comm import runtime
+    from .comm.launch_env import discover
     from .data import load_dataset
     from .engine import Trainer, plan_run, quiet
     from .paths import check_new_file
@@ -298,27 +313,43 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="downpour", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_parser(sub)
-    add_evaluate_parser(sub)
+def _add_models_parser(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("models", help="list the models with parameter counts").set_defaults(
         func=cmd_models)
-    sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)
-    from .bench.cli import add_bench_parser
-    from .cluster.cli import add_cluster_parsers, add_lab_parser
-    from .sandbox.cli import add_sandbox_parser
-    from .study.cli import add_study_parsers
-    from .study.model_cli import add_model_parser
 
-    add_study_parsers(sub)
-    add_model_parser(sub)
-    add_bench_parser(sub)
-    add_cluster_parsers(sub)
-    add_lab_parser(sub)
-    add_sandbox_parser(sub)
+
+def _add_datasets_parser(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)
+
+
+#: each command and the function that adds its parser ("module:function", a module of this
+#: package). A command line builds only the parser of the command it names: the train parser's
+#: flags come from the algorithms, which import torch (seconds), and `downpour model predict`,
+#: `sandbox` or `plot` should not wait for that.
+COMMANDS = {
+    "train": ".cli:add_train_parser", "evaluate": ".cli:add_evaluate_parser",
+    "models": ".cli:_add_models_parser", "datasets": ".cli:_add_datasets_parser",
+    "study": ".study.cli:add_study_parsers", "plot": ".study.cli:add_study_parsers",
+    "model": ".study.model_cli:add_model_parser", "bench": ".bench.cli:add_bench_parser",
+    "profiles": ".cluster.cli:add_cluster_parsers", "notebook": ".cluster.cli:add_cluster_parsers",
+    "lab": ".cluster.cli:add_lab_parser", "sandbox": ".sandbox.cli:add_sandbox_parser",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or (``command``) of that one alone."""
+    parser = argparse.ArgumentParser(prog="downpour", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    adders = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    for where in dict.fromkeys(adders):  # in order, each once (one adds two commands)
+        module, name = where.split(":")
+        getattr(importlib.import_module(module, __package__), name)(sub)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command an argument list names: its first argument, unless that is an option (--help)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -332,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    parser = build_parser(_command(sys.argv[1:] if argv is None else argv))
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "passes_unknown_args", False):
         parser.error("unrecognized arguments: " + " ".join(unknown))

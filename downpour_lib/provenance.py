@@ -11,8 +11,6 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
 
 @lru_cache(maxsize=1)
 def git_sha() -> str:
@@ -63,6 +61,8 @@ def machine() -> dict[str, str | int]:
 
 
 def environment() -> dict[str, str | int]:
+    import torch  # here: a study's driver reads provenance without importing torch to start
+
     return {
         **machine(),
         "git_sha": git_sha(),

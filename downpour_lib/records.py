@@ -22,10 +22,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pandas as pd
 import torch
+
+if TYPE_CHECKING:  # pandas is imported where a frame is made: on rank 0, at the end of a run
+    import pandas as pd
 
 
 def device_sync(device: torch.device) -> None:
@@ -168,6 +170,8 @@ class RunResult:
     summary: dict[str, Any]
 
     def summary_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame([self.summary])
 
     def write_summary_json(self, path: str) -> None:
@@ -188,6 +192,8 @@ def _rows(records: list) -> list[dict[str, Any]]:
 
 
 def frames(steps: list[StepRecord], evals: list[EvalRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    import pandas as pd
+
     step_cols = [c for c in StepRecord.__dataclass_fields__ if c != "extras"]
     eval_cols = [c for c in EvalRecord.__dataclass_fields__ if c != "extras"]
     step_frame, eval_frame = pd.DataFrame(_rows(steps)), pd.DataFrame(_rows(evals))
@@ -245,6 +251,8 @@ def staleness_summary(steps: pd.DataFrame) -> dict[str, Any]:
     they are whole numbers of updates."""
     workers = steps[steps.role == "worker"] if "role" in steps else steps
     columns = staleness_columns(workers)
+    import pandas as pd
+
     values = pd.concat([workers[c] for c in columns]).dropna() if columns else pd.Series([])
     if values.empty:
         return {"staleness_mean": float("nan"), "staleness_max": float("nan"), "staleness_hist": {}}

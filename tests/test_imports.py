@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from conftest import BIN, ROOT, explain, launch_env
 
 from downpour_lib import preempt
@@ -151,6 +152,43 @@ def test_importing_the_library_runs_nothing(tmp_path):
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == {"changed": [], "children": [], "hooked": False, "torch": False,
                     "argv": ["train", "--preempt-signal", "USR1"]}, explain(proc)
+
+
+#: runs one command line in-process, then prints which heavy modules it loaded
+LOADED = """
+import json, sys
+from downpour_lib.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:  # --help
+    pass
+print(json.dumps({m: m in sys.modules for m in ("torch", "pandas")}))
+"""
+
+
+@pytest.mark.parametrize("args", [("sandbox", "slurm", "status", "--dir", "{tmp}/none"),
+                                  ("notebook", "--help"), ("lab", "--help"),
+                                  ("profiles", "--help")])
+def test_commands_that_need_no_torch_do_not_import_it(tmp_path, args):
+    """A command line builds only the parser of its command (the train parser's flags come from
+    the algorithms, which import torch: ~2.5 s of CPU here), and what these commands run needs
+    none of it."""
+    argv = [a.format(tmp=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, "-c", LOADED, *argv], env=launch_env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded["torch"] is False, explain(proc)
+
+
+def test_a_training_rank_loads_pandas_only_where_it_makes_the_tables():
+    """Rank 0 builds the run's frames at its end; a rank that only trains never needs pandas
+    (0.3 s of CPU a rank here)."""
+    code = ("import json, sys\nfrom downpour_lib.engine import Trainer\n"
+            "print(json.dumps({'pandas': 'pandas' in sys.modules, 'torch': 'torch' in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", code], env=launch_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"pandas": False, "torch": True}, \
+        explain(proc)
 
 
 def caught(pid: int, signum: int) -> bool:

@@ -14,9 +14,10 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..comm import runtime
+if TYPE_CHECKING:  # imported where used: the driver imports this module too, and needs no torch
+    from ..comm import runtime
 
 
 def engine_mpi_world():
@@ -32,6 +33,15 @@ def whoami() -> dict[str, Any]:
     world = engine_mpi_world()
     return {"rank": world.Get_rank(), "size": world.Get_size(), "host": socket.gethostname(),
             "pid": os.getpid()}
+
+
+def introduce() -> dict[str, Any]:
+    """``whoami``, once this engine has loaded the runtime (torch, the backends). The session asks
+    every engine this as it connects, so those seconds are spent then, not in the first job's
+    timeout. (Importing this module loads no torch: the driver imports it too.)"""
+    from ..comm import runtime  # noqa: F401
+
+    return whoami()
 
 
 def hello() -> str:
@@ -51,6 +61,8 @@ def job_world(world_size: int, backend: str = "auto", device: str = "auto",
     if not member:
         yield None
         return
+    from ..comm import runtime
+
     runtime.shutdown()  # a job starts clean, even after an interactive %px runtime.init()
     try:
         with runtime.session(backend, device, timeout_s, comm=sub) as ctx:

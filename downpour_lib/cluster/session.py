@@ -45,7 +45,7 @@ from .running import Running, wait_gone
 
 
 def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
-    """rank -> {engine_id, host, pid}, from what each engine said about itself (``remote.whoami``,
+    """rank -> {engine_id, host, pid}, from what each engine said about itself (``remote.introduce``,
     keyed by engine id). The engines must be ranks 0..n-1 of one MPI world of n."""
     sizes = {me["size"] for me in seen.values()}
     ranks = sorted(me["rank"] for me in seen.values())
@@ -76,7 +76,7 @@ class ClusterSession(Running):
     # -- the engines -----------------------------------------------------------------------------
 
     def _ask(self, ids: list[int], timeout_s: float) -> dict[int, dict[str, Any]]:
-        futures = {eid: self.client[eid].apply_async(remote.whoami) for eid in ids}
+        futures = {eid: self.client[eid].apply_async(remote.introduce) for eid in ids}
         return {eid: f.get(timeout=timeout_s) for eid, f in futures.items()}
 
     def _map_ranks(self, seen: dict[int, dict[str, Any]]) -> None:

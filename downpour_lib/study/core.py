@@ -32,16 +32,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from .. import provenance
 from ..checkpoint import atomic_write_text
 from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, run_mpiexec
-from ..config import TrainConfig
 from ..errors import DownpourError
 from .load import LoadProbe, describe
+
+if TYPE_CHECKING:  # annotations only: `downpour model` and `plot` read this module without torch
+    from ..config import TrainConfig
 
 #: The studies, each a directory of results/<host>/ and of results/reference/.
 STUDIES = ("scaling", "staleness", "gossip", "accuracy")
