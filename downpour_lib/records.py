@@ -249,10 +249,10 @@ def staleness_summary(steps: pd.DataFrame) -> dict[str, Any]:
     """Mean and max of the workers' staleness records (one value per push and shard for
     Downpour, per step for the gossip algorithms), and their histogram ({staleness: count}) when
     they are whole numbers of updates."""
-    workers = steps[steps.role == "worker"] if "role" in steps else steps
-    columns = staleness_columns(workers)
     import pandas as pd
 
+    workers = steps[steps.role == "worker"] if "role" in steps else steps
+    columns = staleness_columns(workers)
     values = pd.concat([workers[c] for c in columns]).dropna() if columns else pd.Series([])
     if values.empty:
         return {"staleness_mean": float("nan"), "staleness_max": float("nan"), "staleness_hist": {}}
