@@ -157,7 +157,8 @@ class SlurmSandbox:
                 status.nodes = [NodeStatus(name, self.network.node(i).address,
                                            states.get(name, "") if status.daemons[f"slurmd {name}"]
                                            else "down (slurmd not running)",
-                                           self.network.shaping(self.network.node(i)))
+                                           self.network.shaping(self.network.node(i)),
+                                           self.network.tcp(self.network.node(i)))
                                 for i, name in enumerate(self.node_names())]
             jobs = self._slurm("squeue", "-h", "-o", "%i %j %T %M")
             status.jobs = [j.strip() for j in jobs.stdout.splitlines() if j.strip()]

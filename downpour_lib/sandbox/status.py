@@ -46,9 +46,11 @@ class NodeStatus:
     address: str
     state: str  # Slurm's, e.g. "idle"; "" when slurmctld does not answer
     shaping: str = "none"  # the link's rate, e.g. "100Mbit"
+    tcp: str = ""  # the congestion control of its TCP (netns.CONGESTION_CONTROL)
 
     def __str__(self) -> str:
-        return f"{self.name:<8} {self.address:<13} {self.state or '?':<10} link {self.shaping}"
+        return (f"{self.name:<8} {self.address:<13} {self.state or '?':<10} link {self.shaping}"
+                + (f", tcp {self.tcp}" if self.tcp else ""))
 
 
 @dataclass
