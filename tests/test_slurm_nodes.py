@@ -66,7 +66,7 @@ def test_each_node_is_a_host_of_its_own(sandbox, env):
         [("node1", ADDRESSES["node1"], "idle"), ("node2", ADDRESSES["node2"], "idle")]
     shown = downpour("sandbox", "slurm", "status", "--dir", str(sandbox.dir))
     assert shown.returncode == 0 and "node2    10.213.0.12" in shown.stdout, explain(shown)
-    # a loss-based TCP, whatever the host's (BBR made SGP's shaped steps vary by 7-24%)
+    # a loss-based TCP, whatever the host's (BBR made SGP's shaped steps 8-25% slow)
     assert {n.tcp for n in status.nodes} == {Network.congestion_control()}
     assert Network.congestion_control() in ("cubic", "reno")
     again = sandbox.up()  # idempotent: the same daemons

@@ -28,7 +28,7 @@ UNITS = {None: 1, "k": 10**3, "m": 10**6, "g": 10**9}
 #: the TCP congestion control of the nodes, the first of these a namespace may choose (the host's
 #: net.ipv4.tcp_allowed_congestion_control; reno always is). A new namespace inherits the host's,
 #: BBR on the machine this was built on, and BBR with both directions of a shaped link busy at once
-#: (SGP's peers each send 1.6 MB) paced those steps 7-24% slower at 100mbit than allreduce moving
+#: (SGP's peers each send 1.6 MB) paced those steps 8-25% slower at 100mbit than allreduce moving
 #: the same bytes, by a different amount each run (172, 169, 178, 154 ms against 142); reno ran
 #: both within 1% of each other and of the performance model. cubic is Linux's own default
 CONGESTION_CONTROL = ("cubic", "reno")
@@ -98,6 +98,8 @@ class Network:
             raise NetworkError("network namespaces need root (run as root, or use one node)")
         if shutil.which("ip") is None or shutil.which("tc") is None:
             raise NetworkError("`ip` and `tc` are needed (apt-get install iproute2)")
+        if shutil.which("sysctl") is None:
+            raise NetworkError("`sysctl` is needed to set the nodes' TCP (apt-get install procps)")
         if _run("ip", "netns", "list", check=False).returncode != 0:
             raise NetworkError("this kernel or container does not allow `ip netns`")
 
@@ -142,7 +144,8 @@ class Network:
 
     def tcp(self, node: Node) -> str:
         """The congestion control the node's new connections use."""
-        return _run(*node.command("sysctl", "-n", "net.ipv4.tcp_congestion_control")).stdout.strip()
+        proc = _run(*node.command("sysctl", "-n", "net.ipv4.tcp_congestion_control"), check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else "?"
 
     def shape(self, rate: str | None) -> None:
         """Every node's link at ``rate`` in both directions; None or "none": unshaped."""
