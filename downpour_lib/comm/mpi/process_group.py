@@ -42,6 +42,9 @@ _WINDOW = 4
 _DATA_NAMES = {"Bcast": "broadcast", "Allgather": "all_gather", "Allgatherv": "all_gather",
                "Gatherv": "gather", "Scatterv": "scatter", "Alltoallv": "all_to_all",
                "Reduce_scatter_block": "reduce_scatter"}
+_NONBLOCKING = {op: "I" + op.lower() for op in (
+    "Allreduce", "Reduce", "Bcast", "Allgather", "Allgatherv", "Gatherv", "Scatterv", "Alltoallv",
+    "Reduce_scatter_block", "Reduce_scatter")}
 _SAME_SIZE_ON_EVERY_RANK = frozenset({"Allreduce", "Reduce", "Bcast", "Allgather", "Allgatherv",
                                       "Reduce_scatter_block", "Reduce_scatter"})
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
@@ -67,6 +70,19 @@ def _same(tensors: list[torch.Tensor], like: torch.Tensor, n: int, what: str) ->
         if t.dtype != like.dtype:
             raise TypeError(f"mpi backend: {what} mixes {t.dtype} and {like.dtype} tensors")
     return [t.numel() for t in tensors]
+
+
+def _largest(op: str, args: tuple) -> int:
+    """The bytes of the largest buffer among MPI ``op``'s ``args``, where it is the same on every
+    rank, else 0. Every rank must take the same form (MPI matches blocking with blocking), so only
+    such a size may decide; gather, scatter and all-to-all (whose buffers differ by rank) always
+    take the nonblocking form."""
+    largest = 0
+    if op in _SAME_SIZE_ON_EVERY_RANK:
+        for a in args:
+            if isinstance(a, list) and a and a[0] is not None and len(a[0]) > largest:
+                largest = len(a[0])
+    return largest
 
 
 def _nothing() -> None:
@@ -154,13 +170,13 @@ class MPIProcessGroup(dist.ProcessGroup):
         (``profiling``)."""
         if not self._open:
             raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")
+        if not async_op and not profiling.active():  # the common case, kept short
+            EXECUTOR.run_now(self._guarded, self._timeout_s, name, fn, gated)
+            return DoneWork(result)
         run = partial(self._guarded, name, fn, gated)
         if profiling.active():
             return self._issue_profiled(name, run, result, async_op, inputs)
-        if async_op:
-            return EXECUTOR.submit(name, run, result, self._timeout_s)
-        EXECUTOR.run_now(run, self._timeout_s)
-        return DoneWork(result)
+        return EXECUTOR.submit(name, run, result, self._timeout_s)
 
     def _issue_profiled(self, name: str, run, result: list, async_op: bool,
                         inputs: list[torch.Tensor]) -> dist._Work:
@@ -203,17 +219,12 @@ class MPIProcessGroup(dist.ProcessGroup):
         blocking call after the gate, where a stop is ended by the watchdog at the timeout,
         naming the rank, but the waiting ranks spin. ``blocking``: MPI's blocking call after the
         gate at any size (``paths.choose`` found it faster there)."""
-        what = _DATA_NAMES.get(op, op.lower())
-        # every rank must take the same form (MPI matches blocking with blocking): only where the
-        # largest buffer is the same on every rank does its size decide; gather, scatter and
-        # all-to-all (whose buffers differ by rank) always take the nonblocking form
-        nbytes = max((len(a[0]) for a in args if isinstance(a, list) and a and a[0] is not None),
-                     default=0) if op in _SAME_SIZE_ON_EVERY_RANK else 0
+        what = _DATA_NAMES.get(op) or op.lower()
         if blocking:
             gate(self._comm, self._timeout_s, what)
             getattr(self._comm, op)(*args)
-        elif nbytes <= SLEEPY_DATA_BYTES:
-            wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
+        elif _largest(op, args) <= SLEEPY_DATA_BYTES:
+            wait_request(getattr(self._comm, _NONBLOCKING[op])(*args), self._timeout_s, what)
         elif op in _SEGMENTED:
             self._segmented(op, args, what)
         else:  # only once every member is here can a blocking call not wait on a missing one
@@ -391,17 +402,23 @@ class MPIProcessGroup(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
         t = _one(tensors, "broadcast")
         root = opts.rootRank
+        if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
+            return self._issue("broadcast", partial(self._broadcast, t, root), tensors,
+                               opts.asyncOp, inputs=tensors)
         x = Operand(t, self._r != root, self._direct())
 
         def run() -> None:
-            path = self._path("broadcast", x.local, x.local.nbytes)
-            if path == "shm":
-                self._shm.broadcast(x.local, root)
-            else:
-                self._data("Bcast", x.spec(), root, blocking=path == "mpi")
+            self._broadcast(x.local, root)
             x.finish()
 
         return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
+
+    def _broadcast(self, local: torch.Tensor, root: int) -> None:
+        path = self._path("broadcast", local, local.nbytes)
+        if path == "shm":
+            self._shm.broadcast(local, root)
+        else:
+            self._data("Bcast", spec(local), root, blocking=path == "mpi")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = _one(input_tensors, "all_gather")

@@ -287,16 +287,20 @@ class Executor:
         """Is the caller the executor's thread (a callback of a future it completes)?"""
         return self._thread is not None and threading.current_thread() is self._thread
 
-    def run_now(self, fn: Callable[[], None], timeout_s: float) -> None:
-        """Run ``fn`` on this thread once every queued operation is done."""
-        if self.on_thread():
-            self._run_nested(fn)
+    def run_now(self, fn: Callable[..., None], timeout_s: float, *args) -> None:
+        """Run ``fn(*args)`` on this thread once every queued operation is done."""
+        if self._thread is not None and threading.current_thread() is self._thread:
+            self._run_nested(fn, *args)
             return
         with self._lock:
             last = self._last
-            if (last is not None and not last._done.is_set()) or self._error is not None:
-                self._drain(timeout_s)
-            fn()
+            if last is not None:
+                if not last._done.is_set():
+                    self._drain(timeout_s)
+                self._last = None  # done: the next call need not look at it
+            if self._error is not None:
+                self._check()
+            fn(*args)
 
     def submit(self, name: str, fn: Callable[[], None], result: list, timeout_s: float,
                event: object = None) -> dist._Work:
@@ -344,7 +348,7 @@ class Executor:
             raise RuntimeError("mpi backend: an earlier asynchronous operation failed; the ranks "
                                "may be out of step") from self._error
 
-    def _run_nested(self, fn: Callable[[], None]) -> None:
+    def _run_nested(self, fn: Callable[..., None], *args) -> None:
         """Run ``fn``, issued by a future's callback on this thread, at once.
 
         torch's PowerSGD hooks (and any code chaining collectives through futures) issue a
@@ -357,7 +361,7 @@ class Executor:
         attached after other operations were issued races its future's completion, on any backend).
         Nothing runs concurrently with queued work, so the one issue order holds."""
         try:
-            fn()
+            fn(*args)
         except BaseException as exc:  # the callback gets it; the next issuer, too (out of step)
             if self._error is None:
                 self._error = exc
