@@ -15,6 +15,7 @@ from conftest import BIN, explain, mpi_python, mpiexec, read_json
 
 from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
 from downpour_lib.comm.mpi import backend as mpi_backend
+from downpour_lib.comm.mpi import paths
 from downpour_lib.comm.runtime import pick_backend
 from downpour_lib.errors import ConfigError
 
@@ -26,7 +27,8 @@ def json_lines(proc):
 @pytest.mark.parametrize("n, args", [(2, []), (3, ["--shm-min-bytes", "4096"]),
                                      (4, ["--shm-min-bytes", str(1 << 40)])])
 def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, args):
-    """Allreduces take the shared-memory path from 16 KB (n = 2), from 4 KB (n = 3), never (n = 4)."""
+    """Allreduces take the shared-memory path from 16 KB to 1 MB and from 16 MB (n = 2; the gate and
+    MPI's blocking call between), from 4 KB (n = 3), never (n = 4)."""
     proc = mpi_python(n, "mpi_vs_gloo.py", *args, timeout=400)
     assert proc.returncode == 0, explain(proc)
     (summary,) = json_lines(proc)
@@ -36,7 +38,10 @@ def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, arg
     assert parts["collectives"]["cases"] >= 1000, parts
     assert summary["cases"] >= n * 1050, summary  # all ranks, all parts (and the subgroup for n > 2)
     assert parts["point_to_point"]["cases"] >= 27 and parts["ddp"]["cases"] == 3, parts
-    assert parts["path_thresholds"]["sizes"] == 24, parts  # every switch of comm/mpi/paths.py
+    # every switch of comm/mpi/paths.py's table for n ranks: 2 dtypes x 3 sizes at each
+    switches = sum(len(next(steps for most, steps in rows if n <= most))
+                   for rows in paths.TABLE.values())
+    assert parts["path_thresholds"]["sizes"] == 6 * switches, parts
     assert parts["ddp"]["max_grad_diff"] < 1e-6 and parts["ddp"]["moved"] > 1e-2, parts
     # a default group on a split of COMM_WORLD (comm.mpi.use_world), from n = 3 on
     assert parts["sub_world"]["cases"] == (2 if n > 2 else 0), parts
@@ -150,9 +155,20 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
     out = tmp_path / "c.json"
     proc = mpiexec(2, str(BIN / "downpour"), "bench", "collectives", "--backends", "gloo,mpi",
                    "--ops", "allreduce,broadcast,allgather", "--sizes", "4K,65537",
-                   "--warmup", "1", "--min-reps", "3", "--min-time", "0.01", "--json", str(out))
+                   "--warmup", "1", "--min-reps", "3", "--min-time", "0.01", "--paths",
+                   "--json", str(out))
     assert proc.returncode == 0, explain(proc)
     rows = read_json(out)
+    # --paths: every path of the backend on one node, timed in turns with MPI's own, and the one
+    # the measured table (comm/mpi/paths.py) takes
+    timed = [r for r in rows if r["backend"] == "mpi:paths"]
+    assert {(r["op"], r["bytes"]) for r in timed} == {
+        (o, b) for o in ("allreduce", "broadcast", "allgather") for b in (4096, 65536)}
+    for r in timed:
+        assert all(r[p + "_s"] > 0 for p in ("mpi4py", "shm", "mpi", "nb")), r
+        assert r["taken"] == paths.choose(r["op"], r["bytes"], 2), r
+    assert "each path on one node" in proc.stdout
+    rows = [r for r in rows if r not in timed]
     keys = {"backend", "op", "bytes", "world_size", "p50_s", "p95_s", "algbw_GBps", "busbw_GBps"}
     seen = {(r["backend"], r["op"]) for r in rows}
     # mpi4py: the MPI library itself, no torch, the mpi backend's reference

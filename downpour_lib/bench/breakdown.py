@@ -27,8 +27,11 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from ..comm.mpi.liveness import gate
+from ..comm.mpi.paths import choose
+from ..comm.mpi.types import reduction, spec
 from ..comm.mpi.work import DoneWork
-from .timing import buffer_size, measure
+from ..errors import ConfigError
+from .timing import buffer_size, measure, measure_paired
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
 PARTS = ("noop", "torch", "direct", "async", "gate")
@@ -129,16 +132,84 @@ def print_breakdown(rows: list[dict], mpi4py: list[dict]) -> None:
     """The parts in microseconds, with ours over MPI's own (the ``mpi4py`` rows of the same run)."""
     ref = {(r["op"], r["bytes"]): r["p50_s"] for r in mpi4py}
     print("\nmpi backend, where the time goes (p50 us; dispatch = torch - direct, ours = direct - "
-          "mpi4py, hand-off = async - torch)")
+          "mpi4py, hand-off = async - torch; floor = (mpi4py + noop) / mpi4py, the least a backend "
+          "called through torch's dispatch can take over MPI's own)")
     print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'noop':>7} {'torch':>9} {'direct':>9} "
-          f"{'dispatch':>8} {'ours':>8} {'hand-off':>8} {'gate':>7} {'x mpi4py':>8}")
+          f"{'dispatch':>8} {'ours':>8} {'hand-off':>8} {'gate':>7} {'x mpi4py':>8} {'floor':>6}")
     for r in rows:
         us = {k: r[k + "_s"] * 1e6 for k in PARTS}
         mpi = ref.get((r["op"], r["bytes"]))
         mpi_us = f"{mpi * 1e6:9.1f}" if mpi else f"{'-':>9}"
         ours = f"{us['direct'] - mpi * 1e6:8.1f}" if mpi else f"{'-':>8}"
         ratio = f"{us['torch'] / (mpi * 1e6):8.2f}" if mpi else f"{'-':>8}"
+        floor = f"{(mpi * 1e6 + us['noop']) / (mpi * 1e6):6.2f}" if mpi else f"{'-':>6}"
         print(f"{r['op']:15} {r['bytes']:>10} {mpi_us} {us['noop']:7.1f} {us['torch']:9.1f} "
               f"{us['direct']:9.1f} {us['torch'] - us['direct']:8.1f} {ours} "
-              f"{us['async'] - us['torch']:8.1f} {us['gate']:7.1f} {ratio}")
+              f"{us['async'] - us['torch']:8.1f} {us['gate']:7.1f} {ratio} {floor}")
+    sys.stdout.flush()
+
+
+PATH_OPS = ("allreduce", "broadcast", "allgather")
+PATHS = ("shm", "mpi", "nb")  # shared memory, gate + MPI's blocking call, MPI's nonblocking call
+
+
+def _path_calls(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> dict:
+    """``op`` on ``x`` by each of the backend's paths on one node (``comm/mpi/paths.py``), and by
+    MPI itself on the same tensors (``mpi4py``), as the backend's internals make them."""
+    from mpi4py import MPI
+
+    comm, shm = pg._comm, pg._shm
+    ref = comm.Dup()
+    if op == "allreduce":
+        red = reduction(dist.AllreduceOptions().reduceOp, x.dtype)
+        return {"mpi4py": lambda: ref.Allreduce(MPI.IN_PLACE, spec(x), MPI.SUM),
+                "shm": lambda: shm.allreduce(x, red.kernel, False, red.op),
+                "mpi": lambda: pg._data("Allreduce", MPI.IN_PLACE, spec(x), red.op, blocking=True),
+                "nb": lambda: pg._data("Allreduce", MPI.IN_PLACE, spec(x), red.op)}, ref
+    if op == "broadcast":
+        return {"mpi4py": lambda: ref.Bcast(spec(x), 0),
+                "shm": lambda: shm.broadcast(x, 0),
+                "mpi": lambda: pg._data("Bcast", spec(x), 0, blocking=True),
+                "nb": lambda: pg._data("Bcast", spec(x), 0)}, ref
+    return {"mpi4py": lambda: ref.Allgather(spec(x), spec(out, x.numel())),
+            "shm": lambda: shm.allgather(x, out),
+            "mpi": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()), blocking=True),
+            "nb": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()))}, ref
+
+
+def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
+    """One row per (op, size): the p50 of each path and of MPI's own call, measured in turns
+    (``measure_paired``), and the path ``paths.choose`` takes. A group on one node only (the
+    shared memory must be set up); collective."""
+    probe = torch.zeros(1 << 18, dtype=dtype)
+    if not pg._shm.moves(probe, probe.nbytes, 0):  # sets the shared memory up, where it can
+        raise ConfigError("paths", "on", "--paths needs the ranks on one node (the shared-memory "
+                          "paths are for one node) and a float32 or float64 --dtype")
+    rows = []
+    for op in [o for o in ops if o in PATH_OPS]:
+        for nbytes in sizes:
+            count, reported = buffer_size(op, nbytes, pg.size(), dtype)
+            x = torch.zeros(count, dtype=dtype)
+            out = torch.zeros(count * pg.size(), dtype=dtype) if op == "allgather" else None
+            calls, ref = _path_calls(op, pg, x, out)
+            times = measure_paired(list(calls.values()), sync, args)
+            ref.Free()
+            row = {"op": op, "bytes": reported, "world_size": pg.size(),
+                   "taken": choose(op, reported, pg.size())}
+            for name, mine in zip(calls, times, strict=True):
+                row[name + "_s"] = sorted(mine)[len(mine) // 2]
+            rows.append(row)
+    return rows
+
+
+def print_paths(rows: list[dict]) -> None:
+    """Each path's p50 over MPI's own in the same turns; ``*`` marks the path the table takes."""
+    print("\nmpi backend, each path on one node against MPI's own call, measured in turns (p50 "
+          "over mpi4py's; * the path comm/mpi/paths.py takes)")
+    print(f"{'op':10} {'bytes':>10} {'mpi4py us':>10} " + " ".join(f"{p:>7}" for p in PATHS))
+    for r in rows:
+        ref = r["mpi4py_s"]
+        cells = " ".join(f"{r[p + '_s'] / ref:6.2f}" + ("*" if r["taken"] == p else " ")
+                         for p in PATHS)
+        print(f"{r['op']:10} {r['bytes']:>10} {ref * 1e6:10.1f} {cells}")
     sys.stdout.flush()

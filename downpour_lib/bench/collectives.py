@@ -17,9 +17,15 @@ bytes / time, busbw = algbw x a factor that makes it comparable to the hardware'
 The host's memcpy bandwidth for the same sizes (one thread of rank 0, while the other ranks wait) is
 the physical ceiling on one node and is reported as backend ``memcpy``.
 
-With ``mpi`` among the backends, the same operations also run through the MPI library itself (mpi4py
-on numpy arrays, no torch), reported as backend ``mpi4py``: the reference for the ``mpi`` backend,
-which shows what torch's dispatch and our checks add and what the shared-memory path saves.
+With ``mpi`` among the backends, the same operations also run through the MPI library itself (mpi4py,
+no torch), reported as backend ``mpi4py``: the reference for the ``mpi`` backend, which shows what
+torch's dispatch and our checks add and what the shared-memory path saves. Each reference case runs
+in turns with the ``mpi`` case of the same operation and size, repetition by repetition
+(``timing.measure_paired``), so the two see the machine in the same state: on this shared 2-core VM
+two blocks of the same case measured minutes apart differ by up to 20%. The reference works on memory
+torch allocated, as the backend's buffers are (numpy's arrays here made Open MPI's own allgather
+1.3-1.4x faster than torch's tensors of the same size at 4-16 MB in one sitting, and not in another:
+the allocator, not the wrapper, and not a fair reference).
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ import sys
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from ..checkpoint import atomic_write_text
@@ -41,7 +46,7 @@ from ..comm import Communicator, new_group, runtime
 from ..comm.launch_env import discover
 from ..comm.traffic import ring_share
 from ..errors import ConfigError
-from .timing import Sync, buffer_size, measure
+from .timing import Sync, buffer_size, measure, measure_paired
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce")
 #: op -> n -> nccl-tests' bus factor (``comm.traffic.ring_share``)
@@ -91,6 +96,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--breakdown", action="store_true",
                    help="with mpi: also time the parts of each mpi call (torch's dispatch floor, "
                         "our code, the executor hand-off, the gate) against MPI's own (bench/breakdown.py)")
+    p.add_argument("--paths", action="store_true",
+                   help="with mpi: time each path the backend can take for allreduce, broadcast and "
+                        "allgather on one node (shared memory, gate + MPI's blocking call, MPI's "
+                        "nonblocking call), in turns with MPI's own: what comm/mpi/paths.py's table "
+                        "is read from (bench/breakdown.py)")
     p.set_defaults(func=cmd_collectives)
 
 
@@ -126,17 +136,18 @@ class Case:
 
 
 class MPICase:
-    """One (op, size) straight through mpi4py on numpy arrays: the MPI library beneath the ``mpi``
-    backend, without torch. The same buffer sizes as ``Case``."""
+    """One (op, size) straight through mpi4py: the MPI library beneath the ``mpi`` backend, without
+    torch's dispatch or ours. The same buffer sizes as ``Case``, and memory from torch's allocator
+    (viewed as numpy arrays), as the backend gets it."""
 
-    NUMPY = {torch.float32: "float32", torch.float64: "float64"}  # standard MPI has no 16-bit float type
+    DTYPES = (torch.float32, torch.float64)  # standard MPI has no 16-bit float type
 
     def __init__(self, op: str, comm, nbytes: int, dtype: torch.dtype) -> None:
         from mpi4py import MPI  # only here: importing it initializes MPI
 
         n, rank = comm.Get_size(), comm.Get_rank()
         count, self.bytes = buffer_size(op, nbytes, n, dtype)
-        zeros = lambda k: np.zeros(k, dtype=self.NUMPY[dtype])  # noqa: E731
+        zeros = lambda k: torch.zeros(k, dtype=dtype).numpy()  # noqa: E731
         if op == "allreduce":
             t = zeros(count)
             self.run = lambda: comm.Allreduce(MPI.IN_PLACE, t, MPI.SUM)
@@ -189,16 +200,6 @@ def memcpy_rows(sizes: list[int], dtype: torch.dtype, sync: Sync, args) -> list[
     return rows
 
 
-def mpi4py_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, sync: Sync, args) -> list[dict]:
-    """The operations through mpi4py itself, on a duplicate of MPI_COMM_WORLD (our own traffic)."""
-    comm = sync.comm.Dup()
-    try:
-        return [row("mpi4py", op, case.bytes, comm.Get_size(), measure(case.run, sync, args))
-                for op in ops for case in (MPICase(op, comm, nbytes, dtype) for nbytes in sizes)]
-    finally:
-        comm.Free()
-
-
 def print_table(rows: list[dict]) -> None:
     """The rows, each with its time over memcpy's for the nearest size, then speedups over gloo."""
     memcpy = [r for r in rows if r["backend"] == "memcpy"]
@@ -229,9 +230,10 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     if "mpi" in backends and placement.launcher != "mpi":
         raise ConfigError("backends", "mpi", f"mpi needs an MPI launch (mpiexec, srun --mpi=pmix), "
                           f"this is a {placement.launcher} launch; use gloo")
-    if args.breakdown and "mpi" not in backends:
-        raise ConfigError("breakdown", "on", "--breakdown times the mpi backend's parts: "
-                          "add mpi to --backends")
+    for flag in ("breakdown", "paths"):
+        if getattr(args, flag) and "mpi" not in backends:
+            raise ConfigError(flag, "on", f"--{flag} times the mpi backend's parts: "
+                              "add mpi to --backends")
     if "nccl" in backends and not torch.cuda.is_available():
         raise ConfigError("backends", "nccl", "nccl needs CUDA devices; use gloo,mpi on CPU")
     torch.set_num_threads(args.threads)
@@ -241,17 +243,26 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         world = Communicator.world()
         groups = {name: world if name == "gloo" else new_group(world.ranks, backend=name)
                   for name in backends}
-        sync, rows = Sync(world), []
+        sync, rows, references = Sync(world), [], []
         rows += memcpy_rows(sizes, DTYPES[args.dtype], sync, args)
+        # MPI's own calls, on a duplicate of MPI_COMM_WORLD (our own traffic)
+        mpi_comm = sync.comm.Dup() if "mpi" in backends and DTYPES[args.dtype] in MPICase.DTYPES \
+            else None
         for backend in backends:
             dev = ctx.device if backend == "nccl" else torch.device("cpu")
             for op in ops:
                 for nbytes in sizes:
                     case = Case(op, groups[backend], nbytes, DTYPES[args.dtype], dev)
-                    rows.append(row(backend, op, case.bytes, ctx.world_size,
-                                    measure(case.run, sync, args)))
-        if "mpi" in backends and DTYPES[args.dtype] in MPICase.NUMPY:
-            rows += mpi4py_rows(ops, sizes, DTYPES[args.dtype], sync, args)
+                    if backend == "mpi" and mpi_comm is not None:  # in turns with MPI's own
+                        ref = MPICase(op, mpi_comm, nbytes, DTYPES[args.dtype])
+                        ours, theirs = measure_paired([case.run, ref.run], sync, args)
+                        references.append(row("mpi4py", op, ref.bytes, ctx.world_size, theirs))
+                    else:
+                        ours = measure(case.run, sync, args)
+                    rows.append(row(backend, op, case.bytes, ctx.world_size, ours))
+        if mpi_comm is not None:
+            mpi_comm.Free()
+        rows += references
         parts = []
         if args.breakdown:
             from .breakdown import breakdown_rows
@@ -259,12 +270,23 @@ def cmd_collectives(args: argparse.Namespace) -> int:
             parts = breakdown_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
                                    sync, args)
             rows += [{"backend": "mpi:breakdown", **r} for r in parts]
+        paths = []
+        if args.paths:
+            from .breakdown import path_rows
+
+            paths = path_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
+                              sync, args)
+            rows += [{"backend": "mpi:paths", **r} for r in paths]
         if ctx.rank == 0:
-            print_table([r for r in rows if r["backend"] != "mpi:breakdown"])
+            print_table([r for r in rows if not r["backend"].startswith("mpi:")])
             if parts:
                 from .breakdown import print_breakdown
 
                 print_breakdown(parts, [r for r in rows if r["backend"] == "mpi4py"])
+            if paths:
+                from .breakdown import print_paths
+
+                print_paths(paths)
             if args.json:
                 atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
         runtime.shutdown()

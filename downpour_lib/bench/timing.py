@@ -46,17 +46,29 @@ class Sync:
 
 def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> list[float]:
     """Per-repetition times (the slowest rank's), after warm-up; rank 0 picks the repetitions."""
-    for _ in range(args.warmup):
-        run()
+    return measure_paired([run], sync, args)[0]
+
+
+def measure_paired(runs: list[Callable[[], object]], sync: Sync,
+                   args: argparse.Namespace) -> list[list[float]]:
+    """``measure`` for several calls at once, taking turns repetition by repetition: each sees the
+    machine as the others do (a ratio of two p50s measured one after the other carries the drift
+    of a shared machine between them; taken in turns it does not). Times per call."""
+    for run in runs:
+        for _ in range(args.warmup):
+            run()
     sync.barrier()
     start = time.perf_counter()
-    run()
-    estimate = sync.slowest([time.perf_counter() - start])[0]
-    reps = sync.agree(min(args.max_reps, max(args.min_reps, int(args.min_time / max(estimate, 1e-7)))))
-    times = []
-    for _ in range(reps):
-        sync.barrier()
-        start = time.perf_counter()
+    for run in runs:
         run()
-        times.append(time.perf_counter() - start)
-    return sync.slowest(times)
+    estimate = sync.slowest([time.perf_counter() - start])[0] / len(runs)
+    reps = sync.agree(min(args.max_reps, max(args.min_reps, int(args.min_time / max(estimate, 1e-7)))))
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(reps):
+        for run, mine in zip(runs, times, strict=True):
+            sync.barrier()
+            start = time.perf_counter()
+            run()
+            mine.append(time.perf_counter() - start)
+    slowest = sync.slowest([t for mine in times for t in mine])
+    return [slowest[i * reps:(i + 1) * reps] for i in range(len(runs))]

