@@ -27,8 +27,7 @@ def json_lines(proc):
 @pytest.mark.parametrize("n, args", [(2, []), (3, ["--shm-min-bytes", "4096"]),
                                      (4, ["--shm-min-bytes", str(1 << 40)])])
 def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, args):
-    """Allreduces take the shared-memory path from 16 KB to 1 MB and from 16 MB (n = 2; the gate and
-    MPI's blocking call between), from 4 KB (n = 3), never (n = 4)."""
+    """Allreduces take the shared-memory path from 16 KB (n = 2), from 4 KB (n = 3), never (n = 4)."""
     proc = mpi_python(n, "mpi_vs_gloo.py", *args, timeout=400)
     assert proc.returncode == 0, explain(proc)
     (summary,) = json_lines(proc)

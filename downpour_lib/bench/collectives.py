@@ -20,7 +20,7 @@ the physical ceiling on one node and is reported as backend ``memcpy``.
 With ``mpi`` among the backends, the same operations also run through the MPI library itself (mpi4py,
 no torch), reported as backend ``mpi4py``: the reference for the ``mpi`` backend, which shows what
 torch's dispatch and our checks add and what the shared-memory path saves. Each reference case runs
-in turns with the ``mpi`` case of the same operation and size, repetition by repetition
+in turns with the ``mpi`` case of the same operation and size, a tenth of the repetitions at a time
 (``timing.measure_paired``), so the two see the machine in the same state: on this shared 2-core VM
 two blocks of the same case measured minutes apart differ by up to 20%. The reference works on memory
 torch allocated, as the backend's buffers are (numpy's arrays here made Open MPI's own allgather

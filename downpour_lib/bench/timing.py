@@ -44,6 +44,9 @@ class Sync:
         return int(self.world.broadcast(torch.tensor([value]), root=0))
 
 
+TURNS = 10  # how many turns ``measure_paired`` splits each call's repetitions into
+
+
 def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> list[float]:
     """Per-repetition times (the slowest rank's), after warm-up; rank 0 picks the repetitions."""
     return measure_paired([run], sync, args)[0]
@@ -51,9 +54,12 @@ def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> 
 
 def measure_paired(runs: list[Callable[[], object]], sync: Sync,
                    args: argparse.Namespace) -> list[list[float]]:
-    """``measure`` for several calls at once, taking turns repetition by repetition: each sees the
-    machine as the others do (a ratio of two p50s measured one after the other carries the drift
-    of a shared machine between them; taken in turns it does not). Times per call."""
+    """``measure`` for several calls at once, taking turns: each sees the machine as the others do
+    (a ratio of two p50s measured one after the other carries the drift of a shared machine
+    between them; taken in turns it does not). A turn is ``1 / TURNS`` of the repetitions after
+    one untimed call, so that each call finds its own buffers in the caches as ``measure`` does
+    (turn by turn, at 16 MB two calls each found the other's buffer there and both ran about twice
+    as long as alone). Times per call."""
     for run in runs:
         for _ in range(args.warmup):
             run()
@@ -63,12 +69,16 @@ def measure_paired(runs: list[Callable[[], object]], sync: Sync,
         run()
     estimate = sync.slowest([time.perf_counter() - start])[0] / len(runs)
     reps = sync.agree(min(args.max_reps, max(args.min_reps, int(args.min_time / max(estimate, 1e-7)))))
+    per_turn = -(-reps // TURNS) if len(runs) > 1 else reps
     times: list[list[float]] = [[] for _ in runs]
-    for _ in range(reps):
+    while len(times[0]) < reps:
         for run, mine in zip(runs, times, strict=True):
-            sync.barrier()
-            start = time.perf_counter()
-            run()
-            mine.append(time.perf_counter() - start)
+            if len(runs) > 1:
+                run()  # untimed: back into the caches
+            for _ in range(min(per_turn, reps - len(mine))):
+                sync.barrier()
+                start = time.perf_counter()
+                run()
+                mine.append(time.perf_counter() - start)
     slowest = sync.slowest([t for mine in times for t in mine])
     return [slowest[i * reps:(i + 1) * reps] for i in range(len(runs))]

@@ -29,28 +29,24 @@ section has every size:
     reduce_sc.  gate    1.10   1.05   1.02   1.03   1.08   <- taken from 16 KB
                 nb      1.34   9.02   2.44   0.89   1.00
 
-Allreduce and broadcast were measured again on a quiet machine (load under 2, nothing else running)
-with ``downpour bench collectives --backends mpi --paths``, every path in turns with Open MPI's own
-call on the same torch tensor (p50 over MPI's own; two sittings, the second in brackets where they
-differ by more than 0.05):
+Measured again on a quiet machine (load under 2, nothing else running) with ``downpour bench
+collectives --backends mpi --paths``: each path in turns with Open MPI's own call on the same torch
+tensors, a tenth of the repetitions at a time (p50 over MPI's own; two sittings, the first in
+brackets where they differ by more than 0.05; the README has every path):
 
-    2 ranks            16 KB  64 KB        256 KB       1 MB         4 MB   16 MB        32 MB  64 MB
-    allreduce   shm     1.44   1.27 (1.47)  1.50 (1.65)  1.49 (1.43)  1.31   1.01         0.52   0.50
-                gate    1.30   1.03 (1.13)  0.93 (0.99)  1.09 (1.04)  1.02   0.92         0.98   0.98
-                nb      1.33   1.46 (1.64)  4.15 (3.11)  3.07 (2.49)  3.09   2.44         1.34   1.38
-    broadcast   shm                                      2.98 (2.10)  1.43   1.17 (1.12)  0.89   0.81
-                gate                                     1.56 (1.39)  1.08   1.03         1.05   1.01
+    2 ranks            64 KB  256 KB       1 MB   4 MB         16 MB        32 MB  64 MB
+    allreduce   shm     0.83   0.98 (1.04)  0.91   1.20 (1.05)  1.09 (1.00)  0.46   0.51   <- from 16 KB
+                gate    1.13   1.07         1.04   1.01         1.01 (0.96)  0.99   1.01
+    broadcast   shm     3.67   3.09         2.29   1.48         1.23 (1.70)  0.87   0.89   <- from 32 MB
+                gate    1.38   1.19         1.08   1.07         1.03 (1.14)  0.98   1.01
 
-On the loaded machine shared memory had won allreduce from 16 KB (0.73-0.80 against the gate's
-0.99-1.04); with a core for each rank the gate wins up to 16 MB. But the whole call through torch
-(the bench's table, ours and MPI's own in turns) took the gate's path 10-15 us longer than the shared
-memory's at 64 KB (2.8-3.8x MPI's own against 2.0-2.5x) and no shorter at 4 KB, while it was ~10%
-shorter at 4 MB (1.11-1.21x against 1.31x): so the gate from 1 MB, shared memory below it and from
-16 MB (a tie with the gate there; shared memory sleeps while it waits, MPI spins), and broadcast
-through shared memory from 32 MB. A loaded machine would prefer shared memory throughout.
+So allreduce keeps shared memory from 16 KB (at 4-16 MB the gate's path ties or wins by up to 16%,
+in one sitting of two), and broadcast moves to shared memory from 32 MB. Timed one repetition each
+in turn, which leaves every call's buffers out of the caches, the gate's path had looked better for
+allreduce from 64 KB (shared memory 1.3-1.5x MPI's own): in training, the buckets and the shared
+buffer are warm.
 
-3 or more ranks were not measured on a quiet machine: their rows keep the thresholds from before
-(shared memory from 16 KB for allreduce).
+3 or more ranks were not measured on a quiet machine: their rows keep the thresholds from before.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ _LARGE = (256 << 10) + 1  # where libnbc's nonblocking calls start to lose by mu
 # then the last step at or below the buffer's bytes (the whole buffer: allgather's output,
 # reduce_scatter's input, as ``bench collectives`` reports them). Below the first step: "nb".
 TABLE: dict[str, list[tuple[int, list[tuple[int, str]]]]] = {
-    "allreduce": [(2, [(16 << 10, "shm"), (1 << 20, "mpi"), (16 << 20, "shm")]),
-                  (1 << 30, [(16 << 10, "shm")])],
+    "allreduce": [(1 << 30, [(16 << 10, "shm")])],
     "broadcast": [(2, [(_LARGE, "mpi"), (32 << 20, "shm")]),
                   (1 << 30, [(_LARGE, "shm")])],
     "allgather": [(2, [(64 << 10, "mpi")]),
