@@ -196,6 +196,10 @@ def test_bench_collectives_refuses_bad_input_before_starting():
     proc = subprocess.run([str(BIN / "downpour"), "bench", "collectives"], env=launch_env(),
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "mpiexec -n 2" in proc.stderr, explain(proc)
+    # --paths sets every path against MPI's own call, which has no 16-bit float reduction
+    proc = mpiexec(2, str(BIN / "downpour"), "bench", "collectives", "--backends", "mpi",
+                   "--paths", "--dtype", "float16")
+    assert proc.returncode != 0 and "dtype='float16' is not valid" in proc.stderr, explain(proc)
 
 
 def test_parse_size_uses_binary_units():

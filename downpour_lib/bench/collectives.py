@@ -234,6 +234,9 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         if getattr(args, flag) and "mpi" not in backends:
             raise ConfigError(flag, "on", f"--{flag} times the mpi backend's parts: "
                               "add mpi to --backends")
+    if args.paths and DTYPES[args.dtype] not in MPICase.DTYPES:
+        raise ConfigError("dtype", args.dtype, "--paths sets each path against MPI's own call, "
+                          "and standard MPI has no 16-bit float: float32 or float64")
     if "nccl" in backends and not torch.cuda.is_available():
         raise ConfigError("backends", "nccl", "nccl needs CUDA devices; use gloo,mpi on CPU")
     torch.set_num_threads(args.threads)

@@ -58,7 +58,7 @@ def measure_paired(runs: list[Callable[[], object]], sync: Sync,
     (a ratio of two p50s measured one after the other carries the drift of a shared machine
     between them; taken in turns it does not). A turn is ``1 / TURNS`` of the repetitions after
     one untimed call, so that each call finds its own buffers in the caches as ``measure`` does
-    (turn by turn, at 16 MB two calls each found the other's buffer there and both ran about twice
+    (in turns of one repetition the other call had swept them out: at 16 MB both ran about twice
     as long as alone). Times per call."""
     for run in runs:
         for _ in range(args.warmup):
