@@ -3,7 +3,7 @@
 The way MPI libraries choose an algorithm (Open MPI's ``coll_tuned`` decision tables): a table per
 operation of the size from which each path wins, one row per number of ranks. The paths:
 
-* ``"nb"``: MPI's nonblocking call waited on with naps, no gate (``process_group._data``); cheap
+* ``"nb"``: MPI's nonblocking call waited on with naps, no gate (``data_phase``); cheap
   for small buffers, and a stopped peer only makes the wait time out and name it;
 * ``"shm"``: our shared memory (``shm``, ``shm_data``): barriers that spin briefly, then sleep;
 * ``"mpi"``: MPI's blocking call after the gate (``liveness.gate``: an ``MPI_Ibarrier`` waited on
@@ -51,7 +51,7 @@ buffer are warm.
 
 from __future__ import annotations
 
-_LARGE = (256 << 10) + 1  # where libnbc's nonblocking calls start to lose by multiples (``_data``)
+_LARGE = (256 << 10) + 1  # where libnbc's nonblocking calls start to lose by multiples (``data_phase``)
 # op -> [(most ranks, [(from bytes, path), ...]), ...]: the first row whose ranks cover the group,
 # then the last step at or below the buffer's bytes (the whole buffer: allgather's output,
 # reduce_scatter's input, as ``bench collectives`` reports them). Below the first step: "nb".

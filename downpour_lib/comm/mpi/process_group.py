@@ -22,31 +22,13 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from . import monitored, profiling
-from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate, wait_request
+from .data_phase import SHM_DATA_BYTES, DataPhase
+from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .paths import choose
 from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 
-# The largest data phase waited on with naps (``MPIProcessGroup._data``): at and below it libnbc's
-# nonblocking collectives cost what the blocking ones do (16 KB: the same; 128 KB gradients of the
-# default mlp: ~0.05 ms more a reduce), above it they lose by multiples.
-SLEEPY_DATA_BYTES = 256 * 1024
-# From this size broadcast, reduce and allgather on one node go through shared memory
-# (``shm_data``), which sleeps while it waits and beats Open MPI's blocking calls there.
-SHM_DATA_BYTES = SLEEPY_DATA_BYTES + 1
-# Larger data phases that shared memory does not take (a group across nodes) go as pieces of
-# SLEEPY_DATA_BYTES, this many in flight, each waited on with naps.
-_SEGMENTED = frozenset({"Allreduce", "Reduce", "Bcast"})
-_WINDOW = 4
-_DATA_NAMES = {"Bcast": "broadcast", "Allgather": "all_gather", "Allgatherv": "all_gather",
-               "Gatherv": "gather", "Scatterv": "scatter", "Alltoallv": "all_to_all",
-               "Reduce_scatter_block": "reduce_scatter"}
-_NONBLOCKING = {op: "I" + op.lower() for op in (
-    "Allreduce", "Reduce", "Bcast", "Allgather", "Allgatherv", "Gatherv", "Scatterv", "Alltoallv",
-    "Reduce_scatter_block", "Reduce_scatter")}
-_SAME_SIZE_ON_EVERY_RANK = frozenset({"Allreduce", "Reduce", "Bcast", "Allgather", "Allgatherv",
-                                      "Reduce_scatter_block", "Reduce_scatter"})
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
 # profiler event names (``profiling``) where they are not "mpi:" + the operation's name: native
 # ProcessGroupMPI's for the operations it has, torch's op names for the others
@@ -70,19 +52,6 @@ def _same(tensors: list[torch.Tensor], like: torch.Tensor, n: int, what: str) ->
         if t.dtype != like.dtype:
             raise TypeError(f"mpi backend: {what} mixes {t.dtype} and {like.dtype} tensors")
     return [t.numel() for t in tensors]
-
-
-def _largest(op: str, args: tuple) -> int:
-    """The bytes of the largest buffer among MPI ``op``'s ``args``, where it is the same on every
-    rank, else 0. Every rank must take the same form (MPI matches blocking with blocking), so only
-    such a size may decide; gather, scatter and all-to-all (whose buffers differ by rank) always
-    take the nonblocking form."""
-    largest = 0
-    if op in _SAME_SIZE_ON_EVERY_RANK:
-        for a in args:
-            if isinstance(a, list) and a and a[0] is not None and len(a[0]) > largest:
-                largest = len(a[0])
-    return largest
 
 
 def _nothing() -> None:
@@ -142,6 +111,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
         self._on_shutdown = on_shutdown
         self._shm = ShmCollectives(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
+        self._data = DataPhase(comm, timeout_s)  # MPI's part of each collective: ``data_phase``
         self._open = True
         self._group_name = ""
 
@@ -165,7 +135,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                inputs: list[torch.Tensor] = ()) -> dist._Work:
         """Run ``fn`` now or on the executor. ``gated``: every member must have issued the
         operation before ``fn`` starts (``liveness.gate``: the barrier); the data phases gate
-        themselves where they make a blocking call (``_data``), and nonblocking ones and shared
+        themselves where they make a blocking call (``data_phase``), and nonblocking ones and shared
         memory wait with deadlines of their own. ``inputs``: what the profiler's event records
         (``profiling``)."""
         if not self._open:
@@ -202,57 +172,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         finally:
             WATCHDOG.leave()
 
-    def _data(self, op: str, *args, blocking: bool = False) -> None:
-        """The data phase of a collective: MPI's ``op`` (``"Reduce"``...) on ``args``. Up to
-        ``SLEEPY_DATA_BYTES`` it is the nonblocking form waited on with naps and the group's
-        deadline, with no gate before it (a missing member only makes the wait time out and name
-        it; the gate's round trip was a third of a 4 KB allreduce): a member stopped before or
-        inside it leaves the others asleep, not spinning inside a blocking call (sync_ps's ranks
-        spun in ``reduce`` at 50-100% of a core for the whole timeout). Above it Open MPI's nonblocking
-        collectives (libnbc) lose to its blocking ones (measured, 2 ranks on one node: Ireduce 3-4x
-        slower from 256 KB, 7-70x from 4 MB once naps stretch its rounds; a 1 MB reduce took 112 ms
-        against 0.33 ms), so on one node broadcast, reduce and allgather go through shared memory
-        (``shm_data``, before they get here) and allreduce too (``shm``), or MPI's blocking call
-        after the gate where ``paths`` measured it faster (``blocking``); what is left here is
-        cut into nonblocking pieces of ``SLEEPY_DATA_BYTES`` where the operation is elementwise
-        (``_segmented``), and only the rest (reduce_scatter, allgatherv, across nodes) is MPI's
-        blocking call after the gate, where a stop is ended by the watchdog at the timeout,
-        naming the rank, but the waiting ranks spin. ``blocking``: MPI's blocking call after the
-        gate at any size (``paths.choose`` found it faster there)."""
-        what = _DATA_NAMES.get(op) or op.lower()
-        if blocking:
-            gate(self._comm, self._timeout_s, what)
-            getattr(self._comm, op)(*args)
-        elif _largest(op, args) <= SLEEPY_DATA_BYTES:
-            wait_request(getattr(self._comm, _NONBLOCKING[op])(*args), self._timeout_s, what)
-        elif op in _SEGMENTED:
-            self._segmented(op, args, what)
-        else:  # only once every member is here can a blocking call not wait on a missing one
-            gate(self._comm, self._timeout_s, what)
-            getattr(self._comm, op)(*args)
-
-    def _segmented(self, op: str, args: tuple, what: str) -> None:
-        """``op`` (elementwise: every element moves on its own) on ``args`` in pieces of
-        ``SLEEPY_DATA_BYTES``, ``_WINDOW`` in flight, each waited on with naps."""
-        start = getattr(self._comm, "I" + op.lower())
-        buffers = [a for a in args if isinstance(a, list)]
-        count, datatype = buffers[0][1], buffers[0][2]
-        item = datatype.Get_extent()[1]
-        step = max(1, SLEEPY_DATA_BYTES // item)
-        pending = []
-        for lo in range(0, count, step):
-            k = min(step, count - lo)
-            piece = [[MPI.buffer.fromaddress(a[0].address + lo * item, k * item), k, datatype]
-                     if isinstance(a, list) else a for a in args]
-            pending.append(start(*piece))
-            if len(pending) >= _WINDOW:
-                wait_request(pending.pop(0), self._timeout_s, what)
-        for request in pending:
-            wait_request(request, self._timeout_s, what)
-
     def _path(self, op: str, tensor: torch.Tensor, nbytes: int) -> str:
         """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one node the
-        measured path (``paths``), else MPI's nonblocking calls (``_data``)."""
+        measured path (``paths``), else MPI's nonblocking calls (``data_phase``)."""
         if not self._shm.moves(tensor, nbytes, 0):
             return "nb"
         return choose(op, nbytes, self._n)

@@ -1,0 +1,100 @@
+"""The data phase of a collective: the MPI call that moves its buffers, and how it waits.
+
+``MPIProcessGroup`` checks a collective's arguments, stages its buffers and picks a path
+(``paths``); what reaches MPI goes through one ``DataPhase`` per group, which decides between
+MPI's nonblocking call waited on with naps, the same cut into pieces, and the blocking call after
+the gate (``liveness.gate``), so that a rank stopped before or inside a collective leaves the
+others asleep until the group's deadline names it, rather than spinning inside MPI.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from .liveness import gate, wait_request
+
+# The largest data phase waited on with naps (``DataPhase``): at and below it libnbc's
+# nonblocking collectives cost what the blocking ones do (16 KB: the same; 128 KB gradients of the
+# default mlp: ~0.05 ms more a reduce), above it they lose by multiples.
+SLEEPY_DATA_BYTES = 256 * 1024
+# From this size broadcast, reduce and allgather on one node go through shared memory
+# (``shm_data``), which sleeps while it waits and beats Open MPI's blocking calls there.
+SHM_DATA_BYTES = SLEEPY_DATA_BYTES + 1
+# Larger data phases that shared memory does not take (a group across nodes) go as pieces of
+# SLEEPY_DATA_BYTES, this many in flight, each waited on with naps.
+_SEGMENTED = frozenset({"Allreduce", "Reduce", "Bcast"})
+_WINDOW = 4
+# the collective's name in a timeout's message, where it is not the MPI call's in lower case
+_NAMES = {"Bcast": "broadcast", "Allgather": "all_gather", "Allgatherv": "all_gather",
+          "Gatherv": "gather", "Scatterv": "scatter", "Alltoallv": "all_to_all",
+          "Reduce_scatter_block": "reduce_scatter"}
+_SAME_SIZE_ON_EVERY_RANK = frozenset({"Allreduce", "Reduce", "Bcast", "Allgather", "Allgatherv",
+                                      "Reduce_scatter_block", "Reduce_scatter"})
+
+
+def _largest(op: str, args: tuple) -> int:
+    """The bytes of the largest buffer among MPI ``op``'s ``args``, where it is the same on every
+    rank, else 0. Every rank must take the same form (MPI matches blocking with blocking), so only
+    such a size may decide; gather, scatter and all-to-all (whose buffers differ by rank) always
+    take the nonblocking form."""
+    largest = 0
+    if op in _SAME_SIZE_ON_EVERY_RANK:
+        for a in args:
+            if isinstance(a, list) and a and a[0] is not None and len(a[0]) > largest:
+                largest = len(a[0])
+    return largest
+
+
+class DataPhase:
+    """MPI's part of one group's collectives, on ``comm`` with the group's deadline."""
+
+    def __init__(self, comm: MPI.Intracomm, timeout_s: float) -> None:
+        self._comm, self._timeout_s = comm, timeout_s
+
+    def __call__(self, op: str, *args, blocking: bool = False) -> None:
+        """MPI's ``op`` (``"Reduce"``...) on ``args``. Up to ``SLEEPY_DATA_BYTES`` it is the
+        nonblocking form (``I`` + the name) waited on with naps and the group's deadline, with no
+        gate before it (a missing member only makes the wait time out and name it; the gate's
+        round trip was a third of a 4 KB allreduce): a member stopped before or inside it leaves
+        the others asleep, not spinning inside a blocking call (sync_ps's ranks spun in ``reduce``
+        at 50-100% of a core for the whole timeout). Above it Open MPI's nonblocking collectives
+        (libnbc) lose to its blocking ones (measured, 2 ranks on one node: Ireduce 3-4x slower from
+        256 KB, 7-70x from 4 MB once naps stretch its rounds; a 1 MB reduce took 112 ms against
+        0.33 ms), so on one node broadcast, reduce and allgather go through shared memory
+        (``shm_data``, before they get here) and allreduce too (``shm``), or MPI's blocking call
+        after the gate where ``paths`` measured it faster (``blocking``); what is left here is cut
+        into nonblocking pieces of ``SLEEPY_DATA_BYTES`` where the operation is elementwise
+        (``_segmented``), and only the rest (reduce_scatter, allgatherv, across nodes) is MPI's
+        blocking call after the gate, where a stop is ended by the watchdog at the timeout, naming
+        the rank, but the waiting ranks spin. ``blocking``: MPI's blocking call after the gate at
+        any size (``paths.choose`` found it faster there)."""
+        what = _NAMES.get(op) or op.lower()
+        if blocking:
+            gate(self._comm, self._timeout_s, what)
+            getattr(self._comm, op)(*args)
+        elif _largest(op, args) <= SLEEPY_DATA_BYTES:
+            wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
+        elif op in _SEGMENTED:
+            self._segmented(op, args, what)
+        else:  # only once every member is here can a blocking call not wait on a missing one
+            gate(self._comm, self._timeout_s, what)
+            getattr(self._comm, op)(*args)
+
+    def _segmented(self, op: str, args: tuple, what: str) -> None:
+        """``op`` (elementwise: every element moves on its own) on ``args`` in pieces of
+        ``SLEEPY_DATA_BYTES``, ``_WINDOW`` in flight, each waited on with naps."""
+        start = getattr(self._comm, "I" + op.lower())
+        buffers = [a for a in args if isinstance(a, list)]
+        count, datatype = buffers[0][1], buffers[0][2]
+        item = datatype.Get_extent()[1]
+        step = max(1, SLEEPY_DATA_BYTES // item)
+        pending = []
+        for lo in range(0, count, step):
+            k = min(step, count - lo)
+            piece = [[MPI.buffer.fromaddress(a[0].address + lo * item, k * item), k, datatype]
+                     if isinstance(a, list) else a for a in args]
+            pending.append(start(*piece))
+            if len(pending) >= _WINDOW:
+                wait_request(pending.pop(0), self._timeout_s, what)
+        for request in pending:
+            wait_request(request, self._timeout_s, what)
