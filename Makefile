@@ -98,7 +98,10 @@ bytecode: $(STAMP)
 # Installs with uv where it can (torch's CUDA wheels are ~4 GB unpacked: a fresh .venv took 135 s
 # with pip here, 26 s with uv and an empty cache, 6 s with a warm one), with pip where uv cannot
 # (uv reads no pip.conf: a cluster whose packages come only from a mirror pip is configured for).
-INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python $(1) \
+# The constraint files pip.conf names hold for uv too (here they keep torchvision on the release
+# built for this torch: without them uv took 0.29.2+cu132 beside torch 2.14.1+cu130).
+PIP_CONSTRAINTS := $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global\.constraint='\(.*\)'$$/\1/p")
+INSTALL = UV_CONSTRAINT="$(PIP_CONSTRAINTS)" $(BIN)/uv pip install --quiet --python $(BIN)/python $(1) \
 	|| { echo "make: uv could not install $(1); pip instead"; $(BIN)/python -m pip install --quiet $(1); }
 
 $(STAMP): pyproject.toml
