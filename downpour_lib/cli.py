@@ -37,11 +37,11 @@ def _flag(name: str) -> str:
 def _option_fields() -> dict[str, str]:
     """Every algorithm option, with its help text prefixed by the algorithms that take it (an
     option several algorithms share with different meanings, e.g. topology, lists each)."""
-    from .algorithms import ALGORITHMS
+    from .options import OPTIONS
 
     helps: dict[str, dict[str, list[str]]] = {}  # option -> help text -> algorithms
-    for name, cls in ALGORITHMS.items():
-        for f in dataclasses.fields(cls.Options):
+    for name, cls in OPTIONS.items():
+        for f in dataclasses.fields(cls):
             helps.setdefault(f.name, {}).setdefault(f.metadata.get("help", ""), []).append(name)
     return {k: "; ".join(f"[{', '.join(owners)}] {text}" for text, owners in v.items())
             for k, v in helps.items()}
@@ -76,12 +76,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 def _option_hints() -> dict[str, Any]:
     """Each algorithm option's type, to parse its flag's text. Algorithms that share an option name
     share its type (they may differ in a Literal's choices, which the options check)."""
-    from .algorithms import ALGORITHMS
+    from .options import OPTIONS
 
     hints: dict[str, Any] = {}
-    for cls in ALGORITHMS.values():
-        types = typing.get_type_hints(cls.Options)
-        for f in dataclasses.fields(cls.Options):
+    for cls in OPTIONS.values():
+        types = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
             hints.setdefault(f.name, types[f.name])
     return hints
 

@@ -49,11 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .algorithms import ALGORITHMS
 from .data import DATASETS
 from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
-from .options import build_options, coerce
+from .options import OPTIONS, build_options, coerce
 from .preempt import check_signal, in_slurm_job
 
 Optimizer = Literal["sgd", "adam", "adamw", "adagrad"]
@@ -381,11 +380,11 @@ class TrainConfig:
         for name in flat:
             if name not in SECTION_OF:
                 raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}")
-        if algorithm not in ALGORITHMS:
-            raise unknown_name("algorithm", algorithm, ALGORITHMS)
+        if algorithm not in OPTIONS:
+            raise unknown_name("algorithm", algorithm, OPTIONS)
         if model not in MODELS:
             raise unknown_name("model", model, MODELS)
-        options = build_options(algorithm, ALGORITHMS[algorithm].Options, options)
+        options = build_options(algorithm, OPTIONS[algorithm], options)
         for name, value in (("algorithm", algorithm), ("options", options), ("model", model)):
             object.__setattr__(self, name, value)
         for name, cls in SECTIONS.items():

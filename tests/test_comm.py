@@ -9,8 +9,8 @@ from conftest import explain, mpi_python
 
 from downpour_lib import comm
 from downpour_lib.comm.runtime import DistContext
-from downpour_lib.comm.traffic import collective_bytes, ring_share
 from downpour_lib.records import Meter
+from downpour_lib.traffic import collective_bytes, ring_share
 
 
 def test_collective_bytes_is_the_ring_formula_and_the_rooted_fan_out():

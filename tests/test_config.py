@@ -146,6 +146,17 @@ def test_world_size_checks():
             assert len(roles.workers) == 4 and roles.world_size >= 4, algorithm
 
 
+def test_every_algorithm_takes_its_options_from_the_registry_the_config_reads():
+    """The config, the command line and the performance model read ``options.OPTIONS`` (no
+    torch); the engine builds ``algorithms.ALGORITHMS``: the same names, the same classes."""
+    from downpour_lib.options import OPTIONS
+
+    assert list(OPTIONS) == list(ALGORITHMS)
+    for name, cls in ALGORITHMS.items():
+        assert cls.name == name and cls.Options is OPTIONS[name], name
+        assert type(TrainConfig(algorithm=name).options) is OPTIONS[name]
+
+
 def test_pointless_momentum_warns():
     with pytest.warns(UserWarning, match="momentum=0.9 has no effect"):
         TrainConfig(optimizer="adam", momentum=0.9)

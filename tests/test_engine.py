@@ -86,6 +86,7 @@ def test_a_worker_given_a_server_by_setup_is_refused_naming_the_rank(monkeypatch
     from downpour_lib.algorithms import ALGORITHMS
     from downpour_lib.algorithms.base import Server
     from downpour_lib.algorithms.local import Local
+    from downpour_lib.options import OPTIONS
 
     class Confused(Local):
         name = "confused"
@@ -94,6 +95,7 @@ def test_a_worker_given_a_server_by_setup_is_refused_naming_the_rank(monkeypatch
             return Server()
 
     monkeypatch.setitem(ALGORITHMS, "confused", Confused)
+    monkeypatch.setitem(OPTIONS, "confused", Confused.Options)
     with pytest.raises(TypeError, match="confused: setup on rank 0, a worker, returned Server"):
         Trainer(TrainConfig(algorithm="confused", steps=6, **FAST), DistContext.single())
 
@@ -103,6 +105,7 @@ def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypa
     analysis of them (staleness here), which no algorithm implements."""
     from downpour_lib.algorithms import ALGORITHMS
     from downpour_lib.algorithms.local import Local
+    from downpour_lib.options import OPTIONS
 
     class Counting(Local):
         name = "counting"
@@ -116,6 +119,7 @@ def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypa
             return {"updates_so_far": float(self.updates), "staleness": float(self.updates % 3)}
 
     monkeypatch.setitem(ALGORITHMS, "counting", Counting)
+    monkeypatch.setitem(OPTIONS, "counting", Counting.Options)
     result = Trainer(TrainConfig(algorithm="counting", steps=6, eval_every=3, **FAST),
                      DistContext.single()).run()
     assert list(result.steps.updates_so_far) == [1, 2, 3, 4, 5, 6]

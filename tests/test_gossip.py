@@ -12,13 +12,11 @@ from conftest import explain, mpi_python
 
 from downpour_lib import TrainConfig, Trainer
 from downpour_lib.algorithms import ALGORITHMS
-from downpour_lib.algorithms.adpsgd import ADPSGDOptions, PairwiseAveraging
-from downpour_lib.algorithms.dpsgd import DPSGDOptions
-from downpour_lib.algorithms.osgp import OSGPOptions
-from downpour_lib.algorithms.sgp import SGPOptions
+from downpour_lib.algorithms.adpsgd import PairwiseAveraging
 from downpour_lib.cli import main
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.errors import ConfigError
+from downpour_lib.options import ADPSGDOptions, DPSGDOptions, OSGPOptions, SGPOptions
 from downpour_lib.study.scaling import StudySpec
 from downpour_lib.topology import make_topology
 

@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 from conftest import ROOT, downpour, explain, mpiexec
 
-from downpour_lib.comm.traffic import ring_share
 from downpour_lib.errors import ConfigError
 from downpour_lib.perf import calibrate as calib
 from downpour_lib.perf.netmodel import (
@@ -28,6 +27,7 @@ from downpour_lib.perf.netmodel import (
 )
 from downpour_lib.perf.perfmodel import Calibration, Workload, modelled_options, predict
 from downpour_lib.perf.presets import PARAMETERS, PRESETS, published_checks
+from downpour_lib.traffic import ring_share
 
 REFERENCE = ROOT / "results" / "reference" / "scaling" / "runs.csv"
 LINK = Link(1e-5, 1e9)

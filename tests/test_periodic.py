@@ -10,11 +10,11 @@ from conftest import BIN, explain, mpi_python, mpiexec
 
 from downpour_lib import TrainConfig, Trainer
 from downpour_lib.comm.runtime import DistContext
-from downpour_lib.comm.traffic import collective_bytes
 from downpour_lib.data import load_dataset
 from downpour_lib.engine import plan_run
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
+from downpour_lib.traffic import collective_bytes
 
 
 def lines(proc) -> dict[str, dict]:

@@ -4,12 +4,11 @@ import pytest
 import torch
 
 from downpour_lib import TrainConfig, plan_run
-from downpour_lib.algorithms.downpour import DownpourOptions
 from downpour_lib.algorithms.ps_shards import assign, layout, model_layout
-from downpour_lib.algorithms.sync_ps import SyncPSOptions
 from downpour_lib.data import load_dataset
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
+from downpour_lib.options import DownpourOptions, SyncPSOptions
 
 
 def test_assignment_balances_bytes_largest_first():

@@ -1,16 +1,18 @@
 """Training algorithms, one module each, behind ``base.Algorithm``; ``ALGORITHMS`` maps name -> class.
 
-Adding an algorithm is one module, one line in ``ALGORITHMS`` and its tests:
+Adding an algorithm is one module, its options, one line in ``ALGORITHMS`` and its tests:
 
 1. **The module** (``algorithms/<name>.py``) opens with a docstring that names the method and cites
-   its paper, then holds a frozen options dataclass (a subclass of ``AlgorithmOptions``, one help
-   text per field, validated in ``__post_init__`` with ``ConfigError``: the CLI, config files and
-   notebooks get its fields for free) and the ``Algorithm`` subclass.
+   its paper, then holds the ``Algorithm`` subclass. Its options are a frozen dataclass (a subclass
+   of ``AlgorithmOptions``, one help text per field, validated in ``__post_init__`` with
+   ``ConfigError``: the CLI, config files and notebooks get its fields for free) in its family's
+   module of ``downpour_lib.options``, which imports no torch, and a line in ``options.OPTIONS``;
+   the class names it as ``Options``.
 2. **Where ranks go.** The options say it: ``roles(world_size)`` gives the ``Roles`` (who works,
    who serves, who evaluates and writes checkpoints), or a ConfigError if the algorithm cannot run
    with that many ranks, and ``roles_for(workers)`` the roles, and so the ranks to launch, for a
    number of workers. Both are pure and run before any rendezvous. By default every rank is a
-   worker and rank 0 evaluates; ``ps_placement.PSOptions`` adds servers, ``GraphOptions`` the
+   worker and rank 0 evaluates; ``options.PSOptions`` adds servers, ``GraphOptions`` the
    check that a gossip graph fits. What depends on the model, the run's length or its
    precision goes in ``check_plan``, which owns every check and warning about the options (the
    engine names none), e.g. what an asynchronous algorithm becomes with one worker. How the

@@ -31,8 +31,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -40,28 +38,10 @@ from torch import nn
 from ..comm.collectives import flatten, nbytes, unflatten_into
 from ..comm.gossip import destroy_group, new_group
 from ..comm.p2p import exchange
+from ..options import ADPSGDOptions
 from ..topology import Topology
 from .base import Roles
-from .decentralized import BoundedLagOptions, Decentralized
-
-
-@dataclass(frozen=True)
-class ADPSGDOptions(BoundedLagOptions):
-    #: for the performance model: pairwise averaging on each worker's own clock
-    traffic: ClassVar[str] = "async_gossip"
-    lag_bounds: ClassVar[str] = "the averaging thread may fall that many steps behind"
-    without_lag: ClassVar[str] = "for lock-step neighbour averaging use --algorithm dpsgd"
-    needs_symmetric: ClassVar[bool] = True
-    # fp16: asynchronous, no rank steps with another; an overflowing one skips alone
-    overflow: ClassVar[Literal["alone"]] = "alone"
-
-    topology: Literal["bipartite_exponential"] = field(default="bipartite_exponential", metadata={
-        "help": "gossip graph: bipartite_exponential (odd ranks pair with even ones; needs an "
-                "even number of ranks)"})
-
-    @property
-    def stop_lag(self) -> int:  # training may run max_lag steps ahead of its partners' rounds
-        return self.max_lag + 1
+from .decentralized import Decentralized
 
 
 class PairwiseAveraging:

@@ -16,10 +16,8 @@ installed at all. Buffers (batch-norm statistics) stay per rank, as in Horovod.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,38 +25,10 @@ from torch import nn
 from ..comm.buckets import GradientBuckets
 from ..comm.model_sync import synchronize_parameters
 from ..errors import ConfigError
-from .base import Algorithm, AlgorithmOptions, Roles
+from ..options import AllReduceOptions
+from .base import Algorithm, Roles
 
 WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class AllReduceOptions(AlgorithmOptions):
-    #: per step, for the performance model (downpour_lib.perf): the gradients allreduced in buckets
-    traffic: ClassVar[str] = "collective"
-    overflow: ClassVar[Literal["reduced"]] = "reduced"  # fp16: averaged in backward, as DDP
-    # DDP's 25 MB. On CPU ranks every bucket in flight takes CPU from backward, so fewer, larger
-    # buckets win until there is only one (no overlap left). ResNet-18 (45 MB of gradients), 2 ranks,
-    # one thread each, step time: mpi 82-86 ms at 25 MB, 86-88 at 16, 95-100 at 4 and 8, 108-112 at
-    # 50 (one bucket); gloo 105-109 ms at 25 MB, 113-115 at 4, 127-130 at 50.
-    bucket_cap_mb: float = field(default=25.0, metadata={
-        "help": "gradient bucket size in MB; a bucket's allreduce starts as soon as backward has "
-                "filled it"})
-    compression: Literal["none", "fp16", "bf16"] = field(default="none", metadata={
-        "help": "wire format of the gradients: none (their own dtype), fp16 or bf16 (half the "
-                "bytes, rounded)"})
-    accumulation_steps: int = field(default=1, metadata={
-        "help": "micro-batches (engine steps) whose gradients are summed locally before one "
-                "allreduce and one optimizer step"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
-            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb,
-                              "must be a finite number of MB > 0, e.g. 25")
-        if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
-            raise ConfigError("accumulation_steps", self.accumulation_steps,
-                              "must be a whole number >= 1 (1 = no accumulation)")
 
 
 def warn_one_bucket(options: AllReduceOptions | Any, model: nn.Module,

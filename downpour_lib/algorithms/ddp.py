@@ -6,32 +6,15 @@ counts only the part of it that backward did not hide (see ``comm.ddp``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
 from ..comm.ddp import MeteredDDP
-from ..errors import ConfigError
+from ..options import DDPOptions
 from .allreduce import warn_one_bucket
-from .base import Algorithm, AlgorithmOptions, Roles
-
-
-@dataclass(frozen=True)
-class DDPOptions(AlgorithmOptions):
-    #: per step, for the performance model (downpour_lib.perf): the gradients allreduced in buckets
-    traffic: ClassVar[str] = "collective"
-    overflow: ClassVar[Literal["reduced"]] = "reduced"  # fp16: DDP averages in backward
-    bucket_cap_mb: float = field(default=25.0, metadata={"help": "DDP gradient bucket size in MB"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
-            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb,
-                              "must be a finite number of MB > 0, e.g. 25")
+from .base import Algorithm, Roles
 
 
 class DDP(Algorithm):

@@ -13,60 +13,13 @@ its rank's model (``local_vector``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
-
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten
 from ..comm.gossip import consensus_distance
-from ..errors import ConfigError
-from ..topology import Topology, make_topology
-from .base import Algorithm, AlgorithmOptions, Roles
-
-
-@dataclass(frozen=True)
-class GraphOptions(AlgorithmOptions):
-    """Options of a gossip algorithm: a ``topology`` field (each subclass names the graphs it
-    can use) and the check that the graph fits the world, which is the algorithm's world check."""
-
-    #: Whether the algorithm's averaging needs an undirected graph (out-peers == in-peers).
-    needs_symmetric: ClassVar[bool] = False
-
-    def fanout(self) -> int:
-        """Out-peers per step."""
-        return 1
-
-    def graph(self, world_size: int) -> Topology:
-        topology = make_topology(self.topology, world_size, self.fanout())
-        if self.needs_symmetric and not topology.symmetric:
-            raise ConfigError("topology", self.topology,
-                              "this algorithm averages in pairs and needs an undirected graph")
-        return topology
-
-    def roles(self, world_size: int) -> Roles:
-        self.graph(world_size)  # raises ConfigError (field, value, fix) if unfit
-        return super().roles(world_size)
-
-
-@dataclass(frozen=True)
-class BoundedLagOptions(GraphOptions):
-    """``max_lag`` of the gossip algorithms that keep communicating while they compute (osgp,
-    adpsgd). A subclass says what the lag bounds and which algorithm has none."""
-
-    lag_bounds: ClassVar[str] = ""  # e.g. "messages stay in flight for at most that many steps"
-    without_lag: ClassVar[str] = ""  # e.g. "for synchronous push-sum use --algorithm sgp"
-
-    max_lag: int = field(default=1, metadata={
-        "help": "gossip started at step t is folded into the model by step t + max_lag at the "
-                "latest (>= 1)"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.max_lag < 1:
-            raise ConfigError("max_lag", self.max_lag,
-                              f"must be a whole number >= 1 ({self.lag_bounds}); {self.without_lag}")
+from ..options import GraphOptions
+from .base import Algorithm
 
 
 class Decentralized(Algorithm):

@@ -16,34 +16,16 @@ the run ends on the global parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from .localsgd import PERIOD_HELP, Periodic, PeriodicOptions, check_momentum, check_rate
+from ..options import DiLoCoOptions
+from .localsgd import Periodic
 
 WIRE = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class DiLoCoOptions(PeriodicOptions):
-    default_optimizer: ClassVar[str] = "adamw"  # the paper's inner optimizer
-    default_lr: ClassVar[float | None] = 0.003
-    period: int = field(default=20, metadata={"help": PERIOD_HELP})
-    outer_lr: float = field(default=0.7, metadata={
-        "help": "diloco: the outer SGD's learning rate (the paper's 0.7)"})
-    outer_momentum: float = field(default=0.9, metadata={
-        "help": "diloco: the outer SGD's Nesterov momentum (the paper's 0.9; 0 = none)"})
-    pseudo_gradient: Literal["none", "bf16", "fp16"] = field(default="none", metadata={
-        "help": "diloco: the pseudo-gradient's wire format (none = fp32)"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_rate("outer_lr", self.outer_lr, "0.7")
-        check_momentum("outer_momentum", self.outer_momentum, "0.9")
 
 
 class DiLoCo(Periodic):

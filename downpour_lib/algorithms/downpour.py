@@ -26,16 +26,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..options import DownpourOptions
 from ..preempt import Stopper, StopSignal
 from ..records import Meter
-from . import ps_placement
 from .base import Algorithm, OnUpdate, Points, Roles, Server
 from .ps_client import ShardClient
 from .ps_server import (
@@ -46,44 +44,6 @@ from .ps_server import (
     ShardServer,
 )
 from .ps_shards import model_layout, shard_tensors
-
-
-@dataclass(frozen=True)
-class DownpourOptions(ps_placement.PSOptions):
-    #: for the performance model: push every n_push, fetch every n_fetch steps, each on its own clock
-    traffic: ClassVar[str] = "async_push_pull"
-    default_optimizer: ClassVar[str] = "adagrad"  # as in Dean et al. 2012
-    # fp16: no worker steps with another; one that overflowed leaves the step out of its push
-    overflow: ClassVar[Literal["alone"]] = "alone"
-    # a worker evaluates: it can fetch every shard; the servers each hold one
-    evaluator: ClassVar[Literal["server", "worker"]] = "worker"
-    n_fetch: int = field(default=1, metadata={
-        "help": "a worker fetches the parameters before every n_fetch-th step"})
-    n_push: int = field(default=1, metadata={
-        "help": "a worker pushes its accumulated gradients every n_push steps"})
-    warmstart: int = field(default=20, metadata={
-        "help": "the other workers start once the first one has made this many pushes alone "
-                "(Dean et al.'s warmstart; at most all of its pushes); 0: all start together"})
-    max_staleness: int | None = field(default=None, metadata={
-        "help": "downpour: a push computed from parameters more than this many server updates "
-                "old is refused, and its worker fetches fresh ones before its next step "
-                "(bounded staleness; 0 = every applied push is fresh); none = no bound"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("n_fetch", "n_push"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "must be a whole number of steps >= 1 "
-                                               "(1 = every step, as in synchronous SGD)")
-        if isinstance(self.warmstart, bool) or not isinstance(self.warmstart, int) \
-                or self.warmstart < 0:
-            raise ConfigError("warmstart", self.warmstart, "must be a whole number of pushes >= 0")
-        if self.max_staleness is not None and (isinstance(self.max_staleness, bool) or not
-                                               isinstance(self.max_staleness, int) or
-                                               self.max_staleness < 0):
-            raise ConfigError("max_staleness", self.max_staleness,
-                              "must be a whole number of updates >= 0, or none for no bound")
 
 
 class Downpour(Algorithm):

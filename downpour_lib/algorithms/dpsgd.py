@@ -18,27 +18,14 @@ partner) and leaves the parameters as the last update made them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
-
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import Exchange
 from ..mixing import uniform_weights
-from .decentralized import Decentralized, GraphOptions
-
-
-@dataclass(frozen=True)
-class DPSGDOptions(GraphOptions):
-    #: per step, for the performance model: the model exchanged with the graph's neighbours
-    traffic: ClassVar[str] = "gossip"
-    needs_symmetric: ClassVar[bool] = True
-
-    topology: Literal["ring", "complete"] = field(default="ring", metadata={
-        "help": "gossip graph: ring (both neighbours) or complete (everyone; one step is the "
-                "exact average)"})
+from ..options import DPSGDOptions
+from .decentralized import Decentralized
 
 
 class DPSGD(Decentralized):

@@ -19,23 +19,16 @@ Asynchronous (``mode=async``, Algorithm 2, the center on a server rank) is its o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from ..errors import ConfigError
-from ..options import check_workers
-from .base import Roles
-from .localsgd import Periodic, PeriodicOptions
-
-SERVER = 0  # the asynchronous center's rank
-
+from ..options import EASGDOptions
+from .localsgd import Periodic
 
 
 @contextmanager
@@ -70,55 +63,6 @@ class CenterState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.center.copy_(state["center"])
-
-@dataclass(frozen=True)
-class EASGDOptions(PeriodicOptions):
-    #: for the performance model, by ``variant()``: async pulls from a center on a server rank
-    traffic_variants: ClassVar[dict[str, str]] = {"async": "async_push_pull"}
-    moving_rate: float | None = field(default=None, metadata={
-        "help": "easgd: the moving rate alpha = eta * rho, in (0, 1/N]; none = 0.9 / N"})
-    mode: Literal["sync", "async"] = field(default="sync", metadata={
-        "help": "easgd: sync (every worker pulls at once, the center on every worker) or async "
-                "(the center on a server rank, rank 0; each worker pulls on its own clock)"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.moving_rate is not None and not (
-                math.isfinite(self.moving_rate) and 0 < self.moving_rate <= 1):
-            raise ConfigError("moving_rate", self.moving_rate, "must be in (0, 1], e.g. 0.1")
-
-    def alpha(self, workers: int) -> float:
-        return self.moving_rate or 0.9 / workers
-
-    def checkpoint_refusal(self) -> str | None:
-        if self.mode == "async":
-            return "easgd with mode=async does not write checkpoints yet; use mode=sync"
-        return None
-
-    def variant(self) -> str:
-        return self.mode  # "async": easgd_async.AsyncEASGD runs it
-
-    def stop_refusal(self) -> str | None:
-        if self.mode == "async":  # its server takes no steps to vote at
-            return "easgd with mode=async cannot stop early or checkpoint"
-        return None
-
-    def roles(self, world_size: int) -> Roles:
-        workers = world_size - (self.mode == "async")
-        if workers < 1:
-            raise ConfigError("mode", self.mode, "needs a server rank and at least one worker: "
-                                                 "launch 2 ranks or more")
-        if self.alpha(workers) * workers > 1:
-            raise ConfigError("moving_rate", self.moving_rate,
-                              f"alpha x workers = {self.alpha(workers) * workers:g} > 1 makes the "
-                              f"center overshoot; use at most {1 / workers:g} with "
-                              f"{workers} workers")
-        if self.mode == "sync":
-            return super().roles(world_size)
-        return Roles(world_size, tuple(range(1, world_size)), (SERVER,), evaluator=1)
-
-    def roles_for(self, workers: int) -> Roles:
-        return self.roles(check_workers(workers) + (self.mode == "async"))
 
 
 class EASGD(CenterState, Periodic):

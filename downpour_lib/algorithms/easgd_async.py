@@ -22,8 +22,10 @@ from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import HEADER, header
+from ..options import EASGDOptions
+from ..options.periodic import SERVER
 from .base import OnUpdate, Server
-from .easgd import SERVER, CenterState, EASGDOptions
+from .easgd import CenterState
 from .localsgd import Periodic
 from .ps_server import (
     DATA,

@@ -16,36 +16,14 @@ step count, and the consensus distance at evaluation points.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.gossip import consensus_distance
 from ..comm.model_sync import synchronize_parameters
-from ..errors import ConfigError
-from .base import Algorithm, AlgorithmOptions
-
-
-def check_steps(name: str, value: Any, least: int, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(name, value, f"must be a whole number >= {least} ({what})")
-
-
-def check_rate(name: str, value: Any, example: str) -> None:
-    """A learning rate: a finite number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise ConfigError(name, value, f"must be a finite number > 0, e.g. {example}")
-
-
-def check_momentum(name: str, value: Any, example: str) -> None:
-    """A momentum: in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ConfigError(name, value, f"must be in [0, 1), e.g. {example}")
+from ..options import LocalSGDOptions
+from .base import Algorithm
 
 
 class Periodic(Algorithm):
@@ -85,32 +63,6 @@ class Periodic(Algorithm):
         # collective: every rank reaches the same evaluation points
         return {"consensus_distance": consensus_distance(self.comm, flatten(
             [p.detach() for p in self.params]))}
-
-
-PERIOD_HELP = ("steps between the workers' meetings: localsgd's and slowmo's averaging, diloco's "
-               "outer step (its H), easgd's elastic pull (its tau)")
-
-
-@dataclass(frozen=True)
-class PeriodicOptions(AlgorithmOptions):
-    #: for the performance model: the model allreduced once every ``period`` steps
-    traffic: ClassVar[str] = "periodic"
-    period: int = field(default=4, metadata={"help": PERIOD_HELP})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_steps("period", self.period, 1, "1 = meet after every step")
-
-
-@dataclass(frozen=True)
-class LocalSGDOptions(PeriodicOptions):
-    sync_steps: int = field(default=0, metadata={
-        "help": "localsgd: first steps with synchronous gradient averaging (post-local SGD's "
-                "warm-up) before local steps begin"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_steps("sync_steps", self.sync_steps, 0, "0 = local steps from the start")
 
 
 class LocalSGD(Periodic):

@@ -37,8 +37,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,16 +45,8 @@ from torch._utils import _unflatten_dense_tensors
 
 from ..comm.collectives import flatten
 from ..comm.p2p import Exchange
-from .decentralized import BoundedLagOptions
-from .sgp import PushSumAlgorithm, PushSumOptions
-
-
-@dataclass(frozen=True)
-class OSGPOptions(BoundedLagOptions, PushSumOptions):
-    #: for the performance model: k-peer gossip hidden behind the next step's computation
-    traffic: ClassVar[str] = "overlapped_gossip"
-    lag_bounds: ClassVar[str] = "messages stay in flight for at most that many steps"
-    without_lag: ClassVar[str] = "for synchronous push-sum use --algorithm sgp"
+from ..options import OSGPOptions
+from .sgp import PushSumAlgorithm
 
 
 class OSGP(PushSumAlgorithm):

@@ -15,46 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from .decentralized import Decentralized, GraphOptions
+from ..options import PushSumOptions, SGPOptions
+from .decentralized import Decentralized
 from .push_sum import PushSum
-
-
-@dataclass(frozen=True)
-class PushSumOptions(GraphOptions):
-    #: per step, for the performance model: the model sent to k peers of the graph
-    traffic: ClassVar[str] = "gossip"
-    """Options of the push-sum algorithms (SGP and Overlap-SGP)."""
-
-    topology: Literal["exponential", "ring", "complete"] = field(default="exponential", metadata={
-        "help": "gossip graph: exponential (time-varying, directed; peer i + 2^k at step t), "
-                "ring (both neighbours) or complete (everyone; one step is the exact average)"})
-    peers_per_step: int = field(default=1, metadata={
-        "help": "out-peers per step on the exponential graph (at most log2 of the ranks)"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.peers_per_step < 1:
-            raise ConfigError("peers_per_step", self.peers_per_step,
-                              "must be a whole number >= 1 (1 is SGP's default)")
-        if self.peers_per_step != 1 and self.topology != "exponential":
-            raise ConfigError("peers_per_step", self.peers_per_step,
-                              f"the {self.topology} graph has fixed neighbours; peers_per_step "
-                              "applies to topology='exponential' only, so leave it at 1")
-
-    def fanout(self) -> int:
-        return self.peers_per_step
-
-
-@dataclass(frozen=True)
-class SGPOptions(PushSumOptions):
-    pass
 
 
 class PushSumAlgorithm(Decentralized):

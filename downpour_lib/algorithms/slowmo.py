@@ -15,30 +15,15 @@ average is the average of the push-sum numerators, after which every weight is 1
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
-from .localsgd import LocalSGD, LocalSGDOptions, check_momentum, check_rate
-from .sgp import SGP, SGPOptions
-
-
-@dataclass(frozen=True)
-class SlowMoOptions(LocalSGDOptions):
-    base: Literal["localsgd", "sgp"] = field(default="localsgd", metadata={
-        "help": "slowmo: the base method between meetings (localsgd: local steps; sgp: gossip on "
-                "SGP's exponential graph)"})
-    slow_momentum: float = field(default=0.5, metadata={
-        "help": "slowmo: the slow momentum beta (0 = none)"})
-    slow_lr: float = field(default=1.0, metadata={"help": "slowmo: the slow learning rate alpha"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_momentum("slow_momentum", self.slow_momentum, "0.5")
-        check_rate("slow_lr", self.slow_lr, "1")
+from ..options import SGPOptions, SlowMoOptions
+from .localsgd import LocalSGD
+from .sgp import SGP
 
 
 class SlowMo(LocalSGD):

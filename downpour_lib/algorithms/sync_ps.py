@@ -14,27 +14,16 @@ best. Every update is element-wise, so S servers give the same parameters as one
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
+from ..options import SyncPSOptions
 from ..schedule import set_lr
-from . import ps_placement
 from .base import Algorithm, OnUpdate, Roles, Server, vote_overflow
 from .ps_shards import model_layout, shard_tensors
-
-
-@dataclass(frozen=True)
-class SyncPSOptions(ps_placement.PSOptions):
-    #: per step, for the performance model: push to and pull from S server shards, in lock-step
-    traffic: ClassVar[str] = "push_pull"
-    """Where the servers run and how many there are (see ``ps_placement``)."""
-
-    # after the pull every rank holds every parameter, so server 0 can evaluate
-    evaluator: ClassVar[Literal["server", "worker"]] = "server"
 
 
 class SyncPS(Algorithm):
@@ -103,7 +92,6 @@ class SyncPS(Algorithm):
             optimizer.step()
         # A worker's time here is mostly the servers' update: it counts as waiting.
         self._pull(account="comm" if self.shard is not None else "wait")
-
 
 
 class DedicatedServer(Server):

@@ -44,12 +44,12 @@ import torch
 from ..checkpoint import atomic_write_text
 from ..comm import Communicator, new_group, runtime
 from ..comm.launch_env import discover
-from ..comm.traffic import ring_share
 from ..errors import ConfigError
+from ..traffic import ring_share
 from .timing import Sync, buffer_size, measure, measure_paired
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce")
-#: op -> n -> nccl-tests' bus factor (``comm.traffic.ring_share``)
+#: op -> n -> nccl-tests' bus factor (``traffic.ring_share``)
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     op: (lambda n, op=op: float(ring_share(op, n))) for op in OPS}
 BACKENDS = ("gloo", "mpi", "nccl")

@@ -34,10 +34,10 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..records import Meter
+from ..traffic import collective_bytes
 from .handles import Handle
 from .p2p import Exchange, exchange, message_group
 from .runtime import DistContext
-from .traffic import collective_bytes
 
 Op = Literal["sum", "mean", "max", "min", "product"]
 Account = Literal["comm", "wait"]  # which of the meter's times a collective adds to

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..traffic import collective_bytes
 from .collectives import Comm, nbytes
-from .traffic import collective_bytes
 
 
 @dataclass

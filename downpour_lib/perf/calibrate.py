@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..comm.traffic import ring_share
 from ..errors import ConfigError
+from ..traffic import ring_share
 from .netmodel import Link, Network
 from .perfmodel import Calibration, Workload, bucketed_allreduce_s, modelled_options, predict
 

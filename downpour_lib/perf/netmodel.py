@@ -9,7 +9,7 @@ Rabenseifner and Gropp 2005, "Optimization of Collective Communication Operation
 and Yuan 2009 for the bandwidth-optimal ring):
 
 - ring allreduce over n ranks: ``2(n-1) alpha + 2(n-1)/n * M / beta`` (a reduce-scatter, then an
-  allgather; the bytes are ``comm.traffic.ring_share``'s, the bus factor of nccl-tests). A ring that
+  allgather; the bytes are ``traffic.ring_share``'s, the bus factor of nccl-tests). A ring that
   spans nodes is as fast as its slowest hop: each node's card carries one ring hop in, one out.
 - tree allreduce (pipelined binary trees, as NCCL's double binary tree): ``2 log2(n) alpha + 2 M /
   beta``: latency grows with log n, the bandwidth term does not shrink with n.
@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..comm.traffic import ring_share
 from ..errors import ConfigError
+from ..traffic import ring_share
 
 #: bytes per second of one Gbit/s
 GBIT = 1e9 / 8
@@ -128,7 +128,7 @@ class Network:
 def ring_allreduce_s(n: int, nbytes: float, link: Link) -> float:
     if n <= 1:
         return 0.0
-    share = float(ring_share("allreduce", n))  # 2(n-1)/n: the bytes, written once in comm.traffic
+    share = float(ring_share("allreduce", n))  # 2(n-1)/n: the bytes, written once in traffic
     return 2 * (n - 1) * link.alpha_s + share * nbytes / link.bandwidth_Bps
 
 

@@ -29,9 +29,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..comm.traffic import ring_share
 from ..errors import ConfigError
+from ..options import OPTIONS, AlgorithmOptions
 from ..topology import exponential_offsets, make_topology
+from ..traffic import ring_share
 from .netmodel import (
     COLLECTIVES,
     Network,
@@ -60,31 +61,10 @@ SIMULATED = ("async_push_pull", "async_gossip")
 BUCKETING = ("fixed", "ready")
 
 
-def _registry() -> dict[str, type]:
-    """algorithm name -> its options class (imported late: the registry pulls in torch)."""
-    from ..algorithms import ALGORITHMS as REGISTRY
-
-    return {name: cls.Options for name, cls in REGISTRY.items()
-            if name != "local"}  # one process: nothing to predict at N workers
-
-
-class _Names:
-    """The algorithms the model predicts, read from the registry on first use."""
-
-    def __iter__(self):
-        return iter(_registry())
-
-    def __contains__(self, name: object) -> bool:
-        return name in _registry()
-
-    def __len__(self) -> int:
-        return len(_registry())
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
-
-
-ALGORITHMS = _Names()
+#: algorithm name -> its options class: every algorithm but ``local`` (one process: nothing to
+#: predict at N workers)
+ALGORITHMS: dict[str, type[AlgorithmOptions]] = {name: cls for name, cls in OPTIONS.items()
+                                                 if name != "local"}
 
 
 #: the options a prediction reads (others, e.g. a learning rate, do not change a step's time)
@@ -249,7 +229,7 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
     so that a prediction models what runs."""
     import dataclasses
 
-    registry = _registry()
+    registry = ALGORITHMS
     if algorithm not in registry:
         raise ConfigError("algorithm", algorithm, "choose from " + ", ".join(registry))
     fields = {f.name: f.default for f in dataclasses.fields(registry[algorithm])
@@ -260,7 +240,7 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
 def traffic(algorithm: str, opts: Mapping[str, Any]) -> str:
     """What ``algorithm`` with ``opts`` sends a step: its options class's ``traffic`` (one of
     ``TRAFFIC``), or, where an option picks another variant (easgd's mode), ``traffic_variants``'."""
-    cls = _registry()[algorithm]
+    cls = ALGORITHMS[algorithm]
     variants = getattr(cls, "traffic_variants", {})
     for value in opts.values():
         if isinstance(value, str) and value in variants:

@@ -130,10 +130,10 @@ def plan_study(base: Mapping[str, Any] | None = None,
     """Every algorithm in every setting, ``workers`` workers each (servers added as the algorithm
     needs), on ``base``'s model, data and seed (BASE under it); each row will say when the run
     first reached ``target`` test accuracy. Every config is checked here."""
-    from ..algorithms import ALGORITHMS as KNOWN
     from ..data import load_dataset
     from ..engine import plan_run
     from ..errors import unknown_name
+    from ..options import OPTIONS as KNOWN
 
     base = {**BASE, **(base or {})}
     for name in ("algorithm", "options", "slow_workers", "slowdown"):

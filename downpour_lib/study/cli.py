@@ -32,10 +32,10 @@ def _names(text: str) -> tuple[str, ...]:
 
 def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("study", help="run the scaling study (each run under mpiexec), then plot")
-    from ..algorithms import ALGORITHMS
+    from ..options import OPTIONS
 
     p.add_argument("--algorithms", type=_names, default=DEFAULT_ALGORITHMS,
-                   help=f"comma-separated, of {', '.join(ALGORITHMS)} "
+                   help=f"comma-separated, of {', '.join(OPTIONS)} "
                         f"(default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--workers", type=_ints, default=default_workers(),
                    help="comma-separated worker counts (default: 1,2,... up to the cores here)")

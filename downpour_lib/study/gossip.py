@@ -33,9 +33,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..algorithms import ALGORITHMS
 from ..config import TrainConfig
 from ..errors import ConfigError
+from ..options import OPTIONS
 from .core import Outcome, PlannedRun, StudyStore, cluster_for, run_plan, scalar_fields
 
 NO_TOPOLOGY = "-"
@@ -49,12 +49,12 @@ TABLES = ("evals",)
 
 def topologies_of(algorithm: str) -> tuple[str, ...]:
     """The gossip graphs ``algorithm`` accepts (empty for one that has no graph, e.g. allreduce)."""
-    if algorithm not in ALGORITHMS:
-        raise ConfigError("algorithm", algorithm, "choose one of " + ", ".join(sorted(ALGORITHMS)))
-    fields = {f.name: f for f in dataclasses.fields(ALGORITHMS[algorithm].Options)}
+    if algorithm not in OPTIONS:
+        raise ConfigError("algorithm", algorithm, "choose one of " + ", ".join(sorted(OPTIONS)))
+    fields = {f.name: f for f in dataclasses.fields(OPTIONS[algorithm])}
     if "topology" not in fields:
         return ()
-    hint = typing.get_type_hints(ALGORITHMS[algorithm].Options)["topology"]
+    hint = typing.get_type_hints(OPTIONS[algorithm])["topology"]
     return typing.get_args(hint)
 
 
@@ -62,7 +62,7 @@ def default_topology(algorithm: str) -> str:
     """The graph ``algorithm`` gossips over by default, or ``NO_TOPOLOGY``."""
     if not topologies_of(algorithm):
         return NO_TOPOLOGY
-    return ALGORITHMS[algorithm].Options().topology
+    return OPTIONS[algorithm]().topology
 
 
 def run_config(base: Mapping[str, Any], algorithm: str, topology: str = NO_TOPOLOGY) -> TrainConfig:

@@ -23,9 +23,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..algorithms import ALGORITHMS
 from ..config import TrainConfig
 from ..errors import ConfigError
+from ..options import OPTIONS
 from .core import (
     Outcome,
     PlannedRun,
@@ -107,12 +107,10 @@ DEFAULT_REPEATS = 3
 
 def left_out(algorithms) -> str:
     """Which algorithms a study of ``algorithms`` leaves out, and why (``LEFT_OUT``)."""
-    from ..algorithms import ALGORITHMS
-
-    missing = [a for a in ALGORITHMS if a not in algorithms]
+    missing = [a for a in OPTIONS if a not in algorithms]
     if not missing:
-        return f"all {len(ALGORITHMS)} algorithms are in this study"
-    lines = [f"{len(algorithms)} of the {len(ALGORITHMS)} algorithms are in this study; left out:"]
+        return f"all {len(OPTIONS)} algorithms are in this study"
+    lines = [f"{len(algorithms)} of the {len(OPTIONS)} algorithms are in this study; left out:"]
     lines += [f"  {a}: {LEFT_OUT.get(a, 'not in the algorithms parameter')}" for a in missing]
     return "\n".join(lines)
 
@@ -143,8 +141,8 @@ class StudySpec:
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
-            if a not in ALGORITHMS:
-                raise ConfigError("algorithms", a, "choose from " + ", ".join(ALGORITHMS))
+            if a not in OPTIONS:
+                raise ConfigError("algorithms", a, "choose from " + ", ".join(OPTIONS))
         for a in self.options:
             if a not in self.algorithms:
                 raise ConfigError("options", a, "give options only for the study's algorithms: "

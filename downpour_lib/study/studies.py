@@ -162,13 +162,13 @@ def emulated_variant(entry: str) -> tuple[str, dict[str, Any]]:
     """An emulated sweep's algorithm entry: a name (``"sync_ps"``), or a name with options of its
     own, ``"name:option=value,..."`` (``"sync_ps:servers=2"``: sharded over two servers), so one
     algorithm can be swept in two settings side by side."""
-    from ..algorithms import ALGORITHMS
+    from ..options import OPTIONS
 
     name, _, rest = entry.partition(":")
-    if name not in ALGORITHMS:
-        raise ConfigError("emulated_algorithms", entry, "an algorithm (" + ", ".join(ALGORITHMS)
+    if name not in OPTIONS:
+        raise ConfigError("emulated_algorithms", entry, "an algorithm (" + ", ".join(OPTIONS)
                           + "), optionally with options: 'sync_ps:servers=2'")
-    hints = typing.get_type_hints(ALGORITHMS[name].Options)
+    hints = typing.get_type_hints(OPTIONS[name])
     opts: dict[str, Any] = {}
     for pair in (p.strip() for p in rest.split(",") if p.strip()):
         key, eq, value = (s.strip() for s in pair.partition("="))

@@ -1,7 +1,7 @@
 """Under mpiexec -n N: the metered Communicator on a gloo world and on an mpi group over the same ranks.
 
 For each: what every collective leaves in the buffers (against values computed by hand), and what
-the meter holds after it (against comm.traffic.collective_bytes, and no time or bytes for
+the meter holds after it (against traffic.collective_bytes, and no time or bytes for
 account=None). Prints one JSON line per rank: {"failures": [...], "cases": k}.
 """
 
@@ -10,8 +10,8 @@ import json
 import torch
 
 from downpour_lib import comm, runtime
-from downpour_lib.comm.traffic import collective_bytes
 from downpour_lib.records import Meter
+from downpour_lib.traffic import collective_bytes
 
 ctx = runtime.init(backend="gloo", device="cpu", timeout_s=120)
 n, r = ctx.world_size, ctx.rank

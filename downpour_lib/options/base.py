@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from .errors import ConfigError, check_choices
+from ..errors import ConfigError, check_choices
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,142 @@
+"""Options of the algorithms that train locally and meet every few steps: ``localsgd``,
+``diloco``, ``slowmo`` and ``easgd`` (whose ``mode=async`` puts the center on a server rank).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from ..errors import ConfigError
+from .base import AlgorithmOptions, Roles, check_workers
+
+
+def check_steps(name: str, value: Any, least: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(name, value, f"must be a whole number >= {least} ({what})")
+
+
+def check_rate(name: str, value: Any, example: str) -> None:
+    """A learning rate: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ConfigError(name, value, f"must be a finite number > 0, e.g. {example}")
+
+
+def check_momentum(name: str, value: Any, example: str) -> None:
+    """A momentum: in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(name, value, f"must be in [0, 1), e.g. {example}")
+
+
+PERIOD_HELP = ("steps between the workers' meetings: localsgd's and slowmo's averaging, diloco's "
+               "outer step (its H), easgd's elastic pull (its tau)")
+
+
+SERVER = 0  # the asynchronous center's rank
+
+
+@dataclass(frozen=True)
+class PeriodicOptions(AlgorithmOptions):
+    #: for the performance model: the model allreduced once every ``period`` steps
+    traffic: ClassVar[str] = "periodic"
+    period: int = field(default=4, metadata={"help": PERIOD_HELP})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_steps("period", self.period, 1, "1 = meet after every step")
+
+
+@dataclass(frozen=True)
+class LocalSGDOptions(PeriodicOptions):
+    sync_steps: int = field(default=0, metadata={
+        "help": "localsgd: first steps with synchronous gradient averaging (post-local SGD's "
+                "warm-up) before local steps begin"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_steps("sync_steps", self.sync_steps, 0, "0 = local steps from the start")
+
+
+@dataclass(frozen=True)
+class DiLoCoOptions(PeriodicOptions):
+    default_optimizer: ClassVar[str] = "adamw"  # the paper's inner optimizer
+    default_lr: ClassVar[float | None] = 0.003
+    period: int = field(default=20, metadata={"help": PERIOD_HELP})
+    outer_lr: float = field(default=0.7, metadata={
+        "help": "diloco: the outer SGD's learning rate (the paper's 0.7)"})
+    outer_momentum: float = field(default=0.9, metadata={
+        "help": "diloco: the outer SGD's Nesterov momentum (the paper's 0.9; 0 = none)"})
+    pseudo_gradient: Literal["none", "bf16", "fp16"] = field(default="none", metadata={
+        "help": "diloco: the pseudo-gradient's wire format (none = fp32)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_rate("outer_lr", self.outer_lr, "0.7")
+        check_momentum("outer_momentum", self.outer_momentum, "0.9")
+
+
+@dataclass(frozen=True)
+class SlowMoOptions(LocalSGDOptions):
+    base: Literal["localsgd", "sgp"] = field(default="localsgd", metadata={
+        "help": "slowmo: the base method between meetings (localsgd: local steps; sgp: gossip on "
+                "SGP's exponential graph)"})
+    slow_momentum: float = field(default=0.5, metadata={
+        "help": "slowmo: the slow momentum beta (0 = none)"})
+    slow_lr: float = field(default=1.0, metadata={"help": "slowmo: the slow learning rate alpha"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_momentum("slow_momentum", self.slow_momentum, "0.5")
+        check_rate("slow_lr", self.slow_lr, "1")
+
+
+@dataclass(frozen=True)
+class EASGDOptions(PeriodicOptions):
+    #: for the performance model, by ``variant()``: async pulls from a center on a server rank
+    traffic_variants: ClassVar[dict[str, str]] = {"async": "async_push_pull"}
+    moving_rate: float | None = field(default=None, metadata={
+        "help": "easgd: the moving rate alpha = eta * rho, in (0, 1/N]; none = 0.9 / N"})
+    mode: Literal["sync", "async"] = field(default="sync", metadata={
+        "help": "easgd: sync (every worker pulls at once, the center on every worker) or async "
+                "(the center on a server rank, rank 0; each worker pulls on its own clock)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.moving_rate is not None and not (
+                math.isfinite(self.moving_rate) and 0 < self.moving_rate <= 1):
+            raise ConfigError("moving_rate", self.moving_rate, "must be in (0, 1], e.g. 0.1")
+
+    def alpha(self, workers: int) -> float:
+        return self.moving_rate or 0.9 / workers
+
+    def checkpoint_refusal(self) -> str | None:
+        if self.mode == "async":
+            return "easgd with mode=async does not write checkpoints yet; use mode=sync"
+        return None
+
+    def variant(self) -> str:
+        return self.mode  # "async": easgd_async.AsyncEASGD runs it
+
+    def stop_refusal(self) -> str | None:
+        if self.mode == "async":  # its server takes no steps to vote at
+            return "easgd with mode=async cannot stop early or checkpoint"
+        return None
+
+    def roles(self, world_size: int) -> Roles:
+        workers = world_size - (self.mode == "async")
+        if workers < 1:
+            raise ConfigError("mode", self.mode, "needs a server rank and at least one worker: "
+                                                 "launch 2 ranks or more")
+        if self.alpha(workers) * workers > 1:
+            raise ConfigError("moving_rate", self.moving_rate,
+                              f"alpha x workers = {self.alpha(workers) * workers:g} > 1 makes the "
+                              f"center overshoot; use at most {1 / workers:g} with "
+                              f"{workers} workers")
+        if self.mode == "sync":
+            return super().roles(world_size)
+        return Roles(world_size, tuple(range(1, world_size)), (SERVER,), evaluator=1)
+
+    def roles_for(self, workers: int) -> Roles:
+        return self.roles(check_workers(workers) + (self.mode == "async"))
