@@ -168,12 +168,16 @@ print(json.dumps({m: m in sys.modules for m in ("torch", "pandas")}))
 
 @pytest.mark.parametrize("args", [("sandbox", "slurm", "status", "--dir", "{tmp}/none"),
                                   ("notebook", "--help"), ("lab", "--help"),
-                                  ("profiles", "--help")])
+                                  ("profiles", "--help"),
+                                  ("model", "predict", "--model", "inception_small", "--workers", "1,8",
+                                   "--algorithm", "allreduce,sync_ps,sgp,downpour,diloco,easgd",
+                                   "--calibration", "{root}/results/reference/scaling/calibration.json")])
 def test_commands_that_need_no_torch_do_not_import_it(tmp_path, args):
     """A command line builds only the parser of its command (the train parser's flags come from
     the algorithms, which import torch: ~2.5 s of CPU here), and what these commands run needs
-    none of it."""
-    argv = [a.format(tmp=tmp_path) for a in args]
+    none of it: the performance model reads the algorithms' options and the models' registry,
+    neither of which imports torch."""
+    argv = [a.format(tmp=tmp_path, root=ROOT) for a in args]
     proc = subprocess.run([sys.executable, "-c", LOADED, *argv], env=launch_env(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])

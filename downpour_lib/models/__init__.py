@@ -2,19 +2,22 @@
 
 Every model takes any channel count and any image size from its min_size up, so one name works
 for scikit-learn digits, MNIST and CIFAR alike. Building after torch.manual_seed(s) gives the same
-weights every time: constructors use only the global generator, in a fixed order.
+weights every time: constructors use only the global generator, in a fixed order. The registry
+itself imports no torch (the config, the studies' plans and the performance model read it): a
+model's module is imported when it is first built.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from downpour_lib.errors import ConfigError, unknown_name
-from downpour_lib.models import cifar_resnet, cnn1d, inception, lenet, mlp, torchvision_models
+
+if TYPE_CHECKING:
+    from torch import nn
 
 InputShape = tuple[int, int, int]
 """(channels, height, width) of one image."""
@@ -39,6 +42,27 @@ class ModelSpec:
     """(input_shape, num_classes) -> an untrained module."""
 
 
+def _built_by(module: str, function: str, *args: Any) -> Callable[[InputShape, int], nn.Module]:
+    """``function`` of this package's ``module``, called with ``args``, the input shape and the
+    classes; the module (and torch) imported at the first build."""
+
+    def build(input_shape: InputShape, num_classes: int) -> nn.Module:
+        return getattr(importlib.import_module(f"{__name__}.{module}"), function)(
+            *args, input_shape, num_classes)
+
+    return build
+
+
+# The smallest images the networks take (``ModelSpec.min_size``). LeNet: each of the two max pools
+# halves the image (rounding down), so 4x4 still leaves one pixel for the classifier (8x8 digits
+# leave 2x2). The CIFAR ResNets: each of the two stride-2 stages halves the image rounding up
+# (32 -> 16 -> 8), and 4x4 leaves each a whole pixel to halve; so does the small Inception, whose
+# Downsample branches both pad by 1 so that they agree on any size. torchvision's: VGG's five 2x2
+# max pools round down, so anything under 32x32 pools to nothing; the ResNets halve five times as
+# well, and 32x32 is where both reach 1x1 before the adaptive average pool.
+_HALVED_TWICE = 4
+_HALVED_FIVE_TIMES = 32
+
 _DIGITS = (1, 28, 28)
 _CIFAR = (3, 32, 32)
 _IMAGENET = (3, 224, 224)
@@ -55,8 +79,8 @@ def _cifar_resnet(depth: int) -> ModelSpec:
         f"ResNet-{depth} for CIFAR-10, option A shortcuts ({_HE2016}, section 4.2)",
         _CIFAR,
         10,
-        cifar_resnet.MIN_SIZE,
-        partial(cifar_resnet.cifar_resnet, depth),
+        _HALVED_TWICE,
+        _built_by("cifar_resnet", "cifar_resnet", depth),
     )
 
 
@@ -66,8 +90,8 @@ def _torchvision(arch: str, title: str, paper: str) -> ModelSpec:
         f"torchvision {title}, untrained ({paper})",
         _IMAGENET,
         1000,
-        torchvision_models.MIN_SIZE,
-        partial(torchvision_models.torchvision_model, arch),
+        _HALVED_FIVE_TIMES,
+        _built_by("torchvision_models", "torchvision_model", arch),
     )
 
 
@@ -79,7 +103,7 @@ _SPECS = (
         _DIGITS,
         10,
         1,
-        mlp.mlp,
+        _built_by("mlp", "mlp"),
     ),
     ModelSpec(
         "lenet",
@@ -87,8 +111,8 @@ _SPECS = (
         '"Gradient-based learning applied to document recognition")',
         _DIGITS,
         10,
-        lenet.MIN_SIZE,
-        lenet.lenet,
+        _HALVED_TWICE,
+        _built_by("lenet", "lenet"),
     ),
     ModelSpec(
         "cnn1d",
@@ -97,7 +121,7 @@ _SPECS = (
         (1, 1, 40),
         10,
         1,
-        cnn1d.cnn1d,
+        _built_by("cnn1d", "cnn1d"),
     ),
     ModelSpec(
         "inception_small",
@@ -105,8 +129,8 @@ _SPECS = (
         '"Understanding deep learning requires rethinking generalization", Figure 3)',
         _CIFAR,
         10,
-        inception.MIN_SIZE,
-        inception.inception_small,
+        _HALVED_TWICE,
+        _built_by("inception", "inception_small"),
     ),
     *(_cifar_resnet(depth) for depth in (20, 32, 56, 110)),
     _torchvision("resnet18", "ResNet-18", _HE2016),

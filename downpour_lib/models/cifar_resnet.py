@@ -14,9 +14,6 @@ from torch import nn
 
 from downpour_lib.errors import ConfigError
 
-# Each of the two stride-2 stages halves the image rounding up (32 -> 16 -> 8); 4x4 is the smallest
-# input that leaves each a whole pixel to halve.
-MIN_SIZE = 4
 WIDTHS = (16, 32, 64)
 
 

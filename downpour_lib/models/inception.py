@@ -11,11 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# Both Downsample branches use padding=1, so each halves the image rounding up (32 -> 16 -> 8) and
-# the branches agree on any size. 4x4 is the smallest input that leaves each of the two downsampling
-# stages a whole pixel to halve.
-MIN_SIZE = 4
-
 
 class Shift(nn.Module):
     """A learned per-channel offset: the beta of a batch norm that has no gamma."""

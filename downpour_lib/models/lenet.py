@@ -10,10 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# Each of the two max pools halves the image (rounding down), so 4x4 is the smallest input that
-# still leaves one pixel for the classifier; 8x8 scikit-learn digits leave 2x2.
-MIN_SIZE = 4
-
 
 class LeNet(nn.Module):
     """conv(C,6,5) -> pool -> conv(6,16,5) -> pool -> 120 -> 84 -> classes, all with ReLU."""

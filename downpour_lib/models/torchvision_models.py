@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from torch import nn
 
-# VGG's five 2x2 max pools round down, so anything under 32x32 pools to nothing; the ResNets halve
-# five times as well, and 32x32 is where both reach 1x1 before the adaptive average pool.
-MIN_SIZE = 32
-
 
 def _replace_first_conv(model: nn.Module, in_channels: int) -> None:
     """Swap the model's first Conv2d for one reading in_channels, with the same other settings."""
