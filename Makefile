@@ -96,12 +96,14 @@ bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q downpour_lib tests > /dev/null
 
 # Installs with uv where it can (torch's CUDA wheels are ~4 GB unpacked: a fresh .venv took 135 s
-# with pip here, 26 s with uv and an empty cache, 6 s with a warm one), with pip where uv cannot
-# (uv reads no pip.conf: a cluster whose packages come only from a mirror pip is configured for).
+# with pip here, 47 s with uv from its cache), with pip where uv cannot (uv reads no pip.conf: a
+# cluster whose packages come only from a mirror pip is configured for). uv compiles the bytecode,
+# as pip does: where PYTHONDONTWRITEBYTECODE=1 (here, CI) nothing would cache it later, and every
+# rank compiled torch's modules from source (a fresh-clone make test ran at half speed).
 # The constraint files pip.conf names hold for uv too (here they keep torchvision on the release
 # built for this torch: without them uv took 0.29.2+cu132 beside torch 2.14.1+cu130).
 PIP_CONSTRAINTS := $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global\.constraint='\(.*\)'$$/\1/p")
-INSTALL = UV_CONSTRAINT="$(PIP_CONSTRAINTS)" $(BIN)/uv pip install --quiet --python $(BIN)/python $(1) \
+INSTALL = UV_CONSTRAINT="$(PIP_CONSTRAINTS)" $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python $(1) \
 	|| { echo "make: uv could not install $(1); pip instead"; $(BIN)/python -m pip install --quiet $(1); }
 
 $(STAMP): pyproject.toml
