@@ -103,7 +103,7 @@ bytecode: $(STAMP)
 # rank compiled torch's modules from source (a fresh-clone make test ran at half speed).
 # The constraint files pip.conf names hold for uv too (here they keep torchvision on the release
 # built for this torch: without them uv took 0.29.2+cu132 beside torch 2.14.1+cu130).
-PIP_CONSTRAINTS := $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global\.constraint='\(.*\)'$$/\1/p")
+PIP_CONSTRAINTS = $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global\.constraint='\(.*\)'$$/\1/p")
 INSTALL = UV_CONSTRAINT="$(PIP_CONSTRAINTS)" $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python $(1) \
 	|| { echo "make: uv could not install $(1); pip instead"; $(BIN)/python -m pip install --quiet $(1); }
 
