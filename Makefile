@@ -36,8 +36,8 @@ studies: study   ## every study: notebooks 02 to 06 headless
 # minutes in all) in one of three fresh-clone runs; of the other two, one lost JupyterLab's server
 # connection in the browser test, the other took 28.2 minutes and lost a 10 s silent-rank test to the
 # load (a rank still starting 10 s after the others reached the first collective).
-# A fresh clone's make test here, two runs of nearly one tree: 23.4 and 25.6 minutes (the venv with
-# uv and the bytecode under a minute, workers 21.4 and 23.5, alone 1.3); in one process 45 (earlier).
+# A fresh clone's make test here, three runs of nearly one tree: 23.4, 25.6 and 26.9 minutes (the venv
+# with uv and the bytecode under a minute, workers 21.4 to 24.8, alone 1.3-1.5); in one process 45 (earlier).
 TEST_WORKERS ?= 3
 test: $(STAMP) bytecode   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 ifeq ($(TEST_WORKERS),0)
