@@ -44,6 +44,10 @@ from downpour_lib.errors import ConfigError
     ({"algorithm": "ddp", "options": {"bucket_cap_mb": float("inf")}}, "bucket_cap_mb", "finite"),
     ({"algorithm": "allreduce", "options": {"bucket_cap_mb": float("nan")}}, "bucket_cap_mb",
      "finite number of MB > 0"),
+    ({"algorithm": "allreduce", "options": {"accumulation_steps": 0}}, "accumulation_steps",
+     "whole number >= 1 (1 = no accumulation)"),
+    ({"algorithm": "downpour", "options": {"max_staleness": -1}}, "max_staleness",
+     "whole number of updates >= 0 (or none for no bound)"),
 ])
 def test_invalid_values_name_field_value_and_fix(changes, field, hint):
     with pytest.raises(ConfigError) as err:
@@ -155,6 +159,33 @@ def test_every_algorithm_takes_its_options_from_the_registry_the_config_reads():
     for name, cls in ALGORITHMS.items():
         assert cls.name == name and cls.Options is OPTIONS[name], name
         assert type(TrainConfig(algorithm=name).options) is OPTIONS[name]
+
+
+def test_every_whole_number_option_refuses_a_bool_and_a_fraction():
+    """The config's coercion refuses them, but the options classes are public too:
+    ``AllReduceOptions(accumulation_steps=True)`` (True == 1 to Python) and ``SGPOptions(
+    peers_per_step=2.5)`` were accepted until the checks were one helper
+    (``options.base.check_whole``). Every int-typed option of every algorithm refuses both, in
+    the options class itself and through the config, naming the field."""
+    import dataclasses
+    import typing
+
+    from downpour_lib.options import OPTIONS
+
+    checked = 0
+    for name, cls in OPTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if hints[f.name] not in (int, int | None):
+                continue
+            for bad in (True, 2.5):
+                with pytest.raises(ConfigError) as direct:
+                    cls(**{f.name: bad})
+                with pytest.raises(ConfigError) as configured:
+                    TrainConfig(algorithm=name, options={f.name: bad})
+                assert direct.value.field == configured.value.field == f.name, (name, f.name, bad)
+            checked += 1
+    assert checked >= 10  # servers, n_fetch, n_push, warmstart, period, max_lag, ...
 
 
 def test_pointless_momentum_warns():

@@ -101,11 +101,38 @@ class AlgorithmOptions:
         return None
 
 
+def check_whole(name: str, value: Any, least: int, why: str = "", of: str = "") -> int:
+    """``value`` if a whole number >= ``least`` (a bool is not one, though True == 1), else a
+    ConfigError naming the field: "must be a whole number[ of <of>] >= <least>[ (<why>)]"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ConfigError(name, value, f"must be a whole number{f' of {of}' if of else ''} >= "
+                                       f"{least}{f' ({why})' if why else ''}")
+    return int(value)
+
+
 def check_workers(workers: Any) -> int:
     """A number of workers, or a ConfigError."""
-    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
-        raise ConfigError("workers", workers, "must be a whole number >= 1")
-    return int(workers)
+    return check_whole("workers", workers, 1)
+
+
+def check_rate(name: str, value: Any, example: str) -> None:
+    """A learning rate: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ConfigError(name, value, f"must be a finite number > 0, e.g. {example}")
+
+
+def check_momentum(name: str, value: Any, example: str) -> None:
+    """A momentum: in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(name, value, f"must be in [0, 1), e.g. {example}")
+
+
+def check_bucket_cap_mb(value: Any) -> None:
+    """A gradient bucket's size (allreduce's, DDP's): a finite number of MB > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ConfigError("bucket_cap_mb", value, "must be a finite number of MB > 0, e.g. 25")
 
 
 def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any) -> AlgorithmOptions:

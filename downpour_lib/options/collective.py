@@ -5,12 +5,11 @@ PyTorch's DistributedDataParallel (``ddp``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..errors import ConfigError
-from .base import AlgorithmOptions, Roles
+from .base import AlgorithmOptions, Roles, check_bucket_cap_mb, check_whole
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,8 @@ class AllReduceOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
-            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb,
-                              "must be a finite number of MB > 0, e.g. 25")
-        if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
-            raise ConfigError("accumulation_steps", self.accumulation_steps,
-                              "must be a whole number >= 1 (1 = no accumulation)")
+        check_bucket_cap_mb(self.bucket_cap_mb)
+        check_whole("accumulation_steps", self.accumulation_steps, 1, "1 = no accumulation")
 
 
 @dataclass(frozen=True)
@@ -70,6 +65,4 @@ class DDPOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
-            raise ConfigError("bucket_cap_mb", self.bucket_cap_mb,
-                              "must be a finite number of MB > 0, e.g. 25")
+        check_bucket_cap_mb(self.bucket_cap_mb)

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from ..errors import ConfigError
 from ..topology import Topology, make_topology
-from .base import AlgorithmOptions, Roles
+from .base import AlgorithmOptions, Roles, check_whole
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,7 @@ class BoundedLagOptions(GraphOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.max_lag < 1:
-            raise ConfigError("max_lag", self.max_lag,
-                              f"must be a whole number >= 1 ({self.lag_bounds}); {self.without_lag}")
+        check_whole("max_lag", self.max_lag, 1, f"{self.lag_bounds}; {self.without_lag}")
 
 
 @dataclass(frozen=True)
@@ -70,9 +68,7 @@ class PushSumOptions(GraphOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.peers_per_step < 1:
-            raise ConfigError("peers_per_step", self.peers_per_step,
-                              "must be a whole number >= 1 (1 is SGP's default)")
+        check_whole("peers_per_step", self.peers_per_step, 1, "1 is SGP's default")
         if self.peers_per_step != 1 and self.topology != "exponential":
             raise ConfigError("peers_per_step", self.peers_per_step,
                               f"the {self.topology} graph has fixed neighbours; peers_per_step "

@@ -6,29 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from ..errors import ConfigError
-from .base import AlgorithmOptions, Roles, check_workers
-
-
-def check_steps(name: str, value: Any, least: int, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(name, value, f"must be a whole number >= {least} ({what})")
-
-
-def check_rate(name: str, value: Any, example: str) -> None:
-    """A learning rate: a finite number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise ConfigError(name, value, f"must be a finite number > 0, e.g. {example}")
-
-
-def check_momentum(name: str, value: Any, example: str) -> None:
-    """A momentum: in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ConfigError(name, value, f"must be in [0, 1), e.g. {example}")
-
+from .base import AlgorithmOptions, Roles, check_momentum, check_rate, check_whole, check_workers
 
 PERIOD_HELP = ("steps between the workers' meetings: localsgd's and slowmo's averaging, diloco's "
                "outer step (its H), easgd's elastic pull (its tau)")
@@ -45,7 +26,7 @@ class PeriodicOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_steps("period", self.period, 1, "1 = meet after every step")
+        check_whole("period", self.period, 1, "1 = meet after every step")
 
 
 @dataclass(frozen=True)
@@ -56,7 +37,7 @@ class LocalSGDOptions(PeriodicOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_steps("sync_steps", self.sync_steps, 0, "0 = local steps from the start")
+        check_whole("sync_steps", self.sync_steps, 0, "0 = local steps from the start")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..errors import ConfigError
-from .base import AlgorithmOptions, Roles, check_workers
+from .base import AlgorithmOptions, Roles, check_whole, check_workers
 
 ServerSite = Literal["auto", "dedicated", "colocated"]
 
@@ -31,8 +31,7 @@ class PSOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
-            raise ConfigError("servers", self.servers, "must be a whole number >= 1")
+        check_whole("servers", self.servers, 1)
 
     def dedicated(self, world_size: int) -> bool:
         return self.server == "dedicated" or (self.server == "auto" and world_size > self.servers)
@@ -100,15 +99,9 @@ class DownpourOptions(PSOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("n_fetch", "n_push"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "must be a whole number of steps >= 1 "
-                                               "(1 = every step, as in synchronous SGD)")
-        if isinstance(self.warmstart, bool) or not isinstance(self.warmstart, int) \
-                or self.warmstart < 0:
-            raise ConfigError("warmstart", self.warmstart, "must be a whole number of pushes >= 0")
-        if self.max_staleness is not None and (isinstance(self.max_staleness, bool) or not
-                                               isinstance(self.max_staleness, int) or
-                                               self.max_staleness < 0):
-            raise ConfigError("max_staleness", self.max_staleness,
-                              "must be a whole number of updates >= 0, or none for no bound")
+            check_whole(name, getattr(self, name), 1, "1 = every step, as in synchronous SGD",
+                        of="steps")
+        check_whole("warmstart", self.warmstart, 0, of="pushes")
+        if self.max_staleness is not None:
+            check_whole("max_staleness", self.max_staleness, 0, "or none for no bound",
+                        of="updates")
