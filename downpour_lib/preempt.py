@@ -44,12 +44,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-
-import torch
+from typing import TYPE_CHECKING
 
 from ._early import EARLY_SIGNALS, HELD  # `downpour train` holds the signal while it starts
-from .comm.vote import Control, control_group  # noqa: F401 -- the engine asks preempt for it
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # torch and comm only where a run votes: config's checks import this module
+    import torch
+
+    from .comm.runtime import DistContext
+    from .comm.vote import Control
 
 #: The exit status of a rank that stopped for a preemption signal, with its checkpoint written
 #: (sysexits' EX_TEMPFAIL: "a temporary failure; the user is invited to retry").
@@ -176,6 +180,13 @@ class StopSignal:
 
 #: The flag of this process; ``Trainer`` installs its handler, the agreement reads it.
 SIGNAL = StopSignal()
+
+
+def control_group(ctx: DistContext) -> Control | None:
+    """The vote's side channel (``comm.vote``): collective, the same on every rank."""
+    from .comm.vote import control_group
+
+    return control_group(ctx)
 
 
 def vote(control: Control | None, mine: bool) -> bool:

@@ -24,16 +24,25 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
-if TYPE_CHECKING:  # pandas is imported where a frame is made: on rank 0, at the end of a run
+# pandas where a frame is made (on rank 0, at the end of a run), torch where a rank times or syncs
+# a device: a study's planner reads the records' names and columns, and imports neither
+if TYPE_CHECKING:
     import pandas as pd
+    import torch
 
 
 def device_sync(device: torch.device) -> None:
     """Wait for queued GPU work, so host timers measure it (a no-op on CPU)."""
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
+
+
+def _cpu() -> torch.device:
+    import torch
+
+    return torch.device("cpu")
 
 
 class StepClock:
@@ -48,6 +57,8 @@ class StepClock:
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.cuda = device, device.type == "cuda"
+        import torch
+
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
         self.t = [0.0, 0.0, 0.0, 0.0]  # start, data ready, backward done, forward done
 
@@ -79,7 +90,7 @@ class StepClock:
 
     def end(self) -> tuple[float, float, float, float]:
         if self.cuda:
-            torch.cuda.synchronize(self.device)
+            device_sync(self.device)
             e0, e1, e2, e3 = self.events
             self.t[1] = self.t[0] + e0.elapsed_time(e1) / 1000
             self.t[2] = self.t[1] + e1.elapsed_time(e2) / 1000
@@ -91,7 +102,7 @@ class StepClock:
 class Meter:
     """Accumulates one step's communication time and bytes; the algorithm fills it, the engine reads it."""
 
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    device: torch.device = field(default_factory=_cpu)
     comm_s: float = 0.0
     wait_s: float = 0.0
     exposed_backward_comm_s: float = 0.0  # comm that overlapped backward but was not hidden by it

@@ -6,8 +6,6 @@ from pathlib import Path
 
 from ..errors import unknown_name
 from .catalog import DATASETS, DatasetSpec, Splits
-from .sharding import ShardSampler
-from .sources import ImageSource
 
 
 def load_dataset(name: str, data_dir: str | Path = "data") -> Splits:
@@ -15,6 +13,19 @@ def load_dataset(name: str, data_dir: str | Path = "data") -> Splits:
     if name not in DATASETS:
         raise unknown_name("dataset", name, DATASETS)
     return DATASETS[name].load(Path(data_dir).expanduser())
+
+
+def __getattr__(name: str):
+    """The torch-built parts when first asked for: the catalog alone imports no torch."""
+    if name == "ShardSampler":
+        from .sharding import ShardSampler
+
+        return ShardSampler
+    if name == "ImageSource":
+        from .sources import ImageSource
+
+        return ImageSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["DATASETS", "DatasetSpec", "ImageSource", "ShardSampler", "Splits", "load_dataset"]

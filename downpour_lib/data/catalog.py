@@ -1,6 +1,9 @@
 """The data sets: scikit-learn's bundled digits, MNIST-1D (generated offline), torchvision's MNIST,
 CIFAR and ImageFolder, and deterministic synthetic stand-ins with the real ones' shapes for throughput
-measurements."""
+measurements.
+
+The catalog itself needs no torch (the config's checks, a study's planner and ``downpour datasets``
+read it); each loader imports torch and the sources it builds when it runs."""
 
 from __future__ import annotations
 
@@ -11,15 +14,15 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from ..checkpoint import atomic_write_bytes
 from ..errors import DataError
-from .augment import CropFlip
-from .sources import FolderSource, ImageSource, SyntheticSource, TensorSource, require_files
+
+if TYPE_CHECKING:
+    from .sources import ImageSource
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -53,6 +56,10 @@ def _digits(root: Path) -> Splits:
         sklearn = version("scikit-learn")  # the split is scikit-learn's: one file per version
     except PackageNotFoundError:
         sklearn = "none"  # _split_digits says what to install
+    import torch
+
+    from .sources import TensorSource
+
     data = _cached(f"digits_sklearn{sklearn}.npz", _split_digits,
                    ("images", "labels", "train_idx", "test_idx"))
     images = torch.tensor(data["images"], dtype=torch.float32)
@@ -86,6 +93,10 @@ def _mnist1d(root: Path) -> Splits:
     arguments (seed 42), so it needs no download. Harder than digits where it matters for comparing
     algorithms: a CNN reaches about 94%, an MLP about 68%, logistic regression about 32% (the
     paper's Table 1). Made once (a few seconds) and kept in the cache directory (``_cached``)."""
+    import torch
+
+    from .sources import TensorSource
+
     data = _cached("mnist1d_seed42.npz", _make_mnist1d, ("x", "y", "x_test", "y_test"))
     images = lambda x: torch.tensor(x, dtype=torch.float32).view(len(x), 1, 1, -1)  # noqa: E731
     # the package already centres the signals and scales them to unit variance
@@ -136,6 +147,9 @@ def _make_mnist1d() -> dict[str, np.ndarray]:
 def _mnist(root: Path) -> Splits:
     from torchvision.datasets import MNIST
 
+    from .augment import CropFlip
+    from .sources import TensorSource, require_files
+
     names = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
     raw = root / "MNIST" / "raw"
@@ -152,7 +166,11 @@ def _mnist(root: Path) -> Splits:
 
 def _cifar(classes: int) -> Callable[[Path], Splits]:
     def load(root: Path) -> Splits:
+        import torch
         from torchvision.datasets import CIFAR10, CIFAR100
+
+        from .augment import CropFlip
+        from .sources import TensorSource, require_files
 
         cls, folder, files = (
             (CIFAR10, "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"])
@@ -176,6 +194,8 @@ def _imagefolder(root: Path) -> Splits:
     """``root/train/<class>/*`` and ``root/val/<class>/*``, decoded when read (``FolderSource``)."""
     from torchvision.datasets import ImageFolder
 
+    from .sources import FolderSource
+
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise DataError(
@@ -192,6 +212,8 @@ def _imagefolder(root: Path) -> Splits:
 def _synthetic(shape: tuple[int, int, int], classes: int, train: int, test: int,
                pool: int) -> Callable[[Path], Splits]:
     def load(root: Path) -> Splits:
+        from .sources import SyntheticSource
+
         return Splits(SyntheticSource(train, shape, classes, seed=1, pool=pool),
                       SyntheticSource(test, shape, classes, seed=2, pool=pool))
 
