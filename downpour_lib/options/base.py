@@ -115,24 +115,19 @@ def check_workers(workers: Any) -> int:
     return check_whole("workers", workers, 1)
 
 
-def check_rate(name: str, value: Any, example: str) -> None:
-    """A learning rate: a finite number > 0."""
+def check_positive(name: str, value: Any, example: str, of: str = "") -> None:
+    """A finite number > 0 (a learning rate, a bucket's MB), else a ConfigError naming the field:
+    "must be a finite number[ of <of>] > 0, e.g. <example>"."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) and value > 0):
-        raise ConfigError(name, value, f"must be a finite number > 0, e.g. {example}")
+        raise ConfigError(name, value, f"must be a finite number{f' of {of}' if of else ''} > 0, "
+                                       f"e.g. {example}")
 
 
 def check_momentum(name: str, value: Any, example: str) -> None:
     """A momentum: in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ConfigError(name, value, f"must be in [0, 1), e.g. {example}")
-
-
-def check_bucket_cap_mb(value: Any) -> None:
-    """A gradient bucket's size (allreduce's, DDP's): a finite number of MB > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise ConfigError("bucket_cap_mb", value, "must be a finite number of MB > 0, e.g. 25")
 
 
 def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any) -> AlgorithmOptions:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..errors import ConfigError
-from .base import AlgorithmOptions, Roles, check_bucket_cap_mb, check_whole
+from .base import AlgorithmOptions, Roles, check_positive, check_whole
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class AllReduceOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_bucket_cap_mb(self.bucket_cap_mb)
+        check_positive("bucket_cap_mb", self.bucket_cap_mb, "25", of="MB")
         check_whole("accumulation_steps", self.accumulation_steps, 1, "1 = no accumulation")
 
 
@@ -65,4 +65,4 @@ class DDPOptions(AlgorithmOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_bucket_cap_mb(self.bucket_cap_mb)
+        check_positive("bucket_cap_mb", self.bucket_cap_mb, "25", of="MB")

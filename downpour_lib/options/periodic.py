@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..errors import ConfigError
-from .base import AlgorithmOptions, Roles, check_momentum, check_rate, check_whole, check_workers
+from .base import AlgorithmOptions, Roles, check_momentum, check_positive, check_whole, check_workers
 
 PERIOD_HELP = ("steps between the workers' meetings: localsgd's and slowmo's averaging, diloco's "
                "outer step (its H), easgd's elastic pull (its tau)")
@@ -54,7 +54,7 @@ class DiLoCoOptions(PeriodicOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_rate("outer_lr", self.outer_lr, "0.7")
+        check_positive("outer_lr", self.outer_lr, "0.7")
         check_momentum("outer_momentum", self.outer_momentum, "0.9")
 
 
@@ -70,7 +70,7 @@ class SlowMoOptions(LocalSGDOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_momentum("slow_momentum", self.slow_momentum, "0.5")
-        check_rate("slow_lr", self.slow_lr, "1")
+        check_positive("slow_lr", self.slow_lr, "1")
 
 
 @dataclass(frozen=True)
