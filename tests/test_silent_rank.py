@@ -186,19 +186,25 @@ def test_a_rank_stopped_while_the_others_are_in_the_data_phase_is_named_within_t
     assert elapsed < 60, f"took {elapsed:.0f} s"  # start-up included; a hang meets the timeout
 
 
-@pytest.mark.parametrize("op, silent, n", [("reduce", 2, 3), ("broadcast", 2, 3), ("reduce", 0, 3),
-                                           ("broadcast", 0, 3), ("all_gather", 2, 3),
-                                           ("broadcast", 1, 2), ("all_gather", 1, 2)])
-def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op, silent, n):
+@pytest.mark.parametrize("op, silent, n, nbytes, where", [
+    ("reduce", 2, 3, 4 << 20, "before"), ("broadcast", 2, 3, 4 << 20, "before"),
+    ("reduce", 0, 3, 4 << 20, "before"), ("broadcast", 0, 3, 4 << 20, "before"),
+    ("all_gather", 2, 3, 4 << 20, "before"), ("broadcast", 1, 2, 4 << 20, "before"),
+    ("all_gather", 1, 2, 4 << 20, "before"), ("allreduce", 2, 3, 128 << 10, "after-gate")])
+def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op, silent, n, nbytes,
+                                                                              where):
     """sync_ps's reduce and broadcast (and an allgather) of 4 MB, above the 256 KB where the data
     phase was MPI's blocking call: with a peer stopped, the waiting ranks spun at 100% of a core
     until the watchdog ended the job. Now they sleep (shared memory, ``comm/mpi/shm_data.py``):
     each prints its CPU share over the wait (tests/mpi/stopped_in_large_data.py), and names the
     stopped rank after the timeout. At 2 ranks broadcast and allgather take MPI's blocking call
-    behind the gate (``comm/mpi/paths.py``): the waiting rank sleeps in the gate."""
+    behind the gate (``comm/mpi/paths.py``): the waiting rank sleeps in the gate. A 3-rank
+    allreduce of the default model's 128 KB takes the gate too, and the stopped rank passes it
+    first (``after-gate``): the others wait inside the data phase, where MPI's blocking call had
+    them spin at 99% (``comm/mpi/data_phase.py``)."""
     timeout_s = 8
-    proc = mpi_python(n, "stopped_in_large_data.py", str(timeout_s), op, str(silent),
-                      str(4 << 20), timeout=180)
+    proc = mpi_python(n, "stopped_in_large_data.py", str(timeout_s), op, str(silent), str(nbytes),
+                      where, timeout=180)
     assert f"rank {silent} stops" in proc.stdout, explain(proc)
     assert proc.returncode != 0, explain(proc)
     waits = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

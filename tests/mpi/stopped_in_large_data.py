@@ -1,10 +1,13 @@
 """Under mpiexec -n 3: ranks waiting on a stopped peer in a large collective sleep, and name it.
 
-sync_ps's shape: a reduce to rank 0 and a broadcast from it, here of ``argv[3]`` bytes (above the
-256 KB where the backend used to call MPI's blocking, spinning forms). After one such operation
-in step (which also sets up what it needs), rank ``argv[2]`` stops itself (SIGSTOP) and the others
-issue the next. Each waiting rank prints one JSON line when its wait ends: its process's CPU
-seconds per wall second over the wait, and the error it got; then it re-raises, ending the job.
+sync_ps's shape: a reduce to rank 0 and a broadcast from it, here of ``argv[4]`` bytes (above the
+256 KB where the backend used to call MPI's blocking, spinning forms); or an allgather, or an
+allreduce. After one such operation in step (which also sets up what it needs), rank ``argv[3]``
+stops itself (SIGSTOP) and the others issue the next. With ``argv[5]`` ``after-gate``, it first
+takes its part in the others' gate (``comm/mpi/liveness.gate``: the ``MPI_Ibarrier`` before the
+data phase of the paths that have one), so that they find it missing inside the data phase
+itself. Each waiting rank prints one JSON line when its wait ends: its process's CPU seconds per
+wall second over the wait, and the error it got; then it re-raises, ending the job.
 """
 
 import json
@@ -21,6 +24,7 @@ from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
 from downpour_lib.comm.mpi.liveness import CommTimeout
 
 TIMEOUT_S, OP, SILENT, NBYTES = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+AFTER_GATE = sys.argv[5:] == ["after-gate"]
 
 
 def operate(t: torch.Tensor) -> None:
@@ -28,6 +32,8 @@ def operate(t: torch.Tensor) -> None:
         dist.reduce(t, dst=0)
     elif OP == "broadcast":
         dist.broadcast(t, src=0)
+    elif OP == "allreduce":
+        dist.all_reduce(t)
     else:
         out = torch.empty(t.numel() * dist.get_world_size())
         dist.all_gather_into_tensor(out, t)
@@ -42,6 +48,8 @@ def main() -> None:
     if OP == "reduce" and rank == 0:
         assert torch.equal(t, torch.full_like(t, 6.0)), "the reduce went wrong"
     if rank == SILENT:
+        if AFTER_GATE:  # the others' gate: the group's data communicator's barrier
+            dist.distributed_c10d._get_default_group()._comm.Ibarrier().Wait()
         print(f"rank {rank} stops", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(10 * TIMEOUT_S)  # resumed by the launcher ending the job: wait for its SIGTERM

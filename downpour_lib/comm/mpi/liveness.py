@@ -93,8 +93,9 @@ class CommTimeout(RuntimeError):
 
 
 def wait_request(request: MPI.Request, timeout_s: float, what: str,
-                 status: MPI.Status | None = None) -> None:
-    """Wait for ``request`` without spinning past ``SPIN_S``; ``PeerTimeout`` after ``timeout_s``,
+                 status: MPI.Status | None = None, spin_s: float = SPIN_S) -> None:
+    """Wait for ``request`` without spinning past ``spin_s`` (longer only where every peer is
+    known to be inside the operation: ``data_phase``); ``PeerTimeout`` after ``timeout_s``,
     or as soon as the heartbeat finds a rank silent. The request stays active after a timeout (the
     job is ending)."""
     if request.Test(status):
@@ -102,7 +103,7 @@ def wait_request(request: MPI.Request, timeout_s: float, what: str,
     WATCHDOG.waiting()
     clock = time.perf_counter
     start = clock()
-    spin_until = start + SPIN_S
+    spin_until = start + spin_s
     while clock() < spin_until:
         if request.Test(status):
             return

@@ -9,9 +9,13 @@ operation of the size from which each path wins, one row per number of ranks. Th
 * ``"mpi"``: MPI's blocking call after the gate (``liveness.gate``: an ``MPI_Ibarrier`` waited on
   with naps, so a peer that never comes is named, and the waiting ranks sleep). It wins where
   Open MPI moves a buffer with one copy (CMA, ``process_vm_readv``) and our shared memory takes two
-  (into the slot, out of it). A peer stopped right after the gate leaves the others in the
-  blocking call until the watchdog ends the job (``liveness``): rare, and only at sizes where the
-  gate's round trip (a few microseconds) is small against the data.
+  (into the slot, out of it). A peer stopped after its part of the gate leaves the others in the
+  blocking call, spinning, until the watchdog ends the job at the timeout (``liveness``); not rare
+  (3-rank allreduce training, a rank stopped once it had checkpointed: the others spun at 99% of a
+  core in three runs of three on a quiet machine), so an allreduce of up to 256 KB is, behind the
+  gate, MPI's nonblocking call waited on with a spin of 5 ms and then naps (``data_phase``: as
+  fast here, and the others sleep). Larger allreduces, and broadcast, allgather and
+  reduce_scatter, keep the blocking call.
 
 Groups across nodes, and dtypes or reductions shared memory does not take, keep the paths they
 had (``process_group``). Measured (issue 36): each path's p50 over Open MPI's own call in the same
