@@ -730,6 +730,47 @@ def test_the_crowded_model_beside_the_committed_emulated_runs_at_32_workers():
     assert (crowded.xs(1, level="workers").error.abs() <= 0.05).all()  # its own 1-worker step
 
 
+def test_the_scaling_figures_draw_the_models_curve_beside_each_emulated_series(tmp_path):
+    """make study's committed 32-worker study (its runs and the calibration it wrote): throughput,
+    speedup and efficiency each draw one dotted curve per emulated series, the model's prediction
+    for that series' compute and links (N x batch / the predicted step, in samples/s); a study
+    with no calibration beside it draws none, and its figures are still written."""
+    import shutil
+
+    from downpour_lib.study import scaling_plots as plots
+    from downpour_lib.study.emulated_check import emulated_vs_model
+
+    here = tmp_path / "study"
+    shutil.copytree(SCALING / "make_study_32", here, ignore=shutil.ignore_patterns("figures"))
+    runs = plots.load_runs(here / "runs.csv")
+    checked = emulated_vs_model(runs, calib.load(here / "calibration.json"))
+    predicted = checked.set_index(["series", "workers"]).predicted_step_s
+    emulated = sorted(checked.series.unique())
+    assert len(emulated) == 2 and all("(emulated" in name for name in emulated)
+
+    def dotted(fig) -> list:
+        return [line for line in fig.axes[0].lines
+                if line.get_linestyle() == ":" and len(line.get_xdata())]
+
+    curves = dotted(plots.throughput_figure(runs, checked))
+    assert len(curves) == len(emulated)
+    for name, line in zip(emulated, curves, strict=True):  # drawn series by series, by name
+        batch = int(runs[runs.compute == "emulated"].batch_size.iloc[0])
+        assert list(line.get_xdata()) == [1, 2, 4, 8, 16, 32]
+        want = [n * batch / predicted[(name, n)] for n in line.get_xdata()]
+        assert line.get_ydata() == pytest.approx(want, rel=1e-3), name
+    for name, line in zip(emulated, dotted(plots.efficiency_figure(runs, checked)), strict=True):
+        want = [predicted[(name, 1)] / predicted[(name, n)] for n in line.get_xdata()]
+        assert line.get_ydata() == pytest.approx(want, rel=1e-3), name
+    assert len(dotted(plots.speedup_figure(runs, checked))) == len(emulated)
+    assert not dotted(plots.throughput_figure(runs))
+
+    saved = plots.make_figures(here)
+    assert [p.name for p in saved] == [f"{name}.png" for name in plots.FIGURES]
+    (here / "calibration.json").unlink()
+    assert len(plots.make_figures(here, tmp_path / "bare")) == len(plots.FIGURES)
+
+
 def test_the_crowded_model_on_a_16_core_machine_it_was_never_fitted_on():
     """Emulated runs measured on another machine (16 cores, an H200 node's host; gloo, 50 ms a step,
     1 to 32 workers), with its link fitted from its own 2-rank collectives and the wake-up fitted on

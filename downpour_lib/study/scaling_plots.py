@@ -265,31 +265,74 @@ def mark_loaded(ax, x: pd.Series, table: pd.DataFrame, column: str) -> None:
                     color="red", xytext=(4, -9), textcoords="offset points")
 
 
-def throughput_figure(runs: pd.DataFrame):
+def model_curves(table: pd.DataFrame, checked: pd.DataFrame | None) -> pd.DataFrame:
+    """The performance model's throughput, speedup and efficiency for each series it was checked
+    on (``checked``: ``emulated_check.emulated_vs_model``'s table, the emulated series), from
+    ``scaling_table``'s ``table``: at each worker count the measured throughput scaled by measured
+    over predicted step, so the model's curve is in the measured points' units whatever the
+    algorithm counts as a sample; speedup and efficiency against the model's own 1-worker point.
+    Empty without ``checked``."""
+    columns = ["series", "num_workers", "samples_per_s", "speedup", "efficiency"]
+    if checked is None or not len(checked):
+        return pd.DataFrame(columns=columns)
+    step = checked.rename(columns={"workers": "num_workers"})[
+        ["series", "num_workers", "measured_step_s", "predicted_step_s"]]
+    curves = table[["series", "num_workers", "samples_per_s"]].merge(step, on=["series",
+                                                                               "num_workers"])
+    curves["samples_per_s"] *= curves.measured_step_s / curves.predicted_step_s
+    base = curves[curves.num_workers == 1].set_index("series").samples_per_s
+    curves["speedup"] = curves.samples_per_s / curves.series.map(base)
+    curves["efficiency"] = curves.speedup / curves.num_workers
+    return curves.dropna(subset=["speedup"])[columns].sort_values(["series", "num_workers"])
+
+
+#: The legend's entry for the model's curves.
+MODEL_LABEL = "model, same compute and links (thin, dotted)"
+
+
+def _model_lines(ax, table: pd.DataFrame, curves: pd.DataFrame, column: str) -> None:
+    """The model's curve of each series in ``curves``, thin and dotted in the series' colour."""
+    if not len(curves):
+        return
+    colors = {name: color for color, name, _ in _by_algorithm(table)}
+    for name, part in curves.groupby("series"):
+        ax.plot(part.num_workers, part[column], ":", color=colors.get(name, "black"),
+                linewidth=1.2, alpha=0.9)
+    ax.plot([], [], ":", color="black", linewidth=1.2, label=MODEL_LABEL)
+
+
+def throughput_figure(runs: pd.DataFrame, checked: pd.DataFrame | None = None):
+    """Samples/s against workers: ideal linear (dashed), the measured points and, for the series
+    in ``checked`` (``emulated_vs_model``), the model's curve."""
     table = scaling_table(runs)
     fig, ax = _axes(f"Throughput\n{_subtitle(runs)}", "samples / s")
     for color, _, part in _by_algorithm(table):
         ax.plot(part.num_workers, part.ideal_samples_per_s, "--", color=color, alpha=0.5)
+    _model_lines(ax, table, model_curves(table, checked), "samples_per_s")
     _scaling_lines(ax, table, "samples_per_s", reference="ideal linear (N x 1-worker), dashed")
     return fig
 
 
-def speedup_figure(runs: pd.DataFrame):
+def speedup_figure(runs: pd.DataFrame, checked: pd.DataFrame | None = None):
     table = scaling_table(runs)
     fig, ax = _axes(f"Speedup over 1 worker\n{_subtitle(runs)}", "throughput(N) / throughput(1)")
     workers = sorted(table.num_workers.unique())
     ax.plot(workers, workers, "--", color="black", alpha=0.6)
+    _model_lines(ax, table, model_curves(table, checked), "speedup")
     _scaling_lines(ax, table, "speedup", reference="ideal linear scaling")
     return fig
 
 
-def efficiency_figure(runs: pd.DataFrame):
+def efficiency_figure(runs: pd.DataFrame, checked: pd.DataFrame | None = None):
     table = scaling_table(runs)
     fig, ax = _axes(f"Scaling efficiency against ideal linear scaling\n{_subtitle(runs)}",
                     "throughput / (N x 1-worker throughput)")
     ax.axhline(1.0, color="black", alpha=0.6, linestyle="--")
+    curves = model_curves(table, checked)
+    _model_lines(ax, table, curves, "efficiency")
     _scaling_lines(ax, table, "efficiency", reference="ideal linear scaling")
-    top = (table.efficiency + table.efficiency_std.fillna(0)).max()
+    top = max((table.efficiency + table.efficiency_std.fillna(0)).max(),
+              curves.efficiency.max() if len(curves) else 0.0)
     ax.set_ylim(0, max(1.1, float(top) * 1.1))
     return fig
 
@@ -521,14 +564,26 @@ def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
 
 def make_figures(source: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Every scaling figure from the study's CSV (``source``: the CSV, or the study's directory
-    holding ``runs.csv``), as PNGs in ``out_dir`` (default: ``figures/`` beside the CSV)."""
+    holding ``runs.csv``), as PNGs in ``out_dir`` (default: ``figures/`` beside the CSV). Where
+    the model was calibrated on the study (``calibration.json`` beside the CSV:
+    ``model_plots.model_for_study``), throughput, speedup and efficiency draw its curve beside
+    each emulated series (``emulated_check.emulated_vs_model``)."""
     source = Path(source)
     csv = source / "runs.csv" if source.is_dir() else source
     out_dir = Path(out_dir) if out_dir is not None else csv.parent / "figures"
     runs = load_runs(csv)
+    checked = None
+    if (csv.parent / "calibration.json").is_file() and "compute" in runs \
+            and (runs["compute"] == "emulated").any():
+        from ..perf.calibrate import load
+        from .emulated_check import emulated_vs_model
+
+        checked = emulated_vs_model(runs, load(csv.parent / "calibration.json"))
     makers = {"throughput": throughput_figure, "speedup": speedup_figure,
-              "efficiency": efficiency_figure, "breakdown": breakdown_figure}
-    saved = [save_figure(makers[name](runs), Path(out_dir) / f"{name}.png") for name in FIGURES]
+              "efficiency": efficiency_figure}
+    saved = [save_figure(makers[name](runs, checked) if name in makers
+                         else breakdown_figure(runs), Path(out_dir) / f"{name}.png")
+             for name in FIGURES]
     predictions = csv.parent / "predictions.csv"
     if predictions.is_file():  # the performance model's curves (model_plots.model_for_study)
         saved.append(save_figure(scaling_model_figure(runs, pd.read_csv(predictions)),
