@@ -369,3 +369,30 @@ def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> di
         summary = json.loads(out.read_text())
     summary.pop("config", None)
     return summary
+
+
+def with_series(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with ``compute`` (``real`` where a CSV predates emulation) and ``series``: the
+    algorithm, and for emulated compute its step and, off this machine's ranks, where it ran,
+    e.g. ``allreduce (emulated, 50 ms a step)``, ``... 50 ms a step, sandbox 1gbit)``. A
+    series is a line of its own with its own 1-worker base, so emulated points are never mixed
+    with real ones, and are labelled as such in every legend and table."""
+    if "algorithm" not in runs:  # not a scaling study's rows
+        return runs
+    runs = runs.copy()
+    compute = runs["compute"] if "compute" in runs else pd.Series("real", index=runs.index)
+    runs["compute"] = compute.fillna("real")
+    step = runs["emulated_step_s"] if "emulated_step_s" in runs else pd.Series(float("nan"),
+                                                                                index=runs.index)
+    label = step.map(lambda s: "auto" if pd.isna(s) else f"{float(s) * 1e3:g} ms a step")
+    emulated = runs["compute"] == "emulated"
+    name = runs["algorithm"]
+    if "options.servers" in runs:  # sharded servers: a series apart from the one-server runs
+        servers = pd.to_numeric(runs["options.servers"], errors="coerce")
+        name = name.where(~(servers > 1), name + " " + servers.map(
+            lambda s: f"{s:.0f}" if pd.notna(s) else "") + " servers")
+    # where an emulated run ran: a sandbox link rate is a series of its own ("local": as before)
+    where = runs["where"] if "where" in runs else pd.Series("local", index=runs.index)
+    at = where.fillna("local").map(lambda w: "" if w == "local" else f", {w}")
+    runs["series"] = name.where(~emulated, name + " (emulated, " + label + at + ")")
+    return runs

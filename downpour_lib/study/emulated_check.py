@@ -19,7 +19,7 @@ from dataclasses import replace
 import pandas as pd
 
 from ..perf.perfmodel import Calibration, predict
-from .scaling_plots import with_series
+from .core import with_series
 
 #: The tolerance the issue sets at 32 workers.
 TOLERANCE = 0.15

@@ -7,7 +7,7 @@ sync_ps: its server and workers 1-3 on node1, ..., worker 32 alone on node9), so
 host talk inside it and the shaped link is each host's network card, as on a cluster of 4-GPU
 nodes. The sweep runs once per link rate; each run's row says where it ran (``where``: ``sandbox
 1gbit``), which is part of its identity, so the same config at two rates are two runs and two
-series (``scaling_plots.with_series``), never mixed.
+series (``core.with_series``), never mixed.
 
 Ranks sleep their compute (``--compute emulated``), so 33 of them fit on this machine's 2 cores;
 the sandbox's hosts share those cores and this machine's memory (about 0.5 GB a training rank).

@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..records import TIME_PARTS
-from .core import latest_commit, read_runs_csv
+from .core import latest_commit, read_runs_csv, with_series
+from .emulated_check import emulated_vs_model
 from .figures import figure_grid, measured_on, save_figure
 from .load import LOADED_SHARE, MIN_WINDOW_S
 
@@ -34,33 +35,6 @@ def load_runs(csv: str | Path) -> pd.DataFrame:
     keeps its earlier commits' rows, and a figure must not mix code versions. Each row gets its
     ``series`` (``with_series``)."""
     return with_series(latest_commit(read_runs_csv(csv)))
-
-
-def with_series(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` with ``compute`` (``real`` where a CSV predates emulation) and ``series``: the
-    algorithm, and for emulated compute its step and, off this machine's ranks, where it ran,
-    e.g. ``allreduce (emulated, 50 ms a step)``, ``... 50 ms a step, sandbox 1gbit)``. A
-    series is a line of its own with its own 1-worker base, so emulated points are never mixed
-    with real ones, and are labelled as such in every legend and table."""
-    if "algorithm" not in runs:  # not a scaling study's rows
-        return runs
-    runs = runs.copy()
-    compute = runs["compute"] if "compute" in runs else pd.Series("real", index=runs.index)
-    runs["compute"] = compute.fillna("real")
-    step = runs["emulated_step_s"] if "emulated_step_s" in runs else pd.Series(float("nan"),
-                                                                                index=runs.index)
-    label = step.map(lambda s: "auto" if pd.isna(s) else f"{float(s) * 1e3:g} ms a step")
-    emulated = runs["compute"] == "emulated"
-    name = runs["algorithm"]
-    if "options.servers" in runs:  # sharded servers: a series apart from the one-server runs
-        servers = pd.to_numeric(runs["options.servers"], errors="coerce")
-        name = name.where(~(servers > 1), name + " " + servers.map(
-            lambda s: f"{s:.0f}" if pd.notna(s) else "") + " servers")
-    # where an emulated run ran: a sandbox link rate is a series of its own ("local": as before)
-    where = runs["where"] if "where" in runs else pd.Series("local", index=runs.index)
-    at = where.fillna("local").map(lambda w: "" if w == "local" else f", {w}")
-    runs["series"] = name.where(~emulated, name + " (emulated, " + label + at + ")")
-    return runs
 
 
 def run_cores(runs: pd.DataFrame) -> pd.Series:
@@ -576,7 +550,6 @@ def make_figures(source: str | Path, out_dir: str | Path | None = None) -> list[
     if (csv.parent / "calibration.json").is_file() and "compute" in runs \
             and (runs["compute"] == "emulated").any():
         from ..perf.calibrate import load
-        from .emulated_check import emulated_vs_model
 
         checked = emulated_vs_model(runs, load(csv.parent / "calibration.json"))
     makers = {"throughput": throughput_figure, "speedup": speedup_figure,

@@ -188,7 +188,7 @@ def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
     """Notebook 02's sweep past the cores: ``algorithms`` (names, or ``emulated_variant``'s
     ``"sync_ps:servers=2"``) x ``workers`` under emulated compute, once for each compute time in
     ``step_s`` (None: this machine's own, timed), into ``csv`` beside the real runs, where each is
-    a series of its own (``scaling_plots.with_series``). Every run is planned and checked first.
+    a series of its own (``core.with_series``). Every run is planned and checked first.
 
     With ``links`` (e.g. ``["10gbit", "1gbit"]``) and a process that can make the multi-node Slurm
     sandbox (root, Slurm), the sweep runs there once per link rate (``emulated_sandbox``: 4 ranks
