@@ -220,6 +220,20 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     assert "\0" not in proc.stderr, explain(proc)
 
 
+def test_a_rank_resumed_as_it_is_probed_is_named_as_the_one_that_was_stopped():
+    """The launcher resumes a stopped rank (SIGCONT) to end a job; a rank probing at that moment
+    got its answer and said "every rank is alive" (tests/mpi/resumed_rank.py). The resumed rank
+    now answers that it was stopped, and the prober names it, with how long."""
+    proc = mpi_python(2, "resumed_rank.py", timeout=120)
+    assert proc.returncode == 0 and "rank 0 stops" in proc.stdout, explain(proc)
+    said = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert said["silent"] == [0], said
+    assert re.search(rf"rank 1 of 2 waited 6 s in allreduce \(default group\): rank 0 on "
+                     rf"{re.escape(socket.gethostname())} went silent \(stopped for [45] s, it "
+                     r"answered a liveness probe once resumed\)", said["message"]), said
+    assert "every rank is alive" not in said["message"], said
+
+
 def job_processes(job: str) -> list[int]:
     """Every process left of the job tagged ``job``: ranks, their sentinels, the launcher."""
     pids = []

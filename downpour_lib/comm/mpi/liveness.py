@@ -16,7 +16,9 @@ waits without a deadline:
   ``CommTimeout`` that says which rank went silent: the waiting rank asks every rank of the world
   over a communicator of its own whether it is alive (a **liveness probe**). Each process's
   ``Watchdog`` thread answers within ``POLL_S`` with what the process is doing; a stopped, hung or
-  dead process does not answer within ``PROBE_S``.
+  dead process does not answer within ``PROBE_S``. One resumed meanwhile (the launcher sends
+  SIGCONT before it ends a job) answers that it was stopped, and for how long, first: stopped for
+  half the wait or more, it is the one named.
 
 A rank that waits on nobody cannot time out: an asynchronous Downpour worker keeps pushing to its
 server, and the server keeps serving it, while another worker is stopped. So the watchdogs also
@@ -68,6 +70,7 @@ BEAT_S = 1.0  # how often a rank asks the next one around the ring whether it is
 _PING, _PONG, _BEAT, _SILENT = 1, 2, 3, 4
 _PROBE, _HEARTBEAT = b"?", b"h"
 _ANSWER_BYTES = 256
+_STOPPED = "stopped for"  # how a probe's answer from a process woken from a stop begins
 
 
 class PeerTimeout(RuntimeError):
@@ -142,6 +145,7 @@ class Watchdog:
         # thread -> what it is doing: (operation, group, since, timeout, committed to a blocking call)
         self._busy: dict[int, tuple[str, str, float, float, bool]] = {}
         self._paused_s = 0.0  # how long this process did not run (``PAUSED_S``): ``_clock`` skips it
+        self._pause: tuple[float, float] | None = None  # the last pause: (when it ended, seconds)
         self._timeout_s = 1800.0
         self._exit_hook = False
         # world rank -> how long it had been silent when the heartbeat gave up on it. Read by every
@@ -220,10 +224,21 @@ class Watchdog:
         self._busy.pop(threading.get_ident(), None)
 
     def state(self) -> str:
+        """What this process is doing, as a probe's answer. A process that did not run for a while
+        (stopped, then resumed: the launcher sends SIGCONT before it ends a job) says so first,
+        since the timeout: a rank that probes it then must not take it for one that was there."""
         now = self._clock()
         doing = [f"in {what} for {now - since:.0f} s"
                  for what, _, since, _, _ in list(self._busy.values())]
-        return "; ".join(doing) or "alive, in no operation of the mpi backend"
+        state = "; ".join(doing) or "alive, in no operation of the mpi backend"
+        if self._pause is not None and time.monotonic() - self._pause[0] < self._timeout_s:
+            state = f"{_STOPPED} {self._pause[1]:.0f} s, resumed; {state}"
+        return state
+
+    def _paused(self, now: float, gap: float) -> None:
+        """The watchdog thread did not run for ``gap`` seconds, up to ``now``: the process did not."""
+        self._paused_s += gap
+        self._pause = (now, gap)
 
     # -- probing --------------------------------------------------------------------------------
     def probe(self, ranks: Iterable[int]) -> dict[int, str | None]:
@@ -281,16 +296,16 @@ class Watchdog:
                     self._stop.wait(POLL_S)
                 else:
                     time.sleep(NAP_S)
+                now = time.monotonic()  # before any answer: one woken from a stop says so
+                if now - last > PAUSED_S:  # this process did not run: nobody else went silent
+                    heard += now - last
+                    self._paused(now, now - last)
+                last = now
                 self._answer()  # until the very end
                 while notices.Test(status):  # another rank's watchdog found a rank silent
                     rank, silent_s = json.loads(bytes(notice[:status.Get_count(MPI.BYTE)]))
                     self.silent.setdefault(rank, silent_s)
                     notices = comm.Irecv(notice, MPI.ANY_SOURCE, _SILENT)
-                now = time.monotonic()
-                if now - last > PAUSED_S:  # this process did not run: nobody else went silent
-                    heard += now - last
-                    self._paused_s += now - last
-                last = now
                 if beat is not None and beat.Test():
                     heard, beat = now, None
                 self._sent = [r for r in self._sent if not r.Test()]
@@ -359,6 +374,16 @@ class Watchdog:
         job_end.end_job(1, self._comm)
 
 
+def _stopped_s(answer: str) -> float:
+    """How long the rank that gave a probe ``answer`` says it was stopped (0: it was not)."""
+    if not answer.startswith(_STOPPED):
+        return 0.0
+    try:
+        return float(answer[len(_STOPPED):].split(" s,", 1)[0])
+    except ValueError:
+        return 0.0
+
+
 def _decode(buffer: bytearray) -> str:
     try:
         return json.loads(bytes(buffer).rstrip(b"\0").decode())
@@ -377,10 +402,18 @@ def explain(timeout: PeerTimeout, group: str) -> CommTimeout:
     answers = {} if heartbeat else WATCHDOG.probe(range(n))
     silent = sorted(heartbeat) or sorted(r for r, a in answers.items() if a is None)
     states = {r: a for r, a in sorted(answers.items()) if a is not None}
+    # A rank stopped for much of the wait may answer all the same: the launcher resumes it (SIGCONT)
+    # to end the job another rank's heartbeat ended, as this probe goes out. It is the silent one.
+    stopped = {r: s for r, a in states.items() if (s := _stopped_s(a)) >= timeout.waited_s / 2}
     if heartbeat:
         message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}: "
                    f"{WATCHDOG.name(silent)} went silent (no answer to its heartbeat for "
                    f"{max(heartbeat.values()):.0f} s: stopped, hung or gone); ending the job")
+    elif stopped and not silent:
+        silent = sorted(stopped)
+        message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}: "
+                   f"{WATCHDOG.name(silent)} went silent (stopped for {max(stopped.values()):.0f} s, "
+                   "it answered a liveness probe once resumed); ending the job")
     elif silent:
         message = (f"mpi backend: rank {me} of {n} waited {timeout.waited_s:.0f} s in {where}: "
                    f"{WATCHDOG.name(silent)} went silent (no answer to a liveness probe within "
