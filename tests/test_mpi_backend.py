@@ -153,26 +153,27 @@ def test_a_failing_rank_on_mpi_ends_the_job_and_is_named(script, args):
 def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
     out = tmp_path / "c.json"
     proc = mpiexec(2, str(BIN / "downpour"), "bench", "collectives", "--backends", "gloo,mpi",
-                   "--ops", "allreduce,broadcast,allgather", "--sizes", "4K,65537",
+                   "--ops", "allreduce,broadcast,allgather,reduce_scatter", "--sizes", "4K,65537",
                    "--warmup", "1", "--min-reps", "3", "--min-time", "0.01", "--paths",
                    "--json", str(out))
     assert proc.returncode == 0, explain(proc)
     rows = read_json(out)
     # --paths: every path of the backend on one node, timed in turns with MPI's own, and the one
-    # the measured table (comm/mpi/paths.py) takes
+    # the measured table (comm/mpi/paths.py) takes; reduce_scatter has no shared-memory path
     timed = [r for r in rows if r["backend"] == "mpi:paths"]
-    assert {(r["op"], r["bytes"]) for r in timed} == {
-        (o, b) for o in ("allreduce", "broadcast", "allgather") for b in (4096, 65536)}
+    ops = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+    assert {(r["op"], r["bytes"]) for r in timed} == {(o, b) for o in ops for b in (4096, 65536)}
     for r in timed:
-        assert all(r[p + "_s"] > 0 for p in ("mpi4py", "shm", "mpi", "nb")), r
+        mine = ("mpi4py", "mpi", "nb") + (() if r["op"] == "reduce_scatter" else ("shm",))
+        assert all(r[p + "_s"] > 0 for p in mine), r
+        assert r["op"] != "reduce_scatter" or "shm_s" not in r, r
         assert r["taken"] == paths.choose(r["op"], r["bytes"], 2), r
     assert "each path on one node" in proc.stdout
     rows = [r for r in rows if r not in timed]
     keys = {"backend", "op", "bytes", "world_size", "p50_s", "p95_s", "algbw_GBps", "busbw_GBps"}
     seen = {(r["backend"], r["op"]) for r in rows}
     # mpi4py: the MPI library itself, no torch, the mpi backend's reference
-    assert seen == {("memcpy", "memcpy")} | {(b, o) for b in ("gloo", "mpi", "mpi4py")
-                                               for o in ("allreduce", "broadcast", "allgather")}
+    assert seen == {("memcpy", "memcpy")} | {(b, o) for b in ("gloo", "mpi", "mpi4py") for o in ops}
     for r in rows:
         assert keys <= set(r), r
         assert 0 < r["p50_s"] <= r["p95_s"] and r["reps"] >= 3, r

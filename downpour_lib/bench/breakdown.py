@@ -149,7 +149,7 @@ def print_breakdown(rows: list[dict], mpi4py: list[dict]) -> None:
     sys.stdout.flush()
 
 
-PATH_OPS = ("allreduce", "broadcast", "allgather")
+PATH_OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 PATHS = ("shm", "mpi", "nb")  # shared memory, gate + MPI's blocking call, MPI's nonblocking call
 
 
@@ -171,10 +171,18 @@ def _path_calls(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> dict:
                 "shm": lambda: shm.broadcast(x, 0),
                 "mpi": lambda: pg._data("Bcast", spec(x), 0, blocking=True),
                 "nb": lambda: pg._data("Bcast", spec(x), 0)}, ref
-    return {"mpi4py": lambda: ref.Allgather(spec(x), spec(out, x.numel())),
-            "shm": lambda: shm.allgather(x, out),
-            "mpi": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()), blocking=True),
-            "nb": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()))}, ref
+    if op == "allgather":
+        return {"mpi4py": lambda: ref.Allgather(spec(x), spec(out, x.numel())),
+                "shm": lambda: shm.allgather(x, out),
+                "mpi": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()), blocking=True),
+                "nb": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()))}, ref
+    # reduce_scatter: ``x`` the whole input, ``out`` one rank's block; no shared-memory path
+    red = reduction(dist.ReduceScatterOptions().reduceOp, x.dtype)
+    block = out.numel()
+    return {"mpi4py": lambda: ref.Reduce_scatter_block(spec(x, block), spec(out), MPI.SUM),
+            "mpi": lambda: pg._data("Reduce_scatter_block", spec(x, block), spec(out), red.op,
+                                    blocking=True),
+            "nb": lambda: pg._data("Reduce_scatter_block", spec(x, block), spec(out), red.op)}, ref
 
 
 def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
@@ -189,8 +197,9 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
     for op in [o for o in ops if o in PATH_OPS]:
         for nbytes in sizes:
             count, reported = buffer_size(op, nbytes, pg.size(), dtype)
-            x = torch.zeros(count, dtype=dtype)
-            out = torch.zeros(count * pg.size(), dtype=dtype) if op == "allgather" else None
+            x = torch.zeros(count * (pg.size() if op == "reduce_scatter" else 1), dtype=dtype)
+            out = torch.zeros(count * pg.size(), dtype=dtype) if op == "allgather" \
+                else torch.zeros(count, dtype=dtype) if op == "reduce_scatter" else None
             calls, ref = _path_calls(op, pg, x, out)
             times = measure_paired(list(calls.values()), sync, args)
             ref.Free()
@@ -210,6 +219,6 @@ def print_paths(rows: list[dict]) -> None:
     for r in rows:
         ref = r["mpi4py_s"]
         cells = " ".join(f"{r[p + '_s'] / ref:6.2f}" + ("*" if r["taken"] == p else " ")
-                         for p in PATHS)
+                         if p + "_s" in r else f"{'-':>6} " for p in PATHS)
         print(f"{r['op']:10} {r['bytes']:>10} {ref * 1e6:10.1f} {cells}")
     sys.stdout.flush()

@@ -97,10 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with mpi: also time the parts of each mpi call (torch's dispatch floor, "
                         "our code, the executor hand-off, the gate) against MPI's own (bench/breakdown.py)")
     p.add_argument("--paths", action="store_true",
-                   help="with mpi: time each path the backend can take for allreduce, broadcast and "
-                        "allgather on one node (shared memory, gate + MPI's blocking call, MPI's "
-                        "nonblocking call), in turns with MPI's own: what comm/mpi/paths.py's table "
-                        "is read from (bench/breakdown.py)")
+                   help="with mpi: time each path the backend can take for allreduce, broadcast, "
+                        "allgather and reduce_scatter on one node (shared memory, gate + MPI's "
+                        "blocking call, MPI's nonblocking call), in turns with MPI's own: what "
+                        "comm/mpi/paths.py's table is read from (bench/breakdown.py)")
     p.set_defaults(func=cmd_collectives)
 
 
