@@ -196,6 +196,19 @@ def test_every_swept_algorithm_trains_emulated_on_three_ranks(swept, name):
 
 @pytest.mark.ranks
 @pytest.mark.slow
+def test_a_process_measures_the_step_it_emulates_once_for_runs_of_the_same_shape(swept):
+    """The session's first run measures on rank 0; ddp after it, whose first worker is rank 0
+    too, takes that measurement (the same forward share, to the bit) and says so; sync_ps, whose
+    first worker is rank 1, measures there anew."""
+    first, again, other = swept["allreduce"], swept["ddp"], swept["sync_ps"]
+    assert "earlier run" not in first["emulated_compute"], first["emulated_compute"]
+    assert again["emulated_compute"].endswith("rank 0 (in an earlier run of its process)")
+    assert again["emulated_forward_s"] == first["emulated_forward_s"]
+    assert other["emulated_compute"].endswith("rank 1"), other["emulated_compute"]
+
+
+@pytest.mark.ranks
+@pytest.mark.slow
 def test_bench_emulated_prints_and_writes_both_checks(tmp_path, capsys):
     """``downpour bench emulated`` run small: its rows and table carry the fields (not the times,
     which the benchmark reports and this machine's load decides)."""
