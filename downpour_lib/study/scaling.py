@@ -41,8 +41,7 @@ from .core import (
 )
 
 __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "EMULATED_LINKS", "EMULATED_OPTIONS",
-           "EMULATED_SWEEP",
-           "LEFT_OUT", "REFERENCE_DIR",
+           "EMULATED_STEPS", "EMULATED_SWEEP", "LEFT_OUT", "REFERENCE_DIR",
            "SCALING_BASE", "SCALING_OPTIONS", "StudyError", "StudySpec", "default_workers",
            "left_out", "measure_spec", "measure_spec_on_cluster", "mpiexec_launch", "run_id",
            "study_dir", "study_spec"]
@@ -51,31 +50,33 @@ __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "EMULATED_LINKS", "EMULATED_
 Launch = Callable[[TrainConfig, int, float], dict[str, Any]]
 
 #: The algorithms the study compares unless told otherwise: 8 of the 13, those that communicate
-#: every step, whose throughput in a 12-step run measures what they cost. ``LEFT_OUT`` says why
+#: every step, whose throughput in an 8-step run measures what they cost. ``LEFT_OUT`` says why
 #: the other 5 are not here (a notebook's ``algorithms`` parameter can still add them).
 DEFAULT_ALGORITHMS: tuple[str, ...] = (
     "sync_ps", "ddp", "allreduce", "downpour", "sgp", "osgp", "dpsgd", "adpsgd")
 #: The algorithms the study leaves out by default, and why (notebook 02 and ``make study`` say so).
 #: Adding the four periodic ones would add 24 runs, ~4 minutes on 2 cores, past `make study`'s
-#: 10-minute budget, to measure mostly how many of 12 steps fell between two meetings.
+#: 15-minute budget, to measure mostly how many of 8 steps fell between two meetings.
 LEFT_OUT: dict[str, str] = {
     "local": "one process, no communication: the 1-worker baseline itself, not a way to scale",
-    "localsgd": "meets every 4 steps (period): in 12 steps its throughput is mostly the period's; "
+    "localsgd": "meets every 4 steps (period): in 8 steps its throughput is mostly the period's; "
                 "notebook 05 compares it on time and bytes to a test accuracy",
     "easgd": "meets the centre every few steps (period): as localsgd; notebook 05",
-    "diloco": "meets every 20 steps, more than the study's 12: it would not communicate at all; "
+    "diloco": "meets every 20 steps, more than the study's 8: it would not communicate at all; "
               "notebook 05",
     "slowmo": "averages every few steps (period): as localsgd; notebook 05",
 }
 
 #: The main job's fixed settings: the same model, data, batch and seed for every algorithm. No
-#: evaluation: the study measures throughput, and evaluating would cost a third of each run. Only a
-#: run's first step is slow (allocation); after it, 10 measured steps put the standard error of a
-#: run's mean step under 1% on 2 cores, so the spread between runs (other work on the machine) is
-#: what limits a point, and repeats, not longer runs, are what narrow it. 12 steps, not 20, keep
-#: `make study` within 10 minutes on a 2-core machine whose step is 0.75 s (20 steps took 14).
+#: evaluation: the study measures throughput, and evaluating would cost a third of each run. A
+#: run's first step is slow (allocation, and at 2 ranks the first messages); the 6 measured steps
+#: after the 2 left out put a run's own standard error at 2-3% here (a step's spread is 6% on
+#: this shared 2-core machine), about the spread between runs, so repeats, not longer runs, are
+#: what narrow a point. 8 steps, not 12, keep `make study` within 15 minutes on a fresh clone of
+#: a 2-core machine whose step is 1.1 s (12 steps took 18.4 minutes in all; 20 took 14 when a
+#: step was 0.75 s). The emulated sweep keeps 12 (``EMULATED_STEPS``): its steps cost little.
 SCALING_BASE: dict[str, Any] = {
-    "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 12,
+    "model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32, "steps": 8,
     "warmup_steps": 2, "eval_every": 0, "final_eval": False, "threads": 1, "lr": 0.05, "seed": 0,
 }
 #: Per-algorithm options the study sets under the user's. Downpour's warmstart holds the other
@@ -98,10 +99,13 @@ EMULATED_SWEEP: dict[str, Any] = {
 #: compute: it dominates); resnet20's 1.1 MB, 2 ms and 18 ms. Slower links would only make the
 #: servers' runs longer (sync_ps's one server moves 32 x 6.6 MB each way: 1.7 s a step at 1gbit).
 EMULATED_LINKS: tuple[str, ...] = ("10gbit", "1gbit")
+#: Steps of an emulated run (under the user's overrides): a 50 ms step makes the 4 more than the
+#: real study's 8 cost 0.2 s a run, and 10 measured steps keep the sweep's points as they were.
+EMULATED_STEPS = 12
 #: Options under the user's for the emulated sweep: the periodic algorithms meet every 4 steps,
 #: so a 12-step run communicates (DiLoCo's default 20 would not once).
 EMULATED_OPTIONS: dict[str, dict[str, Any]] = {"localsgd": {"period": 4}, "diloco": {"period": 4}}
-#: Runs per point: enough for an error bar, few enough that `make study` fits ~10 min on 2 cores.
+#: Runs per point: enough for an error bar, few enough that `make study` fits 15 min on 2 cores.
 DEFAULT_REPEATS = 3
 
 

@@ -209,7 +209,8 @@ def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
     specs: dict[str, list[scaling.StudySpec]] = {place: [] for place in places}
     for place in places:
         for seconds in step_s if workers else ():
-            emulated = {**(overrides or {}), "compute": "emulated", "emulated_step_s": seconds}
+            emulated = {"steps": scaling.EMULATED_STEPS, **(overrides or {}), "compute": "emulated",
+                        "emulated_step_s": seconds}
             for group in (g for g in groups if g):
                 opts = {name: {**scaling.EMULATED_OPTIONS.get(name, {}),
                                **(options or {}).get(name, {}), **own} for name, own in group}
