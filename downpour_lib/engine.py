@@ -82,7 +82,10 @@ class RunPlan:
 
 
 def warn(message: str) -> None:
-    """Print a warning on stderr: what plan_run reports unless told otherwise."""
+    """Print a warning on stderr: what plan_run reports unless told otherwise. Standard output is
+    flushed first: a notebook's kernel sends the two streams apart, and a study's "run 7 of 48"
+    line, still buffered, came out after the warning of the run it announces."""
+    sys.stdout.flush()
     print(f"downpour: warning: {message}", file=sys.stderr, flush=True)
 
 
