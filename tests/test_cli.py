@@ -163,6 +163,19 @@ def test_flags_text_is_parsed_into_each_fields_type(tmp_path):
     assert (study.steps, study.batch_size) == (7, 16)
 
 
+def test_an_emulated_study_runs_as_many_steps_as_notebook_02s_sweep_unless_told():
+    from downpour_lib.study.cli import study_base
+    from downpour_lib.study.scaling import EMULATED_STEPS, SCALING_BASE
+
+    def steps(*flags: str) -> int:
+        return study_base(build_parser().parse_args(["study", *flags]))["steps"]
+
+    assert steps() == SCALING_BASE["steps"] == 8 and EMULATED_STEPS == 12
+    assert steps("--compute", "emulated", "--emulated-step-s", "0.05") == EMULATED_STEPS
+    assert steps("--compute", "emulated", "--steps", "5") == steps("--steps", "5") == 5
+    assert "compute" not in study_base(build_parser().parse_args(["study"]))  # a real run's identity
+
+
 def test_options_that_share_a_name_share_a_type():
     from dataclasses import fields
 

@@ -10,6 +10,7 @@ from .core import REFERENCE_ROOT, STUDIES, reference_dir, results_dir
 from .scaling import (
     DEFAULT_ALGORITHMS,
     DEFAULT_REPEATS,
+    EMULATED_STEPS,
     SCALING_BASE,
     StudyError,
     StudySpec,
@@ -39,9 +40,12 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
                         f"(default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--workers", type=_ints, default=default_workers(),
                    help="comma-separated worker counts (default: 1,2,... up to the cores here)")
-    for key in ("model", "dataset", "batch_size", "steps", "warmup_steps", "threads"):
+    for key in ("model", "dataset", "batch_size", "warmup_steps", "threads"):
         p.add_argument("--" + key.replace("_", "-"), dest=key, default=SCALING_BASE[key],
                        type=type(SCALING_BASE[key]), help=f"(default: {SCALING_BASE[key]})")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"steps a run (default: {SCALING_BASE['steps']}; {EMULATED_STEPS} with "
+                        "--compute emulated, as notebook 02's emulated sweep)")
     p.add_argument("--compute", choices=("real", "emulated"), default="real",
                    help="emulated: every worker sleeps its compute while its gradients and all "
                         "communication stay real, to measure more workers than cores (default: real)")
@@ -77,15 +81,24 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_plot)
 
 
+def study_base(args: argparse.Namespace) -> dict:
+    """The runs' settings from ``downpour study``'s flags: SCALING_BASE's, with notebook 02's
+    EMULATED_STEPS under ``--compute emulated``, the flags' over both."""
+    base = {**SCALING_BASE, **{k: getattr(args, k) for k in
+                               ("model", "dataset", "batch_size", "warmup_steps", "threads")}}
+    if args.compute == "emulated":  # only then: a real study's rows keep their identity
+        base.update(compute="emulated", emulated_step_s=args.emulated_step_s,
+                    steps=EMULATED_STEPS)
+    if args.steps is not None:
+        base["steps"] = args.steps
+    return base
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from .scaling_plots import load_runs, scaling_table
     from .studies import Scaling, run_study
 
-    base = {**SCALING_BASE, **{k: getattr(args, k) for k in
-                               ("model", "dataset", "batch_size", "steps", "warmup_steps",
-                                "threads")}}
-    if args.compute == "emulated":  # only then: a real study's rows keep their identity
-        base.update(compute="emulated", emulated_step_s=args.emulated_step_s)
+    base = study_base(args)
     out = study_dir(args.out)
     spec = StudySpec(algorithms=args.algorithms, workers=args.workers, base=base,
                      csv=str(out / "runs.csv"), repeats=args.repeats)
