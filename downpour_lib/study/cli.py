@@ -36,7 +36,8 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     from ..options import OPTIONS
 
     p.add_argument("--algorithms", type=_names, default=DEFAULT_ALGORITHMS,
-                   help=f"comma-separated, of {', '.join(OPTIONS)} "
+                   help=f"comma-separated, of {', '.join(OPTIONS)}; with --links an entry may "
+                        "carry options, e.g. sync_ps:servers=2, a series of its own "
                         f"(default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--workers", type=_ints, default=default_workers(),
                    help="comma-separated worker counts (default: 1,2,... up to the cores here)")
@@ -95,25 +96,24 @@ def study_base(args: argparse.Namespace) -> dict:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from .scaling_plots import load_runs, scaling_table
+    from .scaling_plots import load_runs, make_figures, scaling_table
     from .studies import Scaling, run_study
 
     base = study_base(args)
     out = study_dir(args.out)
-    spec = StudySpec(algorithms=args.algorithms, workers=args.workers, base=base,
-                     csv=str(out / "runs.csv"), repeats=args.repeats)
-    study = Scaling(spec)
+    csv = out / "runs.csv"
     try:
-        if args.links:
+        if args.links:  # its entries may carry options ("sync_ps:servers=2"), checked there
             _sandbox_sweep(args, base, out)
         else:
-            run_study(study, fresh=args.fresh)
+            run_study(Scaling(StudySpec(algorithms=args.algorithms, workers=args.workers,
+                                        base=base, csv=str(csv), repeats=args.repeats)),
+                      fresh=args.fresh)
     except StudyError as exc:
         print(f"downpour study: {exc}")
         return 1
-    print(scaling_table(load_runs(spec.csv)).to_string(index=False,
-                                                       float_format=lambda v: f"{v:.3f}"))
-    for path in study.figures():
+    print(scaling_table(load_runs(csv)).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    for path in make_figures(csv, out / "figures"):
         print(f"wrote {path}")
     return 0
 
