@@ -235,7 +235,8 @@ def emulated_profile(config: TrainConfig, ctx: DistContext, comm: Comm, roles: R
         key = (config.model, tuple(train.input_shape), train.num_classes, config.data.batch_size,
                config.optim.precision, str(ctx.device), torch.get_num_threads(),
                config.system.channels_last)
-        measured, before = _MEASURED.get(key), key in _MEASURED
+        measured = _MEASURED.get(key)
+        before = measured is not None
         if measured is None:
             state, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
             g = torch.Generator().manual_seed(config.data.seed)
