@@ -276,7 +276,8 @@ def test_every_run_records_the_load_and_the_log_counts_the_runs(study):
     _, _, runs, log = study
     from downpour_lib.study.load import COLUMNS, MIN_WINDOW_S
 
-    for column in ("load_avg_1m_start", "load_avg_1m_end", "load_window_s", "under_load"):
+    judged_only = {"load_others_cpu_s", "load_others_share"}  # NaN where the window is too short
+    for column in set(COLUMNS) - judged_only:
         assert runs[column].notna().all(), column
     assert runs.under_load.isin([True, False]).all()
     assert (runs.load_window_s > 0).all() and (runs.load_avg_1m_end >= 0).all()
