@@ -10,10 +10,16 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# Python caches each module's bytecode the first time any process imports it, torch's and ours:
+# where PYTHONDONTWRITEBYTECODE=1 (here, CI) nothing was cached, and every rank, engine and kernel
+# compiled from source what it imported (torch's alone: a `downpour train` rank 13.8 s of CPU
+# instead of 4.8, a fresh-clone make test at half speed). A cached file whose source changed since
+# is not used (Python compares the source's mtime and size).
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: study studies test test-fast test-durations lab gpu-check venv lint figures clean bytecode
+.PHONY: study studies test test-fast test-durations lab gpu-check venv lint figures clean
 
-study: $(STAMP) bytecode  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
+study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
 
 # Every study, each by its notebook, into results/<host>/{scaling,staleness,gossip,accuracy,model}/;
@@ -41,7 +47,7 @@ studies: study   ## every study: notebooks 02 to 06 headless
 # On a slower machine of the same kind, 29.2, 30.2 and 32.8 minutes (workers 27.0, 28.2 and 30.4), and
 # 31.3 (workers 29.0) with the study test on one cluster; CPU-bound there (both cores 99-100% busy).
 TEST_WORKERS ?= 3
-test: $(STAMP) bytecode   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
+test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 ifeq ($(TEST_WORKERS),0)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 else
@@ -54,7 +60,7 @@ endif
 # The tier to run while working (tests/conftest.py tiers every test by what it starts; pyproject.toml
 # lists the markers): one-process tests and the quick multi-rank ones, no cluster, notebook or Slurm.
 # Another tier alone: PYTEST_ARGS='-m cluster' make test (or notebooks, slurm, "ranks and slow").
-test-fast: $(STAMP) bytecode  ## the fast tier (unit + quick mpiexec tests): a few minutes
+test-fast: $(STAMP)  ## the fast tier (unit + quick mpiexec tests): a few minutes
 	$(BIN)/python -m pytest -m "(unit or ranks) and not slow" $(PYTEST_ARGS)
 
 # What decides the fast tier: each test's seconds, measured here, into tests/durations.txt (tests
@@ -91,22 +97,15 @@ lint: $(STAMP)
 
 venv: $(STAMP)
 
-# Where Python runs with PYTHONDONTWRITEBYTECODE=1 (as here and on CI) nothing caches our modules'
-# bytecode, so every process (each rank, engine, kernel) compiled downpour_lib from source again:
-# ~0.1 s of CPU a process, ~0.35 s for a 2-rank `downpour train` (10.4 -> 10.0 s, 4 runs each). A
-# cached file whose source changed since is not used (Python compares the source's mtime and size).
-bytecode: $(STAMP)
-	@$(BIN)/python -m compileall -q downpour_lib tests > /dev/null
-
 # Installs with uv where it can (torch's CUDA wheels are ~4 GB unpacked: a fresh .venv took 135 s
 # with pip here, 47 s with uv from its cache), with pip where uv cannot (uv reads no pip.conf: a
-# cluster whose packages come only from a mirror pip is configured for). uv compiles the bytecode,
-# as pip does: where PYTHONDONTWRITEBYTECODE=1 (here, CI) nothing would cache it later, and every
-# rank compiled torch's modules from source (a fresh-clone make test ran at half speed).
+# cluster whose packages come only from a mirror pip is configured for). uv leaves the bytecode
+# to Python (PYTHONDONTWRITEBYTECODE, above): compiling every package at install took 28 s of both
+# cores here, and importing torch and torch._dynamo compiles 1,710 of the venv's 13,358 modules.
 # The constraint files pip.conf names hold for uv too (here they keep torchvision on the release
 # built for this torch: without them uv took 0.29.2+cu132 beside torch 2.14.1+cu130).
 PIP_CONSTRAINTS = $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global\.constraint='\(.*\)'$$/\1/p")
-INSTALL = UV_CONSTRAINT="$(PIP_CONSTRAINTS)" $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python $(1) \
+INSTALL = UV_CONSTRAINT="$(PIP_CONSTRAINTS)" $(BIN)/uv pip install --quiet --python $(BIN)/python $(1) \
 	|| { echo "make: uv could not install $(1); pip instead"; $(BIN)/python -m pip install --quiet $(1); }
 
 $(STAMP): pyproject.toml
