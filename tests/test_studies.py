@@ -194,9 +194,10 @@ def test_run_ids_that_look_like_numbers_stay_text(tmp_path):
 # -- several trainings in one launch (study/batch.py) --------------------------------------------
 
 def test_a_batch_trains_each_run_as_a_launch_of_its_own_would(tmp_path):
-    """Under mpiexec -n 2, localsgd then allreduce in one session: allreduce's run ends where the
-    same run under ``downpour train`` alone does (same loss, same bytes; the first run leaves
-    nothing behind that changes it), and each run's records are in its own directory."""
+    """Under mpiexec -n 2, a bench of the link, then localsgd, then allreduce in one session:
+    allreduce's run ends where the same run under ``downpour train`` alone does (same loss, same
+    bytes; what ran before leaves nothing behind that changes it), and each run's records are in
+    its own directory."""
     from downpour_lib import TrainConfig
     from downpour_lib.study.batch import batch_command, read_batch
 
@@ -204,8 +205,15 @@ def test_a_batch_trains_each_run_as_a_launch_of_its_own_would(tmp_path):
             "backend": "gloo", "final_eval": False}
     configs = {name: TrainConfig.from_dict({**base, "algorithm": name})
                for name in ("localsgd", "allreduce")}
-    proc = mpiexec(2, *batch_command(configs, tmp_path))
+    link = tmp_path / "collectives.json"
+    bench = ["--backends", "gloo", "--ops", "allreduce,broadcast", "--sizes", "4K,1M",
+             "--min-time", "0", "--min-reps", "2", "--json", str(link)]
+    proc = mpiexec(2, *batch_command(configs, tmp_path, bench))
     assert proc.returncode == 0, explain(proc)
+    rows = [r for r in read_json(link) if r["backend"] == "gloo"]
+    assert [(r["op"], r["bytes"]) for r in rows] == [
+        (op, size) for op in ("allreduce", "broadcast") for size in (4096, 1 << 20)]
+    assert all(r["world_size"] == 2 and r["p50_s"] > 0 for r in rows), rows
     runs = read_batch(tmp_path, configs)
     assert list(runs) == ["localsgd", "allreduce"]
     assert all((tmp_path / name / "steps.csv").is_file() for name in runs)
@@ -227,4 +235,8 @@ def test_a_batch_shares_one_process_group_and_names_plain_directories(tmp_path):
         batch_command({"a": gloo, "b": mpi}, tmp_path)
     with pytest.raises(ConfigError, match="name='../x'"):
         batch_command({"../x": gloo}, tmp_path)
-    assert not (tmp_path / "batch.json").exists()
+    with pytest.raises(ConfigError, match="ops='nope' is not valid"):
+        batch_command({"a": gloo}, tmp_path, ["--ops", "nope"])
+    with pytest.raises(ConfigError, match="bench='--sizes' is not valid"):
+        batch_command({"a": gloo}, tmp_path, ["--sizes"])
+    assert not (tmp_path / "batch.json").exists() and not (tmp_path / "bench.json").exists()

@@ -43,7 +43,7 @@ import torch
 
 from ..checkpoint import atomic_write_text
 from ..comm import Communicator, new_group, runtime
-from ..comm.launch_env import discover
+from ..comm.launch_env import Placement, discover
 from ..errors import ConfigError
 from ..traffic import ring_share
 from .timing import Sync, buffer_size, measure, measure_paired
@@ -220,14 +220,26 @@ def print_table(rows: list[dict]) -> None:
 
 
 def cmd_collectives(args: argparse.Namespace) -> int:
-    placement = discover(os.environ)
+    backends = check(args, discover(os.environ))
+    with runtime.abort_on_error():
+        ctx = runtime.init(backend="gloo", device="cuda" if "nccl" in backends else "cpu",
+                           timeout_s=600)
+        in_session(args, ctx)
+        runtime.shutdown()
+    return 0
+
+
+def check(args: argparse.Namespace, placement: Placement | None = None) -> list[str]:
+    """The backends ``args`` ask for, or a ConfigError naming the flag that cannot be met, before
+    any rank starts a process group; with a launch's ``placement``, the flags that it decides too."""
     backends = parse_list("backends", args.backends, BACKENDS)
-    ops = parse_list("ops", args.ops, OPS)
-    sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
-    if placement.world_size < 2:
+    parse_list("ops", args.ops, OPS)
+    for size in parse_list("sizes", args.sizes):
+        parse_size(size)
+    if placement is not None and placement.world_size < 2:
         raise ConfigError("world size", placement.world_size,
                           "run under a launcher with 2 or more ranks, e.g. mpiexec -n 2 downpour bench ...")
-    if "mpi" in backends and placement.launcher != "mpi":
+    if placement is not None and "mpi" in backends and placement.launcher != "mpi":
         raise ConfigError("backends", "mpi", f"mpi needs an MPI launch (mpiexec, srun --mpi=pmix), "
                           f"this is a {placement.launcher} launch; use gloo")
     for flag in ("breakdown", "paths"):
@@ -239,58 +251,65 @@ def cmd_collectives(args: argparse.Namespace) -> int:
                           "and standard MPI has no 16-bit float: float32 or float64")
     if "nccl" in backends and not torch.cuda.is_available():
         raise ConfigError("backends", "nccl", "nccl needs CUDA devices; use gloo,mpi on CPU")
+    return backends
+
+
+def in_session(args: argparse.Namespace, ctx: runtime.DistContext) -> list[dict]:
+    """The benchmark ``args`` ask for (``check``ed) on every rank of ``ctx``, a session started
+    for it (``cmd_collectives``) or for more (a ``study.batch`` that measures the link before it
+    trains); each backend but the default group's gets a group of its own. The rows, which rank 0
+    prints and writes to ``args.json``."""
+    backends = parse_list("backends", args.backends, BACKENDS)
+    ops = parse_list("ops", args.ops, OPS)
+    sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if "nccl" in backends else "cpu")
-    with runtime.abort_on_error():
-        ctx = runtime.init(backend="gloo", device=device.type, timeout_s=600)
-        world = Communicator.world()
-        groups = {name: world if name == "gloo" else new_group(world.ranks, backend=name)
-                  for name in backends}
-        sync, rows, references = Sync(world), [], []
-        rows += memcpy_rows(sizes, DTYPES[args.dtype], sync, args)
-        # MPI's own calls, on a duplicate of MPI_COMM_WORLD (our own traffic)
-        mpi_comm = sync.comm.Dup() if "mpi" in backends and DTYPES[args.dtype] in MPICase.DTYPES \
-            else None
-        for backend in backends:
-            dev = ctx.device if backend == "nccl" else torch.device("cpu")
-            for op in ops:
-                for nbytes in sizes:
-                    case = Case(op, groups[backend], nbytes, DTYPES[args.dtype], dev)
-                    if backend == "mpi" and mpi_comm is not None:  # in turns with MPI's own
-                        ref = MPICase(op, mpi_comm, nbytes, DTYPES[args.dtype])
-                        ours, theirs = measure_paired([case.run, ref.run], sync, args)
-                        references.append(row("mpi4py", op, ref.bytes, ctx.world_size, theirs))
-                    else:
-                        ours = measure(case.run, sync, args)
-                    rows.append(row(backend, op, case.bytes, ctx.world_size, ours))
-        if mpi_comm is not None:
-            mpi_comm.Free()
-        rows += references
-        parts = []
-        if args.breakdown:
-            from .breakdown import breakdown_rows
+    world = Communicator.world()
+    groups = {name: world if name == ctx.backend else new_group(world.ranks, backend=name)
+              for name in backends}
+    sync, rows, references = Sync(world), [], []
+    rows += memcpy_rows(sizes, DTYPES[args.dtype], sync, args)
+    # MPI's own calls, on a duplicate of MPI_COMM_WORLD (our own traffic)
+    mpi_comm = sync.comm.Dup() if "mpi" in backends and DTYPES[args.dtype] in MPICase.DTYPES \
+        else None
+    for backend in backends:
+        dev = ctx.device if backend == "nccl" else torch.device("cpu")
+        for op in ops:
+            for nbytes in sizes:
+                case = Case(op, groups[backend], nbytes, DTYPES[args.dtype], dev)
+                if backend == "mpi" and mpi_comm is not None:  # in turns with MPI's own
+                    ref = MPICase(op, mpi_comm, nbytes, DTYPES[args.dtype])
+                    ours, theirs = measure_paired([case.run, ref.run], sync, args)
+                    references.append(row("mpi4py", op, ref.bytes, ctx.world_size, theirs))
+                else:
+                    ours = measure(case.run, sync, args)
+                rows.append(row(backend, op, case.bytes, ctx.world_size, ours))
+    if mpi_comm is not None:
+        mpi_comm.Free()
+    rows += references
+    parts = []
+    if args.breakdown:
+        from .breakdown import breakdown_rows
 
-            parts = breakdown_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
-                                   sync, args)
-            rows += [{"backend": "mpi:breakdown", **r} for r in parts]
-        paths = []
-        if args.paths:
-            from .breakdown import path_rows
+        parts = breakdown_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
+                               sync, args)
+        rows += [{"backend": "mpi:breakdown", **r} for r in parts]
+    paths = []
+    if args.paths:
+        from .breakdown import path_rows
 
-            paths = path_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
-                              sync, args)
-            rows += [{"backend": "mpi:paths", **r} for r in paths]
-        if ctx.rank == 0:
-            print_table([r for r in rows if not r["backend"].startswith("mpi:")])
-            if parts:
-                from .breakdown import print_breakdown
+        paths = path_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
+                          sync, args)
+        rows += [{"backend": "mpi:paths", **r} for r in paths]
+    if ctx.rank == 0:
+        print_table([r for r in rows if not r["backend"].startswith("mpi:")])
+        if parts:
+            from .breakdown import print_breakdown
 
-                print_breakdown(parts, [r for r in rows if r["backend"] == "mpi4py"])
-            if paths:
-                from .breakdown import print_paths
+            print_breakdown(parts, [r for r in rows if r["backend"] == "mpi4py"])
+        if paths:
+            from .breakdown import print_paths
 
-                print_paths(paths)
-            if args.json:
-                atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
-        runtime.shutdown()
-    return 0
+            print_paths(paths)
+        if args.json:
+            atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
+    return rows

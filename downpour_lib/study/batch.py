@@ -5,7 +5,9 @@ CPU each) once for the batch, not once per run.
 ``batch_command(configs, directory)`` writes ``directory/batch.json`` (name -> configuration, in
 order) and returns the command; each run writes its records to ``directory/<name>/`` (steps.csv,
 evals.csv, summary.json), as ``downpour train --output-dir`` does, and ``read_batch`` reads the
-summaries back. ``model_validate`` trains its algorithms this way, once per link setting. The runs
+summaries back. ``model_validate`` trains its algorithms this way, once per link setting, after a
+``downpour bench collectives`` of the link in the same session (``bench``: its flags, run before
+the first training), one launch a setting where it was two (a rank's start-up: 6-7 s of CPU). The runs
 share one process group, so they share its backend, device and timeout; any exception on any rank
 ends the job, naming the rank (``runtime.abort_on_error``).
 """
@@ -13,6 +15,7 @@ ends the job, naming the rank (``runtime.abort_on_error``).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,10 +23,13 @@ from ..config import TrainConfig
 from ..errors import ConfigError
 
 BATCH_FILE = "batch.json"
+BENCH_FILE = "bench.json"
 
 
-def batch_command(configs: dict[str, TrainConfig], directory: Path) -> list[str]:
-    """One rank's command to train ``configs`` in order (written to ``directory``)."""
+def batch_command(configs: dict[str, TrainConfig], directory: Path,
+                  bench: list[str] | None = None) -> list[str]:
+    """One rank's command to train ``configs`` in order (written to ``directory``), after the
+    ``downpour bench collectives`` that the flags ``bench`` ask for, if any (checked here)."""
     session = {_session(config) for config in configs.values()}
     if len(session) > 1:
         raise ConfigError("configs", sorted(session), "one backend, device and timeout_s for every "
@@ -33,6 +39,11 @@ def batch_command(configs: dict[str, TrainConfig], directory: Path) -> list[str]
         if not name or "/" in name or name.startswith("."):
             raise ConfigError("name", name, "a plain directory name")
         runs[name] = {**config.to_dict(), "output_dir": str(directory / name)}
+    if bench is not None:  # bad flags: here, before any rank starts
+        from ..bench import collectives
+
+        collectives.check(_bench_args(bench))
+        (directory / BENCH_FILE).write_text(json.dumps(bench))
     (directory / BATCH_FILE).write_text(json.dumps(runs, default=str))
     return [sys.executable, "-m", "downpour_lib.study.batch", str(directory)]
 
@@ -49,6 +60,15 @@ def read_batch(directory: Path, names) -> dict[str, dict]:
     return found
 
 
+def _bench_args(flags: list[str]):
+    from ..cli import build_parser
+
+    try:
+        return build_parser().parse_args(["bench", "collectives", *flags])
+    except SystemExit:  # argparse said what is wrong on stderr
+        raise ConfigError("bench", " ".join(flags), "flags of `downpour bench collectives`") from None
+
+
 def _session(config: TrainConfig) -> tuple:
     system = config.system
     return (system.backend, system.device, system.timeout_s)
@@ -56,13 +76,21 @@ def _session(config: TrainConfig) -> tuple:
 
 def main(directory: str) -> int:
     from ..comm import runtime
+    from ..comm.launch_env import discover
     from ..engine import Trainer
 
     runs = json.loads((Path(directory) / BATCH_FILE).read_text())
     configs = [TrainConfig.from_dict(run) for run in runs.values()]
     backend, device, timeout_s = _session(configs[0])
+    bench = Path(directory) / BENCH_FILE
     with runtime.abort_on_error():
         ctx = runtime.init(backend, device, timeout_s)
+        if bench.is_file():
+            from ..bench import collectives
+
+            args = _bench_args(json.loads(bench.read_text()))
+            collectives.check(args, discover(os.environ))
+            collectives.in_session(args, ctx)
         for config in configs:
             Trainer(config, ctx).run()
         runtime.shutdown()

@@ -7,7 +7,8 @@ each node a network namespace and a link shaped with ``tc`` to a rate; this vali
 1. measures the link between the nodes: ``downpour bench collectives`` (gloo, the backend ``srun``
    launches use) with one rank per node, fitted to the alpha-beta costs (``calibrate.fit_link``);
 2. trains each algorithm for a few steps with one worker per node (``srun --distribution=cyclic``;
-   the algorithms one after another in one ``srun``, ``batch.py``) and reads its mean step time;
+   the algorithms one after another in the ``srun`` that measured the link, ``batch.py``) and
+   reads its mean step time;
 3. predicts that step time from the fitted link and the algorithm's step besides the link, and
    reports the error.
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -104,34 +104,22 @@ def _failed(what: str, proc: subprocess.CompletedProcess) -> StudyError:
     return StudyError(f"{what} failed (exit {proc.returncode}):\n{tail}")
 
 
-def _train(configs: dict[str, TrainConfig], nodes: int, env: dict[str, str],
-           timeout_s: float) -> dict[str, dict]:
-    """Each algorithm's run, one after another in one ``srun`` (``batch``): the ranks start once
-    for all of them, 4-5 s saved a run; name -> its summary."""
+def _measure(configs: dict[str, TrainConfig], path: Path, nodes: int, env: dict[str, str],
+             timeout_s: float) -> tuple[Link, dict[str, dict]]:
+    """The link between the nodes as it is now, measured into ``path`` (a ``bench collectives``)
+    and fitted, then each algorithm's run, all in one ``srun`` (``batch``): the ranks start once
+    for the link and the runs, 4-5 s saved a launch; (link, name -> its summary)."""
     from .batch import batch_command, read_batch
 
+    bench = ["--backends", "gloo", "--ops", "allreduce,broadcast", "--sizes", "256K,1M,4M",
+             "--min-time", "0.2", "--min-reps", "3", "--json", str(path)]
     with tempfile.TemporaryDirectory(prefix="downpour-validate-") as tmp:
-        proc = _srun(nodes, nodes, batch_command(configs, Path(tmp)), env,
-                     timeout_s * len(configs))
+        proc = _srun(nodes, nodes, batch_command(configs, Path(tmp), bench), env,
+                     timeout_s * (1 + len(configs)))
         summaries = read_batch(Path(tmp), configs)
-        if proc.returncode != 0 or len(summaries) < len(configs):
-            raise _failed(f"{', '.join(configs)} on {nodes} node(s)", proc)
-        return summaries
-
-
-def _collectives(path: Path, nodes: int, env: dict[str, str], timeout_s: float) -> Path:
-    command = [sys.executable, "-m", "downpour_lib", "bench", "collectives", "--backends", "gloo",
-               "--ops", "allreduce,broadcast", "--sizes", "256K,1M,4M", "--min-time", "0.2",
-               "--min-reps", "3", "--json", str(path)]
-    proc = _srun(nodes, nodes, command, env, timeout_s)
-    if proc.returncode != 0 or not path.is_file():
-        raise _failed(f"bench collectives on {nodes} nodes", proc)
-    return path
-
-
-def _fitted(path: Path, nodes: int, env: dict[str, str], timeout_s: float) -> Link:
-    """The link between the nodes as it is now: measured into ``path``, fitted."""
-    return fit_link(read_collectives(_collectives(path, nodes, env, timeout_s)), "gloo")
+        if proc.returncode != 0 or not path.is_file() or len(summaries) < len(configs):
+            raise _failed(f"bench collectives, then {', '.join(configs)} on {nodes} node(s)", proc)
+    return fit_link(read_collectives(path), "gloo"), summaries
 
 
 def workload_of(summary: dict, link: Link) -> Workload:
@@ -199,10 +187,11 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
         where.link = "none"
         # each algorithm's step with the link out of the way (unshaped: hundreds of MB/s), less
         # what the model says that link costs it: the rest does not depend on the link
-        unshaped = _fitted(out / "collectives-unshaped.json", nodes, env, timeout_s)
         longer = {name: _config(base, name, UNSHAPED_LONGER) for name in configs}
+        unshaped, summaries = _measure(longer, out / "collectives-unshaped.json", nodes, env,
+                                       timeout_s)
         workloads = {}
-        for name, summary in _train(longer, nodes, env, timeout_s).items():
+        for name, summary in summaries.items():
             workloads[name] = workload_of(summary, unshaped)
             log(f"{name} unshaped: {workloads[name].compute_s * 1e3:.2f} ms per step besides "
                 f"the link")
@@ -210,10 +199,10 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
             where.sandbox.up(bandwidth=rate)
             where.link = rate
             measured = out / f"collectives-{rate}.json"
-            link = _fitted(measured, nodes, env, timeout_s)
+            link, summaries = _measure(configs, measured, nodes, env, timeout_s)
             log(f"{rate}: alpha {link.alpha_s * 1e6:.0f} us, beta {link.bandwidth_Bps / 1e6:.1f} MB/s")
             network = Network(link, link, per_node=1)
-            for name, summary in _train(configs, nodes, env, timeout_s).items():
+            for name, summary in summaries.items():
                 w = workloads[name]
                 cal = Calibration(f"sandbox-{nodes}x-{rate}", network, {w.model: w},
                                   collective="ring",
