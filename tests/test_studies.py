@@ -240,3 +240,7 @@ def test_a_batch_shares_one_process_group_and_names_plain_directories(tmp_path):
     with pytest.raises(ConfigError, match="bench='--sizes' is not valid"):
         batch_command({"a": gloo}, tmp_path, ["--sizes"])
     assert not (tmp_path / "batch.json").exists() and not (tmp_path / "bench.json").exists()
+    batch_command({"a": gloo}, tmp_path, ["--sizes", "4K"])
+    assert (tmp_path / "bench.json").exists()
+    batch_command({"a": gloo}, tmp_path)  # the directory again, without a bench: none runs
+    assert not (tmp_path / "bench.json").exists()

@@ -7,9 +7,9 @@ order) and returns the command; each run writes its records to ``directory/<name
 evals.csv, summary.json), as ``downpour train --output-dir`` does, and ``read_batch`` reads the
 summaries back. ``model_validate`` trains its algorithms this way, once per link setting, after a
 ``downpour bench collectives`` of the link in the same session (``bench``: its flags, run before
-the first training), one launch a setting where it was two (a rank's start-up: 6-7 s of CPU). The runs
-share one process group, so they share its backend, device and timeout; any exception on any rank
-ends the job, naming the rank (``runtime.abort_on_error``).
+the first training): one launch a setting where it was two (a rank's start-up: 6-7 s of CPU). The
+runs share one process group, so they share its backend, device and timeout; any exception on any
+rank ends the job, naming the rank (``runtime.abort_on_error``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def batch_command(configs: dict[str, TrainConfig], directory: Path,
 
         collectives.check(_bench_args(bench))
         (directory / BENCH_FILE).write_text(json.dumps(bench))
+    else:  # a directory used before: not its bench again
+        (directory / BENCH_FILE).unlink(missing_ok=True)
     (directory / BATCH_FILE).write_text(json.dumps(runs, default=str))
     return [sys.executable, "-m", "downpour_lib.study.batch", str(directory)]
 
@@ -66,7 +68,8 @@ def _bench_args(flags: list[str]):
     try:
         return build_parser().parse_args(["bench", "collectives", *flags])
     except SystemExit:  # argparse said what is wrong on stderr
-        raise ConfigError("bench", " ".join(flags), "flags of `downpour bench collectives`") from None
+        raise ConfigError("bench", " ".join(flags), "flags that `downpour bench collectives` takes "
+                          "(argparse said which above)") from None
 
 
 def _session(config: TrainConfig) -> tuple:
@@ -82,15 +85,17 @@ def main(directory: str) -> int:
     runs = json.loads((Path(directory) / BATCH_FILE).read_text())
     configs = [TrainConfig.from_dict(run) for run in runs.values()]
     backend, device, timeout_s = _session(configs[0])
-    bench = Path(directory) / BENCH_FILE
+    bench = None
+    if (Path(directory) / BENCH_FILE).is_file():  # what only the launch tells (its size, MPI or not):
+        # checked on every rank alike, before any of them waits for another
+        from ..bench import collectives
+
+        bench = _bench_args(json.loads((Path(directory) / BENCH_FILE).read_text()))
+        collectives.check(bench, discover(os.environ))
     with runtime.abort_on_error():
         ctx = runtime.init(backend, device, timeout_s)
-        if bench.is_file():
-            from ..bench import collectives
-
-            args = _bench_args(json.loads(bench.read_text()))
-            collectives.check(args, discover(os.environ))
-            collectives.in_session(args, ctx)
+        if bench is not None:
+            collectives.in_session(bench, ctx)
         for config in configs:
             Trainer(config, ctx).run()
         runtime.shutdown()
