@@ -48,7 +48,8 @@ studies: study   ## every study: notebooks 02 to 06 headless
 # A fresh clone's make test here, three runs of nearly one tree: 23.4, 25.6 and 26.9 minutes (the venv
 # with uv and the bytecode under a minute, workers 21.4 to 24.8, alone 1.3-1.5); in one process 45 (earlier).
 # On a slower machine of the same kind, 29.2, 30.2 and 32.8 minutes (workers 27.0, 28.2 and 30.4), and
-# 31.3 (workers 29.0) with the study test on one cluster; CPU-bound there (both cores 99-100% busy).
+# 31.3 (workers 29.0) with the study test on one cluster; CPU-bound there (both cores 99-100% busy);
+# 29.5 at 640a65e (workers 27.9, alone 1.3), with the venv's bytecode left to Python.
 TEST_WORKERS ?= 3
 test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebooks, real Slurm (as root)
 ifeq ($(TEST_WORKERS),0)
