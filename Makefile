@@ -43,7 +43,7 @@ studies: study   ## every study: notebooks 02 to 06 headless
 # connection in the browser test, the other took 28.2 minutes and lost a 10 s silent-rank test to the
 # load (a rank still starting 10 s after the others reached the first collective). On the slower
 # machine below four gained nothing: 30.2 minutes at 7793957 (workers 28.7, both cores busy 97-100%
-# from the first minute), where three took 29.8 (workers 27.6) a commit earlier; the cores were
+# from the first minute), where three took 29.8 at 0e7c88f (workers 27.6); the cores were
 # already full, and more tests at once only wait on each other longer.
 # A fresh clone's make test here, three runs of nearly one tree: 23.4, 25.6 and 26.9 minutes (the venv
 # with uv and the bytecode under a minute, workers 21.4 to 24.8, alone 1.3-1.5); in one process 45 (earlier).

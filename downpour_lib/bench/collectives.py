@@ -38,6 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -220,22 +221,29 @@ def print_table(rows: list[dict]) -> None:
 
 
 def cmd_collectives(args: argparse.Namespace) -> int:
-    backends = check(args, discover(os.environ))
+    cases = check(args, discover(os.environ))
     with runtime.abort_on_error():
-        ctx = runtime.init(backend="gloo", device="cuda" if "nccl" in backends else "cpu",
+        ctx = runtime.init(backend="gloo", device="cuda" if "nccl" in cases.backends else "cpu",
                            timeout_s=600)
-        in_session(args, ctx)
+        in_session(args, cases, ctx)
         runtime.shutdown()
     return 0
 
 
-def check(args: argparse.Namespace, placement: Placement | None = None) -> list[str]:
-    """The backends ``args`` ask for, or a ConfigError naming the flag that cannot be met, before
-    any rank starts a process group; with a launch's ``placement``, the flags that it decides too."""
+class Cases(NamedTuple):
+    """What a run of the benchmark measures: each backend, operation and size (bytes)."""
+
+    backends: list[str]
+    ops: list[str]
+    sizes: list[int]
+
+
+def check(args: argparse.Namespace, placement: Placement | None = None) -> Cases:
+    """The cases ``args`` ask for, or a ConfigError naming the flag that cannot be met, before any
+    rank starts a process group; with a launch's ``placement``, the flags that it decides too."""
     backends = parse_list("backends", args.backends, BACKENDS)
-    parse_list("ops", args.ops, OPS)
-    for size in parse_list("sizes", args.sizes):
-        parse_size(size)
+    ops = parse_list("ops", args.ops, OPS)
+    sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
     if placement is not None and placement.world_size < 2:
         raise ConfigError("world size", placement.world_size,
                           "run under a launcher with 2 or more ranks, e.g. mpiexec -n 2 downpour bench ...")
@@ -251,17 +259,15 @@ def check(args: argparse.Namespace, placement: Placement | None = None) -> list[
                           "and standard MPI has no 16-bit float: float32 or float64")
     if "nccl" in backends and not torch.cuda.is_available():
         raise ConfigError("backends", "nccl", "nccl needs CUDA devices; use gloo,mpi on CPU")
-    return backends
+    return Cases(backends, ops, sizes)
 
 
-def in_session(args: argparse.Namespace, ctx: runtime.DistContext) -> list[dict]:
-    """The benchmark ``args`` ask for (``check``ed) on every rank of ``ctx``, a session started
-    for it (``cmd_collectives``) or for more (a ``study.batch`` that measures the link before it
-    trains); each backend but the default group's gets a group of its own. The rows, which rank 0
-    prints and writes to ``args.json``."""
-    backends = parse_list("backends", args.backends, BACKENDS)
-    ops = parse_list("ops", args.ops, OPS)
-    sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
+def in_session(args: argparse.Namespace, cases: Cases, ctx: runtime.DistContext) -> list[dict]:
+    """The ``cases`` that ``check`` made of ``args``, measured on every rank of ``ctx``: a session
+    started for them (``cmd_collectives``) or for more (a ``study.batch`` that measures the link
+    before it trains); each backend but the default group's gets a group of its own. The rows,
+    which rank 0 prints and writes to ``args.json``."""
+    backends, ops, sizes = cases
     torch.set_num_threads(args.threads)
     world = Communicator.world()
     groups = {name: world if name == ctx.backend else new_group(world.ranks, backend=name)

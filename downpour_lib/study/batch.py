@@ -85,17 +85,16 @@ def main(directory: str) -> int:
     runs = json.loads((Path(directory) / BATCH_FILE).read_text())
     configs = [TrainConfig.from_dict(run) for run in runs.values()]
     backend, device, timeout_s = _session(configs[0])
-    bench = None
-    if (Path(directory) / BENCH_FILE).is_file():  # what only the launch tells (its size, MPI or not):
-        # checked on every rank alike, before any of them waits for another
-        from ..bench import collectives
+    bench, flags = None, Path(directory) / BENCH_FILE
+    if flags.is_file():  # what only the launch tells (its size, MPI or not): checked on every rank
+        from ..bench import collectives  # alike, before any of them waits for another
 
-        bench = _bench_args(json.loads((Path(directory) / BENCH_FILE).read_text()))
-        collectives.check(bench, discover(os.environ))
+        args = _bench_args(json.loads(flags.read_text()))
+        bench = args, collectives.check(args, discover(os.environ))
     with runtime.abort_on_error():
         ctx = runtime.init(backend, device, timeout_s)
         if bench is not None:
-            collectives.in_session(bench, ctx)
+            collectives.in_session(*bench, ctx)
         for config in configs:
             Trainer(config, ctx).run()
         runtime.shutdown()
