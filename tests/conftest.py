@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import os
@@ -92,6 +93,8 @@ def private_ipython_dir(tmp_path_factory):
     old = os.environ.get("IPYTHONDIR")
     os.environ["IPYTHONDIR"] = str(path)
     yield path
+    if importlib.util.find_spec("ipyparallel") is None:  # a GPU node's own Python: none started
+        return
     from downpour_lib.cluster import stop_clusters
 
     for profile in ("local-mpi", "slurm-mpi"):

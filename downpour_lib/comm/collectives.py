@@ -47,6 +47,12 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.
                "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
 
 
+# torch 2.14's names for the flat collectives; an older torch (a GPU node's own: 2.11 on an H200)
+# has the same functions as all_gather_into_tensor and reduce_scatter_tensor
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def reduce_op(op: str) -> dist.ReduceOp:
     """The backend's op for ``op``. "mean" is a sum divided afterwards (gloo and MPI have no AVG)."""
     if op not in _REDUCE_OPS:
@@ -339,7 +345,7 @@ class Communicator:
         flat_out = out if out.dim() == 1 else out.view(-1)
         return self._issue(
             "allgather",
-            lambda a: dist.all_gather_single(flat_out, flat_in, group=self.group, async_op=a),
+            lambda a: _all_gather_single(flat_out, flat_in, group=self.group, async_op=a),
             None, result, async_op, account, nbytes(out))
 
     def reduce_scatter(self, x: Tensors, op: Op = "sum", async_op: bool = False,
@@ -375,7 +381,7 @@ class Communicator:
             _check_out(out, buf, buf.numel() // self.size, "reduce_scatter")
         return self._issue(
             "reduce_scatter",
-            lambda a: dist.reduce_scatter_single(out, buf, op=red, group=self.group, async_op=a),
+            lambda a: _reduce_scatter_single(out, buf, op=red, group=self.group, async_op=a),
             self._finisher(out, _nothing, op), out, async_op, account, nbytes(buf))
 
     def alltoall(self, x: torch.Tensor, async_op: bool = False, account: Account | None = "comm",
