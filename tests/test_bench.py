@@ -71,7 +71,7 @@ def test_bench_gpu_measures_each_algorithm_against_the_plain_loop_and_the_pipeli
     here; that it measures every row does)."""
     args = argparse.Namespace(model="mlp", dataset="synthetic-cifar", batch_size=16, precision="bf16",
                               steps=6, warmup_steps=2, algorithms="local,allreduce,sync_ps",
-                              images=48, data_workers=1)
+                              images=48, data_workers=1, pipeline_rounds=2)
     rows = measure(args, torch.device("cpu"))
     assert [r["what"] for r in rows] == ["plain PyTorch loop", "plain loop, batch resident on the GPU",
                                          "local", "allreduce", "sync_ps",
