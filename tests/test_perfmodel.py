@@ -775,7 +775,8 @@ def test_the_crowded_model_on_a_16_core_machine_it_was_never_fitted_on():
     """Emulated runs measured on another machine (16 cores, an H200 node's host; gloo, 50 ms a step,
     1 to 32 workers), with its link fitted from its own 2-rank collectives and the wake-up fitted on
     the 2-core machine (nothing of the step fitted there): allreduce within 15% at every count, 32
-    ranks on 16 cores included, which the model without the crowded term misses by a third."""
+    ranks on 16 cores included, which the model without the crowded term misses by a third; sync_ps
+    within 16% to 4 workers, and pessimistic by half or more from 8."""
     here = SCALING / "emulated_16cores"
     rows = json.loads((here / "collectives.json").read_text())
     link = calib.fit_link([r for r in rows if r["world_size"] == 2], "gloo")
@@ -786,4 +787,9 @@ def test_the_crowded_model_on_a_16_core_machine_it_was_never_fitted_on():
     assert list(allreduce.index) == [1, 2, 4, 8, 16, 32]
     assert (allreduce.error.abs() <= 0.15).all(), allreduce.error
     assert alone.loc[("allreduce", 32), "error"] < -0.3
-    assert (crowded.loc["sync_ps"].error.abs() <= 0.16).all()  # 1 to 4 workers: the sweep's end
+    sync_ps = crowded.loc["sync_ps"].error
+    assert list(sync_ps.index) == [1, 2, 4, 8, 16, 32]
+    assert (sync_ps.loc[:4].abs() <= 0.16).all(), sync_ps
+    # The stated miss (README): push_pull charges one server's link with every worker's model, but
+    # sync_ps reduces and broadcasts, which gloo combines on the way. Fixing the model fails this.
+    assert (sync_ps.loc[8:] > 0.5).all(), sync_ps
