@@ -165,10 +165,7 @@ def _preempted(stop: preempt.Preempted, config: TrainConfig, ctx: runtime.DistCo
 
 def cmd_train(args: argparse.Namespace) -> int:
     from . import preempt
-    from .comm import runtime
-    from .comm.launch_env import discover
-    from .data import load_dataset
-    from .engine import Trainer, plan_run, quiet
+    from .launch_env import discover
     from .paths import check_new_file
 
     placement = discover(os.environ)
@@ -183,6 +180,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         config = config.slurm_resume(named="resume" in vars(args))  # a requeued job continues
+        # torch and the engine only once the flags hold: a typo is answered before `import torch`
+        from .comm import runtime
+        from .data import load_dataset
+        from .engine import Trainer, plan_run, quiet
+
         splits = load_dataset(config.data.dataset, config.data.data_dir)
         say = quiet if preflight and preempt.in_slurm_job() else warn  # the ranks say it again
         plan = plan_run(config, placement.world_size, splits.train, say,

@@ -31,7 +31,7 @@ def git_sha() -> str:
 def mpi_version() -> str:
     """The MPI library, if this process runs under an MPI launcher or already uses MPI (a 1-rank
     mpiexec launch and a 1-rank job on MPI cluster engines record the same), else ''."""
-    from .comm.launch_env import discover
+    from .launch_env import discover
 
     if "mpi4py.MPI" not in sys.modules and discover(os.environ).launcher != "mpi":
         return ""

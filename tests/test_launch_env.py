@@ -1,6 +1,6 @@
 """Placement discovery from each launcher's variables (pure functions of an environment)."""
 
-from downpour_lib.comm.launch_env import (
+from downpour_lib.launch_env import (
     Placement,
     discover,
     expand_nodelist,

@@ -44,8 +44,8 @@ import torch
 
 from ..checkpoint import atomic_write_text
 from ..comm import Communicator, new_group, runtime
-from ..comm.launch_env import Placement, discover
 from ..errors import ConfigError
+from ..launch_env import Placement, discover
 from ..traffic import ring_share
 from .timing import Sync, buffer_size, measure, measure_paired
 

@@ -1,6 +1,6 @@
 """Start and stop torch.distributed for whatever launched us: mpiexec, srun, torchrun, or nothing.
 
-``init()`` discovers the placement (``launch_env.discover``), agrees on a rendezvous without the user
+``init()`` discovers the placement (``downpour_lib.launch_env``), agrees on a rendezvous without the user
 setting MASTER_ADDR (rank 0 opens a TCPStore on a free port and broadcasts it over MPI; under srun
 without MPI the first node of the step and a port derived from the job id; torchrun brings its own;
 the ``mpi`` backend needs none: MPI itself knows the ranks), picks the device and backend, and
@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from .. import _startup
 from ..errors import ConfigError
+from ..launch_env import Placement, discover, slurm_rendezvous
 from . import addresses, job_end, mpi, peers
-from .launch_env import Placement, discover, slurm_rendezvous
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
 BACKENDS = ("auto", "gloo", "nccl", "mpi")

@@ -79,8 +79,8 @@ def _session(config: TrainConfig) -> tuple:
 
 def main(directory: str) -> int:
     from ..comm import runtime
-    from ..comm.launch_env import discover
     from ..engine import Trainer
+    from ..launch_env import discover
 
     runs = json.loads((Path(directory) / BATCH_FILE).read_text())
     configs = [TrainConfig.from_dict(run) for run in runs.values()]

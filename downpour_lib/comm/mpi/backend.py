@@ -66,8 +66,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from ...launch_env import discover
 from .. import job_end
-from ..launch_env import discover
 
 _CREATE_TAG = 0x1D0  # MPI_Comm_create_group's tag (members create groups in program order)
 _registered = False
