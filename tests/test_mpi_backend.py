@@ -220,6 +220,11 @@ def test_backend_choice():
     assert pick_backend("auto", cuda, mpi_world=True) == "nccl"
     if mpi_backend.usable():  # else refused by name (test_a_torch_that_keeps_the_name_mpi...)
         assert pick_backend("mpi", cpu, mpi_world=True) == "mpi"
+        from downpour_lib.bench import collectives as bench
+        from downpour_lib.cli import build_parser
+
+        args = build_parser().parse_args(["bench", "collectives"])
+        assert bench.check(args).backends == ["gloo", "mpi"]  # the default where both run
         with pytest.raises(ConfigError, match="mpi needs an MPI launch"):
             pick_backend("mpi", cpu, mpi_world=False)
 
@@ -254,6 +259,8 @@ def test_a_torch_that_keeps_the_name_mpi_refuses_it_by_name(monkeypatch):
     args = build_parser().parse_args(["bench", "collectives", "--backends", "gloo,mpi"])
     with pytest.raises(ConfigError, match=r"backends='mpi'.*needs torch 2.14.*--backends gloo"):
         bench.check(args)
+    # asked for nothing, it measures what this torch can run
+    assert bench.check(build_parser().parse_args(["bench", "collectives"])).backends == ["gloo"]
 
 
 def test_mpi_name_resolves_to_our_backend_on_the_stock_wheel():

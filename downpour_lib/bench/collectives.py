@@ -82,7 +82,9 @@ def parse_list(field: str, text: str, choices: tuple[str, ...] | None = None) ->
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collectives", help="collective latency/bandwidth per backend "
                        "(run under mpiexec -n N)", description=__doc__.split("\n\n")[0])
-    p.add_argument("--backends", default="gloo,mpi", help="comma list of gloo, mpi, nccl")
+    p.add_argument("--backends", default=None,
+                   help="comma list of gloo, mpi, nccl (default: gloo,mpi; gloo alone on a torch "
+                        "before 2.14, whose c10d keeps the name mpi)")
     p.add_argument("--ops", default="allreduce,broadcast,allgather",
                    help="comma list of " + ", ".join(BUS_FACTOR))
     p.add_argument("--sizes", default="4K,64K,1M,4M,64M", help="buffer sizes in bytes (K, M, G)")
@@ -241,7 +243,8 @@ class Cases(NamedTuple):
 def check(args: argparse.Namespace, placement: Placement | None = None) -> Cases:
     """The cases ``args`` ask for, or a ConfigError naming the flag that cannot be met, before any
     rank starts a process group; with a launch's ``placement``, the flags that it decides too."""
-    backends = parse_list("backends", args.backends, BACKENDS)
+    default = "gloo,mpi" if runtime.backend_usable("mpi") else "gloo"
+    backends = parse_list("backends", args.backends or default, BACKENDS)
     ops = parse_list("ops", args.ops, OPS)
     sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
     if placement is not None and placement.world_size < 2:
