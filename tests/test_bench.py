@@ -58,6 +58,12 @@ def test_bench_train_refuses_bad_input_before_launching(capsys, args, expected):
     assert expected in captured.err and "rank(s)" not in captured.out
 
 
+def test_bench_gpu_refuses_a_pipeline_with_nothing_to_time():
+    proc = downpour("bench", "gpu", "--pipeline-rounds", "0")
+    assert proc.returncode == 2, explain(proc)
+    assert "pipeline_rounds=0 is not valid" in proc.stderr, explain(proc)
+
+
 def test_bench_gpu_without_cuda_says_so_and_exits_0(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: make gpu-check runs the benchmark")

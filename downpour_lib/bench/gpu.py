@@ -122,8 +122,8 @@ def pipeline(images: int, batch: int, workers: int, rounds: int, device: torch.d
     each DataLoader worker makes one batch at a time, so the first round (a batch from each, all
     ready at once after the workers' start) is left out and ``rounds`` more are timed (the data
     cycled through as epochs). Timed from the third batch of 16 workers' first round instead, an
-    H200 node's 16 cores read 26,124 images/s, then 5,336 on another day: the batches already
-    made, not the decoding."""
+    H200 node's 16 cores read 26,124 images/s (512 images) and 5,336 (2,048) on another day: the
+    batches already made, not the decoding."""
     with tempfile.TemporaryDirectory() as tmp:
         classes = 16
         root = write_imagefolder(tmp, classes=classes, per_class=max(1, images // classes),
@@ -182,6 +182,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.pipeline_rounds < 1:
+        raise ConfigError("pipeline_rounds", args.pipeline_rounds,
+                          "batches per DataLoader worker to time after its first: 1 or more")
     if not torch.cuda.is_available():
         print(f"downpour bench gpu: no CUDA device on {socket.gethostname()} (torch "
               f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); nothing to measure. "
