@@ -9,9 +9,12 @@ backward shows. Server ranks show each update they apply. The step spans are the
 marks, so their lengths are the record's ``data_s``, ``step_s`` and so on.
 
 Every rank's clock starts at the run's common start (the barrier before the first step), so the
-ranks line up. Rank 0 gathers the events with the records and writes one file, ``DIR/trace.json``
-(Chrome's JSON trace format): open it at https://ui.perfetto.dev (or chrome://tracing); one
-process per rank. About 50 bytes per event: a few hundred steps of a few ranks is a few MB.
+ranks line up. On a GPU the step's marks are the device's (CUDA events, ``records.StepClock``), and
+so is a bucket's launch: when the device reached it, its gradients made, not when the host queued
+it, which runs ahead of the device (``span_from_device``, converted at the step's end). Rank 0
+gathers the events with the records and writes one file, ``DIR/trace.json`` (Chrome's JSON trace
+format): open it at https://ui.perfetto.dev (or chrome://tracing); one process per rank. About 50
+bytes per event: a few hundred steps of a few ranks is a few MB.
 
 With tracing off nothing is recorded and the meter pays one attribute test per timed block.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +44,8 @@ class Tracer:
     def __init__(self, rank: int, t0: float | None = None) -> None:
         self.rank, self.t0 = rank, time.perf_counter() if t0 is None else t0
         self.spans: list[tuple[str, float, float, str, dict[str, Any]]] = []
+        self.pending: deque = deque()  # spans whose start is a CUDA event, not yet converted
+        self.reference: tuple[Any, float] | None = None  # the last (event, its host time)
 
     def span(self, name: str, start: float, end: float, track: str = "step",
              **args: Any) -> None:
@@ -47,8 +53,27 @@ class Tracer:
         (appending to a list is atomic)."""
         self.spans.append((name, start, end, track, args))
 
+    def span_from_device(self, name: str, started: Any, end: float, track: str = "step",
+                         **args: Any) -> None:
+        """A span that starts where the device reached ``started`` (a recorded ``torch.cuda.Event``)
+        and ends at ``end`` (perf_counter seconds); its start is put on the host's clock by the
+        next ``on_device_clock``. Safe from any thread."""
+        self.pending.append((name, started, end, track, args))
+
+    def on_device_clock(self, event: Any, host_s: float) -> None:
+        """Convert the pending device starts against ``event``, recorded when the device was idle
+        at ``host_s`` (a step's start mark): what each started event's elapsed time from it
+        says, after the step's synchronisation (every event recorded so far has happened)."""
+        self.reference = (event, host_s)
+        while self.pending:
+            name, started, end, track, args = self.pending.popleft()
+            start = host_s + event.elapsed_time(started) / 1000
+            self.spans.append((name, start, max(start, end), track, args))
+
     def export(self) -> list[dict[str, Any]]:
         """The spans as Chrome trace events of this rank (process ``rank``, a thread per track)."""
+        if self.pending and self.reference is not None:  # completed after the last step's end
+            self.on_device_clock(*self.reference)
         events = []
         for name, start, end, track, args in list(self.spans):
             if start < self.t0:

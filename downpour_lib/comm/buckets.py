@@ -37,6 +37,25 @@ from .collectives import Communicator, nbytes
 from .handles import Handle
 
 
+def device_mark(tensor: torch.Tensor):
+    """A CUDA event recorded now on the current stream where ``tensor`` is on a GPU (when the
+    device gets there, the kernels that made it have run), else None."""
+    if not tensor.is_cuda:
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def trace_launch(tracer, name: str, start: float, launched, end: float, size: int) -> None:
+    """A bucket's span from its launch to ``end``: on the device's clock where ``launched`` (a
+    ``device_mark``) says when the device reached the launch, else from the host's ``start``."""
+    if launched is None:
+        tracer.span(name, start, end, "buckets", bytes=size)
+    else:
+        tracer.span_from_device(name, launched, end, "buckets", bytes=size)
+
+
 @dataclass
 class Bucket:
     params: list[int]  # indices into GradientBuckets.params, in backward order
@@ -174,13 +193,14 @@ class GradientBuckets:
         if bucket.wire is not None:
             bucket.wire.copy_(bucket.buffer)
             send = bucket.wire
-        bucket.handle = self.comm.allreduce(send, async_op=True)
         tracer = self.comm.meter.tracer if self.comm.meter is not None else None
+        launched = device_mark(send) if tracer is not None else None
+        bucket.handle = self.comm.allreduce(send, async_op=True)
         if tracer is not None and bucket.handle._works:  # launch to completion, on its own track
             start, index = time.perf_counter(), self.buckets.index(bucket)
+            name, size = f"bucket {index} allreduce", nbytes(send)
             bucket.handle._works[0].get_future().add_done_callback(
-                lambda _: tracer.span(f"bucket {index} allreduce", start, time.perf_counter(),
-                                      "buckets", bytes=nbytes(send)))
+                lambda _: trace_launch(tracer, name, start, launched, time.perf_counter(), size))
 
     def _poke(self) -> None:
         """Ask the oldest unfinished collective how it is doing: backends that progress only inside

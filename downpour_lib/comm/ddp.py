@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..traffic import collective_bytes
+from .buckets import device_mark, trace_launch
 from .collectives import Comm, nbytes
 
 
@@ -31,16 +32,17 @@ def _metered_allreduce(state: _HookState,
     # DDP needs a Future, which the communicator's Handle is not: the call is made here, in comm/
     comm.count(*collective_bytes("allreduce", nbytes(buffer), comm.size))
     state.last_launch = time.perf_counter()
+    tracer = comm.meter.tracer if comm.meter is not None else None
+    launched = device_mark(buffer) if tracer is not None else None
     buffer.div_(comm.size)
     future = dist.all_reduce(buffer, group=comm.group, async_op=True).get_future()
-
-    start, tracer = state.last_launch, comm.meter.tracer if comm.meter is not None else None
+    start = state.last_launch
 
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         state.last_done = time.perf_counter()
         if tracer is not None:  # launch to completion, on its own track
-            tracer.span(f"bucket {bucket.index()} allreduce", start, state.last_done, "buckets",
-                        bytes=nbytes(buffer))
+            trace_launch(tracer, f"bucket {bucket.index()} allreduce", start, launched,
+                         state.last_done, nbytes(buffer))
         return fut.value()[0]
 
     return future.then(finished)
