@@ -426,8 +426,8 @@ class Trainer:
             exposed = meter.exposed_backward_comm_s
             if self.tracer is not None:
                 self._trace_step(step, (t0, t1, clock.forward_end, t2, t3), exposed)
-                if clock.cuda:  # the buckets' launches, as the device reached them
-                    self.tracer.on_device_clock(clock.events[0], t0)
+                if origin := clock.device_origin():  # the buckets' launches, as the device reached them
+                    self.tracer.on_device_clock(*origin)
             extras = algorithm.metrics()
             extras["lr"] = self.optimizer.param_groups[0]["lr"]
             if straggling:

@@ -39,13 +39,7 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
 def discover(env: Mapping[str, str]) -> Placement:
     """Read the launcher's variables. Without any, this is a single process."""
     if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
-        return Placement(
-            rank=int(env["RANK"]),
-            world_size=int(env["WORLD_SIZE"]),
-            local_rank=int(env.get("LOCAL_RANK", 0)),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
-            launcher="torchrun",
-        )
+        return _from_rank_variables(env, "torchrun")
     # Open MPI (and PRRTE), then MPICH's Hydra, then a bare PMIx launch such as `srun --mpi=pmix`.
     rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
     size = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -65,14 +59,15 @@ def discover(env: Mapping[str, str]) -> Placement:
             launcher="slurm",
         )
     if "RANK" in env and "WORLD_SIZE" in env:
-        return Placement(
-            rank=int(env["RANK"]),
-            world_size=int(env["WORLD_SIZE"]),
-            local_rank=int(env.get("LOCAL_RANK", 0)),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
-            launcher="env",
-        )
+        return _from_rank_variables(env, "env")
     return Placement(0, 1, 0, 1, "single")
+
+
+def _from_rank_variables(env: Mapping[str, str], launcher: Launcher) -> Placement:
+    """RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, as torchrun sets them (and env://)."""
+    return Placement(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                     local_rank=int(env.get("LOCAL_RANK", 0)),
+                     local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)), launcher=launcher)
 
 
 def slurm_local_size(env: Mapping[str, str]) -> int | None:

@@ -83,6 +83,11 @@ class StepClock:
     def backward_done(self) -> None:
         self._mark(2)
 
+    def device_origin(self) -> tuple[Any, float] | None:
+        """On a GPU, the step's start event and its host time (valid after ``end()``): what converts
+        another event of this step to the host's clock (``Tracer.on_device_clock``); else None."""
+        return (self.events[0], self.t[0]) if self.cuda else None
+
     @property
     def forward_end(self) -> float:
         """The forward's end, valid after ``end()``."""
@@ -96,6 +101,18 @@ class StepClock:
             self.t[2] = self.t[1] + e1.elapsed_time(e2) / 1000
             self.t[3] = self.t[1] + e1.elapsed_time(e3) / 1000
         return self.t[0], self.t[1], self.t[2], time.perf_counter()
+
+
+def device_mark(tensor: torch.Tensor) -> Any:
+    """A CUDA event recorded now on the current stream where ``tensor`` is on a GPU (when the
+    device gets there, the kernels that made it have run), else None."""
+    if not tensor.is_cuda:
+        return None
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 @dataclass

@@ -11,7 +11,7 @@ marks, so their lengths are the record's ``data_s``, ``step_s`` and so on.
 Every rank's clock starts at the run's common start (the barrier before the first step), so the
 ranks line up. On a GPU the step's marks are the device's (CUDA events, ``records.StepClock``), and
 so is a bucket's launch: when the device reached it, its gradients made, not when the host queued
-it, which runs ahead of the device (``span_from_device``, converted at the step's end). Rank 0
+it, which runs ahead of the device (``Tracer.launch``, converted at the step's end). Rank 0
 gathers the events with the records and writes one file, ``DIR/trace.json`` (Chrome's JSON trace
 format): open it at https://ui.perfetto.dev (or chrome://tracing); one process per rank. About 50
 bytes per event: a few hundred steps of a few ranks is a few MB.
@@ -53,12 +53,16 @@ class Tracer:
         (appending to a list is atomic)."""
         self.spans.append((name, start, end, track, args))
 
-    def span_from_device(self, name: str, started: Any, end: float, track: str = "step",
-                         **args: Any) -> None:
-        """A span that starts where the device reached ``started`` (a recorded ``torch.cuda.Event``)
-        and ends at ``end`` (perf_counter seconds); its start is put on the host's clock by the
-        next ``on_device_clock``. Safe from any thread."""
-        self.pending.append((name, started, end, track, args))
+    def launch(self, name: str, start: float, on_device: Any, end: float, track: str = "step",
+               **args: Any) -> None:
+        """A span from a launch to ``end`` (perf_counter seconds): from where the device reached
+        ``on_device`` (a recorded ``torch.cuda.Event``, ``records.device_mark``), put on the host's
+        clock by the next ``on_device_clock``; without one (the CPU), from the host's ``start``.
+        Safe from any thread."""
+        if on_device is None:
+            self.span(name, start, end, track, **args)
+        else:
+            self.pending.append((name, on_device, end, track, args))
 
     def on_device_clock(self, event: Any, host_s: float) -> None:
         """Convert the pending device starts against ``event``, recorded when the device was idle

@@ -13,7 +13,9 @@ import pytest
 import torch
 from conftest import BIN, explain, mpi_python, mpiexec, read_json
 
+from downpour_lib.bench import collectives as bench
 from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
+from downpour_lib.cli import build_parser
 from downpour_lib.comm.mpi import backend as mpi_backend
 from downpour_lib.comm.mpi import paths
 from downpour_lib.comm.runtime import pick_backend
@@ -220,9 +222,6 @@ def test_backend_choice():
     assert pick_backend("auto", cuda, mpi_world=True) == "nccl"
     if mpi_backend.usable():  # else refused by name (test_a_torch_that_keeps_the_name_mpi...)
         assert pick_backend("mpi", cpu, mpi_world=True) == "mpi"
-        from downpour_lib.bench import collectives as bench
-        from downpour_lib.cli import build_parser
-
         args = build_parser().parse_args(["bench", "collectives"])
         assert bench.check(args).backends == ["gloo", "mpi"]  # the default where both run
         with pytest.raises(ConfigError, match="mpi needs an MPI launch"):
@@ -253,9 +252,6 @@ def test_a_torch_that_keeps_the_name_mpi_refuses_it_by_name(monkeypatch):
         pick_backend("mpi", cpu, mpi_world=True)
     assert pick_backend("auto", cpu, mpi_world=True) == "gloo"
     # bench collectives too, before any rank starts (torch's own error came from inside new_group)
-    from downpour_lib.bench import collectives as bench
-    from downpour_lib.cli import build_parser
-
     args = build_parser().parse_args(["bench", "collectives", "--backends", "gloo,mpi"])
     with pytest.raises(ConfigError, match=r"backends='mpi'.*needs torch 2.14.*--backends gloo"):
         bench.check(args)

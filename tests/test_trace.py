@@ -63,3 +63,33 @@ def test_the_trace_agrees_with_the_step_records(tmp_path, name):
     if name == "downpour":
         served = events[(events["pid"] == 0) & (events["tid"] == trace.TRACKS["server"])]
         assert len(served) == (steps["rank"] == 0).sum() > 0  # one span per applied update
+
+
+class Stamp:
+    """Stands for a recorded CUDA event's device time (seconds): ``elapsed_time`` is what
+    ``torch.cuda.Event`` answers, in milliseconds, negative for an earlier event."""
+
+    def __init__(self, device_s: float) -> None:
+        self.device_s = device_s
+
+    def elapsed_time(self, other: "Stamp") -> float:
+        return (other.device_s - self.device_s) * 1000
+
+
+def test_a_launch_the_device_reached_is_put_on_the_hosts_clock_at_the_steps_end():
+    """On the CPU a launch is the host's time; on a GPU, where the device reached its mark,
+    converted against the step's start (the device idle then, at the start's host time), also for
+    a launch that completes after its step's conversion (at the next one, or at the export)."""
+    tracer = trace.Tracer(rank=0, t0=100.0)
+    tracer.launch("on the cpu", 101.0, None, 101.5, "buckets")
+    tracer.launch("bucket 0", 102.0, Stamp(10.3), 102.6, "buckets")  # queued at 102.0, run at 10.3
+    assert [s[0] for s in tracer.spans] == ["on the cpu"]  # the other waits for the step's end
+    tracer.on_device_clock(Stamp(10.0), 102.0)  # the step started at device 10.0 = host 102.0
+    tracer.launch("late", 102.1, Stamp(10.4), 103.0, "buckets")  # completed after the conversion
+    tracer.on_device_clock(Stamp(11.0), 103.0)  # the next step: an earlier mark, a negative time
+    tracer.launch("after the last step", 103.2, Stamp(11.5), 104.0, "buckets")
+    events = {e["name"]: (e["ts"], e["dur"]) for e in tracer.export()}
+    assert events["on the cpu"] == (1e6, 0.5e6)
+    assert events["bucket 0"] == pytest.approx((2.3e6, 0.3e6))
+    assert events["late"] == pytest.approx((2.4e6, 0.6e6))
+    assert events["after the last step"] == pytest.approx((3.5e6, 0.5e6))

@@ -261,9 +261,8 @@ def check(args: argparse.Namespace, placement: Placement | None = None) -> Cases
         raise ConfigError("dtype", args.dtype, "--paths sets each path against MPI's own call, "
                           "and standard MPI has no 16-bit float: float32 or float64")
     if "mpi" in backends and not runtime.backend_usable("mpi"):  # torch's own MPI error otherwise
-        raise ConfigError("backends", "mpi", f"downpour's mpi backend needs torch 2.14 or later, and "
-                          f"this is torch {torch.__version__}, which keeps the name 'mpi' for its "
-                          "own MPI build; use --backends gloo (or gloo,nccl on GPUs)")
+        raise ConfigError("backends", "mpi", f"{runtime.mpi_name_taken()}; use --backends gloo "
+                          "(or gloo,nccl on GPUs)")
     if "nccl" in backends and not torch.cuda.is_available():
         raise ConfigError("backends", "nccl", "nccl needs CUDA devices; use gloo,mpi on CPU")
     return Cases(backends, ops, sizes)

@@ -33,27 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..records import device_mark
 from .collectives import Communicator, nbytes
 from .handles import Handle
-
-
-def device_mark(tensor: torch.Tensor):
-    """A CUDA event recorded now on the current stream where ``tensor`` is on a GPU (when the
-    device gets there, the kernels that made it have run), else None."""
-    if not tensor.is_cuda:
-        return None
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
-def trace_launch(tracer, name: str, start: float, launched, end: float, size: int) -> None:
-    """A bucket's span from its launch to ``end``: on the device's clock where ``launched`` (a
-    ``device_mark``) says when the device reached the launch, else from the host's ``start``."""
-    if launched is None:
-        tracer.span(name, start, end, "buckets", bytes=size)
-    else:
-        tracer.span_from_device(name, launched, end, "buckets", bytes=size)
 
 
 @dataclass
@@ -200,7 +182,8 @@ class GradientBuckets:
             start, index = time.perf_counter(), self.buckets.index(bucket)
             name, size = f"bucket {index} allreduce", nbytes(send)
             bucket.handle._works[0].get_future().add_done_callback(
-                lambda _: trace_launch(tracer, name, start, launched, time.perf_counter(), size))
+                lambda _: tracer.launch(name, start, launched, time.perf_counter(), "buckets",
+                                        bytes=size))
 
     def _poke(self) -> None:
         """Ask the oldest unfinished collective how it is doing: backends that progress only inside

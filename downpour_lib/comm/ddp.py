@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..records import device_mark
 from ..traffic import collective_bytes
-from .buckets import device_mark, trace_launch
 from .collectives import Comm, nbytes
 
 
@@ -41,8 +41,8 @@ def _metered_allreduce(state: _HookState,
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         state.last_done = time.perf_counter()
         if tracer is not None:  # launch to completion, on its own track
-            trace_launch(tracer, f"bucket {bucket.index()} allreduce", start, launched,
-                         state.last_done, nbytes(buffer))
+            tracer.launch(f"bucket {bucket.index()} allreduce", start, launched, state.last_done,
+                          "buckets", bytes=nbytes(buffer))
         return fut.value()[0]
 
     return future.then(finished)

@@ -114,6 +114,13 @@ def check_device(backend: Backend, device: DeviceChoice, local_rank: int,
     check_backend(backend, gpus_shared(dev, local_world_size), local_world_size)
 
 
+def mpi_name_taken() -> str:
+    """Why ``mpi`` cannot be ours on this torch (``mpi.usable()`` false): each refusal adds what to
+    use instead."""
+    return (f"downpour's mpi backend needs torch 2.14 or later, and this is torch {torch.__version__}, "
+            "whose c10d keeps the name 'mpi' for its own MPI build (which PyPI's wheels lack)")
+
+
 def check_backend(choice: Backend, sharing: int = 0, local_world_size: int = 1) -> None:
     """Refuse nccl where this node's ``local_world_size`` ranks share ``sharing`` GPUs (NCCL's
     "Duplicate GPU detected"), and mpi where this torch keeps the name for its own MPI build."""
@@ -123,10 +130,7 @@ def check_backend(choice: Backend, sharing: int = 0, local_world_size: int = 1) 
                           "GPU(s), and NCCL takes one rank per GPU; use backend 'gloo' or 'mpi' "
                           f"(or 'auto'), or launch at most {sharing} rank(s) per node")
     if choice == "mpi" and not mpi.usable():
-        raise ConfigError("backend", choice,
-                          f"downpour's mpi backend needs torch 2.14 or later, and this is torch "
-                          f"{torch.__version__}, whose c10d keeps the name 'mpi' for its own MPI "
-                          "build (which PyPI's wheels lack); use backend 'gloo', or torch 2.14")
+        raise ConfigError("backend", choice, f"{mpi_name_taken()}; use backend 'gloo', or torch 2.14")
 
 
 def pick_backend(choice: Backend, device: torch.device, mpi_world: bool = False, sharing: int = 0,
