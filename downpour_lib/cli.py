@@ -181,6 +181,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         config = config.slurm_resume(named="resume" in vars(args))  # a requeued job continues
         # torch and the engine only once the flags hold: a typo is answered before `import torch`
+        from ._torch_import import import_torch
+
+        import_torch(training=not preflight)
         from .comm import runtime
         from .data import load_dataset
         from .engine import Trainer, plan_run, quiet
@@ -365,7 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    parser = build_parser(_command(sys.argv[1:] if argv is None else argv))
+    command = _command(sys.argv[1:] if argv is None else argv)
+    if command == "bench":  # its parser imports every benchmark, and so torch: the quick way
+        from ._torch_import import import_torch
+
+        import_torch(training=False)
+    parser = build_parser(command)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "passes_unknown_args", False):
         parser.error("unrecognized arguments: " + " ".join(unknown))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from downpour_lib._torch_import import import_torch
 from downpour_lib.cluster.mpiexec import run_mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,10 @@ def mpiexec(n: int, *args: str, timeout: float = 240) -> subprocess.CompletedPro
 
 
 def mpi_python(n: int, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return mpiexec(n, sys.executable, str(MPI_SCRIPTS / script), *args, timeout=timeout)
+    """``python tests/mpi/SCRIPT ARGS`` on ``n`` ranks, started as ``downpour train`` starts
+    (tests/mpi/start.py)."""
+    return mpiexec(n, sys.executable, str(MPI_SCRIPTS / "start.py"), str(MPI_SCRIPTS / script),
+                   *args, timeout=timeout)
 
 
 def one_session(n: int, runs: dict[str, dict], directory: Path, timeout: float = 600) -> dict[str, dict]:
@@ -289,6 +293,9 @@ HEADER = """\
 
 
 def pytest_configure(config):
+    # This process trains too (the unit tests): torch imported as `downpour train` imports it, so
+    # that the collections of the whole session skip torch's half a million objects.
+    import_torch()
     path = config.getoption("--record-durations")
     if path:
         config.pluginmanager.register(_Recorder(Path(path)), "downpour-durations")

@@ -216,6 +216,30 @@ def test_a_training_rank_loads_pandas_only_where_it_makes_the_tables():
         explain(proc)
 
 
+def test_downpour_train_imports_torch_with_the_collector_paused_and_frozen(tmp_path):
+    """A rank imports torch and torch._dynamo (an optimizer's step imports it) with Python's
+    cyclic collector paused, then freezes that heap (downpour_lib/_torch_import.py: a third less
+    CPU a rank here). The collector is on again for the run, as it was found; a process that had
+    it off keeps it off; a second call changes nothing."""
+    code = ("import gc, json, sys\n"
+            "from downpour_lib._torch_import import import_torch\n"
+            "from downpour_lib.cli import main\n"
+            "assert 'torch' not in sys.modules\n"
+            "assert main(['train', '--steps', '3', '--output-dir', sys.argv[1]]) == 0\n"
+            "seen = {'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count(),\n"
+            "        'dynamo': 'torch._dynamo' in sys.modules}\n"
+            "gc.disable(); frozen = gc.get_freeze_count(); import_torch()\n"
+            "seen['again'] = [gc.isenabled(), gc.get_freeze_count() == frozen]\n"
+            "print(json.dumps(seen))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], env=launch_env(),
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, explain(proc)
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["enabled"] is True and seen["dynamo"] is True, explain(proc)
+    assert seen["frozen"] > 100_000, explain(proc)  # torch's import: ~500,000 objects
+    assert seen["again"] == [False, True], explain(proc)
+
+
 def caught(pid: int, signum: int) -> bool:
     """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc)."""
     status = Path(f"/proc/{pid}/status").read_text()

@@ -39,6 +39,9 @@ def introduce() -> dict[str, Any]:
     """``whoami``, once this engine has loaded the runtime (torch, the backends). The session asks
     every engine this as it connects, so those seconds are spent then, not in the first job's
     timeout. (Importing this module loads no torch: the driver imports it too.)"""
+    from .._torch_import import import_torch
+
+    import_torch()  # an engine trains: torch._dynamo too, which an optimizer's step imports
     from ..comm import runtime  # noqa: F401
 
     return whoami()

@@ -78,6 +78,9 @@ def _session(config: TrainConfig) -> tuple:
 
 
 def main(directory: str) -> int:
+    from .._torch_import import import_torch
+
+    import_torch()
     from ..comm import runtime
     from ..engine import Trainer
     from ..launch_env import discover
