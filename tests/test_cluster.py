@@ -28,6 +28,7 @@ from downpour_lib.cluster import (
     start_cluster,
     stop_clusters,
 )
+from downpour_lib.cluster.failures import EngineFailure, cause_first
 from downpour_lib.cluster.profiles import BUNDLED, install_profile
 from downpour_lib.cluster.session import rank_map
 from downpour_lib.errors import ConfigError
@@ -88,6 +89,19 @@ def test_bad_settings_fail_in_the_notebook_before_any_engine_works(local_cluster
         local_cluster.train(TrainConfig(**TINY), world_size=3)
     with pytest.raises(ConfigError, match="warmup_steps"):
         local_cluster.train(TrainConfig(**{**TINY, "warmup_steps": 50}))
+
+
+def test_a_ranks_own_error_is_listed_before_its_peers_reports_of_losing_it():
+    """Under load the peer's report can reach the client first: the failed rank closes its
+    connections (its peers fail) before it answers the client. The symptoms go after the cause,
+    and otherwise the order is kept."""
+    lost = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] "
+            "Connection closed by peer [127.0.0.1]:59062")
+    silent = "CommTimeout: allreduce: rank 3 on vm went silent (no heartbeat within 3 s)"
+    failures = [EngineFailure(0, 0, "vm", lost, ""), EngineFailure(2, 2, "vm", silent, ""),
+                EngineFailure(1, 1, "vm", "RuntimeError: injected failure on rank 1", ""),
+                EngineFailure(3, 3, "vm", "ValueError: another cause", "")]
+    assert [f.rank for f in cause_first(failures)] == [1, 3, 0, 2]
 
 
 def test_an_exception_on_one_rank_reaches_the_caller_with_rank_and_traceback(local_cluster):

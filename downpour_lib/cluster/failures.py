@@ -18,6 +18,18 @@ SILENT = re.compile(r"\branks? ((?:\d+(?: on [^\s,]+)?)(?:, \d+(?: on [^\s,]+)?)
 #: once a rank is known to be silent, how long the others get to report their timeouts
 SILENT_REPORT_S = 2.0
 
+# what a rank says when a peer left or stopped answering (gloo, NCCL, our mpi backend): the
+# symptom of another rank's failure, not a cause
+PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|went silent|Broken pipe|"
+                       r"NCCL communicator was aborted")
+
+
+def cause_first(failures: list[EngineFailure]) -> list[EngineFailure]:
+    """``failures`` in the order they failed, but a rank's own error before the peers' reports of
+    losing it: on a loaded machine the peer's report can reach the client first, since the
+    failed rank tells its peers (closing its connections) before it tells the client."""
+    return sorted(failures, key=lambda f: PEER_LOST.search(f.error) is not None)
+
 
 class ClusterError(DownpourError):
     """The cluster did not start, or its engines are not one MPI world."""
@@ -38,7 +50,8 @@ class EngineFailure:
 
 class ClusterRunError(DownpourError):
     """A job failed on one or more engines; ``failures`` holds each one's rank and traceback, in
-    the order they failed (the first is usually the cause; later ones are often peers that lost it)."""
+    the order they failed, a rank's own error before its peers' reports of losing it
+    (``cause_first``: the first is usually the cause)."""
 
     def __init__(self, what: str, failures: list[EngineFailure], stuck: list[int], restarted: bool):
         self.failures, self.stuck, self.restarted = failures, stuck, restarted

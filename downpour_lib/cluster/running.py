@@ -23,6 +23,7 @@ from .failures import (
     ClusterTimeout,
     EngineFailure,
     _clean_traceback,
+    cause_first,
     silent_in,
 )
 
@@ -108,6 +109,7 @@ class Running:
             self.restart_engines()
             raise
         if failures:
+            failures = cause_first(failures)
             stuck = sorted(futures)
             if stuck:
                 self.restart_engines()
