@@ -8,8 +8,9 @@ at exit. Paused for the imports and then frozen (``gc.freeze``: kept out of ever
 collection, as CPython advises before a fork), the same start and exit cost a third less CPU:
 6.3 -> 4.3 CPU-s a process here, on the 2 cores where the ranks of a job share them.
 
-Called by the entry points that train (``downpour train``, a batch of runs, an engine's first
-job, the rank scripts of the tests); importing the library does none of it. Stdlib only here.
+Called by the entry points (``downpour train`` and ``bench``, a batch of runs, an engine as it
+connects and as it first trains, the tests' rank scripts and pytest); importing the library does
+none of it. Stdlib only here.
 """
 
 from __future__ import annotations

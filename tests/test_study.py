@@ -281,10 +281,10 @@ def test_every_run_records_the_load_and_the_log_counts_the_runs(study):
         assert runs[column].notna().all(), column
     assert runs.under_load.isin([True, False]).all()
     assert (runs.load_window_s > 0).all() and (runs.load_avg_1m_end >= 0).all()
-    # the first runs (fresh engines: torch's first optimizer) last seconds; on warm engines a run
-    # of 6 tiny steps is under MIN_WINDOW_S, too short for /proc/stat's ticks: not judged
+    # a run of 6 tiny steps on warm engines (0.2-0.4 s here) is under MIN_WINDOW_S, too short for
+    # /proc/stat's ticks: not judged. An engine's first (it imports torch._dynamo) may be judged or
+    # not; test_the_load_probe_counts_other_processes_and_not_the_runs_own judges a 1.5 s window.
     timed = runs.load_window_s >= MIN_WINDOW_S
-    assert timed.any(), runs.load_window_s
     judged, short = runs[timed], runs[~timed]
     assert judged[list(COLUMNS)].notna().all().all()
     assert ((judged.load_others_share >= 0) & (judged.load_others_share <= 1.01)).all()

@@ -41,7 +41,7 @@ def introduce() -> dict[str, Any]:
     timeout. (Importing this module loads no torch: the driver imports it too.)"""
     from .._torch_import import import_torch
 
-    import_torch()  # an engine trains: torch._dynamo too, which an optimizer's step imports
+    import_torch(training=False)  # torch._dynamo with the first job that trains (``train``)
     from ..comm import runtime  # noqa: F401
 
     return whoami()
@@ -79,9 +79,11 @@ def train(config: dict[str, Any], world_size: int, plan: Any = None):
     ``plan``: the client's pre-flight (``engine.plan_run``), made here when not given; engines in
     a Slurm job resume on their own (``TrainConfig.slurm_resume``), so they re-read only where
     the run starts (``engine.plan_resume``)."""
+    from .._torch_import import import_torch
     from ..config import TrainConfig
     from ..engine import Trainer, plan_resume, quiet, warn
 
+    import_torch()  # the optimizer's first step imports torch._dynamo: here, with the GC paused
     given = TrainConfig.from_dict(config)
     cfg = given.slurm_resume()  # after a preemption and a restart, the same call resumes
     system = cfg.system
