@@ -368,12 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    command = _command(sys.argv[1:] if argv is None else argv)
-    if command == "bench":  # its parser imports every benchmark, and so torch: the quick way
-        from ._torch_import import import_torch
-
-        import_torch(training=False)
-    parser = build_parser(command)
+    parser = build_parser(_command(sys.argv[1:] if argv is None else argv))
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "passes_unknown_args", False):
         parser.error("unrecognized arguments: " + " ".join(unknown))

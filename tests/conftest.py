@@ -293,9 +293,11 @@ HEADER = """\
 
 
 def pytest_configure(config):
-    # This process trains too (the unit tests): torch imported as `downpour train` imports it, so
-    # that the collections of the whole session skip torch's half a million objects.
-    import_torch()
+    # A process that runs tests trains too (the unit tests): torch imported as `downpour train`
+    # imports it, so that the collections of the whole session skip torch's half a million
+    # objects. Not in pytest-xdist's controller, which runs none and needs no torch.
+    if "PYTEST_XDIST_WORKER" in os.environ or not getattr(config.option, "numprocesses", None):
+        import_torch()
     path = config.getoption("--record-durations")
     if path:
         config.pluginmanager.register(_Recorder(Path(path)), "downpour-durations")

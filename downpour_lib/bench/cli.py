@@ -15,6 +15,9 @@ BENCHMARKS: list[str] = ["collectives", "train", "gpu", "engines", "emulated"]
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     if not BENCHMARKS:
         return
+    from .._torch_import import import_torch
+
+    import_torch(training=False)  # every benchmark module imports torch: with the GC paused
     p = sub.add_parser("bench", help="benchmarks: print a table, write JSON rows")
     bench = p.add_subparsers(dest="benchmark", required=True)
     for name in BENCHMARKS:
