@@ -247,11 +247,14 @@ def caught(pid: int, signum: int) -> bool:
     return bool(int(mask, 16) >> (signum - 1) & 1)
 
 
-def test_downpour_train_holds_usr2_while_it_imports_torch():
+@pytest.mark.parametrize("entry", [[str(BIN / "downpour")], [sys.executable, "-m", "downpour_lib"]],
+                         ids=["downpour", "python -m downpour_lib"])
+def test_downpour_train_holds_usr2_while_it_imports_torch(entry):
     """The ``downpour`` entry point holds USR2 before torch is loaded (no libtorch in the
     process's maps when the handler shows up), so a USR2 during the seconds of that import
-    stops the run before its first step (status PREEMPTED) instead of killing it."""
-    proc = subprocess.Popen([str(BIN / "downpour"), "train", "--algorithm", "local", "--model", "mlp",
+    stops the run before its first step (status PREEMPTED) instead of killing it. So does
+    ``python -m downpour_lib``, which the studies and ``bench train`` launch their ranks with."""
+    proc = subprocess.Popen([*entry, "train", "--algorithm", "local", "--model", "mlp",
                              "--dataset", "digits", "--steps", "50", "--threads", "1"],
                             env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
