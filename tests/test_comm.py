@@ -2,10 +2,12 @@
 against what the real collectives return, and the metered collectives on real ranks (gloo and mpi)."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import explain, mpi_python
+from conftest import explain, launch_env, mpi_python
 
 from downpour_lib import comm
 from downpour_lib.comm.runtime import DistContext
@@ -70,3 +72,41 @@ def test_metered_collectives_on_real_ranks_on_gloo_and_mpi(n):
     assert sorted(line["rank"] for line in lines) == list(range(n)), explain(proc)
     for line in lines:
         assert line["failures"] == [] and line["cases"] > 30, line
+
+
+#: a heartbeat whose store is gone (its host, rank 0, exited first): the beat is inside TCPStore's
+#: connect, which gives up 3-5 s later, when the rank closes it and exits. The interpreter's
+#: teardown outlasts the connect (torch's took seconds under a loaded make test; here an object
+#: whose finalizer sleeps until 10 s after the start), so the thread comes back as it finalizes
+STORE_GONE = """
+import json, socket, time
+START = time.monotonic()
+from downpour_lib.comm import peers
+gone = socket.socket(); gone.bind(("127.0.0.1", 0)); port = gone.getsockname()[1]; gone.close()
+beat = peers.Heartbeat(1, 2, ["h", "h"], [[], []], "127.0.0.1", port, "gloo")
+beat.start(); time.sleep(0.5)
+thread, peers.PROBE_S = beat._thread, 0.1  # close gives up after 1.1 s, inside the connect
+beat.close()
+print(json.dumps({"left_by_close": thread.is_alive()}), flush=True)
+
+class Finalized:  # what it uses, its own: the module's names are cleared by then
+    def __init__(self):
+        self.until, self.clock, self.sleep = START + 10, time.monotonic, time.sleep
+
+    def __del__(self):
+        self.sleep(max(0.0, self.until - self.clock()))
+
+finalized = Finalized()
+"""
+
+
+def test_a_heartbeat_left_connecting_to_a_gone_store_does_not_abort_the_exit():
+    """A rank whose run finished exited 134 under make test: its heartbeat thread, still inside
+    TCPStore's connect to the store of a rank that had exited, came back into Python as the
+    interpreter finalized, and was unwound through pybind11's noexcept code (std::terminate,
+    "terminate called without an active exception"). Now a thread its close could not wait for is
+    joined at exit, before finalization (downpour_lib/_threads.py)."""
+    proc = subprocess.run([sys.executable, "-c", STORE_GONE], env=launch_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert json.loads(proc.stdout.splitlines()[0]) == {"left_by_close": True}, explain(proc)
+    assert proc.returncode == 0 and "terminate called" not in proc.stderr, explain(proc)

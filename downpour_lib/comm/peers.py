@@ -31,8 +31,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .._threads import join_or_leave
+
 BEAT_S = 0.5  # how often a rank adds to its counter
 PROBE_S = 3.0  # how long a probe waits between its two readings (a live rank beats about 6 times)
+LEFT_S = 15.0  # the longest a beat can take: a connect and an add, PROBE_S each, and their retries
 _KEY = "downpour/heartbeat/{}"
 # gloo's and NCCL's words for a peer that went away or stopped answering
 _FAILURES = ("connection closed by peer", "connection reset by peer", "timed out waiting",
@@ -80,8 +83,8 @@ class Heartbeat:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=PROBE_S + 1)  # a beat stuck on a dead store: left behind
+        if self._thread is not None:  # a beat still connecting to a store that is gone: at exit
+            join_or_leave(self._thread, PROBE_S + 1, at_exit_s=LEFT_S)
             self._thread = None
 
     def _beat(self) -> None:

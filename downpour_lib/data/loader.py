@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .._threads import join_or_leave
 from .sharding import ShardSampler
 from .sources import ImageSource
 
@@ -174,8 +175,8 @@ class Ahead:
             yield item
 
     def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
+        self.stop.set()  # a batch still being made when the process exits: awaited there
+        join_or_leave(self.thread, 5, at_exit_s=60)
 
 
 def eval_batches(source: ImageSource, batch_size: int, workers: int
