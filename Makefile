@@ -55,8 +55,7 @@ test: $(STAMP)   ## the whole suite: unit, multi-rank (mpiexec), cluster, notebo
 ifeq ($(TEST_WORKERS),0)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 else
-	$(BIN)/python -m pytest -n $$(($(TEST_WORKERS) + 1)) --dist loadgroup --waiting-worker --alone=apart \
-		$(PYTEST_ARGS); \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --alone=apart $(PYTEST_ARGS); \
 	first=$$?; $(BIN)/python -m pytest --alone=only $(PYTEST_ARGS); second=$$?; \
 	for s in $$first $$second; do [ $$s = 0 ] || [ $$s = 5 ] || exit $$s; done; \
 	[ "$$first$$second" != 55 ]  # nothing selected in either part is a failure, as in pytest

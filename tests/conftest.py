@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import scheduling
 
 from downpour_lib._torch_import import import_torch
 from downpour_lib.cluster.mpiexec import run_mpiexec
@@ -254,9 +253,6 @@ def pytest_addoption(parser):
     parser.addoption("--record-durations", metavar="PATH", default=None,
                      help="write each test's measured seconds to PATH, over the entries already "
                           "there (make test-durations: tests/durations.txt)")
-    parser.addoption("--waiting-worker", action="store_true",
-                     help="with -n N --dist loadgroup: one of the N workers runs only the tests "
-                          "marked `waits` (and their groups), the others the rest (make test)")
     parser.addoption("--alone", choices=("with", "apart", "only"), default="with",
                      help="the tests marked `alone`: with the others (the default), left out "
                           "(apart: make test's parallel part), or only them (its second part)")
@@ -350,14 +346,6 @@ GROUPS = ("slurm", "notebooks")  # by tier, in the order they go first
 AUTOUSE = {"private_ipython_dir"}  # every test's: no group (nor pytest's own, tmp_path's)
 
 
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """--waiting-worker: loadgroup with one worker kept for the tests marked `waits`."""
-    if config.getoption("--waiting-worker") and config.getvalue("dist") == "loadgroup":
-        return scheduling.WaitingWorker(config, log)
-    return None
-
-
 def group_of(item) -> str | None:
     for tier in GROUPS:
         if item.get_closest_marker(tier):
@@ -370,21 +358,15 @@ def group_of(item) -> str | None:
 
 
 def in_groups(items) -> None:
-    """Mark each item's group and order the items: the tier groups, the setup groups, the rest.
-    A group with a test marked ``waits`` goes whole to make test's waiting worker (tests/scheduling.py),
-    and so does a ``waits`` test of no group."""
+    """Mark each item's group and order the items: the tier groups, the setup groups, the rest."""
     groups = {}
     for item in items:
         group = item.get_closest_marker("xdist_group")
-        groups[id(item)] = group.args[0] if group else group_of(item)
-    waiting = {groups[id(item)] for item in items if item.get_closest_marker("waits")}
-    for item in items:
-        group = groups[id(item)]
-        if group in waiting:
-            group = groups[id(item)] = scheduling.waiting_group(group)
+        group = group.args[0] if group else group_of(item)
         if group:
-            item.add_marker(pytest.mark.xdist_group(group), append=False)  # before one of its own
+            item.add_marker(pytest.mark.xdist_group(group))
             name_group(item, group)
+        groups[id(item)] = group
     rank = {g: i for i, g in enumerate(GROUPS)}
     items.sort(key=lambda item: (rank.get(groups[id(item)], len(GROUPS)), groups[id(item)] is None))
 

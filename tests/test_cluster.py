@@ -117,7 +117,6 @@ def test_an_exception_on_one_rank_reaches_the_caller_with_rank_and_traceback(loc
     assert local_cluster.run(remote.whoami, timeout_s=120)[1]["rank"] == 1
 
 
-@pytest.mark.waits  # these four, and so the cluster's group, on make test's waiting worker
 def test_ranks_left_waiting_on_a_failed_rank_are_restarted(local_cluster, monkeypatch):
     monkeypatch.setattr(local_cluster, "grace_s", 2.0)
     before = {e["pid"] for e in local_cluster.engines.values()}
@@ -130,7 +129,6 @@ def test_ranks_left_waiting_on_a_failed_rank_are_restarted(local_cluster, monkey
     assert not {e["pid"] for e in local_cluster.engines.values()} & before
 
 
-@pytest.mark.waits
 def test_a_hung_run_times_out_and_leaves_fresh_engines(local_cluster):
     before = {r: e["pid"] for r, e in local_cluster.engines.items()}
     with pytest.raises(ClusterTimeout, match=r"ran past 3 s on rank\(s\) 1; the engines were restarted"):
@@ -140,7 +138,6 @@ def test_a_hung_run_times_out_and_leaves_fresh_engines(local_cluster):
     assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
 
 
-@pytest.mark.waits
 def test_a_stopped_engine_is_named_as_the_silent_rank_not_the_one_that_waited(local_cluster,
                                                                             monkeypatch):
     monkeypatch.setattr(local_cluster, "grace_s", 2.0)
@@ -163,7 +160,6 @@ def test_a_stopped_engine_is_named_as_the_silent_rank_not_the_one_that_waited(lo
 TIMEOUT_S = 10
 
 
-@pytest.mark.waits
 def test_an_engine_stopped_during_train_is_the_silent_rank_of_a_cluster_timeout(local_cluster):
     """SIGSTOP from outside (Ctrl-Z, a debugger, a stuck node) on one engine of a training run:
     ClusterTimeout names it in .silent, not ClusterRunError with ipyparallel's tracebacks; the

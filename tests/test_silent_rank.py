@@ -27,7 +27,7 @@ from conftest import BIN, MPI_SCRIPTS, ROOT, alive, explain, launch_env, mpi_pyt
 
 # each job waits out a stopped rank's timeout: 15-50 s a test. Under make test's workers, one
 # after another: each asserts how soon the job ends, which two at once on 2 cores would stretch
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("silent-rank"), pytest.mark.waits]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("silent-rank")]
 
 # --timeout-s is also each rank's start-up deadline (comm/runtime.py): at 10, a slower machine under
 # make test's load lost the allreduce case twice in start-up (MPI init took 11 s; a rank still
