@@ -44,7 +44,9 @@ studies: study   ## every study: notebooks 02 to 06 headless
 # load (a rank still starting 10 s after the others reached the first collective). On the slower
 # machine below four gained nothing: 30.2 minutes at 7793957 (workers 28.7, both cores busy 97-100%
 # from the first minute), where three took 29.8 at 0e7c88f (workers 27.6); the cores were
-# already full, and more tests at once only wait on each other longer.
+# already full, and more tests at once only wait on each other longer. A fourth worker that took only
+# the tests that mostly wait (the silent-rank and cluster-timeout groups; 3a7f2e2, reverted) kept the
+# cores 98-100% busy from the first minute, and the workers' part took 1557 s against 1442-1571 on three.
 # A fresh clone's make test here, three runs of nearly one tree: 23.4, 25.6 and 26.9 minutes (the venv
 # with uv and the bytecode under a minute, workers 21.4 to 24.8, alone 1.3-1.5); in one process 45 (earlier).
 # On a slower machine of the same kind, 29.2, 30.2 and 32.8 minutes (workers 27.0, 28.2 and 30.4), and
