@@ -102,16 +102,22 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+#: where an srun step's store listens: below the kernel's ephemeral range (ip_local_port_range)
+RENDEZVOUS_PORTS = range(20000, 32000)
+
+
 def slurm_rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
     """Master address and port for an srun step without MPI.
 
     The first host of the step runs the store. The port is derived from the job and step ids so
-    that two steps of one job (or two jobs sharing a node) do not collide; MASTER_ADDR/MASTER_PORT,
-    when the user sets them, win.
+    that two steps of one job (or two jobs sharing a node) do not collide, and lies below Linux's
+    ephemeral ports (32768-60999 by default), which any outgoing connection on the node may hold:
+    job 3's 34075 once failed to listen (EADDRINUSE) beside make test's other connections.
+    MASTER_ADDR/MASTER_PORT, when the user sets them, win.
     """
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
     addr = env.get("MASTER_ADDR") or expand_nodelist(nodelist)[0]
     if env.get("MASTER_PORT"):
         return addr, int(env["MASTER_PORT"])
     key = f"{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}".encode()
-    return addr, 20000 + zlib.crc32(key) % 20000
+    return addr, RENDEZVOUS_PORTS.start + zlib.crc32(key) % len(RENDEZVOUS_PORTS)

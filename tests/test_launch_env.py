@@ -1,5 +1,7 @@
 """Placement discovery from each launcher's variables (pure functions of an environment)."""
 
+from pathlib import Path
+
 from downpour_lib.launch_env import (
     Placement,
     discover,
@@ -66,8 +68,21 @@ def test_tasks_per_node():
 def test_slurm_rendezvous_is_first_host_and_a_stable_port():
     env = {"SLURM_STEP_NODELIST": "gpu[04-05]", "SLURM_JOB_ID": "123", "SLURM_STEP_ID": "0"}
     addr, port = slurm_rendezvous(env)
-    assert addr == "gpu04" and 20000 <= port < 40000
+    assert addr == "gpu04" and 20000 <= port < 32000
     assert slurm_rendezvous(env) == (addr, port)
     other = slurm_rendezvous({**env, "SLURM_JOB_ID": "124"})[1]
     assert other != port
     assert slurm_rendezvous({**env, "MASTER_ADDR": "h", "MASTER_PORT": "1234"}) == ("h", 1234)
+
+
+def test_slurm_rendezvous_ports_are_never_ephemeral_ones():
+    """A store on a port the kernel hands to outgoing connections can find it taken: job 3's
+    34075 failed to listen (EADDRINUSE) under make test. No job's port is in this machine's
+    ephemeral range (or in Linux's default one, 32768-60999, where /proc does not say)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except OSError:
+        low, high = 32768, 60999
+    ports = {slurm_rendezvous({"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": str(step)})[1]
+             for job in range(1, 2000) for step in range(3)}
+    assert len(ports) > 4000 and not any(low <= p <= high for p in ports), (low, high)
