@@ -5,6 +5,7 @@ Each multi-rank script runs many cases in one launch (a launch costs seconds of 
 
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -187,6 +188,29 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
     assert {"allreduce": 1.0, "allgather": 0.5, "broadcast": 1.0} == {
         op: BUS_FACTOR[op](2) for op in ("allreduce", "allgather", "broadcast")}
     assert "x gloo's algbw" in proc.stdout and "busbw GB/s" in proc.stdout
+
+
+def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(tmp_path):
+    """--breakdown: every part of our call, and a C++ backend of MPI's blocking calls alone
+    (bench/native.py, built here) in turns with ours and MPI's own; the native backend's five
+    operations were checked against the sums and copies they must make, or it has no column."""
+    out = tmp_path / "b.json"
+    ops = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
+    proc = mpiexec(2, str(BIN / "downpour"), "bench", "collectives", "--backends", "mpi",
+                   "--ops", ",".join(ops), "--sizes", "4K", "--warmup", "1", "--min-reps", "3",
+                   "--min-time", "0.01", "--breakdown", "--json", str(out), timeout=400)
+    assert proc.returncode == 0, explain(proc)
+    parts = [r for r in read_json(out) if r["backend"] == "mpi:breakdown"]
+    assert [r["op"] for r in parts] == list(ops), parts
+    for r in parts:
+        assert all(r[p + "_s"] > 0 for p in ("noop", "torch", "direct", "async", "gate")), r
+        if shutil.which("c++") or shutil.which("g++"):  # where a compiler is, the floor is built
+            assert r["native_s"] > 0 and r["turns_torch_s"] > 0 and r["turns_mpi4py_s"] > 0, \
+                explain(proc)
+        else:
+            assert r["native_s"] is None and "no native floor column" in proc.stderr, explain(proc)
+    assert "where the time goes" in proc.stdout
+    assert ("native floor" in proc.stdout) == (parts[0]["native_s"] is not None), proc.stdout
 
 
 def test_bench_collectives_refuses_bad_input_before_starting():

@@ -12,7 +12,10 @@ rank as every row of the bench (``collectives.measure``):
   hand-off asynchronous work takes;
 * ``gate``: the liveness gate alone (``MPI_Ibarrier`` waited on with naps), what a handshake
   costs where one is still made (before MPI's blocking calls: see ``comm/mpi/process_group.py``);
-* ``mpi4py``: MPI itself, on numpy arrays (the bench's ``mpi4py`` rows).
+* ``mpi4py``: MPI itself, on numpy arrays (the bench's ``mpi4py`` rows);
+* ``native``: torch.distributed into a C++ backend whose calls are MPI's blocking ones and nothing
+  else (``native.py``): what a native backend with none of our guarantees takes, built on the spot
+  where a compiler and ``mpicxx`` are at hand (the column is left out, with the reason, where not).
 
 ``direct - mpi4py`` is then what our code adds over the MPI call, or saves where the path is ours
 (shared memory).
@@ -20,6 +23,7 @@ rank as every row of the bench (``collectives.measure``):
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -31,10 +35,12 @@ from ..comm.mpi.paths import choose
 from ..comm.mpi.types import reduction, spec
 from ..comm.mpi.work import DoneWork
 from ..errors import ConfigError
+from .native import native_group
 from .timing import buffer_size, measure, measure_paired
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
 PARTS = ("noop", "torch", "direct", "async", "gate")
+NATIVE_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)  # native_floor.cpp's
 
 
 class NoopGroup(dist.ProcessGroup):
@@ -104,10 +110,37 @@ def _direct_call(op: str, pg, x: torch.Tensor, out: torch.Tensor | None):
     return lambda: pg.reduce_scatter_single(out, x, opts).wait()
 
 
+def _reference(op: str, comm, x: torch.Tensor, out: torch.Tensor | None):
+    """``op`` as Open MPI's own call on ``comm`` (mpi4py), on the same tensors."""
+    from mpi4py import MPI
+
+    if op == "allreduce":
+        return lambda: comm.Allreduce(MPI.IN_PLACE, spec(x), MPI.SUM)
+    if op == "broadcast":
+        return lambda: comm.Bcast(spec(x), 0)
+    if op == "reduce":
+        return lambda: comm.Reduce(MPI.IN_PLACE if comm.Get_rank() == 0 else spec(x), spec(x),
+                                   MPI.SUM, 0)
+    if op == "allgather":
+        return lambda: comm.Allgather(spec(x), spec(out, x.numel()))
+    return lambda: comm.Reduce_scatter_block(spec(x, out.numel()), spec(out), MPI.SUM)
+
+
+def _p50(times: list[float]) -> float:
+    return sorted(times)[len(times) // 2]
+
+
 def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
-    """One row per (op, size): the p50 of each part in seconds."""
+    """One row per (op, size): the p50 of each part in seconds. With the native floor built
+    (``native.py``): ``native_s``, ``turns_torch_s`` and ``turns_mpi4py_s``, the native backend,
+    ours through torch and Open MPI's own call measured in turns with each other."""
     n = pg.size()
     noop = noop_group()
+    native, why_not = native_group(pg._comm, pg.rank()) if dtype in NATIVE_DTYPES else \
+        (None, f"it takes {', '.join(map(str, NATIVE_DTYPES))}, not {dtype}")
+    if why_not and pg.rank() == 0:
+        print(f"bench: no native floor column: {why_not}", file=sys.stderr, flush=True)
+    ref = pg._comm.Dup()
     rows = []
     for op in [o for o in ops if o in OPS]:
         for nbytes in sizes:
@@ -120,16 +153,22 @@ def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, syn
                     "direct": _direct_call(op, pg, x, out),
                     "async": _torch_call(op, pg, x, out, True),
                     "gate": lambda: gate(pg._comm, pg._timeout_s, "bench")}
-            row = {"op": op, "bytes": reported, "world_size": n}
+            row = {"op": op, "bytes": reported, "world_size": n,
+                   "native_s": None, "turns_torch_s": None, "turns_mpi4py_s": None}
             for part, run in runs.items():
-                times = measure(run, sync, args)
-                row[part + "_s"] = sorted(times)[len(times) // 2]
+                row[part + "_s"] = _p50(measure(run, sync, args))
+            if native is not None:
+                turns = measure_paired([runs["torch"], _torch_call(op, native, x, out, False),
+                                        _reference(op, ref, x, out)], sync, args)
+                row["turns_torch_s"], row["native_s"], row["turns_mpi4py_s"] = map(_p50, turns)
             rows.append(row)
+    ref.Free()
     return rows
 
 
 def print_breakdown(rows: list[dict], mpi4py: list[dict]) -> None:
-    """The parts in microseconds, with ours over MPI's own (the ``mpi4py`` rows of the same run)."""
+    """The parts in microseconds, with ours over MPI's own (the ``mpi4py`` rows of the same run);
+    then, where the native floor was built, ours and it over MPI's own, measured in turns."""
     ref = {(r["op"], r["bytes"]): r["p50_s"] for r in mpi4py}
     print("\nmpi backend, where the time goes (p50 us; dispatch = torch - direct, ours = direct - "
           "mpi4py, hand-off = async - torch; floor = (mpi4py + noop) / mpi4py, the least a backend "
@@ -146,7 +185,30 @@ def print_breakdown(rows: list[dict], mpi4py: list[dict]) -> None:
         print(f"{r['op']:15} {r['bytes']:>10} {mpi_us} {us['noop']:7.1f} {us['torch']:9.1f} "
               f"{us['direct']:9.1f} {us['torch'] - us['direct']:8.1f} {ours} "
               f"{us['async'] - us['torch']:8.1f} {us['gate']:7.1f} {ratio} {floor}")
+    native = [r for r in rows if r["native_s"]]
+    if native:
+        print("\nnative floor: a C++ backend of MPI's blocking calls alone (no gate, timeout or "
+              "watchdog), through torch.distributed, in turns with ours and MPI's own (p50 us)")
+        print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'ours':>9} {'native':>9} {'ours x':>7} "
+              f"{'native x':>8}")
+        for r in native:
+            mpi = r["turns_mpi4py_s"]
+            print(f"{r['op']:15} {r['bytes']:>10} {mpi * 1e6:9.1f} {r['turns_torch_s'] * 1e6:9.1f} "
+                  f"{r['native_s'] * 1e6:9.1f} {r['turns_torch_s'] / mpi:7.2f} "
+                  f"{r['native_s'] / mpi:8.2f}")
+        cells = [r for r in native if r["op"] in ("allreduce", "broadcast", "allgather")
+                 and 64 << 10 <= r["bytes"] <= 16 << 20]
+        if cells:
+            ours = _geomean(r["turns_torch_s"] / r["turns_mpi4py_s"] for r in cells)
+            floor = _geomean(r["native_s"] / r["turns_mpi4py_s"] for r in cells)
+            print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
+                  f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}")
     sys.stdout.flush()
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 PATH_OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
