@@ -44,8 +44,18 @@ brackets where they differ by more than 0.05; the README has every path):
     broadcast   shm     3.67   3.09         2.29   1.48         1.23 (1.70)  0.87   0.89   <- from 32 MB
                 gate    1.38   1.19         1.08   1.07         1.03 (1.14)  0.98   1.01
 
-So allreduce keeps shared memory from 16 KB (at 4-16 MB the gate's path ties or wins by up to 16%,
-in one sitting of two), and broadcast moves to shared memory from 32 MB. Timed one repetition each
+So allreduce kept shared memory from 16 KB (at 4-16 MB the gate's path tied or won by up to 16%,
+in one sitting of two), and broadcast moves to shared memory from 32 MB. Allreduce between 1 and 32 MB
+measured again (2026-11-29, quiet machine, two sittings each, p50 over MPI's own, shm / gate):
+
+    2 ranks      1 MB       1.25 MB    1.5 MB     1.75 MB    2 MB       4 MB       8 MB
+    allreduce    0.87/1.06  0.97/1.04  1.09/1.05  1.17/1.06  1.16/1.03  1.20/1.02  1.19/1.02
+                 16 MB      20 MB      24 MB      28 MB      30 MB      31 MB      32 MB
+                 1.12/0.99  0.95/0.91  0.98/0.95  0.96/0.91  0.88/0.89  0.91/0.94  0.40/0.93
+
+The gate's path won in every sitting from 1.75 MB to 28 MB (by 4-16%), so 2 ranks take it from 1.5 MB
+(a tie there) and shared memory again from 32 MB, where Open MPI's own call, and the gate's path with
+it, slows by 2.3x (5.1 ms at 28 MB, 13.4-13.8 at 32). Timed one repetition each
 in turn, which leaves every call's buffers out of the caches, the gate's path had looked better for
 allreduce from 64 KB (shared memory 1.3-1.5x MPI's own): in training, the buckets and the shared
 buffer are warm.
@@ -101,7 +111,7 @@ _LARGE = (256 << 10) + 1  # where libnbc's nonblocking calls start to lose by mu
 # then the last step at or below the buffer's bytes (the whole buffer: allgather's output,
 # reduce_scatter's input, as ``bench collectives`` reports them). Below the first step: "nb".
 TABLE: dict[str, list[tuple[int, list[tuple[int, str]]]]] = {
-    "allreduce": [(2, [(16 << 10, "shm")]),
+    "allreduce": [(2, [(16 << 10, "shm"), (3 << 19, "mpi"), (32 << 20, "shm")]),
                   (3, [(16 << 10, "mpi"), (4 << 20, "shm")]),
                   (1 << 30, [(16 << 10, "mpi"), (32 << 20, "shm")])],
     "broadcast": [(2, [(_LARGE, "mpi"), (32 << 20, "shm")]),
