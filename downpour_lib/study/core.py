@@ -393,7 +393,8 @@ def with_series(runs: pd.DataFrame) -> pd.DataFrame:
             lambda s: f"{s:.0f}" if pd.notna(s) else "") + " servers")
     # where an emulated run ran: a sandbox link rate is a series of its own ("local": as before)
     where = runs["where"] if "where" in runs else pd.Series("local", index=runs.index)
-    # a CSV whose runs are all local reads this column as floats (all NaN): map, then fill
+    # a CSV whose runs are all local reads this column as floats (all NaN), which fillna("local")
+    # warned on (a future pandas refuses it): NaN is local
     at = where.map(lambda w: "" if pd.isna(w) or w == "local" else f", {w}")
     runs["series"] = name.where(~emulated, name + " (emulated, " + label + at + ")")
     return runs
