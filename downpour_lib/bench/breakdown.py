@@ -224,24 +224,24 @@ def _path_calls(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> dict:
     ref = comm.Dup()
     if op == "allreduce":
         red = reduction(dist.AllreduceOptions().reduceOp, x.dtype)
-        return {"mpi4py": lambda: ref.Allreduce(MPI.IN_PLACE, spec(x), MPI.SUM),
+        return {"mpi4py": _reference(op, ref, x, out),
                 "shm": lambda: shm.allreduce(x, red.kernel, False, red.op),
                 "mpi": lambda: pg._data("Allreduce", MPI.IN_PLACE, spec(x), red.op, blocking=True),
                 "nb": lambda: pg._data("Allreduce", MPI.IN_PLACE, spec(x), red.op)}, ref
     if op == "broadcast":
-        return {"mpi4py": lambda: ref.Bcast(spec(x), 0),
+        return {"mpi4py": _reference(op, ref, x, out),
                 "shm": lambda: shm.broadcast(x, 0),
                 "mpi": lambda: pg._data("Bcast", spec(x), 0, blocking=True),
                 "nb": lambda: pg._data("Bcast", spec(x), 0)}, ref
     if op == "allgather":
-        return {"mpi4py": lambda: ref.Allgather(spec(x), spec(out, x.numel())),
+        return {"mpi4py": _reference(op, ref, x, out),
                 "shm": lambda: shm.allgather(x, out),
                 "mpi": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()), blocking=True),
                 "nb": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()))}, ref
     # reduce_scatter: ``x`` the whole input, ``out`` one rank's block; no shared-memory path
     red = reduction(dist.ReduceScatterOptions().reduceOp, x.dtype)
     block = out.numel()
-    return {"mpi4py": lambda: ref.Reduce_scatter_block(spec(x, block), spec(out), MPI.SUM),
+    return {"mpi4py": _reference(op, ref, x, out),
             "mpi": lambda: pg._data("Reduce_scatter_block", spec(x, block), spec(out), red.op,
                                     blocking=True),
             "nb": lambda: pg._data("Reduce_scatter_block", spec(x, block), spec(out), red.op)}, ref
