@@ -194,6 +194,19 @@ def default_threads(ctx: DistContext) -> int:
     return max(1, (cores or 1) // ctx.local_world_size)
 
 
+def flush_denormals() -> None:
+    """Treat subnormal floats as zero in this process's CPU arithmetic (as TensorFlow's CPU
+    kernels do, and a GPU's speed does not depend on): each operation on one is about a hundred
+    times slower on x86. Optimizer state decays into that range where a gradient stays zero (a
+    dead unit's moment times 0.9 a step is subnormal after ~800 steps), so a step grew with the
+    run's length: DiLoCo's mlp (AdamW) on 2 ranks took 4.9 ms a step over 1,300 steps against
+    3.2 ms over 180 (its update 2.9 ms against 1.4), and 3.5 ms with this set, its loss the same
+    to four digits. The setting is a thread's: it holds for the thread that trains (every
+    operation, at one thread a rank) and for worker threads torch starts after it, not for a pool
+    an earlier job in the same process started."""
+    torch.set_flush_denormal(True)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
              device: torch.device, workers: int = 0) -> tuple[float, float]:
@@ -280,6 +293,8 @@ class Trainer:
                                      warn if ctx.rank == 0 else quiet)
         self.config = config = self.plan.kept(config)
         torch.set_num_threads(config.system.threads or default_threads(ctx))
+        if ctx.device.type == "cpu":
+            flush_denormals()
         self.meter = Meter(ctx.device)
         self.tracer = trace.Tracer(ctx.rank) if config.outputs.trace else None
         self.meter.tracer = self.tracer

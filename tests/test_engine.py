@@ -45,6 +45,19 @@ def test_every_algorithm_in_a_world_of_one_equals_local(algorithm):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_a_cpu_trainer_treats_subnormal_floats_as_zero():
+    """Optimizer state that decays into subnormal floats made CPU steps grow with a run's length
+    (``engine.flush_denormals``): a trainer on the CPU flushes them."""
+    tiny = torch.tensor([1e-39])  # subnormal in float32 (the smallest normal is 1.2e-38)
+    torch.set_flush_denormal(False)
+    try:
+        assert (tiny * 1.0).item() > 0
+        Trainer(TrainConfig(algorithm="local", steps=3, **FAST), DistContext.single())
+        assert (tiny * 1.0).item() == 0
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_lenet_learns_digits_in_one_process():
     config = TrainConfig(algorithm="local", model="lenet", dataset="digits", epochs=6,
                          batch_size=32, threads=1)
