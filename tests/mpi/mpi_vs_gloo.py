@@ -317,6 +317,27 @@ def non_contiguous(gloo, mpi, check):
         dist.all_gather(refs, base[:2].t().contiguous(), group=gloo)
         check.check(f"noncontiguous all_gather {dt}",
                     all(torch.equal(o, r) for o, r in zip(outs, refs, strict=True)))
+        tiled_all_gather(gloo, mpi, check, dt)
+
+
+def tiled_all_gather(gloo, mpi, check, dt):
+    """all_gather into outputs that lie back to back in one buffer (gathered straight into it),
+    out of order (through a scratch buffer), and with this rank's output as its input."""
+    me, n = dist.get_rank(), dist.get_world_size()
+    mine = make(dt, 5, 300 + me)
+    refs = [torch.zeros(5, dtype=dt) for _ in range(n)]
+    dist.all_gather(refs, mine, group=gloo)
+    whole = torch.zeros(n * 5, dtype=dt)
+    dist.all_gather(list(whole.chunk(n)), mine, group=mpi)
+    check.check(f"tiled all_gather {dt}", torch.equal(whole, torch.cat(refs)))
+    backwards = torch.zeros(n, 5, dtype=dt)
+    dist.all_gather(list(backwards.unbind(0))[::-1], mine, group=mpi)
+    check.check(f"backwards all_gather {dt}", torch.equal(backwards.flip(0).reshape(-1),
+                                                          torch.cat(refs)))
+    inplace = torch.zeros(n, 5, dtype=dt)
+    inplace[me] = mine
+    dist.all_gather(list(inplace.unbind(0)), inplace[me], group=mpi)
+    check.check(f"in-place all_gather {dt}", torch.equal(inplace.reshape(-1), torch.cat(refs)))
 
 
 def refusals(mpi, check):
