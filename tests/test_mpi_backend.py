@@ -203,10 +203,10 @@ def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(
     parts = [r for r in read_json(out) if r["backend"] == "mpi:breakdown"]
     assert [r["op"] for r in parts] == list(ops), parts
     for r in parts:
-        assert all(r[p + "_s"] > 0 for p in ("noop", "torch", "direct", "async", "gate")), r
+        assert all(r[p + "_s"] > 0 for p in ("noop", "torch", "direct", "async", "gate",
+                                             "mpi4py")), r
         if shutil.which("c++") or shutil.which("g++"):  # where a compiler is, the floor is built
-            assert r["native_s"] > 0 and r["turns_torch_s"] > 0 and r["turns_mpi4py_s"] > 0, \
-                explain(proc)
+            assert r["native_s"] > 0, explain(proc)
         else:
             assert r["native_s"] is None and "no native floor column" in proc.stderr, explain(proc)
     assert "where the time goes" in proc.stdout

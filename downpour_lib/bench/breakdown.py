@@ -1,7 +1,8 @@
 """``downpour bench collectives --breakdown``: where the ``mpi`` backend's time goes, per op and size.
 
-Each part is timed on its own, in the same processes and on the same buffers, p50 of the slowest
-rank as every row of the bench (``collectives.measure``):
+The parts are timed in turns with each other (``timing.measure_paired``: a tenth of the
+repetitions at a time, so that each sees the machine as the others do), in the same processes and
+on the same buffers, p50 of the slowest rank as every row of the bench:
 
 * ``noop``: torch.distributed's call into a process group that does nothing (``NoopGroup``): the
   floor of torch's dispatch, which no backend of this kind can go under;
@@ -12,7 +13,7 @@ rank as every row of the bench (``collectives.measure``):
   hand-off asynchronous work takes;
 * ``gate``: the liveness gate alone (``MPI_Ibarrier`` waited on with naps), what a handshake
   costs where one is still made (before MPI's blocking calls: see ``comm/mpi/process_group.py``);
-* ``mpi4py``: MPI itself, on numpy arrays (the bench's ``mpi4py`` rows);
+* ``mpi4py``: MPI itself, Open MPI's own call through mpi4py on the same tensors (``_reference``);
 * ``native``: torch.distributed into a C++ backend whose calls are MPI's blocking ones and nothing
   else (``native.py``): what a native backend with none of our guarantees takes, built on the spot
   where a compiler and ``mpicxx`` are at hand (the column is left out, with the reason, where not).
@@ -36,10 +37,10 @@ from ..comm.mpi.types import reduction, spec
 from ..comm.mpi.work import DoneWork
 from ..errors import ConfigError
 from .native import native_group
-from .timing import buffer_size, measure, measure_paired
+from .timing import buffer_size, measure_paired
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
-PARTS = ("noop", "torch", "direct", "async", "gate")
+PARTS = ("noop", "torch", "direct", "async", "gate", "mpi4py")
 NATIVE_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)  # native_floor.cpp's
 
 
@@ -131,9 +132,9 @@ def _p50(times: list[float]) -> float:
 
 
 def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
-    """One row per (op, size): the p50 of each part in seconds. With the native floor built
-    (``native.py``): ``native_s``, ``turns_torch_s`` and ``turns_mpi4py_s``, the native backend,
-    ours through torch and Open MPI's own call measured in turns with each other."""
+    """One row per (op, size): the p50 of each part (``PARTS``) in seconds, measured in turns;
+    ``native_s``, the native floor's (``native.py``), in the same turns where it was built, else
+    None."""
     n = pg.size()
     noop = noop_group()
     native, why_not = native_group(pg._comm, pg.rank()) if dtype in NATIVE_DTYPES else \
@@ -152,24 +153,22 @@ def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, syn
                     "torch": _torch_call(op, pg, x, out, False),
                     "direct": _direct_call(op, pg, x, out),
                     "async": _torch_call(op, pg, x, out, True),
-                    "gate": lambda: gate(pg._comm, pg._timeout_s, "bench")}
-            row = {"op": op, "bytes": reported, "world_size": n,
-                   "native_s": None, "turns_torch_s": None, "turns_mpi4py_s": None}
-            for part, run in runs.items():
-                row[part + "_s"] = _p50(measure(run, sync, args))
+                    "gate": lambda: gate(pg._comm, pg._timeout_s, "bench"),
+                    "mpi4py": _reference(op, ref, x, out)}
             if native is not None:
-                turns = measure_paired([runs["torch"], _torch_call(op, native, x, out, False),
-                                        _reference(op, ref, x, out)], sync, args)
-                row["turns_torch_s"], row["native_s"], row["turns_mpi4py_s"] = map(_p50, turns)
+                runs["native"] = _torch_call(op, native, x, out, False)
+            row = {"op": op, "bytes": reported, "world_size": n, "native_s": None}
+            for part, times in zip(runs, measure_paired(list(runs.values()), sync, args),
+                                   strict=True):
+                row[part + "_s"] = _p50(times)
             rows.append(row)
     ref.Free()
     return rows
 
 
-def print_breakdown(rows: list[dict], mpi4py: list[dict]) -> None:
-    """The parts in microseconds, with ours over MPI's own (the ``mpi4py`` rows of the same run);
-    then, where the native floor was built, ours and it over MPI's own, measured in turns."""
-    ref = {(r["op"], r["bytes"]): r["p50_s"] for r in mpi4py}
+def print_breakdown(rows: list[dict]) -> None:
+    """The parts in microseconds, with ours over MPI's own; then, where the native floor was
+    built, ours and it over MPI's own."""
     print("\nmpi backend, where the time goes (p50 us; dispatch = torch - direct, ours = direct - "
           "mpi4py, hand-off = async - torch; floor = (mpi4py + noop) / mpi4py, the least a backend "
           "called through torch's dispatch can take over MPI's own)")
@@ -177,30 +176,27 @@ def print_breakdown(rows: list[dict], mpi4py: list[dict]) -> None:
           f"{'dispatch':>8} {'ours':>8} {'hand-off':>8} {'gate':>7} {'x mpi4py':>8} {'floor':>6}")
     for r in rows:
         us = {k: r[k + "_s"] * 1e6 for k in PARTS}
-        mpi = ref.get((r["op"], r["bytes"]))
-        mpi_us = f"{mpi * 1e6:9.1f}" if mpi else f"{'-':>9}"
-        ours = f"{us['direct'] - mpi * 1e6:8.1f}" if mpi else f"{'-':>8}"
-        ratio = f"{us['torch'] / (mpi * 1e6):8.2f}" if mpi else f"{'-':>8}"
-        floor = f"{(mpi * 1e6 + us['noop']) / (mpi * 1e6):6.2f}" if mpi else f"{'-':>6}"
-        print(f"{r['op']:15} {r['bytes']:>10} {mpi_us} {us['noop']:7.1f} {us['torch']:9.1f} "
-              f"{us['direct']:9.1f} {us['torch'] - us['direct']:8.1f} {ours} "
-              f"{us['async'] - us['torch']:8.1f} {us['gate']:7.1f} {ratio} {floor}")
+        mpi = us["mpi4py"]
+        print(f"{r['op']:15} {r['bytes']:>10} {mpi:9.1f} {us['noop']:7.1f} {us['torch']:9.1f} "
+              f"{us['direct']:9.1f} {us['torch'] - us['direct']:8.1f} {us['direct'] - mpi:8.1f} "
+              f"{us['async'] - us['torch']:8.1f} {us['gate']:7.1f} {us['torch'] / mpi:8.2f} "
+              f"{(mpi + us['noop']) / mpi:6.2f}")
     native = [r for r in rows if r["native_s"]]
     if native:
         print("\nnative floor: a C++ backend of MPI's blocking calls alone (no gate, timeout or "
-              "watchdog), through torch.distributed, in turns with ours and MPI's own (p50 us)")
+              "watchdog), through torch.distributed, in the same turns (p50 us)")
         print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'ours':>9} {'native':>9} {'ours x':>7} "
               f"{'native x':>8}")
         for r in native:
-            mpi = r["turns_mpi4py_s"]
-            print(f"{r['op']:15} {r['bytes']:>10} {mpi * 1e6:9.1f} {r['turns_torch_s'] * 1e6:9.1f} "
-                  f"{r['native_s'] * 1e6:9.1f} {r['turns_torch_s'] / mpi:7.2f} "
+            mpi = r["mpi4py_s"]
+            print(f"{r['op']:15} {r['bytes']:>10} {mpi * 1e6:9.1f} {r['torch_s'] * 1e6:9.1f} "
+                  f"{r['native_s'] * 1e6:9.1f} {r['torch_s'] / mpi:7.2f} "
                   f"{r['native_s'] / mpi:8.2f}")
         cells = [r for r in native if r["op"] in ("allreduce", "broadcast", "allgather")
                  and 64 << 10 <= r["bytes"] <= 16 << 20]
         if cells:
-            ours = _geomean(r["turns_torch_s"] / r["turns_mpi4py_s"] for r in cells)
-            floor = _geomean(r["native_s"] / r["turns_mpi4py_s"] for r in cells)
+            ours = _geomean(r["torch_s"] / r["mpi4py_s"] for r in cells)
+            floor = _geomean(r["native_s"] / r["mpi4py_s"] for r in cells)
             print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
                   f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}")
     sys.stdout.flush()

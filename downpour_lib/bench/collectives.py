@@ -317,7 +317,7 @@ def in_session(args: argparse.Namespace, cases: Cases, ctx: runtime.DistContext)
         if parts:
             from .breakdown import print_breakdown
 
-            print_breakdown(parts, [r for r in rows if r["backend"] == "mpi4py"])
+            print_breakdown(parts)
         if paths:
             from .breakdown import print_paths
 
