@@ -48,8 +48,8 @@ def test_every_algorithm_in_a_world_of_one_equals_local(algorithm):
 def test_a_cpu_trainer_treats_subnormal_floats_as_zero():
     """Optimizer state that decays into subnormal floats made CPU steps grow with a run's length
     (``engine.flush_denormals``): a trainer on the CPU flushes them."""
+    torch.set_flush_denormal(False)  # as a fresh process has it (an earlier trainer here set it)
     tiny = torch.tensor([1e-39])  # subnormal in float32 (the smallest normal is 1.2e-38)
-    torch.set_flush_denormal(False)
     try:
         assert (tiny * 1.0).item() > 0
         Trainer(TrainConfig(algorithm="local", steps=3, **FAST), DistContext.single())
