@@ -212,13 +212,13 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
                 link, summaries = _measure(configs, measured, nodes, env, timeout_s)
                 log(f"{rate}: alpha {link.alpha_s * 1e6:.0f} us, beta "
                     f"{link.bandwidth_Bps / 1e6:.1f} MB/s")
-                sat = [_row(rate, sitting, name, summary, workloads[name], link, measured, nodes,
-                            log) for name, summary in summaries.items()]
-                off = [r for r in sat if abs(r["error"]) > TOLERANCE]
+                these = [_row(rate, sitting, name, summary, workloads[name], link, measured, nodes,
+                              log) for name, summary in summaries.items()]
+                off = [r for r in these if abs(r["error"]) > TOLERANCE]
                 if not off or sitting == SITTINGS:
-                    rows += sat
+                    rows += these
                     break
-                retried += sat
+                retried += these
                 log(f"{rate}: {', '.join(r['algorithm'] for r in off)} outside {TOLERANCE:.0%} of "
                     f"the prediction; measuring {rate} again (rows of this sitting: "
                     f"validation-retried.csv)")
