@@ -184,10 +184,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         from ._torch_import import import_torch
 
         import_torch(training=not preflight)
+        import torch
+
         from .comm import runtime
         from .data import load_dataset
-        from .engine import Trainer, plan_run, quiet
+        from .engine import Trainer, flush_denormals, plan_run, quiet
 
+        if config.system.device == "cpu" or not torch.cuda.is_available():
+            flush_denormals()  # before loading the data starts torch's worker threads (engine)
         splits = load_dataset(config.data.dataset, config.data.data_dir)
         say = quiet if preflight and preempt.in_slurm_job() else warn  # the ranks say it again
         plan = plan_run(config, placement.world_size, splits.train, say,
