@@ -24,8 +24,8 @@ on the same buffers, p50 of the slowest rank as every row of the bench:
 
 from __future__ import annotations
 
-import math
 import sys
+from statistics import geometric_mean
 
 import torch
 import torch.distributed as dist
@@ -195,16 +195,11 @@ def print_breakdown(rows: list[dict]) -> None:
         cells = [r for r in native if r["op"] in ("allreduce", "broadcast", "allgather")
                  and 64 << 10 <= r["bytes"] <= 16 << 20]
         if cells:
-            ours = _geomean(r["torch_s"] / r["mpi4py_s"] for r in cells)
-            floor = _geomean(r["native_s"] / r["mpi4py_s"] for r in cells)
+            ours = geometric_mean(r["torch_s"] / r["mpi4py_s"] for r in cells)
+            floor = geometric_mean(r["native_s"] / r["mpi4py_s"] for r in cells)
             print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
                   f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}")
     sys.stdout.flush()
-
-
-def _geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 PATH_OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
@@ -218,28 +213,25 @@ def _path_calls(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> dict:
 
     comm, shm = pg._comm, pg._shm
     ref = comm.Dup()
+    calls = {"mpi4py": _reference(op, ref, x, out)}
     if op == "allreduce":
         red = reduction(dist.AllreduceOptions().reduceOp, x.dtype)
-        return {"mpi4py": _reference(op, ref, x, out),
-                "shm": lambda: shm.allreduce(x, red.kernel, False, red.op),
+        return {**calls, "shm": lambda: shm.allreduce(x, red.kernel, False, red.op),
                 "mpi": lambda: pg._data("Allreduce", MPI.IN_PLACE, spec(x), red.op, blocking=True),
                 "nb": lambda: pg._data("Allreduce", MPI.IN_PLACE, spec(x), red.op)}, ref
     if op == "broadcast":
-        return {"mpi4py": _reference(op, ref, x, out),
-                "shm": lambda: shm.broadcast(x, 0),
+        return {**calls, "shm": lambda: shm.broadcast(x, 0),
                 "mpi": lambda: pg._data("Bcast", spec(x), 0, blocking=True),
                 "nb": lambda: pg._data("Bcast", spec(x), 0)}, ref
     if op == "allgather":
-        return {"mpi4py": _reference(op, ref, x, out),
-                "shm": lambda: shm.allgather(x, out),
+        return {**calls, "shm": lambda: shm.allgather(x, out),
                 "mpi": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()), blocking=True),
                 "nb": lambda: pg._data("Allgather", spec(x), spec(out, x.numel()))}, ref
     # reduce_scatter: ``x`` the whole input, ``out`` one rank's block; no shared-memory path
     red = reduction(dist.ReduceScatterOptions().reduceOp, x.dtype)
     block = out.numel()
-    return {"mpi4py": _reference(op, ref, x, out),
-            "mpi": lambda: pg._data("Reduce_scatter_block", spec(x, block), spec(out), red.op,
-                                    blocking=True),
+    return {**calls, "mpi": lambda: pg._data("Reduce_scatter_block", spec(x, block), spec(out),
+                                             red.op, blocking=True),
             "nb": lambda: pg._data("Reduce_scatter_block", spec(x, block), spec(out), red.op)}, ref
 
 
@@ -264,7 +256,7 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
             row = {"op": op, "bytes": reported, "world_size": pg.size(),
                    "taken": choose(op, reported, pg.size())}
             for name, mine in zip(calls, times, strict=True):
-                row[name + "_s"] = sorted(mine)[len(mine) // 2]
+                row[name + "_s"] = _p50(mine)
             rows.append(row)
     return rows
 

@@ -207,8 +207,8 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
         for rate in links:
             where.sandbox.up(bandwidth=rate)
             where.link = rate
+            measured = out / f"collectives-{rate}.json"
             for sitting in range(1, SITTINGS + 1):
-                measured = out / f"collectives-{rate}.json"
                 link, summaries = _measure(configs, measured, nodes, env, timeout_s)
                 log(f"{rate}: alpha {link.alpha_s * 1e6:.0f} us, beta "
                     f"{link.bandwidth_Bps / 1e6:.1f} MB/s")

@@ -77,11 +77,11 @@ def _concat(tensors: list[torch.Tensor], counts: list[int], direct: bool) -> tor
     return _ready(flat)
 
 
-def _tiled(outputs: list[torch.Tensor], direct: bool) -> torch.Tensor | None:
+def _tiled(outputs: list[torch.Tensor], numel: int, direct: bool) -> torch.Tensor | None:
     """One flat tensor over ``outputs`` where they lie back to back in one buffer, in order
     (``list(out.chunk(n))``, ``out.unbind(0)``), for MPI to gather straight into; else None (a
     scratch buffer, then a copy to each output: at 1 MB a rank on 2 ranks, the copy took more
-    than MPI's allgather)."""
+    than MPI's allgather). ``numel``: the outputs' elements together."""
     first = outputs[0]
     if not (first.is_cpu or direct):
         return None
@@ -92,7 +92,7 @@ def _tiled(outputs: list[torch.Tensor], direct: bool) -> torch.Tensor | None:
         at += t.nbytes
     if first.untyped_storage().data_ptr() != outputs[-1].untyped_storage().data_ptr():
         return None  # two buffers that happen to meet
-    return first.as_strided((sum(t.numel() for t in outputs),), (1,), first.storage_offset())
+    return first.as_strided((numel,), (1,), first.storage_offset())
 
 
 def _split_into(flat: torch.Tensor, counts: list[int], outputs: list[torch.Tensor]) -> None:
@@ -368,7 +368,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             raise ValueError(f"mpi backend: all_gather input has {t.numel()} elements, but this "
                              f"rank's output slot has {counts[self._r]}")
         direct = self._direct()
-        x, tiled = Operand(t, False, direct), _tiled(outputs, direct)
+        x, tiled = Operand(t, False, direct), _tiled(outputs, sum(counts), direct)
         flat = scratch(sum(counts), t, direct) if tiled is None else tiled
         if tiled is not None and _overlaps(x.local, tiled):  # e.g. the input is this rank's output
             x = Operand(x.local.clone(), False, direct)
