@@ -108,3 +108,32 @@ def test_a_timed_out_launch_is_stopped_with_sigterm_and_leaves_no_session(tmp_pa
     notes = "\n".join(expired.value.__notes__)
     assert notes.count("python") == 2 and "prterun" in notes, notes
     assert "--- stderr (end)\nrank up\nrank up" in notes, notes
+
+
+# Rank 1 fails; the launcher reports it and sends the others SIGTERM, on which rank 0 stops the
+# launcher (SIGSTOP) and leaves: the launcher is left, its report printed, with no process of its
+# job, as Open MPI's sometimes leaves itself after a rank exits non-zero.
+_STOPS_ITS_LAUNCHER = """
+import os, signal, sys, time
+def stop_the_launcher(*_):
+    os.kill(os.getppid(), signal.SIGSTOP)
+    os._exit(0)
+if os.environ["OMPI_COMM_WORLD_RANK"] == "0":
+    signal.signal(signal.SIGTERM, stop_the_launcher)
+    time.sleep(120)
+time.sleep(0.5)
+sys.exit(3)
+"""
+
+
+def test_a_launcher_that_outlives_its_job_is_stopped_and_its_reported_exit_code_returned(tmp_path):
+    env = {**launch_env(), "TMPDIR": str(tmp_path)}
+    proc = run_mpiexec([mpiexec_path(), "-n", "2", "--oversubscribe", sys.executable, "-c",
+                        _STOPS_ITS_LAUNCHER], env=env, capture_output=True, text=True,
+                       timeout_s=100, linger_s=3)  # without the watch: TimeoutExpired at 100 s
+    assert proc.returncode == 3, explain(proc)
+    assert proc.stderr.count("Exit code:") == 1, explain(proc)
+    assert proc.stderr.endswith("was still running 3 s after the last process of its job ended; "
+                                "stopped it (its report's exit code: 3)\n"), explain(proc)
+    left = {n for n in os.listdir(tmp_path) if n.startswith("ompi.")}
+    assert not left, f"the stopped launcher left {left}"

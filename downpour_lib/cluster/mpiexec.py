@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import DownpourError
@@ -85,34 +86,109 @@ def clear_stale_sessions(tmpdir: str | os.PathLike | None = None) -> list[Path]:
     return removed
 
 
+# Open MPI's launcher can outlive its job: now and then (seen once in CI, ranks exiting 2 early on a
+# busy machine) prterun prints its "exited with non-zero status" report, reaps its ranks and then
+# sleeps for ever (open-mpi/ompi#3380 and its kin). With no process of the job left, it is stopped
+# about LINGER_S after the last one went (checked every _POLL_S), and the exit code it reported is
+# returned, as it would have returned it.
+LINGER_S = 15.0
+_POLL_S = 1.0
+_REPORTED = re.compile(r"^\s*Exit code:\s+(\d+)\s*$", re.MULTILINE)
+
+
 def run_mpiexec(cmd: list[str], *, timeout_s: float, grace_s: float = 10.0,
-                **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run`` for an mpiexec command line: stale sessions are cleared first, and at the
-    timeout the launcher gets SIGTERM (it then stops its ranks and cleans up after itself), SIGKILL
-    only ``grace_s`` later. Raises ``subprocess.TimeoutExpired`` as ``subprocess.run`` does."""
+                linger_s: float = LINGER_S, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for an mpiexec command line: stale sessions are cleared first; a launcher
+    still running ``linger_s`` after the last process it started is gone is stopped (its report's
+    exit code is returned, with a line saying so appended to stderr); at the timeout the launcher
+    gets SIGTERM (it then stops its ranks and cleans up after itself), SIGKILL only ``grace_s``
+    later. Raises ``subprocess.TimeoutExpired`` as ``subprocess.run`` does."""
     clear_stale_sessions()
     kwargs.setdefault("env", mpi_env())
     if kwargs.pop("capture_output", False):
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    deadline = time.monotonic() + timeout_s
     with subprocess.Popen(cmd, **kwargs) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            alive = _process_tree(proc.pid)  # what was still there, before the launcher stops it
-            proc.send_signal(signal.SIGTERM)
+        watch = _Orphaned(proc.pid, linger_s)
+        while True:
             try:
-                out, err = proc.communicate(timeout=grace_s)
+                out, err = proc.communicate(timeout=max(0.0, min(_POLL_S, deadline - time.monotonic())))
+                break
             except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-            expired = subprocess.TimeoutExpired(cmd, timeout_s, out, err)
-            expired.add_note(f"at the timeout, the launcher's processes: {alive}")
-            for name, text in (("stdout", out), ("stderr", err)):
-                if text:  # captured: its end, so the report shows where the run stood
-                    tail = text[-3000:] if isinstance(text, str) else text[-3000:].decode(errors="replace")
-                    expired.add_note(f"--- {name} (end)\n{tail}")
-            raise expired from None
+                if time.monotonic() >= deadline:
+                    alive = _process_tree(proc.pid)  # what was still there, before it is stopped
+                    out, err = _stop(proc, grace_s)
+                    raise _expired(cmd, timeout_s, alive, out, err) from None
+                if watch.lingering():
+                    out, err = _stop(proc, grace_s)
+                    return _after_linger(cmd, proc.returncode, out, err, watch)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+class _Orphaned:
+    """Tells when a launcher has run ``linger_s`` with none of the processes it starts running (from
+    its own start, too: a launcher is alone only for the moment before it forks its ranks)."""
+
+    def __init__(self, pid: int, linger_s: float):
+        self.pid, self.linger_s = pid, linger_s
+        self.alone_since = time.monotonic()
+
+    def lingering(self) -> bool:
+        import psutil
+
+        try:
+            kids = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return False  # it has just ended: communicate() collects it
+        if any(_running(kid) for kid in kids):
+            self.alone_since = time.monotonic()
+            return False
+        return time.monotonic() - self.alone_since >= self.linger_s
+
+
+def _running(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop(proc: subprocess.Popen, grace_s: float):
+    """SIGTERM (and SIGCONT, should it be stopped), SIGKILL ``grace_s`` later; its output."""
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    try:
+        return proc.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
+def _expired(cmd, timeout_s, alive, out, err) -> subprocess.TimeoutExpired:
+    expired = subprocess.TimeoutExpired(cmd, timeout_s, out, err)
+    expired.add_note(f"at the timeout, the launcher's processes: {alive}")
+    for name, text in (("stdout", out), ("stderr", err)):
+        if text:  # captured: its end, so the report shows where the run stood
+            tail = text[-3000:] if isinstance(text, str) else text[-3000:].decode(errors="replace")
+            expired.add_note(f"--- {name} (end)\n{tail}")
+    return expired
+
+
+def _after_linger(cmd, returncode, out, err, watch: _Orphaned) -> subprocess.CompletedProcess:
+    said = err if err is not None else out  # stderr=STDOUT: the report is in stdout
+    text = said if isinstance(said, str) else (said or b"").decode(errors="replace")
+    reported = _REPORTED.search(text)
+    code = int(reported.group(1)) if reported else returncode
+    line = (f"downpour: the launcher (pid {watch.pid}) was still running {watch.linger_s:g} s after "
+            f"the last process of its job ended; stopped it"
+            + (f" (its report's exit code: {code})" if reported else "") + "\n")
+    if err is None:
+        sys.stderr.write(line)  # not captured: where its own output went
+    else:
+        err = err + (line if isinstance(err, str) else line.encode())
+    return subprocess.CompletedProcess(cmd, code, out, err)
 
 
 def _process_tree(pid: int) -> str:
