@@ -29,6 +29,7 @@ from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 
+_PATHS_KEPT = 256  # the most path choices a group remembers (``_path``)
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
 # profiler event names (``profiling``) where they are not "mpi:" + the operation's name: native
 # ProcessGroupMPI's for the operations it has, torch's op names for the others
@@ -130,6 +131,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._shm = ShmCollectives(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
         self._data = DataPhase(comm, timeout_s)  # MPI's part of each collective: ``data_phase``
+        # (op, bytes, on the CPU) -> the path ``_path`` chose: the same answer every time once the
+        # shared memory is set up (2 of a 64 KB broadcast's 16 us went to choosing it again)
+        self._paths: dict[tuple, str] = {}
         self._open = True
         self._group_name = ""
 
@@ -193,9 +197,13 @@ class MPIProcessGroup(dist.ProcessGroup):
     def _path(self, op: str, tensor: torch.Tensor, nbytes: int) -> str:
         """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one node the
         measured path (``paths``), else MPI's nonblocking calls (``data_phase``)."""
-        if not self._shm.moves(tensor, nbytes, 0):
-            return "nb"
-        return choose(op, nbytes, self._n)
+        key = (op, nbytes, tensor.is_cpu)
+        path = self._paths.get(key)
+        if path is None:
+            path = choose(op, nbytes, self._n) if self._shm.moves(tensor, nbytes, 0) else "nb"
+            if len(self._paths) < _PATHS_KEPT:  # a run has a few sizes; a sweep need not grow it
+                self._paths[key] = path
+        return path
 
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
@@ -250,10 +258,15 @@ class MPIProcessGroup(dist.ProcessGroup):
     def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
         """On the executing thread: large single-node buffers through shared memory (whose barrier
         has a deadline), else MPI behind the gate."""
-        path = "nb"
-        if self._shm.takes(local, red.kernel):  # a group on one node takes the measured path
-            path = "shm" if self._shm.across or red.python else choose("allreduce", local.nbytes,
-                                                                          self._n)
+        key = ("allreduce", local.nbytes, local.is_cpu, red.kernel is None, red.python)
+        path = self._paths.get(key)
+        if path is None:
+            path = "nb"
+            if self._shm.takes(local, red.kernel):  # a group on one node takes the measured path
+                path = "shm" if self._shm.across or red.python else choose("allreduce", local.nbytes,
+                                                                              self._n)
+            if len(self._paths) < _PATHS_KEPT:
+                self._paths[key] = path
         if path == "shm":
             self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
