@@ -131,8 +131,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._shm = ShmCollectives(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
         self._data = DataPhase(comm, timeout_s)  # MPI's part of each collective: ``data_phase``
-        # (op, bytes, on the CPU) -> the path ``_path`` chose: the same answer every time once the
-        # shared memory is set up (2 of a 64 KB broadcast's 16 us went to choosing it again)
+        # (op, bytes, on the CPU[, what the reduction needs]) -> the path ``_path`` or
+        # ``_allreduce_in_place`` chose: the same on every call once the shared memory is set up
+        # (2 of a 64 KB broadcast's 16 us, called directly, went to choosing it again)
         self._paths: dict[tuple, str] = {}
         self._open = True
         self._group_name = ""
