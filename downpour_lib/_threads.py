@@ -15,17 +15,21 @@ import atexit
 import threading
 
 _LEFT: list[tuple[threading.Thread, float]] = []
+_registered = False
 
 
 def join_or_leave(thread: threading.Thread, timeout_s: float, at_exit_s: float) -> bool:
     """Join ``thread`` for up to ``timeout_s``; if it is still running (it was told to stop and
     is inside a call with a timeout of its own), join it again at exit for up to ``at_exit_s``.
     Whether it has ended."""
+    global _registered
     thread.join(timeout_s)
     if not thread.is_alive():
         return True
-    if not _LEFT:
+    if not _registered:
         atexit.register(_join_left)  # after torch's own handlers, so it runs before them
+        _registered = True
+    _LEFT[:] = [(t, s) for t, s in _LEFT if t.is_alive()]  # those that ended since: nothing to join
     _LEFT.append((thread, at_exit_s))
     return False
 

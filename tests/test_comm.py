@@ -110,3 +110,24 @@ def test_a_heartbeat_left_connecting_to_a_gone_store_does_not_abort_the_exit():
                           text=True, timeout=120)
     assert json.loads(proc.stdout.splitlines()[0]) == {"left_by_close": True}, explain(proc)
     assert proc.returncode == 0 and "terminate called" not in proc.stderr, explain(proc)
+
+
+def test_a_thread_left_to_the_exit_is_forgotten_once_it_has_ended():
+    """join_or_leave keeps only threads still running for the join at exit: a long run whose
+    heartbeats were each left once does not carry every one of them to its end."""
+    import threading
+
+    from downpour_lib import _threads
+
+    release = [threading.Event(), threading.Event()]
+    first, second = (threading.Thread(target=e.wait, daemon=True) for e in release)
+    first.start()
+    assert not _threads.join_or_leave(first, 0.05, at_exit_s=1.0)
+    assert (first, 1.0) in _threads._LEFT
+    release[0].set()
+    first.join()
+    second.start()
+    assert not _threads.join_or_leave(second, 0.05, at_exit_s=2.0)
+    assert (second, 2.0) in _threads._LEFT and all(t is not first for t, _ in _threads._LEFT)
+    release[1].set()
+    second.join()
