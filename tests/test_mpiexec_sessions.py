@@ -110,18 +110,21 @@ def test_a_timed_out_launch_is_stopped_with_sigterm_and_leaves_no_session(tmp_pa
     assert "--- stderr (end)\nrank up\nrank up" in notes, notes
 
 
-# Rank 1 fails; the launcher reports it and sends the others SIGTERM, on which rank 0 stops the
-# launcher (SIGSTOP) and leaves: the launcher is left, its report printed, with no process of its
-# job, as Open MPI's sometimes leaves itself after a rank exits non-zero.
+# Rank 1 fails (once rank 0 is ready); the launcher reports it and sends the others SIGTERM, on
+# which rank 0 stops the launcher (SIGSTOP) and leaves: the launcher is left, its report printed,
+# with no process of its job, as Open MPI's sometimes leaves itself after a rank exits non-zero.
 _STOPS_ITS_LAUNCHER = """
-import os, signal, sys, time
+import os, signal, sys, tempfile, time
+ready = os.path.join(tempfile.gettempdir(), "rank0-ready")
 def stop_the_launcher(*_):
     os.kill(os.getppid(), signal.SIGSTOP)
     os._exit(0)
 if os.environ["OMPI_COMM_WORLD_RANK"] == "0":
     signal.signal(signal.SIGTERM, stop_the_launcher)
+    open(ready, "w").close()
     time.sleep(120)
-time.sleep(0.5)
+while not os.path.exists(ready):
+    time.sleep(0.01)
 sys.exit(3)
 """
 
