@@ -199,11 +199,13 @@ class MPIProcessGroup(dist.ProcessGroup):
         """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one node the
         measured path (``paths``), else MPI's nonblocking calls (``data_phase``)."""
         key = (op, nbytes, tensor.is_cpu)
-        path = self._paths.get(key)
-        if path is None:
-            path = choose(op, nbytes, self._n) if self._shm.moves(tensor, nbytes, 0) else "nb"
-            if len(self._paths) < _PATHS_KEPT:  # a run has a few sizes; a sweep need not grow it
-                self._paths[key] = path
+        return self._paths.get(key) or self._remember(
+            key, choose(op, nbytes, self._n) if self._shm.moves(tensor, nbytes, 0) else "nb")
+
+    def _remember(self, key: tuple, path: str) -> str:
+        """Keep the path chosen for ``key`` (``_paths``); returns it."""
+        if len(self._paths) < _PATHS_KEPT:  # a run has a few sizes; a sweep need not grow it
+            self._paths[key] = path
         return path
 
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
@@ -260,20 +262,19 @@ class MPIProcessGroup(dist.ProcessGroup):
         """On the executing thread: large single-node buffers through shared memory (whose barrier
         has a deadline), else MPI behind the gate."""
         key = ("allreduce", local.nbytes, local.is_cpu, red.kernel is None, red.python)
-        path = self._paths.get(key)
-        if path is None:
-            path = "nb"
-            if self._shm.takes(local, red.kernel):  # a group on one node takes the measured path
-                path = "shm" if self._shm.across or red.python else choose("allreduce", local.nbytes,
-                                                                              self._n)
-            if len(self._paths) < _PATHS_KEPT:
-                self._paths[key] = path
+        path = self._paths.get(key) or self._remember(key, self._allreduce_path(local, red))
         if path == "shm":
             self._shm.allreduce(local, red.kernel, red.average, red.op)
         else:
             self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=path == "mpi")
             if red.average:
                 local.div_(self._n)
+
+    def _allreduce_path(self, local: torch.Tensor, red) -> str:
+        if not self._shm.takes(local, red.kernel):
+            return "nb"
+        # a group on one node takes the measured path
+        return "shm" if self._shm.across or red.python else choose("allreduce", local.nbytes, self._n)
 
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")
