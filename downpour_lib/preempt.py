@@ -94,7 +94,11 @@ class StopSignal:
     """The process's preemption flag, set by the signal handler (and by nothing else in a run)."""
 
     def __init__(self) -> None:
-        self._event, self._term = threading.Event(), threading.Event()
+        # plain attributes, not threading.Event: a handler that takes a lock can be interrupted
+        # by the next signal inside it, whose handler then waits for that lock forever, running
+        # each further signal's handler inside its wait, one stack level more each time, to a
+        # RecursionError (a storm of USR2 every 5 ms did that to a rank in CI)
+        self._stop = self._term = False
         self.installed: str | None = None
         #: SIGTERM stops the run too (``downpour train`` sets it; a notebook's engine, which
         #: ``ipcluster stop`` ends with TERM, does not)
@@ -137,15 +141,16 @@ class StopSignal:
             HELD.clear()
 
     def _handle(self, signum: int, frame) -> None:
-        # only a flag: the rank may be inside a collective, a push or a checkpoint write
-        self._event.set()
+        # only a flag, set without a lock: the rank may be inside a collective, a push or a
+        # checkpoint write, or inside this handler for the signal before
+        self._stop = True
 
     def _handle_term(self, signum: int, frame) -> None:
-        self._term.set()
-        self._event.set()
+        self._term = True
+        self._stop = True
 
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._stop
 
     def ignore(self) -> None:
         """The run is over: its signal is ignored from now on (Python's exit would give it back its
@@ -157,12 +162,11 @@ class StopSignal:
 
     def terminated(self) -> bool:
         """Whether the stop was asked by SIGTERM (no requeue) rather than the preemption signal."""
-        return self._term.is_set()
+        return self._term
 
     def clear(self) -> None:
         """Forget a signal (a run that was stopped by it is over; the next one starts clean)."""
-        self._event.clear()
-        self._term.clear()
+        self._stop = self._term = False
 
     @contextlib.contextmanager
     def stopping_on_term(self) -> Iterator[None]:

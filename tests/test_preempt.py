@@ -430,6 +430,53 @@ def test_the_early_hold_applies_to_downpour_train_alone():
     assert proc.stdout.strip() == "True", explain(proc)
 
 
+# A process whose handler is installed gets its signal again at each line run inside the handler
+# for the one before, and inside what the handler calls (a trace function sends it), as a storm's
+# would land; the handlers of those run at once, inside the interrupted one.
+NESTED_SIGNALS = """
+import os, signal, sys
+from downpour_lib.preempt import StopSignal
+
+stop = StopSignal()
+assert stop.install("USR2")
+sent = 0
+
+def resignal(frame, event, arg):
+    global sent
+    if frame.f_code.co_name != "resignal" and sent < 200:
+        sent += 1
+        os.kill(os.getpid(), signal.SIGUSR2)
+    return resignal
+
+def trace(frame, event, arg):  # inside the handler, and whatever it calls, only
+    while frame is not None and not frame.f_code.co_name.startswith("_handle"):
+        frame = frame.f_back
+    return resignal if frame is not None else None
+
+sys.settrace(trace)
+os.kill(os.getpid(), signal.SIGUSR2)
+for _ in range(1000):  # the pending ones run here
+    pass
+sys.settrace(None)
+print(sent, stop.requested())
+"""
+
+
+def test_a_signal_inside_the_handler_for_the_one_before_is_taken_too():
+    """A storm of preemption signals (test_preempt's Slurm jobs get one every 5 ms) lands some
+    inside the handler of the one before. A handler that took a lock (threading.Event.set) waited
+    there for the lock its interrupted self held, forever, taking each further signal inside that
+    wait, a stack level more each time, until the rank died of a RecursionError."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", NESTED_SIGNALS], capture_output=True,
+                              text=True, timeout=30, env=launch_env(),
+                              preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_DFL))
+    except subprocess.TimeoutExpired:
+        pytest.fail("a signal inside the handler for the one before: the process hung")
+    sent, requested = proc.stdout.split() if proc.returncode == 0 else ("0", "")
+    assert int(sent) > 0 and requested == "True", explain(proc)
+
+
 def test_a_requeued_start_that_makes_no_progress_is_not_requeued_again(tmp_path, monkeypatch, capsys):
     """A signal before the first step (as every start gets it when the time limit is not longer
     than the lead): on the job's first start the batch script is told to requeue (exit 75); on a
