@@ -192,8 +192,9 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
 
 def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(tmp_path):
     """--breakdown: every part of our call, and a C++ backend of MPI's blocking calls alone
-    (bench/native.py, built here) in turns with ours and MPI's own; the native backend's five
-    operations were checked against the sums and copies they must make, or it has no column."""
+    (bench/native.py, built here), without and with our gate, in turns with ours and MPI's own;
+    the native backend's five operations were checked against the sums and copies they must make
+    (each way), or it has no column."""
     out = tmp_path / "b.json"
     ops = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
     proc = mpiexec(2, str(BIN / "downpour"), "bench", "collectives", "--backends", "mpi",
@@ -206,9 +207,10 @@ def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(
         assert all(r[p + "_s"] > 0 for p in ("noop", "torch", "direct", "async", "gate",
                                              "mpi4py")), r
         if shutil.which("c++") or shutil.which("g++"):  # where a compiler is, the floor is built
-            assert r["native_s"] > 0, explain(proc)
+            assert r["native_s"] > 0 and r["gated_s"] > 0, explain(proc)
         else:
-            assert r["native_s"] is None and "no native floor column" in proc.stderr, explain(proc)
+            assert r["native_s"] is None and r["gated_s"] is None, r
+            assert "no native floor column" in proc.stderr, explain(proc)
     assert "where the time goes" in proc.stdout
     assert ("native floor" in proc.stdout) == (parts[0]["native_s"] is not None), proc.stdout
 

@@ -16,7 +16,9 @@ on the same buffers, p50 of the slowest rank as every row of the bench:
 * ``mpi4py``: MPI itself, Open MPI's own call through mpi4py on the same tensors (``_reference``);
 * ``native``: torch.distributed into a C++ backend whose calls are MPI's blocking ones and nothing
   else (``native.py``): what a native backend with none of our guarantees takes, built on the spot
-  where a compiler and ``mpicxx`` are at hand (the column is left out, with the reason, where not).
+  where a compiler and ``mpicxx`` are at hand (the column is left out, with the reason, where not);
+* ``gated``: the same native backend with our liveness gate before each collective, in C++: what
+  that guarantee would cost a native backend (``gated - native``; ``gate`` is what it costs ours).
 
 ``direct - mpi4py`` is then what our code adds over the MPI call, or saves where the path is ours
 (shared memory).
@@ -133,14 +135,16 @@ def _p50(times: list[float]) -> float:
 
 def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
     """One row per (op, size): the p50 of each part (``PARTS``) in seconds, measured in turns;
-    ``native_s``, the native floor's (``native.py``), in the same turns where it was built, else
-    None."""
+    ``native_s`` and ``gated_s``, the native floor's without and with the gate (``native.py``), in
+    the same turns where it was built, else None."""
     n = pg.size()
     noop = noop_group()
     native, why_not = native_group(pg._comm, pg.rank()) if dtype in NATIVE_DTYPES else \
         (None, f"it takes {', '.join(map(str, NATIVE_DTYPES))}, not {dtype}")
     if why_not and pg.rank() == 0:
         print(f"bench: no native floor column: {why_not}", file=sys.stderr, flush=True)
+    gated = native_group(pg._comm, pg.rank(), gated=True, timeout_s=pg._timeout_s)[0] \
+        if native is not None else None
     ref = pg._comm.Dup()
     rows = []
     for op in [o for o in ops if o in OPS]:
@@ -157,7 +161,9 @@ def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, syn
                     "mpi4py": _reference(op, ref, x, out)}
             if native is not None:
                 runs["native"] = _torch_call(op, native, x, out, False)
-            row = {"op": op, "bytes": reported, "world_size": n, "native_s": None}
+            if gated is not None:
+                runs["gated"] = _torch_call(op, gated, x, out, False)
+            row = {"op": op, "bytes": reported, "world_size": n, "native_s": None, "gated_s": None}
             for part, times in zip(runs, measure_paired(list(runs.values()), sync, args),
                                    strict=True):
                 row[part + "_s"] = _p50(times)
@@ -184,21 +190,25 @@ def print_breakdown(rows: list[dict]) -> None:
     native = [r for r in rows if r["native_s"]]
     if native:
         print("\nnative floor: a C++ backend of MPI's blocking calls alone (no gate, timeout or "
-              "watchdog), through torch.distributed, in the same turns (p50 us)")
-        print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'ours':>9} {'native':>9} {'ours x':>7} "
-              f"{'native x':>8}")
+              "watchdog), and the same behind our gate (gated), through torch.distributed, in the "
+              "same turns (p50 us)")
+        print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'ours':>9} {'native':>9} {'gated':>9} "
+              f"{'ours x':>7} {'native x':>8} {'gated x':>8}")
         for r in native:
-            mpi = r["mpi4py_s"]
+            mpi, gated = r["mpi4py_s"], r.get("gated_s")
             print(f"{r['op']:15} {r['bytes']:>10} {mpi * 1e6:9.1f} {r['torch_s'] * 1e6:9.1f} "
-                  f"{r['native_s'] * 1e6:9.1f} {r['torch_s'] / mpi:7.2f} "
-                  f"{r['native_s'] / mpi:8.2f}")
+                  f"{r['native_s'] * 1e6:9.1f} {gated * 1e6 if gated else float('nan'):9.1f} "
+                  f"{r['torch_s'] / mpi:7.2f} {r['native_s'] / mpi:8.2f} "
+                  f"{gated / mpi if gated else float('nan'):8.2f}")
         cells = [r for r in native if r["op"] in ("allreduce", "broadcast", "allgather")
                  and 64 << 10 <= r["bytes"] <= 16 << 20]
         if cells:
             ours = geometric_mean(r["torch_s"] / r["mpi4py_s"] for r in cells)
             floor = geometric_mean(r["native_s"] / r["mpi4py_s"] for r in cells)
+            gated = "" if not all(r.get("gated_s") for r in cells) else \
+                f", gated {geometric_mean(r['gated_s'] / r['mpi4py_s'] for r in cells):.2f}"
             print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
-                  f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}")
+                  f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}{gated}")
     sys.stdout.flush()
 
 

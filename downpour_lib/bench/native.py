@@ -5,6 +5,8 @@ torch's C++ extension builder against the MPI that mpi4py loaded (its ``mpicxx``
 It keeps none of the ``mpi`` backend's guarantees (a silent rank hangs it), so it is a yardstick,
 not a backend to train on: through torch.distributed it shows what a backend with no Python in its
 calls takes over MPI's own, which is the least the ``mpi`` backend could take were it native.
+``gated=True`` puts the ``mpi`` backend's liveness gate (``liveness.gate``: MPI_Ibarrier waited on
+with naps, up to a deadline) before each collective, in C++: what that guarantee would cost there.
 Built once per machine and torch (torch's extension cache, ``TORCH_EXTENSIONS_DIR``); where there
 is no C++ compiler or no ``mpicxx``, ``load`` says why and the breakdown leaves the column out.
 """
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 NAME = "downpour_native_floor"
+GATED = "downpour_native_gated"  # the same, behind the gate
 SOURCE = Path(__file__).with_name("native_floor.cpp")
 
 
@@ -60,11 +63,12 @@ def load():
                  extra_ldflags=link_flags, verbose=False)
 
 
-def native_group(comm, world_rank: int):
-    """A torch group of every rank on the native floor backend, over a duplicate of ``comm`` (an
-    mpi4py communicator of the world's ranks), or None and why not. Collective: rank 0 builds
-    first (torch's builder waits on a lock file, but two builds of one cold cache waste a core),
-    then every rank loads and creates the group."""
+def native_group(comm, world_rank: int, gated: bool = False, timeout_s: float = 1800.0):
+    """A torch group of every rank on the native floor backend (``gated``: behind the gate, whose
+    wait fails after ``timeout_s``), over a duplicate of ``comm`` (an mpi4py communicator of the
+    world's ranks), or None and why not. Collective: rank 0 builds first (torch's builder waits
+    on a lock file, but two builds of one cold cache waste a core), then every rank loads and
+    creates the group."""
     error = None
     if world_rank == 0:
         try:
@@ -76,10 +80,12 @@ def native_group(comm, world_rank: int):
         return None, error
     if world_rank != 0:
         module = load()
-    if NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, lambda _opts, _backend_opts: module.create(comm),
-                                      extended_api=True, devices=["cpu"])
-    group = dist.new_group(backend=NAME)
+    name = GATED if gated else NAME
+    if name not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            name, lambda _opts, _backend_opts: module.create(comm, gated, timeout_s),
+            extended_api=True, devices=["cpu"])
+    group = dist.new_group(backend=name)
     wrong = comm.allgather(_wrong(group))
     if any(wrong):  # a yardstick that moved no data would look fast
         return None, "its results were wrong: " + "; ".join(w for w in wrong if w)

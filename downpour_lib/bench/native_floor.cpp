@@ -3,12 +3,20 @@
 // not for training (a rank that goes silent hangs it forever); `downpour bench collectives
 // --breakdown` times it beside the `mpi` backend to show what a native backend gains over ours,
 // and what torch.distributed's dispatch costs even then (bench/native.py builds and loads it).
+// Made `gated`, each collective first waits for every rank at the `mpi` backend's liveness gate,
+// in C++: MPI_Ibarrier, tested spinning for 50 us, then with naps growing to 1 ms, given up at a
+// deadline (liveness.gate and wait_request, less the watchdog): what the one guarantee that costs
+// each blocking call something would cost a native backend.
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <mpi.h>
 #include <mpi4py/mpi4py.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
 
 namespace {
 
@@ -52,18 +60,25 @@ class DoneWork : public c10d::Work {
   std::vector<at::Tensor> out_;
 };
 
+// liveness.py's SPIN_S and NAP_S
+constexpr std::chrono::duration<double> kSpin{50e-6}, kNap{1e-3};
+
 class NativeFloor : public c10d::Backend {
  public:
-  NativeFloor(MPI_Comm comm, int rank, int size) : c10d::Backend(rank, size), comm_(comm) {}
+  NativeFloor(MPI_Comm comm, int rank, int size, bool gated, double timeout_s)
+      : c10d::Backend(rank, size), comm_(comm), gated_(gated), timeout_(timeout_s) {}
   ~NativeFloor() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);  // torch may drop it at exit, after mpi4py's finalize
   }
-  const std::string getBackendName() const override { return "downpour_native_floor"; }
+  const std::string getBackendName() const override {
+    return gated_ ? "downpour_native_gated" : "downpour_native_floor";
+  }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& ts,
                                            const c10d::AllreduceOptions& opts) override {
+    gate();
     at::Tensor& t = one(ts);
     check(MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), t.numel(), mpi_type(t), mpi_op(opts.reduceOp),
                         comm_), "MPI_Allreduce");
@@ -72,6 +87,7 @@ class NativeFloor : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& ts,
                                            const c10d::BroadcastOptions& opts) override {
+    gate();
     at::Tensor& t = one(ts);
     check(MPI_Bcast(t.data_ptr(), t.numel(), mpi_type(t), opts.rootRank, comm_), "MPI_Bcast");
     return c10::make_intrusive<DoneWork>(ts);
@@ -79,6 +95,7 @@ class NativeFloor : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& ts,
                                         const c10d::ReduceOptions& opts) override {
+    gate();
     at::Tensor& t = one(ts);
     void* send = getRank() == opts.rootRank ? MPI_IN_PLACE : t.data_ptr();
     check(MPI_Reduce(send, t.data_ptr(), t.numel(), mpi_type(t), mpi_op(opts.reduceOp),
@@ -88,6 +105,7 @@ class NativeFloor : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
                                                  const c10d::AllgatherOptions&) override {
+    gate();
     TORCH_CHECK(out.numel() == in.numel() * getSize(), "native floor: output is not size x input");
     check(MPI_Allgather(in.data_ptr(), in.numel(), mpi_type(in), out.data_ptr(), in.numel(),
                         mpi_type(out), comm_), "MPI_Allgather");
@@ -96,6 +114,7 @@ class NativeFloor : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
                                                       const c10d::ReduceScatterOptions& opts) override {
+    gate();
     TORCH_CHECK(in.numel() == out.numel() * getSize(), "native floor: input is not size x output");
     check(MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), out.numel(), mpi_type(in),
                                    mpi_op(opts.reduceOp), comm_), "MPI_Reduce_scatter_block");
@@ -108,16 +127,39 @@ class NativeFloor : public c10d::Backend {
   }
 
  private:
+  // Every rank has reached this collective once it returns; an error past the deadline.
+  void gate() {
+    if (!gated_ || getSize() == 1) return;
+    MPI_Request request;
+    check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    int done = 0;
+    while (true) {
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return;
+      const std::chrono::duration<double> waited = clock::now() - start;
+      if (waited.count() >= timeout_) break;
+      if (waited > kSpin) {  // as wait_request naps: a 32nd of the wait so far, 50 us to 1 ms
+        std::this_thread::sleep_for(std::clamp(waited / 32, kSpin, kNap));
+      }
+    }
+    TORCH_CHECK(false, "native floor: a rank did not reach the gate in ", timeout_, " s");
+  }
+
   static at::Tensor& one(std::vector<at::Tensor>& ts) {
     TORCH_CHECK(ts.size() == 1, "native floor: one tensor per call, got ", ts.size());
     return ts[0];
   }
 
   MPI_Comm comm_;
+  const bool gated_;
+  const double timeout_;
 };
 
-// A backend on a duplicate of `comm` (an mpi4py communicator), which it frees when torch drops it.
-c10::intrusive_ptr<c10d::Backend> create(py::object comm) {
+// A backend on a duplicate of `comm` (an mpi4py communicator), which it frees when torch drops it;
+// `gated`: behind the gate, whose wait ends in an error after `timeout_s`.
+c10::intrusive_ptr<c10d::Backend> create(py::object comm, bool gated, double timeout_s) {
   MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
   if (handle == nullptr) throw py::error_already_set();
   MPI_Comm dup;
@@ -125,12 +167,13 @@ c10::intrusive_ptr<c10d::Backend> create(py::object comm) {
   int rank = 0, size = 0;
   MPI_Comm_rank(dup, &rank);
   MPI_Comm_size(dup, &size);
-  return c10::make_intrusive<NativeFloor>(dup, rank, size);
+  return c10::make_intrusive<NativeFloor>(dup, rank, size, gated, timeout_s);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   if (import_mpi4py() < 0) throw py::error_already_set();
-  m.def("create", &create, "A native-floor backend on a duplicate of an mpi4py communicator");
+  m.def("create", &create, "A native-floor backend on a duplicate of an mpi4py communicator",
+        py::arg("comm"), py::arg("gated") = false, py::arg("timeout_s") = 1800.0);
 }
