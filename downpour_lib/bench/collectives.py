@@ -98,7 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="rank 0 writes the rows here (a JSON list)")
     p.add_argument("--breakdown", action="store_true",
                    help="with mpi: also time the parts of each mpi call (torch's dispatch floor, "
-                        "our code, the executor hand-off, the gate) against MPI's own (bench/breakdown.py)")
+                        "our code, the executor hand-off, the gate) against MPI's own, and a native "
+                        "C++ backend without and with the gate where one builds (bench/breakdown.py)")
     p.add_argument("--paths", action="store_true",
                    help="with mpi: time each path the backend can take for allreduce, broadcast, "
                         "allgather and reduce_scatter on one node (shared memory, gate + MPI's "
