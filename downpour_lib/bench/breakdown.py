@@ -205,10 +205,10 @@ def print_breakdown(rows: list[dict]) -> None:
         if cells:
             ours = geometric_mean(r["torch_s"] / r["mpi4py_s"] for r in cells)
             floor = geometric_mean(r["native_s"] / r["mpi4py_s"] for r in cells)
-            gated = "" if not all(r.get("gated_s") for r in cells) else \
+            behind = "" if not all(r.get("gated_s") for r in cells) else \
                 f", gated {geometric_mean(r['gated_s'] / r['mpi4py_s'] for r in cells):.2f}"
             print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
-                  f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}{gated}")
+                  f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}{behind}")
     sys.stdout.flush()
 
 
