@@ -195,7 +195,7 @@ def print_breakdown(rows: list[dict]) -> None:
         print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'ours':>9} {'native':>9} {'gated':>9} "
               f"{'ours x':>7} {'native x':>8} {'gated x':>8}")
         for r in native:
-            mpi, gated = r["mpi4py_s"], r.get("gated_s")
+            mpi, gated = r["mpi4py_s"], r["gated_s"]
             print(f"{r['op']:15} {r['bytes']:>10} {mpi * 1e6:9.1f} {r['torch_s'] * 1e6:9.1f} "
                   f"{r['native_s'] * 1e6:9.1f} {gated * 1e6 if gated else float('nan'):9.1f} "
                   f"{r['torch_s'] / mpi:7.2f} {r['native_s'] / mpi:8.2f} "
@@ -205,7 +205,7 @@ def print_breakdown(rows: list[dict]) -> None:
         if cells:
             ours = geometric_mean(r["torch_s"] / r["mpi4py_s"] for r in cells)
             floor = geometric_mean(r["native_s"] / r["mpi4py_s"] for r in cells)
-            behind = "" if not all(r.get("gated_s") for r in cells) else \
+            behind = "" if not all(r["gated_s"] for r in cells) else \
                 f", gated {geometric_mean(r['gated_s'] / r['mpi4py_s'] for r in cells):.2f}"
             print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
                   f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}{behind}")

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -51,6 +52,7 @@ def _mpi_flags() -> tuple[list[str], list[str]]:
     return show("compile"), show("link")
 
 
+@cache  # once a process: the breakdown makes two groups of it (without and with the gate)
 def load():
     """The built extension module, or a RuntimeError saying why it could not be built here."""
     import mpi4py
