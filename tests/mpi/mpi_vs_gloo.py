@@ -10,6 +10,8 @@ JSON summary line; the exit status is non-zero if any rank saw a difference.
 ``--shm-min-bytes B`` sets the size from which allreduces take the shared-memory path (comm/mpi/shm.py;
 16 KB by default): low, small and odd sizes go through it too; very high, every allreduce goes through
 MPI's own. all_reduce also runs on 300001 elements (more than one chunk per rank for 8-byte dtypes).
+``--python-data-phase`` keeps MPI's calls in Python (``DOWNPOUR_MPI_NATIVE=0``), the path of a
+machine where the C data phase (comm/mpi/native.py) cannot be built; the summary says which ran.
 """
 
 import copy
@@ -19,6 +21,8 @@ import sys
 
 if "--shm-min-bytes" in sys.argv:  # before downpour_lib reads it
     os.environ["DOWNPOUR_MPI_SHM_MIN_BYTES"] = sys.argv[sys.argv.index("--shm-min-bytes") + 1]
+if "--python-data-phase" in sys.argv:
+    os.environ["DOWNPOUR_MPI_NATIVE"] = "0"
 
 import torch
 import torch.distributed as dist
@@ -26,7 +30,7 @@ from checker import Checker
 from mpi4py import MPI
 
 from downpour_lib import runtime
-from downpour_lib.comm.mpi import paths, use_world
+from downpour_lib.comm.mpi import native, paths, use_world
 from downpour_lib.comm.mpi.process_group import MPIProcessGroup
 
 R = dist.ReduceOp
@@ -435,7 +439,8 @@ def main() -> int:
     if ctx.rank == 0:
         flat = [f for per_rank in failures for f in per_rank]
         print(json.dumps({"world_size": n, "cases": cases, "parts": parts, "failures": flat[:30],
-                          "failure_count": len(flat)}), flush=True)
+                          "failure_count": len(flat), "data_phase_in_c": native.load() is not None,
+                          "why_not_in_c": native.why_not()}), flush=True)
     return 1 if check.failures else 0
 
 

@@ -7,7 +7,9 @@ stops itself (SIGSTOP) and the others issue the next. With ``argv[5]`` ``after-g
 takes its part in the others' gate (``comm/mpi/liveness.gate``: the ``MPI_Ibarrier`` before the
 data phase of the paths that have one), so that they find it missing inside the data phase
 itself. Each waiting rank prints one JSON line when its wait ends: its process's CPU seconds per
-wall second over the wait, and the error it got; then it re-raises, ending the job.
+wall second over the wait, and the error it got; then it re-raises, ending the job. A waiting rank
+inside MPI's blocking call (a 4 MB allreduce at 2 ranks, after the gate) prints none: its watchdog
+ends the job, naming the stopped rank on stderr.
 """
 
 import json

@@ -8,8 +8,9 @@ Importing this package registers the backend (``import downpour_lib.comm`` does,
 ``comm.runtime``; ``import downpour_lib`` alone imports nothing). The modules: ``backend``
 (registration, group creation, failure handling: the design is in its docstring),
 ``process_group`` (the operations), ``paths`` (which path a collective takes on one node, as
-measured), ``data_phase`` (the MPI call of each, and how it waits), ``types`` (dtypes and staging),
-``work`` (async work and its thread), ``liveness`` (timeouts, the watchdog), ``shm`` (the
+measured), ``data_phase`` (the MPI call of each, and how it waits), ``native`` (the same in C for
+the common collectives, built on first use), ``types`` (dtypes and staging), ``work`` (async work
+and its thread), ``liveness`` (timeouts, the watchdog), ``shm`` (the
 shared-memory allreduce), ``shm_data`` (broadcast, reduce and allgather through shared memory),
 ``profiling`` (the profiler events native backends record), ``device`` (the backend torch looks up
 per device), ``monitored`` (monitored_barrier).

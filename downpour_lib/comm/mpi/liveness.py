@@ -52,6 +52,7 @@ from collections.abc import Iterable
 from mpi4py import MPI
 
 from .. import job_end
+from . import native
 
 SPIN_S = 50e-6  # how long a wait spins before it naps
 NAP_S = 1e-3  # the longest nap: how late a waiting rank may notice that its peers arrived
@@ -175,6 +176,7 @@ class Watchdog:
         self.hosts = self._comm.allgather(socket.gethostname())  # to say where a silent rank runs
         self._timeout_s = timeout_s
         self.silent = {}
+        native.set_silent(False)
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="downpour-mpi-watchdog",
                                         daemon=True)
@@ -304,7 +306,7 @@ class Watchdog:
                 self._answer()  # until the very end
                 while notices.Test(status):  # another rank's watchdog found a rank silent
                     rank, silent_s = json.loads(bytes(notice[:status.Get_count(MPI.BYTE)]))
-                    self.silent.setdefault(rank, silent_s)
+                    self._heard_silent(rank, silent_s)
                     notices = comm.Irecv(notice, MPI.ANY_SOURCE, _SILENT)
                 if beat is not None and beat.Test():
                     heard, beat = now, None
@@ -340,16 +342,22 @@ class Watchdog:
     def _found_silent(self, rank: int, silent_s: float) -> None:
         """``rank`` missed its heartbeats for the whole timeout: tell every rank (this one too),
         so that every wait gives up and names it."""
-        self.silent.setdefault(rank, silent_s)
+        self._heard_silent(rank, silent_s)
         message = json.dumps([rank, round(silent_s, 1)]).encode()
         self._sent.extend(self._comm.Isend(message, r, _SILENT)
                           for r in range(self.size) if r not in (self.rank, rank))
 
+    def _heard_silent(self, rank: int, silent_s: float) -> None:
+        """``rank`` went silent: every wait gives up, the C ones too (``native``)."""
+        self.silent.setdefault(rank, silent_s)
+        native.set_silent(True)
+
     def _check_committed(self) -> None:
         """A rank is silent: a thread inside a blocking MPI call will never come back from it."""
         now = self._clock()
-        for what, group, since, _, committed in list(self._busy.values()):
-            if committed:
+        in_c = native.committed()  # threads inside a blocking call the C data phase made
+        for thread, (what, group, since, _, committed) in list(self._busy.items()):
+            if committed or thread in in_c:
                 longest = max(self.silent.values())
                 self._abort(f"mpi backend: rank {self.rank} of {self.size} waited "
                             f"{now - since:.0f} s in {what} ({group}): {self.name(self.silent)} "

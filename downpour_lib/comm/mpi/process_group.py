@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import monitored, profiling
+from . import monitored, native, profiling
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .paths import choose
 from .shm_data import ShmCollectives
-from .types import Operand, check_dtype, reduction, scratch, spec, vspec
+from .types import MOVE_TYPE, Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 
 _PATHS_KEPT = 256  # the most path choices a group remembers (``_path``)
@@ -265,10 +265,16 @@ class MPIProcessGroup(dist.ProcessGroup):
         path = self._paths.get(key) or self._remember(key, self._allreduce_path(local, red))
         if path == "shm":
             self._shm.allreduce(local, red.kernel, red.average, red.op)
+            return
+        blocking = path == "mpi"
+        mode = None if red.python else self._data.in_c(native.ALLREDUCE, local.nbytes, blocking)
+        if mode is not None:
+            self._data.call_in_c(native.ALLREDUCE, mode, 0, local.data_ptr(), local.numel(),
+                                 MOVE_TYPE[local.dtype], red.op, 0, "allreduce")
         else:
-            self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=path == "mpi")
-            if red.average:
-                local.div_(self._n)
+            self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=blocking)
+        if red.average:
+            local.div_(self._n)
 
     def _allreduce_path(self, local: torch.Tensor, red) -> str:
         if not self._shm.takes(local, red.kernel):
@@ -342,8 +348,15 @@ class MPIProcessGroup(dist.ProcessGroup):
         def run() -> None:
             if len(set(counts)) == 1:
                 blocking = not red.python and self._path("reduce_scatter", flat, flat.nbytes) == "mpi"
-                self._data("Reduce_scatter_block", spec(flat, counts[0]), out.spec(), red.op,
-                           blocking=blocking)
+                mode = None if red.python else \
+                    self._data.in_c(native.REDUCE_SCATTER_BLOCK, flat.nbytes, blocking)
+                if mode is not None:
+                    self._data.call_in_c(native.REDUCE_SCATTER_BLOCK, mode, flat.data_ptr(),
+                                         out.local.data_ptr(), counts[0], MOVE_TYPE[flat.dtype],
+                                         red.op, 0, "reduce_scatter")
+                else:
+                    self._data("Reduce_scatter_block", spec(flat, counts[0]), out.spec(), red.op,
+                               blocking=blocking)
             else:
                 self._data("Reduce_scatter", spec(flat), out.spec(), counts, red.op)
             if red.average:
@@ -372,6 +385,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         path = self._path("broadcast", local, local.nbytes)
         if path == "shm":
             self._shm.broadcast(local, root)
+        elif (mode := self._data.in_c(native.BCAST, local.nbytes, path == "mpi")) is not None:
+            self._data.call_in_c(native.BCAST, mode, 0, local.data_ptr(), local.numel(),
+                                 MOVE_TYPE[local.dtype], None, root, "broadcast")
         else:
             self._data("Bcast", spec(local), root, blocking=path == "mpi")
 
@@ -395,7 +411,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             elif path == "shm":
                 self._shm.allgather(x.local, flat)
             else:
-                self._data("Allgather", x.spec(), spec(flat, counts[0]), blocking=path == "mpi")
+                self._allgather(x.local, flat, path == "mpi")
             if tiled is None:
                 _split_into(flat, counts, outputs)
 
@@ -421,7 +437,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             raise ValueError(f"mpi backend: all_gather_into_tensor needs an output of {self._n} x the "
                              f"input's elements and dtype; got {output.numel()} {output.dtype} for "
                              f"{input.numel()} {input.dtype}")
-        direct, count = self._direct(), input.numel()
+        direct = self._direct()
         x, y = Operand(input, False, direct), Operand(output, True, direct)
         if _overlaps(x.local, y.local):  # e.g. the input is this rank's chunk of the output
             x = Operand(x.local.clone(), False, direct)
@@ -431,10 +447,19 @@ class MPIProcessGroup(dist.ProcessGroup):
             if path == "shm":
                 self._shm.allgather(x.local, y.local)
             else:
-                self._data("Allgather", x.spec(), y.spec(count), blocking=path == "mpi")
+                self._allgather(x.local, y.local, path == "mpi")
             y.finish()
 
         return run
+
+    def _allgather(self, local: torch.Tensor, flat: torch.Tensor, blocking: bool) -> None:
+        """MPI's allgather of ``local`` from every rank into ``flat``, in C where it can."""
+        mode = self._data.in_c(native.ALLGATHER, flat.nbytes, blocking)
+        if mode is not None:
+            self._data.call_in_c(native.ALLGATHER, mode, local.data_ptr(), flat.data_ptr(),
+                                 local.numel(), MOVE_TYPE[local.dtype], None, 0, "all_gather")
+        else:
+            self._data("Allgather", spec(local), spec(flat, local.numel()), blocking=blocking)
 
     def gather(self, output_tensors, input_tensors, opts):
         t = _one(input_tensors, "gather")

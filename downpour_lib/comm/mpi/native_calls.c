@@ -1,0 +1,250 @@
+/* The data phase of the `mpi` backend's common collectives in C (``native.py`` builds it).
+
+The data phase in Python (``data_phase.py`` with ``liveness.gate`` and ``wait_request``) cost more
+than MPI's own call at 4-64 KB (issue 36). This module makes the same steps with the GIL released,
+and nothing else: the caller (``process_group.py``) has checked the arguments, chosen the path and
+entered the watchdog's table.
+
+  NB          MPI's nonblocking call, waited on spinning `spin` seconds, then with naps;
+  GATED       the gate (MPI_Ibarrier waited on so), then MPI's blocking call, the thread marked
+              committed to it for the watchdog (``committed()``);
+  GATED_SPUN  the gate, then the nonblocking call waited on spinning `spin` seconds, then naps.
+
+Every wait is liveness.wait_request's: a deadline of `timeout` seconds, moved on by any gap of more
+than PAUSED_S between two looks (the process did not run), given up at once once the watchdog has
+heard that a rank went silent (``set_silent``); naps of a 32nd of the wait so far, from SPIN_S to
+NAP_S. A wait given up raises liveness.PeerTimeout(what, waited), which the group explains as the
+Python path's does; an MPI error raises mpi4py's MPI.Exception, as mpi4py would.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <mpi.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+/* liveness.py's SPIN_S, NAP_S and PAUSED_S */
+#define SPIN_S 50e-6
+#define NAP_S 1e-3
+#define PAUSED_S 2.0
+
+enum { ALLREDUCE, BCAST, ALLGATHER, REDUCE_SCATTER_BLOCK };
+enum { NB, GATED, GATED_SPUN };
+
+#define FROM_HANDLE(type, value) ((type)(intptr_t)(value)) /* pointers (Open MPI) or ints (MPICH) */
+
+static PyObject *peer_timeout; /* liveness.PeerTimeout */
+static PyObject *mpi_exception; /* mpi4py's MPI.Exception */
+static atomic_int silent;      /* the watchdog heard that a rank went silent */
+
+/* The threads inside a blocking MPI call now, for the watchdog (liveness.Watchdog._check_committed:
+   once a rank is silent, such a thread never comes back). */
+#define SLOTS 64
+static _Atomic unsigned long committed[SLOTS];
+
+static int commit(void) {
+  unsigned long me = (unsigned long)pthread_self(), free_slot = 0;
+  for (int i = 0; i < SLOTS; i++) {
+    if (atomic_compare_exchange_strong(&committed[i], &free_slot, me)) return i;
+    free_slot = 0;
+  }
+  return -1; /* more threads than slots: not watched (the backstop still is) */
+}
+
+static void uncommit(int slot) {
+  if (slot >= 0) atomic_store(&committed[slot], 0);
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap(double seconds) {
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* Wait for `request`: MPI's return code; `*waited` 0 once done, else the seconds waited when it
+   gave up (the request stays active: the job is ending). */
+static int wait_request(MPI_Request *request, double timeout, double spin, double *waited) {
+  int done = 0, rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+  *waited = 0;
+  if (rc != MPI_SUCCESS || done) return rc;
+  double start = now(), t = start;
+  while (t - start < spin) {
+    if ((rc = MPI_Test(request, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || done) return rc;
+    t = now();
+  }
+  double deadline = start + timeout, last = start;
+  for (;;) {
+    t = now();
+    if (t - last > PAUSED_S) deadline += t - last; /* this process did not run meanwhile */
+    last = t;
+    if (t >= deadline || atomic_load(&silent)) {
+      *waited = t - start;
+      return MPI_SUCCESS;
+    }
+    double sleep = (t - start) / 32;
+    sleep = sleep < SPIN_S ? SPIN_S : sleep > NAP_S ? NAP_S : sleep;
+    nap(sleep < deadline - t ? sleep : deadline - t);
+    if ((rc = MPI_Test(request, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || done) return rc;
+  }
+}
+
+typedef struct {
+  int op, mode, root;
+  MPI_Comm comm;
+  void *send, *recv; /* send NULL: in place (allreduce) */
+  long long count;   /* elements: the buffer (allreduce, bcast), each rank's block (the others) */
+  MPI_Datatype type;
+  MPI_Op reduce;
+  double timeout, spin;
+} Call;
+
+static int start(const Call *c, MPI_Request *r) {
+  int n = (int)c->count;
+  switch (c->op) {
+    case ALLREDUCE:
+      return MPI_Iallreduce(c->send ? c->send : MPI_IN_PLACE, c->recv, n, c->type, c->reduce,
+                            c->comm, r);
+    case BCAST: return MPI_Ibcast(c->recv, n, c->type, c->root, c->comm, r);
+    case ALLGATHER: return MPI_Iallgather(c->send, n, c->type, c->recv, n, c->type, c->comm, r);
+    default:
+      return MPI_Ireduce_scatter_block(c->send, c->recv, n, c->type, c->reduce, c->comm, r);
+  }
+}
+
+static int blocking(const Call *c) {
+  int n = (int)c->count;
+  switch (c->op) {
+    case ALLREDUCE:
+      return MPI_Allreduce(c->send ? c->send : MPI_IN_PLACE, c->recv, n, c->type, c->reduce,
+                           c->comm);
+    case BCAST: return MPI_Bcast(c->recv, n, c->type, c->root, c->comm);
+    case ALLGATHER: return MPI_Allgather(c->send, n, c->type, c->recv, n, c->type, c->comm);
+    default: return MPI_Reduce_scatter_block(c->send, c->recv, n, c->type, c->reduce, c->comm);
+  }
+}
+
+/* The whole data phase, without the GIL: MPI's return code, `*waited` as wait_request's. */
+static int run(const Call *c, double *waited) {
+  MPI_Request request;
+  int rc, size = 1;
+  *waited = 0;
+  if (c->mode != NB) {
+    if ((rc = MPI_Comm_size(c->comm, &size)) != MPI_SUCCESS) return rc;
+    if (size > 1) {
+      if ((rc = MPI_Ibarrier(c->comm, &request)) != MPI_SUCCESS) return rc;
+      if ((rc = wait_request(&request, c->timeout, SPIN_S, waited)) != MPI_SUCCESS || *waited)
+        return rc;
+    }
+    if (c->mode == GATED) {
+      int slot = commit();
+      rc = blocking(c);
+      uncommit(slot);
+      return rc;
+    }
+  }
+  if ((rc = start(c, &request)) != MPI_SUCCESS) return rc;
+  return wait_request(&request, c->timeout, c->mode == NB ? SPIN_S : c->spin, waited);
+}
+
+/* collective(op, mode, comm, send, recv, count, datatype, reduce, root, timeout, spin, what):
+   handles and addresses as ints (mpi4py's .handle, tensor.data_ptr()), send 0 for in place. */
+static PyObject *collective(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 12) {
+    PyErr_Format(PyExc_TypeError, "collective takes 12 arguments, not %zd", nargs);
+    return NULL;
+  }
+  Call c;
+  c.op = (int)PyLong_AsLong(args[0]);
+  c.mode = (int)PyLong_AsLong(args[1]);
+  c.comm = FROM_HANDLE(MPI_Comm, PyLong_AsVoidPtr(args[2]));
+  c.send = PyLong_AsVoidPtr(args[3]);
+  c.recv = PyLong_AsVoidPtr(args[4]);
+  c.count = PyLong_AsLongLong(args[5]);
+  c.type = FROM_HANDLE(MPI_Datatype, PyLong_AsVoidPtr(args[6]));
+  c.reduce = FROM_HANDLE(MPI_Op, PyLong_AsVoidPtr(args[7]));
+  c.root = (int)PyLong_AsLong(args[8]);
+  c.timeout = PyFloat_AsDouble(args[9]);
+  c.spin = PyFloat_AsDouble(args[10]);
+  if (PyErr_Occurred()) return NULL;
+  if (c.count < 0 || c.count > INT32_MAX) {
+    PyErr_Format(PyExc_ValueError, "collective: count %lld is not an MPI count", c.count);
+    return NULL;
+  }
+  double waited;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = run(&c, &waited);
+  Py_END_ALLOW_THREADS
+  if (rc != MPI_SUCCESS) {
+    PyObject *error = PyObject_CallFunction(mpi_exception, "i", rc);
+    if (error != NULL) {
+      PyErr_SetObject(mpi_exception, error);
+      Py_DECREF(error);
+    }
+    return NULL;
+  }
+  if (waited > 0) {
+    PyObject *error = PyObject_CallFunction(peer_timeout, "Od", args[11], waited);
+    if (error != NULL) {
+      PyErr_SetObject(peer_timeout, error);
+      Py_DECREF(error);
+    }
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *init(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *timeout_type, *mpi_type;
+  if (!PyArg_ParseTuple(args, "OO", &timeout_type, &mpi_type)) return NULL;
+  Py_XSETREF(peer_timeout, Py_NewRef(timeout_type));
+  Py_XSETREF(mpi_exception, Py_NewRef(mpi_type));
+  Py_RETURN_NONE;
+}
+
+static PyObject *set_silent(PyObject *self, PyObject *flag) {
+  (void)self;
+  int on = PyObject_IsTrue(flag);
+  if (on < 0) return NULL;
+  atomic_store(&silent, on);
+  Py_RETURN_NONE;
+}
+
+static PyObject *committed_threads(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  PyObject *out = PyList_New(0);
+  for (int i = 0; out != NULL && i < SLOTS; i++) {
+    unsigned long thread = atomic_load(&committed[i]);
+    if (thread == 0) continue;
+    PyObject *ident = PyLong_FromUnsignedLong(thread);
+    if (ident == NULL || PyList_Append(out, ident) < 0) Py_CLEAR(out);
+    Py_XDECREF(ident);
+  }
+  return out;
+}
+
+static PyMethodDef methods[] = {
+    {"collective", (PyCFunction)(void (*)(void))collective, METH_FASTCALL,
+     "One collective's data phase (see the module's source)."},
+    {"init", init, METH_VARARGS, "init(PeerTimeout, MPI.Exception): the errors it raises."},
+    {"set_silent", set_silent, METH_O, "Whether the watchdog heard that a rank went silent."},
+    {"committed", committed_threads, METH_NOARGS,
+     "The idents of the threads inside a blocking MPI call now."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "downpour_mpi_native", NULL, -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit_downpour_mpi_native(void) {
+  return PyModule_Create(&module);
+}
