@@ -164,7 +164,10 @@ class MPIProcessGroup(dist.ProcessGroup):
         if not self._open:
             raise RuntimeError(f"mpi backend: {name} on a process group that was shut down")
         if not async_op and not profiling.active():  # the common case, kept short
-            EXECUTOR.run_now(self._guarded, self._timeout_s, name, fn, gated)
+            if EXECUTOR.idle():
+                self._guarded(name, fn, gated)
+            else:
+                EXECUTOR.run_now(self._guarded, self._timeout_s, name, fn, gated)
             return DoneWork(result)
         run = partial(self._guarded, name, fn, gated)
         if profiling.active():
