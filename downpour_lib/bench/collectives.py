@@ -279,6 +279,11 @@ def in_session(args: argparse.Namespace, cases: Cases, ctx: runtime.DistContext)
     world = Communicator.world()
     groups = {name: world if name == ctx.backend else new_group(world.ranks, backend=name)
               for name in backends}
+    if "mpi" in groups and ctx.rank == 0:
+        from ..comm.mpi import native  # loaded once the group was made
+
+        where = "C" if native.load() is not None else f"Python ({native.why_not()})"
+        print(f"bench: the mpi backend's data phase is in {where}", file=sys.stderr, flush=True)
     sync, rows, references = Sync(world), [], []
     rows += memcpy_rows(sizes, DTYPES[args.dtype], sync, args)
     # MPI's own calls, on a duplicate of MPI_COMM_WORLD (our own traffic)
