@@ -164,6 +164,15 @@ def stop_a_rank(tmp_path, algorithm: str, extra: list[str], silent: int) -> Stop
     return Stopped(stderr, elapsed, window, cpu_share, stopped_alive)
 
 
+def _ended_naming(proc: subprocess.CompletedProcess, stops: str, pattern: str) -> re.Match:
+    """The job's rank printed ``stops`` and the job failed, with ``pattern`` on its stderr."""
+    assert stops in proc.stdout, explain(proc)
+    assert proc.returncode != 0, explain(proc)
+    named = re.search(pattern, proc.stderr)
+    assert named, explain(proc)
+    return named
+
+
 def test_a_rank_stopped_while_the_others_are_in_the_data_phase_is_named_within_the_timeout():
     """The others are in a broadcast's data phase (tests/mpi/stopped_after_gate.py). It was MPI's
     blocking broadcast after a gate, which only their watchdogs could end (before those, the
@@ -173,12 +182,9 @@ def test_a_rank_stopped_while_the_others_are_in_the_data_phase_is_named_within_t
     start = time.monotonic()
     proc = mpi_python(3, "stopped_after_gate.py", str(timeout_s), timeout=120)
     elapsed = time.monotonic() - start
-    assert "rank 2 stops" in proc.stdout, explain(proc)
-    assert proc.returncode != 0, explain(proc)
-    named = re.search(r"rank ([01]) of 3 waited (\d+) s in broadcast \(default group\): rank 2 on "
-                      rf"{socket.gethostname()} went silent \(no answer to (its heartbeat|a liveness probe)",
-                      proc.stderr)
-    assert named, explain(proc)
+    named = _ended_naming(proc, "rank 2 stops", r"rank ([01]) of 3 waited (\d+) s in broadcast "
+                          rf"\(default group\): rank 2 on {socket.gethostname()} went silent "
+                          r"\(no answer to (its heartbeat|a liveness probe)")
     assert timeout_s <= int(named[2]) <= timeout_s + 3, named[0]
     assert proc.stderr.startswith("downpour: rank "), explain(proc)
     assert "\0" not in proc.stderr, explain(proc)
@@ -231,12 +237,9 @@ def test_a_rank_stopped_inside_a_blocking_call_is_named_by_the_watchdog_at_the_t
     timeout_s = 5
     proc = mpi_python(2, "stopped_in_large_data.py", str(timeout_s), "allreduce", "1", str(4 << 20),
                       "after-gate", timeout=120)
-    assert "rank 1 stops" in proc.stdout, explain(proc)
-    assert proc.returncode != 0, explain(proc)
-    named = re.search(r"rank 0 of 2 waited (\d+) s in allreduce \(default group\): rank 1 on "
-                      rf"{re.escape(socket.gethostname())} went silent \(no answer to its heartbeat",
-                      proc.stderr)
-    assert named, explain(proc)
+    named = _ended_naming(proc, "rank 1 stops", r"rank 0 of 2 waited (\d+) s in allreduce \(default "
+                          rf"group\): rank 1 on {re.escape(socket.gethostname())} went silent "
+                          r"\(no answer to its heartbeat")
     assert int(named[1]) <= timeout_s + 3, named[0]  # the backstop's is the timeout + 10 s
     assert "stuck inside MPI" not in proc.stderr, explain(proc)
 
