@@ -435,3 +435,4 @@ def explain(timeout: PeerTimeout, group: str) -> CommTimeout:
 
 
 WATCHDOG = Watchdog()
+native.raise_on_timeout(PeerTimeout)  # the C data phase's waits give up as wait_request does

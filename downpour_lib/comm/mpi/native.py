@@ -37,9 +37,14 @@ NAME = "downpour_mpi_native"
 # native_calls.c's operations and modes
 ALLREDUCE, BCAST, ALLGATHER, REDUCE_SCATTER_BLOCK = range(4)
 NB, GATED, GATED_SPUN = range(3)
+FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC")  # part of the build's key, with the source
 
 _why_not = "not loaded yet"
 _module = None  # load()'s, once it has loaded
+# what a wait given up raises (liveness.PeerTimeout: ``liveness`` gives it, which imports this
+# module), and whether the watchdog has heard of a silent rank (``set_silent``)
+_timeout_error: type[Exception] = RuntimeError
+_silent = False
 
 
 def mpi_wrapper(name: str) -> str | None:
@@ -73,17 +78,24 @@ def load():
         return None
     from mpi4py import MPI
 
-    from .liveness import WATCHDOG, PeerTimeout
-
-    module.init(PeerTimeout, MPI.Exception)
-    module.set_silent(bool(WATCHDOG.silent))
+    module.init(_timeout_error, MPI.Exception)
+    module.set_silent(_silent)
     _why_not, _module = "", module
     return module
 
 
+def raise_on_timeout(error: type[Exception]) -> None:
+    """What a C wait that gives up raises, as ``error(what, waited_s)``: ``liveness.PeerTimeout``,
+    given when ``liveness`` is imported (before any group, so before ``load``)."""
+    global _timeout_error
+    _timeout_error = error
+
+
 def set_silent(on: bool) -> None:
     """Tell the C waits that the watchdog heard a rank went silent (``on``), so they give up as
-    ``wait_request`` does; or that no rank is (a new watch). Nothing where it is not loaded."""
+    ``wait_request`` does; or that no rank is (a new watch)."""
+    global _silent
+    _silent = on
     if _module is not None:
         _module.set_silent(on)
 
@@ -105,8 +117,9 @@ def _build_and_import():
     if wrapper is None:
         raise RuntimeError(f"no mpicc on PATH or in {Path(sys.executable).parent}")
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, sys.version.encode(), wrapper.encode(),
-                                     MPI.Get_library_version().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), sys.version.encode(),
+                                     wrapper.encode(), MPI.Get_library_version().encode()]))
+    key = key.hexdigest()[:16]
     where = _cache_dir()
     where.mkdir(parents=True, exist_ok=True)
     built = where / f"{NAME}-{key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
@@ -124,8 +137,8 @@ def _build_and_import():
 def _compile(wrapper: str, built: Path) -> None:
     """``native_calls.c`` into ``built``, whole or not at all (a file of its own, then renamed)."""
     partial = built.with_name(f"{built.name}.{os.getpid()}.tmp")
-    command = [wrapper, "-O2", "-std=c11", "-shared", "-fPIC",
-               f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(partial)]
+    command = [wrapper, *FLAGS, f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o",
+               str(partial)]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:

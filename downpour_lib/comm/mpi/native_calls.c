@@ -85,7 +85,7 @@ static int wait_request(MPI_Request *request, double timeout, double spin, doubl
     if (t - last > PAUSED_S) deadline += t - last; /* this process did not run meanwhile */
     last = t;
     if (t >= deadline || atomic_load(&silent)) {
-      *waited = t - start;
+      *waited = t > start ? t - start : 1e-9; /* not 0, which says done */
       return MPI_SUCCESS;
     }
     double sleep = (t - start) / 32;
