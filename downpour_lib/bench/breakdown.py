@@ -33,10 +33,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
-from ..comm.mpi import native
 from ..comm.mpi.liveness import gate
 from ..comm.mpi.paths import choose
-from ..comm.mpi.types import MOVE_TYPE, reduction, spec
+from ..comm.mpi.types import reduction, spec
 from ..comm.mpi.work import DoneWork
 from ..errors import ConfigError
 from .native import native_group
@@ -220,56 +219,36 @@ PATHS = ("shm", "mpi", "nb")  # shared memory, gate + MPI's blocking call, MPI's
 def _path_calls(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> dict:
     """``op`` on ``x`` by each of the backend's paths on one node (``comm/mpi/paths.py``), and by
     MPI itself on the same tensors (``mpi4py``), as the backend's internals make them: ``mpi``
-    and ``nb`` in C where the data phase is built (``comm/mpi/native.py``), else in Python."""
+    and ``nb`` in C where the data phase is built (``DataPhase.in_c``), else in Python."""
     from mpi4py import MPI
 
     comm, shm, data = pg._comm, pg._shm, pg._data
     ref = comm.Dup()
     calls = {"mpi4py": _reference(op, ref, x, out)}
-    kind = MOVE_TYPE[x.dtype]
     if op == "allreduce":
         red = reduction(dist.AllreduceOptions().reduceOp, x.dtype)
-        c = _in_c(data, native.ALLREDUCE, x.nbytes, 0, x, x.numel(), kind, red.op, 0, "allreduce")
         return {**calls, "shm": lambda: shm.allreduce(x, red.kernel, False, red.op),
-                "mpi": c(True) or (lambda: data("Allreduce", MPI.IN_PLACE, spec(x), red.op,
-                                                blocking=True)),
-                "nb": c(False) or (lambda: data("Allreduce", MPI.IN_PLACE, spec(x), red.op))}, ref
+                **{path: lambda b=blocking: data.in_c("Allreduce", x, reduce=red.op, blocking=b)
+                   or data("Allreduce", MPI.IN_PLACE, spec(x), red.op, blocking=b)
+                   for path, blocking in (("mpi", True), ("nb", False))}}, ref
     if op == "broadcast":
-        c = _in_c(data, native.BCAST, x.nbytes, 0, x, x.numel(), kind, None, 0, "broadcast")
         return {**calls, "shm": lambda: shm.broadcast(x, 0),
-                "mpi": c(True) or (lambda: data("Bcast", spec(x), 0, blocking=True)),
-                "nb": c(False) or (lambda: data("Bcast", spec(x), 0))}, ref
+                **{path: lambda b=blocking: data.in_c("Bcast", x, blocking=b)
+                   or data("Bcast", spec(x), 0, blocking=b)
+                   for path, blocking in (("mpi", True), ("nb", False))}}, ref
     if op == "allgather":
-        c = _in_c(data, native.ALLGATHER, out.nbytes, x, out, x.numel(), kind, None, 0, "all_gather")
         return {**calls, "shm": lambda: shm.allgather(x, out),
-                "mpi": c(True) or (lambda: data("Allgather", spec(x), spec(out, x.numel()),
-                                                blocking=True)),
-                "nb": c(False) or (lambda: data("Allgather", spec(x), spec(out, x.numel())))}, ref
+                **{path: lambda b=blocking: data.in_c("Allgather", out, x, count=x.numel(), blocking=b)
+                   or data("Allgather", spec(x), spec(out, x.numel()), blocking=b)
+                   for path, blocking in (("mpi", True), ("nb", False))}}, ref
     # reduce_scatter: ``x`` the whole input, ``out`` one rank's block; no shared-memory path
     red = reduction(dist.ReduceScatterOptions().reduceOp, x.dtype)
     block = out.numel()
-    c = _in_c(data, native.REDUCE_SCATTER_BLOCK, x.nbytes, x, out, block, kind, red.op, 0,
-              "reduce_scatter")
     return {**calls,
-            "mpi": c(True) or (lambda: data("Reduce_scatter_block", spec(x, block), spec(out),
-                                            red.op, blocking=True)),
-            "nb": c(False) or (lambda: data("Reduce_scatter_block", spec(x, block), spec(out),
-                                          red.op))}, ref
-
-
-def _in_c(data, op: int, nbytes: int, send, recv: torch.Tensor, count: int, kind, reduce,
-          root: int, what: str):
-    """blocking -> the C data phase's call of ``op`` as the backend makes it, or None where it
-    would not make it in C (``DataPhase.in_c``); ``send`` 0 for in place."""
-    def call(blocking: bool):
-        mode = data.in_c(op, nbytes, blocking)
-        if mode is None:
-            return None
-        at = send if isinstance(send, int) else send.data_ptr()
-        return lambda: data.call_in_c(op, mode, at, recv.data_ptr(), count, kind, reduce, root,
-                                      what)
-
-    return call
+            **{path: lambda b=blocking: data.in_c("Reduce_scatter_block", out, x, reduce=red.op,
+                                                  blocking=b)
+               or data("Reduce_scatter_block", spec(x, block), spec(out), red.op, blocking=b)
+               for path, blocking in (("mpi", True), ("nb", False))}}, ref
 
 
 def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:

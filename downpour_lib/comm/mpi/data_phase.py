@@ -7,7 +7,7 @@ the gate (``liveness.gate``), so that a rank stopped before or inside a collecti
 others asleep until the group's deadline names it, rather than spinning inside MPI.
 
 Allreduce, broadcast, allgather and reduce_scatter_block make the same data phase in C where it is
-built (``native``; ``in_c`` says in which mode, ``call_in_c`` makes it): the same calls, waits,
+built (``native``; ``in_c``), in the form ``__call__`` takes (``_form``): the same calls, waits,
 deadlines and watchdog marks, without the interpreter between them (issue 36: through torch, a 4 KB
 allreduce on 2 ranks took 3.5-3.7x Open MPI's own call against 4.4-4.7x in Python, a 64 KB
 allgather 1.7-2.3x against 3.0x). Everything else, and every call where it is not built, is
@@ -16,10 +16,12 @@ allgather 1.7-2.3x against 3.0x). Everything else, and every call where it is no
 
 from __future__ import annotations
 
+import torch
 from mpi4py import MPI
 
 from . import native
 from .liveness import gate, wait_request
+from .types import MOVE_TYPE
 
 # The largest data phase waited on with naps (``DataPhase``): at and below it libnbc's
 # nonblocking collectives cost what the blocking ones do (16 KB: the same; 128 KB gradients of the
@@ -48,6 +50,9 @@ AFTER_GATE_SPIN_S = 5e-3
 _NAMES = {"Bcast": "broadcast", "Allgather": "all_gather", "Allgatherv": "all_gather",
           "Gatherv": "gather", "Scatterv": "scatter", "Alltoallv": "all_to_all",
           "Reduce_scatter_block": "reduce_scatter"}
+_PIECES = -1  # ``_form``: nonblocking pieces (``_segmented``), which only Python makes
+_IN_C = {"Allreduce": native.ALLREDUCE, "Bcast": native.BCAST, "Allgather": native.ALLGATHER,
+         "Reduce_scatter_block": native.REDUCE_SCATTER_BLOCK}
 _SAME_SIZE_ON_EVERY_RANK = frozenset({"Allreduce", "Reduce", "Bcast", "Allgather", "Allgatherv",
                                       "Reduce_scatter_block", "Reduce_scatter"})
 
@@ -65,6 +70,17 @@ def _largest(op: str, args: tuple) -> int:
     return largest
 
 
+def _form(op: str, nbytes: int, blocking: bool) -> int:
+    """How MPI's ``op`` moves a largest buffer of ``nbytes`` (``DataPhase.__call__`` says why):
+    ``native``'s NB, GATED or GATED_SPUN, or ``_PIECES``."""
+    if blocking:
+        spun = op in _SPUN_BEHIND_GATE and nbytes <= SLEEPY_DATA_BYTES
+        return native.GATED_SPUN if spun else native.GATED
+    if nbytes <= SLEEPY_DATA_BYTES:
+        return native.NB
+    return _PIECES if op in _SEGMENTED else native.GATED  # a blocking call only after the gate
+
+
 class DataPhase:
     """MPI's part of one group's collectives, on ``comm`` with the group's deadline."""
 
@@ -73,28 +89,27 @@ class DataPhase:
         self._native = native.load()  # None: every data phase is __call__'s
         self._handle = comm.handle
 
-    def in_c(self, op: int, nbytes: int, blocking: bool) -> int | None:
-        """The mode in which ``native.collective`` does what ``__call__`` would for ``op`` (one of
-        ``native``'s: allreduce, bcast, allgather, reduce_scatter_block) on a largest buffer of
-        ``nbytes``, or None where it cannot (not built; the pieces of a large nonblocking call;
-        2 GB and more, whose counts may not fit the C int of MPI's classic calls)."""
+    def in_c(self, op: str, recv: torch.Tensor, send: torch.Tensor | None = None,
+             count: int | None = None, reduce: MPI.Op | None = None, root: int = 0,
+             blocking: bool = False) -> bool:
+        """MPI's ``op`` (allreduce, bcast, allgather or reduce_scatter_block) on contiguous
+        tensors, as ``__call__`` would make it but in C with the GIL released, raising
+        ``PeerTimeout`` as ``wait_request`` does; False, having done nothing, where it cannot (not
+        built; the pieces of a large nonblocking call; 2 GB and more, whose counts may not fit the
+        C int of MPI's classic calls). ``send`` None: in place; ``count``: the elements of
+        ``recv``, or each rank's block where the buffers differ (allgather's is ``send``'s)."""
+        nbytes = recv.nbytes if send is None else max(recv.nbytes, send.nbytes)
         if self._native is None or nbytes >= _INT_MAX:
-            return None
-        if blocking:
-            spun = op == native.ALLREDUCE and nbytes <= SLEEPY_DATA_BYTES
-            return native.GATED_SPUN if spun else native.GATED
-        if nbytes <= SLEEPY_DATA_BYTES:
-            return native.NB
-        return None if op in (native.ALLREDUCE, native.BCAST) else native.GATED
-
-    def call_in_c(self, op: int, mode: int, send: int, recv: int, count: int, datatype: MPI.Datatype,
-                  reduce: MPI.Op | None, root: int, what: str) -> None:
-        """``op`` in ``mode`` (``in_c``'s) on addresses ``send`` (0: in place) and ``recv``, ``count``
-        elements (each rank's block for allgather and reduce_scatter_block): the data phase with
-        the GIL released, raising ``PeerTimeout`` as ``wait_request`` does."""
-        self._native.collective(op, mode, self._handle, send, recv, count, datatype.handle,
-                                0 if reduce is None else reduce.handle, root, self._timeout_s,
-                                AFTER_GATE_SPIN_S, what)
+            return False
+        mode = _form(op, nbytes, blocking)
+        if mode == _PIECES:
+            return False
+        self._native.collective(
+            _IN_C[op], mode, self._handle, 0 if send is None else send.data_ptr(), recv.data_ptr(),
+            recv.numel() if count is None else count, MOVE_TYPE[recv.dtype].handle,
+            0 if reduce is None else reduce.handle, root, self._timeout_s, AFTER_GATE_SPIN_S,
+            _NAMES.get(op) or op.lower())
+        return True
 
     def __call__(self, op: str, *args, blocking: bool = False) -> None:
         """MPI's ``op`` (``"Reduce"``...) on ``args``. Up to ``SLEEPY_DATA_BYTES`` it is the
@@ -116,20 +131,18 @@ class DataPhase:
         ``SLEEPY_DATA_BYTES`` its nonblocking call waited on with a spin of ``AFTER_GATE_SPIN_S``
         before the naps (as fast, and the waiting ranks sleep)."""
         what = _NAMES.get(op) or op.lower()
-        if blocking:
+        form = _form(op, _largest(op, args), blocking)
+        if form == native.NB:
+            wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
+        elif form == _PIECES:
+            self._segmented(op, args, what)
+        else:  # only once every member is here can a blocking call not wait on a missing one
             gate(self._comm, self._timeout_s, what)
-            if op in _SPUN_BEHIND_GATE and _largest(op, args) <= SLEEPY_DATA_BYTES:
+            if form == native.GATED_SPUN:
                 wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what,
                              spin_s=AFTER_GATE_SPIN_S)
             else:
                 getattr(self._comm, op)(*args)
-        elif _largest(op, args) <= SLEEPY_DATA_BYTES:
-            wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
-        elif op in _SEGMENTED:
-            self._segmented(op, args, what)
-        else:  # only once every member is here can a blocking call not wait on a missing one
-            gate(self._comm, self._timeout_s, what)
-            getattr(self._comm, op)(*args)
 
     def _segmented(self, op: str, args: tuple, what: str) -> None:
         """``op`` (elementwise: every element moves on its own) on ``args`` in pieces of

@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import monitored, native, profiling
+from . import monitored, profiling
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .paths import choose
 from .shm_data import ShmCollectives
-from .types import MOVE_TYPE, Operand, check_dtype, reduction, scratch, spec, vspec
+from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
 
 _PATHS_KEPT = 256  # the most path choices a group remembers (``_path``)
@@ -270,11 +270,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._shm.allreduce(local, red.kernel, red.average, red.op)
             return
         blocking = path == "mpi"
-        mode = None if red.python else self._data.in_c(native.ALLREDUCE, local.nbytes, blocking)
-        if mode is not None:
-            self._data.call_in_c(native.ALLREDUCE, mode, 0, local.data_ptr(), local.numel(),
-                                 MOVE_TYPE[local.dtype], red.op, 0, "allreduce")
-        else:
+        if red.python or not self._data.in_c("Allreduce", local, reduce=red.op, blocking=blocking):
             self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=blocking)
         if red.average:
             local.div_(self._n)
@@ -351,13 +347,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         def run() -> None:
             if len(set(counts)) == 1:
                 blocking = not red.python and self._path("reduce_scatter", flat, flat.nbytes) == "mpi"
-                mode = None if red.python else \
-                    self._data.in_c(native.REDUCE_SCATTER_BLOCK, flat.nbytes, blocking)
-                if mode is not None:
-                    self._data.call_in_c(native.REDUCE_SCATTER_BLOCK, mode, flat.data_ptr(),
-                                         out.local.data_ptr(), counts[0], MOVE_TYPE[flat.dtype],
-                                         red.op, 0, "reduce_scatter")
-                else:
+                if red.python or not self._data.in_c("Reduce_scatter_block", out.local, flat,
+                                                     reduce=red.op, blocking=blocking):
                     self._data("Reduce_scatter_block", spec(flat, counts[0]), out.spec(), red.op,
                                blocking=blocking)
             else:
@@ -388,10 +379,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         path = self._path("broadcast", local, local.nbytes)
         if path == "shm":
             self._shm.broadcast(local, root)
-        elif (mode := self._data.in_c(native.BCAST, local.nbytes, path == "mpi")) is not None:
-            self._data.call_in_c(native.BCAST, mode, 0, local.data_ptr(), local.numel(),
-                                 MOVE_TYPE[local.dtype], None, root, "broadcast")
-        else:
+        elif not self._data.in_c("Bcast", local, root=root, blocking=path == "mpi"):
             self._data("Bcast", spec(local), root, blocking=path == "mpi")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -457,11 +445,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def _allgather(self, local: torch.Tensor, flat: torch.Tensor, blocking: bool) -> None:
         """MPI's allgather of ``local`` from every rank into ``flat``, in C where it can."""
-        mode = self._data.in_c(native.ALLGATHER, flat.nbytes, blocking)
-        if mode is not None:
-            self._data.call_in_c(native.ALLGATHER, mode, local.data_ptr(), flat.data_ptr(),
-                                 local.numel(), MOVE_TYPE[local.dtype], None, 0, "all_gather")
-        else:
+        if not self._data.in_c("Allgather", flat, local, count=local.numel(), blocking=blocking):
             self._data("Allgather", spec(local), spec(flat, local.numel()), blocking=blocking)
 
     def gather(self, output_tensors, input_tensors, opts):
