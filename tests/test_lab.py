@@ -313,7 +313,16 @@ def test_00_runs_all_in_the_browser_and_shows_the_engine_table(lab):
     rows = cell(done, "start_cluster(")["tables"][0]
     assert [list(r)[1:] for r in rows] == [["rank", "engine_id", "host", "pid"]] * 2, rows
     assert [r["rank"] for r in rows] == ["0", "1"]
-    hello = " ".join(o["text"] for o in cell(done, "remote.hello()")["outputs"])
+    # each engine's stdout is a stream of its own, which may reach the page after the notebook
+    # went idle (a fresh-clone run read rank 1's alone): give the other a few seconds to show
+    deadline = time.monotonic() + 15
+    while True:
+        hello = " ".join(o["text"] for o in cell(done, "remote.hello()")["outputs"])
+        if ("hello from rank 0 of 2" in hello and "hello from rank 1 of 2" in hello) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+        done = cells(lab)
     assert "hello from rank 0 of 2" in hello and "hello from rank 1 of 2" in hello, hello
 
 
