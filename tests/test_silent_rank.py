@@ -203,8 +203,8 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     phase was MPI's blocking call: with a peer stopped, the waiting ranks spun at 100% of a core
     until the watchdog ended the job. Now they sleep (shared memory, ``comm/mpi/shm_data.py``):
     each prints its CPU share over the wait (tests/mpi/stopped_in_large_data.py), and names the
-    stopped rank after the timeout. At 2 ranks broadcast and allgather take MPI's blocking call
-    behind the gate (``comm/mpi/paths.py``): the waiting rank sleeps in the gate. A 3-rank
+    stopped rank after the timeout. At 2 ranks broadcast and allgather take shared memory too, its
+    steps in C (``comm/mpi/native_shm.c``), whose barrier sleeps as the Python one does. A 3-rank
     allreduce of the default model's 128 KB takes the gate too, and the stopped rank passes it
     first (``after-gate``): the others wait inside the data phase, where MPI's blocking call had
     them spin at 99% (``comm/mpi/data_phase.py``)."""
@@ -227,18 +227,19 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
 
 
 def test_a_rank_stopped_inside_a_blocking_call_is_named_by_the_watchdog_at_the_timeout():
-    """At 2 ranks a 4 MB allreduce is MPI's blocking call behind the gate (``comm/mpi/paths.py``),
-    which the data phase makes in C (``comm/mpi/native_calls.c``) where it could be built. Rank 1
+    """At 2 ranks a 4 MB reduce_scatter is MPI's blocking call behind the gate
+    (``comm/mpi/paths.py``; allreduce, broadcast and allgather take shared memory there), which the
+    data phase makes in C (``comm/mpi/native_calls.c``) where it could be built. Rank 1
     takes its part of the gate and stops, so rank 0 is inside the blocking call, which only its
     watchdog can end: it must know the thread is there (the C data phase marks it committed) and
     end the job once the heartbeat finds rank 1 silent, naming it, not ten seconds later at the
     backstop ("stuck inside MPI past the timeout", which the C path's threads took before the
     watchdog read their mark)."""
     timeout_s = 5
-    proc = mpi_python(2, "stopped_in_large_data.py", str(timeout_s), "allreduce", "1", str(4 << 20),
-                      "after-gate", timeout=120)
-    named = _ended_naming(proc, "rank 1 stops", r"rank 0 of 2 waited (\d+) s in allreduce \(default "
-                          rf"group\): rank 1 on {re.escape(socket.gethostname())} went silent "
+    proc = mpi_python(2, "stopped_in_large_data.py", str(timeout_s), "reduce_scatter", "1",
+                      str(4 << 20), "after-gate", timeout=120)
+    named = _ended_naming(proc, "rank 1 stops", r"rank 0 of 2 waited (\d+) s in reduce_scatter\w* "
+                          rf"\(default group\): rank 1 on {re.escape(socket.gethostname())} went silent "
                           r"\(no answer to its heartbeat")
     assert int(named[1]) <= timeout_s + 3, named[0]  # the backstop's is the timeout + 10 s
     assert "stuck inside MPI" not in proc.stderr, explain(proc)

@@ -270,7 +270,7 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
             times = measure_paired(list(calls.values()), sync, args)
             ref.Free()
             row = {"op": op, "bytes": reported, "world_size": pg.size(),
-                   "taken": choose(op, reported, pg.size())}
+                   "taken": choose(op, reported, pg.size(), pg._shm.in_c)}
             for name, mine in zip(calls, times, strict=True):
                 row[name + "_s"] = _p50(mine)
             rows.append(row)

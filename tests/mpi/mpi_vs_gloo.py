@@ -229,9 +229,9 @@ PATH_OPS = {"allreduce": ("all_reduce SUM", False), "broadcast": ("broadcast", F
 def path_thresholds(gloo, mpi, check):
     """At, just below and just above every size where paths.choose switches path, each op
     synchronous and asynchronous equals gloo's result."""
-    n, cases = gsize(mpi), 0
+    n, cases, in_c = gsize(mpi), 0, native.load() is not None
     for name, (op_name, whole) in PATH_OPS.items():
-        steps = next(steps for most, steps in paths.TABLE[name] if n <= most)
+        steps = next(steps for most, steps in paths.table(in_c)[name] if n <= most)
         for dt in (torch.float32, torch.int64):
             elem = torch.empty(0, dtype=dt).element_size()
             for start, _ in steps:
@@ -239,7 +239,7 @@ def path_thresholds(gloo, mpi, check):
                     k = max(1, -(-nbytes // (elem * n)) if whole else -(-nbytes // elem))
                     cases += 1
                     want = OPS[op_name](gloo, dt, k, 50000 + cases)
-                    check.check(f"{op_name} {dt} at {paths.choose(name, k * elem, n)} "
+                    check.check(f"{op_name} {dt} at {paths.choose(name, k * elem, n, in_c)} "
                                 f"threshold {start} B: {k} elements",
                                 same(want, OPS[op_name](mpi, dt, k, 50000 + cases)))
                     check.check(f"{op_name} {dt} {k} elements async",
@@ -424,6 +424,8 @@ def main() -> int:
     shm_used = [g._shm._ready is True for _, g in groups.values() if isinstance(g, MPIProcessGroup)]
     check.check("shared-memory allreduce used as expected", shm_used == [expected] * len(shm_used),
                 f"{shm_used}, expected {expected}")
+    shm_in_c = [g._shm.in_c for _, g in groups.values()
+                if isinstance(g, MPIProcessGroup) and g._shm._ready]
     subgroups = [g for pair in groups.values() for g in pair
                  if g is not dist.group.WORLD and g is not dist.GroupMember.NON_GROUP_MEMBER]
     for group in subgroups:  # one by one, before the default group (mpi ones too)
@@ -440,7 +442,7 @@ def main() -> int:
         flat = [f for per_rank in failures for f in per_rank]
         print(json.dumps({"world_size": n, "cases": cases, "parts": parts, "failures": flat[:30],
                           "failure_count": len(flat), "data_phase_in_c": native.load() is not None,
-                          "why_not_in_c": native.why_not()}), flush=True)
+                          "why_not_in_c": native.why_not(), "shm_in_c": shm_in_c}), flush=True)
     return 1 if check.failures else 0
 
 

@@ -9,14 +9,17 @@ operator is Python's: 16-bit floats), the group hands its data phase to ``collec
 the same calls with the same waits (spin, then naps; the group's deadline; a process that did not
 run does not count; given up at once once the watchdog heard of a silent rank) and marks the thread
 committed around MPI's blocking call for the watchdog, with the GIL released; synchronous or on
-the executor's thread, profiled or not. Everything else keeps the Python path.
+the executor's thread, profiled or not. The shared-memory paths of broadcast, allgather and
+allreduce (``shm``, ``shm_data``) are made in C in the same module (``native_shm.c``: the same
+steps and barriers, the same waits), where every rank of the group has it. Everything else keeps
+the Python path.
 
-``load()`` compiles ``native_calls.c`` with ``mpicc`` (mpi4py's, else one on PATH or beside this
-Python) into ``$XDG_CACHE_HOME/downpour/mpi-native`` (else ``~/.cache/downpour/mpi-native``), once
-per source, Python and MPI library (about 1.5 s); ranks that start together wait on one build (a
-lock file). Where it cannot be built (no C compiler, no ``mpicc``, no Python headers), or with
-``DOWNPOUR_MPI_NATIVE=0``, the backend keeps the data phase in Python, which keeps every guarantee
-too, more slowly; ``why_not()`` says why.
+``load()`` compiles ``native_calls.c`` and ``native_shm.c`` with ``mpicc`` (mpi4py's, else one on
+PATH or beside this Python) into ``$XDG_CACHE_HOME/downpour/mpi-native`` (else
+``~/.cache/downpour/mpi-native``), once per source, Python and MPI library (about 1.5 s); ranks
+that start together wait on one build (a lock file). Where it cannot be built (no C compiler, no
+``mpicc``, no Python headers), or with ``DOWNPOUR_MPI_NATIVE=0``, the backend keeps the data phase
+in Python, which keeps every guarantee too, more slowly; ``why_not()`` says why.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import sysconfig
 from functools import cache
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("native_calls.c")
+SOURCE = Path(__file__).with_name("native_calls.c")  # MPI's calls, and the module's methods
+SHM_SOURCE = SOURCE.with_name("native_shm.c")  # the shared-memory paths
+HEADER = SOURCE.with_name("native.h")  # what the two share
 NAME = "downpour_mpi_native"
 # native_calls.c's operations and modes
 ALLREDUCE, BCAST, ALLGATHER, REDUCE_SCATTER_BLOCK = range(4)
@@ -116,9 +121,10 @@ def _build_and_import():
     wrapper = mpi_wrapper("mpicc")
     if wrapper is None:
         raise RuntimeError(f"no mpicc on PATH or in {Path(sys.executable).parent}")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), sys.version.encode(),
-                                     wrapper.encode(), MPI.Get_library_version().encode()]))
+    sources = (SOURCE, SHM_SOURCE, HEADER)
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in sources), " ".join(FLAGS).encode(),
+                                     sys.version.encode(), wrapper.encode(),
+                                     MPI.Get_library_version().encode()]))
     key = key.hexdigest()[:16]
     where = _cache_dir()
     where.mkdir(parents=True, exist_ok=True)
@@ -137,8 +143,8 @@ def _build_and_import():
 def _compile(wrapper: str, built: Path) -> None:
     """``native_calls.c`` into ``built``, whole or not at all (a file of its own, then renamed)."""
     partial = built.with_name(f"{built.name}.{os.getpid()}.tmp")
-    command = [wrapper, *FLAGS, f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o",
-               str(partial)]
+    command = [wrapper, *FLAGS, f"-I{sysconfig.get_paths()['include']}",
+               f"-I{HEADER.parent}", str(SOURCE), str(SHM_SOURCE), "-o", str(partial)]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:

@@ -16,28 +16,21 @@ heard that a rank went silent (``set_silent``); naps of a 32nd of the wait so fa
 NAP_S. A wait given up raises liveness.PeerTimeout(what, waited), which the group explains as the
 Python path's does; an MPI error raises mpi4py's MPI.Exception, as mpi4py would.
 */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <mpi.h>
+#include "native.h"
 
+#include <mpi.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
-
-/* liveness.py's SPIN_S, NAP_S and PAUSED_S */
-#define SPIN_S 50e-6
-#define NAP_S 1e-3
-#define PAUSED_S 2.0
 
 enum { ALLREDUCE, BCAST, ALLGATHER, REDUCE_SCATTER_BLOCK };
 enum { NB, GATED, GATED_SPUN };
 
 #define FROM_HANDLE(type, value) ((type)(intptr_t)(value)) /* pointers (Open MPI) or ints (MPICH) */
 
-static PyObject *peer_timeout; /* liveness.PeerTimeout */
+PyObject *dp_peer_timeout;      /* liveness.PeerTimeout */
 static PyObject *mpi_exception; /* mpi4py's MPI.Exception */
-static atomic_int silent;      /* the watchdog heard that a rank went silent */
+atomic_int dp_silent;           /* the watchdog heard that a rank went silent */
 
 /* The threads inside a blocking MPI call now, for the watchdog (liveness.Watchdog._check_committed:
    once a rank is silent, such a thread never comes back). */
@@ -57,10 +50,19 @@ static void uncommit(int slot) {
   if (slot >= 0) atomic_store(&committed[slot], 0);
 }
 
-static double now(void) {
+double dp_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+PyObject *dp_timeout(PyObject *what, double waited) {
+  PyObject *error = PyObject_CallFunction(dp_peer_timeout, "Od", what, waited);
+  if (error != NULL) {
+    PyErr_SetObject(dp_peer_timeout, error);
+    Py_DECREF(error);
+  }
+  return NULL;
 }
 
 static void nap(double seconds) {
@@ -74,17 +76,17 @@ static int wait_request(MPI_Request *request, double timeout, double spin, doubl
   int done = 0, rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
   *waited = 0;
   if (rc != MPI_SUCCESS || done) return rc;
-  double start = now(), t = start;
+  double start = dp_now(), t = start;
   while (t - start < spin) {
     if ((rc = MPI_Test(request, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || done) return rc;
-    t = now();
+    t = dp_now();
   }
   double deadline = start + timeout, last = start;
   for (;;) {
-    t = now();
+    t = dp_now();
     if (t - last > PAUSED_S) deadline += t - last; /* this process did not run meanwhile */
     last = t;
-    if (t >= deadline || atomic_load(&silent)) {
+    if (t >= deadline || atomic_load(&dp_silent)) {
       *waited = t > start ? t - start : 1e-9; /* not 0, which says done */
       return MPI_SUCCESS;
     }
@@ -191,14 +193,7 @@ static PyObject *collective(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     return NULL;
   }
-  if (waited > 0) {
-    PyObject *error = PyObject_CallFunction(peer_timeout, "Od", args[11], waited);
-    if (error != NULL) {
-      PyErr_SetObject(peer_timeout, error);
-      Py_DECREF(error);
-    }
-    return NULL;
-  }
+  if (waited > 0) return dp_timeout(args[11], waited);
   Py_RETURN_NONE;
 }
 
@@ -206,7 +201,7 @@ static PyObject *init(PyObject *self, PyObject *args) {
   (void)self;
   PyObject *timeout_type, *mpi_type;
   if (!PyArg_ParseTuple(args, "OO", &timeout_type, &mpi_type)) return NULL;
-  Py_XSETREF(peer_timeout, Py_NewRef(timeout_type));
+  Py_XSETREF(dp_peer_timeout, Py_NewRef(timeout_type));
   Py_XSETREF(mpi_exception, Py_NewRef(mpi_type));
   Py_RETURN_NONE;
 }
@@ -215,7 +210,7 @@ static PyObject *set_silent(PyObject *self, PyObject *flag) {
   (void)self;
   int on = PyObject_IsTrue(flag);
   if (on < 0) return NULL;
-  atomic_store(&silent, on);
+  atomic_store(&dp_silent, on);
   Py_RETURN_NONE;
 }
 
@@ -236,6 +231,12 @@ static PyObject *committed_threads(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"collective", (PyCFunction)(void (*)(void))collective, METH_FASTCALL,
      "One collective's data phase (see the module's source)."},
+    {"shm_bcast", (PyCFunction)(void (*)(void))dp_shm_bcast, METH_FASTCALL,
+     "A broadcast over shared memory (native_shm.c)."},
+    {"shm_allgather", (PyCFunction)(void (*)(void))dp_shm_allgather, METH_FASTCALL,
+     "An allgather over shared memory (native_shm.c)."},
+    {"shm_allreduce", (PyCFunction)(void (*)(void))dp_shm_allreduce, METH_FASTCALL,
+     "An allreduce over shared memory (native_shm.c)."},
     {"init", init, METH_VARARGS, "init(PeerTimeout, MPI.Exception): the errors it raises."},
     {"set_silent", set_silent, METH_O, "Whether the watchdog heard that a rank went silent."},
     {"committed", committed_threads, METH_NOARGS,

@@ -117,6 +117,19 @@ of the interpreter than they do):
 So 2-rank allgather takes the gate's path from 16 KB (it was from 64 KB); broadcast keeps the
 nonblocking call up to 256 KB, and allreduce and reduce_scatter their steps (the same sittings:
 allreduce's nonblocking call 1.54-1.78x at 4 KB, the gate's 1.65-2.10x, shared memory 1.59-1.94x).
+
+Since the shared-memory steps are made in C too (``native_shm.c``: issue 36), where every rank
+of the group has them, ``TABLE_C`` is in force. 2 ranks, ``--paths``, quiet machine (load under 1),
+p50 over MPI's own through mpi4py, shared memory / gate / nonblocking:
+
+    2 ranks     4 KB           64 KB          1 MB           4 MB           16 MB          64 MB
+    allreduce   0.91 2.34 2.19 0.42 1.33 1.29 0.41 1.01 2.39 0.44 0.99 2.55 0.50 1.01 3.11 0.24 0.98 1.32
+    broadcast   0.37 1.13 0.99 0.62 1.07 1.00 0.51 1.02 1.20 0.43 1.00 1.20 0.32 1.02 1.18 0.45 1.00 1.14
+    allgather   0.58 1.07 0.91 0.52 1.03 1.23 0.75 1.01 1.01 0.85 1.01 1.01 0.63 1.06 1.00 0.84 0.99 1.00
+
+Shared memory won every size from 4 KB to 64 MB (16 KB, 256 KB, 2 MB and 32 MB too), so 2 ranks
+take it for all three from the first byte. (Before the chunks and pieces were sized for C: 1 MB
+pieces of a broadcast 1.39-2.31 from 1 MB, 2 MB chunks of an allreduce 1.00-1.15 at 2-16 MB.)
 """
 
 from __future__ import annotations
@@ -139,10 +152,29 @@ TABLE: dict[str, list[tuple[int, list[tuple[int, str]]]]] = {
 }
 
 
-def choose(op: str, nbytes: int, n: int) -> str:
+# The same where the shared-memory steps are made in C (``native_shm.c``) on every rank.
+TABLE_C: dict[str, list[tuple[int, list[tuple[int, str]]]]] = {
+    "allreduce": [(2, [(1, "shm")]),
+                  (3, [(16 << 10, "mpi"), (4 << 20, "shm")]),
+                  (1 << 30, [(16 << 10, "mpi"), (32 << 20, "shm")])],
+    "broadcast": [(2, [(1, "shm")]),
+                  (1 << 30, [(_LARGE, "mpi")])],
+    "allgather": [(2, [(1, "shm")]),
+                  (3, [(128 << 10, "mpi"), (_LARGE, "shm")]),
+                  (1 << 30, [(128 << 10, "mpi")])],
+    "reduce_scatter": TABLE["reduce_scatter"],
+}
+
+
+def table(in_c: bool) -> dict[str, list[tuple[int, list[tuple[int, str]]]]]:
+    """The table in force: ``TABLE_C`` where the shared-memory steps are C's on every rank."""
+    return TABLE_C if in_c else TABLE
+
+
+def choose(op: str, nbytes: int, n: int, in_c: bool = False) -> str:
     """The path for ``op`` on ``nbytes`` over ``n`` ranks of one node: the same on every rank
-    (it depends only on what they share)."""
-    steps = next(steps for most, steps in TABLE[op] if n <= most)
+    (it depends only on what they share). ``in_c``: the shared-memory steps are C's."""
+    steps = next(steps for most, steps in table(in_c)[op] if n <= most)
     path = "nb"
     for start, which in steps:
         if nbytes >= start:

@@ -25,6 +25,7 @@ from . import monitored, profiling
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .paths import choose
+from .shm import MIN_BYTES
 from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, reduction, scratch, spec, vspec
 from .work import EXECUTOR, DoneWork, RequestWork, _seconds
@@ -203,7 +204,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         measured path (``paths``), else MPI's nonblocking calls (``data_phase``)."""
         key = (op, nbytes, tensor.is_cpu)
         return self._paths.get(key) or self._remember(
-            key, choose(op, nbytes, self._n) if self._shm.moves(tensor, nbytes, 0) else "nb")
+            key, choose(op, nbytes, self._n, self._shm.in_c) if self._shm.moves(tensor, nbytes, 0)
+            else "nb")
 
     def _remember(self, key: tuple, path: str) -> str:
         """Keep the path chosen for ``key`` (``_paths``); returns it."""
@@ -278,8 +280,10 @@ class MPIProcessGroup(dist.ProcessGroup):
     def _allreduce_path(self, local: torch.Tensor, red) -> str:
         if not self._shm.takes(local, red.kernel):
             return "nb"
+        if self._shm.across or red.python:  # MPI's own across nodes; a Python operator in MPI
+            return "shm" if local.nbytes >= MIN_BYTES else "nb"
         # a group on one node takes the measured path
-        return "shm" if self._shm.across or red.python else choose("allreduce", local.nbytes, self._n)
+        return choose("allreduce", local.nbytes, self._n, self._shm.in_c)
 
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")

@@ -12,8 +12,11 @@ Measured here (2 ranks, one core each, float32, medians; the machine was shared 
 At 64 KB most of the 7.5 us is the 64 KB every rank must read from the other's cache (a copy into
 the slot 2.7 us and the sum 3.3 us, against 0.9 and 1.4 us on data a core has to itself).
 
-Below 16 KB MPI's latency wins (this path's few microseconds are Python), so smaller buffers go to
-MPI. Everything goes through a buffer every rank of the node maps (a file in /dev/shm, created by the
+Below 16 KB MPI's latency wins over these steps in Python (their few microseconds are the
+interpreter's), so smaller buffers go to MPI. Where every rank of a group on one node has the same
+steps in C (``native_shm.c``, built with ``native``; agreed at setup), they take 0.2-0.9x Open
+MPI's time from 4 KB to 64 MB at 2 ranks, and ``paths.TABLE_C`` sends every size there. Everything
+goes through a buffer every rank of the node maps (a file in /dev/shm, created by the
 node's first rank and unlinked as soon as every rank has mapped it, so nothing is left behind even if
 the job dies): n slots and a result area, twice, small enough to stay in the last-level cache.
 
@@ -82,6 +85,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from . import native
 from .liveness import WATCHDOG, PeerTimeout, gate, wait_request
 from .types import MOVE_TYPE
 
@@ -93,12 +97,25 @@ CONTROL_BYTES = 4096  # the start of the buffer: one semaphore per rank, a cache
 SEM_STRIDE = 64
 SPIN_S = 50e-6  # how long a rank spins in a barrier before it sleeps
 MIN_BYTES = int(os.environ.get("DOWNPOUR_MPI_SHM_MIN_BYTES", 16 << 10))
+# Where every rank has the steps in C (``native_shm.c``), the table in ``paths`` decides from the
+# first byte; a size given in DOWNPOUR_MPI_SHM_MIN_BYTES holds for both.
+MIN_BYTES_C = MIN_BYTES if "DOWNPOUR_MPI_SHM_MIN_BYTES" in os.environ else 1
 ENABLED = os.environ.get("DOWNPOUR_MPI_SHM", "1") != "0"
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
                  torch.int64, torch.uint8, torch.bool)
 # the same reductions in numpy (on bool arrays add is OR and multiply is AND, as in torch)
 _NUMPY_KERNELS = {torch.add: np.add, torch.mul: np.multiply, torch.minimum: np.minimum,
                   torch.maximum: np.maximum}
+# In C (``native_shm.c``), at 2 ranks: the one-barrier algorithm up to 4 KB (it tied the two
+# barriers there, and lost from 8 KB: 2.78 against 2.33 us), and chunks of 1 MB (a 16 MB allreduce
+# 1.31 ms against 2.65 in chunks of 2 MB, whose working set leaves the core's cache; 1 MB 77 us,
+# 4 MB 0.32 ms, against 85 and 0.39 in chunks of 256 KB). Measured with the steps alone, two
+# processes on the 2-core VM; more ranks keep the Python sizes (not measured: ranks outnumber cores).
+SMALL_BYTES_C = 4 << 10
+CHUNK_BYTES_C = 1 << 20
+# what ``native_shm.c``'s allreduce takes: its dtype and op codes
+_C_DTYPES = {torch.float32: 0, torch.float64: 1, torch.int32: 2, torch.int64: 3}
+_C_OPS = {torch.add: 0, torch.mul: 1}
 
 
 class _Timespec(ctypes.Structure):
@@ -189,6 +206,9 @@ class ShmAllreduce:
         self._size(comm.Get_size(), comm.Get_rank())
         self._views: dict[torch.dtype, list[tuple[list[torch.Tensor], torch.Tensor]]] = {}
         self._phase = 0
+        self._c = None  # ``native``'s module where every rank of a group on one node has it
+        self._layout: tuple = ()  # the buffer as ``native_shm.c`` takes it
+        self._c_sizes = (0, 0)  # its allreduce's: one barrier up to, chunks of (bytes)
         self.passes = {"node": 0, "nodes": 0}
 
     def _size(self, n: int, r: int) -> None:
@@ -204,11 +224,17 @@ class ShmAllreduce:
         op, device type) and on a collective setup.
         """
         nbytes = tensor.nbytes if nbytes is None else nbytes
-        if self._ready is False or kernel is None or not tensor.is_cpu or nbytes < MIN_BYTES:
+        if self._ready is False or kernel is None or not tensor.is_cpu or nbytes < MIN_BYTES_C:
             return False
         if self._ready is None:
             self._ready = self._setup()
-        return self._ready
+        return self._ready and (nbytes >= MIN_BYTES or self._c is not None)
+
+    @property
+    def in_c(self) -> bool:
+        """Whether the steps are made in C (``native_shm.c``) on every rank (once set up): the
+        same answer on every rank, as ``paths`` needs."""
+        return self._c is not None
 
     @property
     def across(self) -> bool:
@@ -251,7 +277,9 @@ class ShmAllreduce:
         path = node.bcast(path, root=0)
         if node.Get_rank() != 0 and path:
             mapped = _map(path, size)
-        ok = comm.allreduce(mapped is not None, op=MPI.LAND)
+        c = native.load()
+        agreed = comm.allgather((mapped is not None, c is not None))
+        ok = all(mapped for mapped, _ in agreed)
         node.Barrier()  # everyone has mapped it (or failed): the name is no longer needed
         if path and node.Get_rank() == 0:
             os.unlink(path)
@@ -265,8 +293,15 @@ class ShmAllreduce:
             return False
         self._node, self._map = node, mapped
         self._bytes = torch.frombuffer(mapped, dtype=torch.uint8)
-        self._barrier = NodeBarrier(self._bytes.data_ptr(), node.Get_rank(), n, self._timeout_s)
+        sems = self._bytes.data_ptr()
+        self._barrier = NodeBarrier(sems, node.Get_rank(), n, self._timeout_s)
         self._bytes = self._bytes[control:]
+        if self._cross is None and all(has_c for _, has_c in agreed):
+            self._c = c
+            self._layout = (sems, self._bytes.data_ptr(), self._chunk * (n + 1), self._chunk,
+                            node.Get_rank(), n, float(self._timeout_s))
+            self._c_sizes = ((SMALL_BYTES_C, CHUNK_BYTES_C) if n == 2
+                             else (self._small, self._chunk))
         return True
 
     def _sets(self, dtype: torch.dtype) -> list:
@@ -285,9 +320,15 @@ class ShmAllreduce:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
         (a torch function; its numpy twin where numpy has the dtype) and, between nodes, with the
         MPI operator ``op`` that does the same."""
+        self._count()
+        code = _C_DTYPES.get(tensor.dtype)
+        if self._c is not None and code is not None and kernel in _C_OPS and (code < 2 or not average):
+            self._phase = self._c.shm_allreduce(
+                *self._layout, self._phase, *self._c_sizes, tensor.data_ptr(), tensor.numel(),
+                code, _C_OPS[kernel], average, "allreduce over shared memory")
+            return
         sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
         self._barrier.what = "allreduce over shared memory"
-        self._count()
         if tensor.nbytes <= self._small:
             self._allreduce_small(flat, sets, average, *ops)
         else:
@@ -407,6 +448,7 @@ class ShmAllreduce:
     def close(self) -> None:
         self._views.clear()
         self._bytes = self._barrier = None  # the tensor views must go before the mapping can close
+        self._c, self._layout = None, ()
         if self._map is not None:
             self._map.close()
             if not MPI.Is_finalized():

@@ -1,0 +1,28 @@
+/* What the two halves of the C data phase share (``native_calls.c``, MPI's calls; ``native_shm.c``,
+   the shared-memory paths): the watchdog's word, the clock, and the errors raised. */
+#ifndef DOWNPOUR_MPI_NATIVE_H
+#define DOWNPOUR_MPI_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdatomic.h>
+
+/* liveness.py's SPIN_S, NAP_S and PAUSED_S */
+#define SPIN_S 50e-6
+#define NAP_S 1e-3
+#define PAUSED_S 2.0
+
+extern atomic_int dp_silent;     /* the watchdog heard that a rank went silent (``set_silent``) */
+extern PyObject *dp_peer_timeout; /* liveness.PeerTimeout */
+
+double dp_now(void); /* CLOCK_MONOTONIC, in seconds */
+
+/* Raise liveness.PeerTimeout(what, waited); returns NULL. */
+PyObject *dp_timeout(PyObject *what, double waited);
+
+/* native_shm.c's methods (its source says what each takes) */
+PyObject *dp_shm_bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dp_shm_allgather(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *dp_shm_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+#endif
