@@ -116,7 +116,8 @@ static int bcast(Shm *s, long long piece, int root, char *data, long long nbytes
 
 static int allgather(Shm *s, long long piece, const char *data, long long size, char *out) {
   int r = s->rank;
-  if (out + (long long)r * size != data) memcpy(out + (long long)r * size, data, (size_t)size);
+  if (size > 0 && out + (long long)r * size != data)
+    memcpy(out + (long long)r * size, data, (size_t)size);
   for (long long start = 0; start < size; start += piece) {
     long long k = size - start < piece ? size - start : piece;
     char *set = next_set(s);
@@ -128,18 +129,20 @@ static int allgather(Shm *s, long long piece, const char *data, long long size, 
   return 0;
 }
 
-/* The reductions: out[i] = a[i] (op) b[i]; out may be a. Then out[i] /= n for AVG. */
-#define KERNELS(T, NAME)                                                                      \
+/* The reductions: out[i] = a[i] (op) b[i]; out may be a. Then out[i] /= n for AVG. Integers
+   are added and multiplied as unsigned (W), so that they wrap as torch's and numpy's do, where a
+   signed overflow would be undefined in C. */
+#define KERNELS(T, W, NAME)                                                                   \
   static void sum_##NAME(T *out, const T *a, const T *b, long long k) {                       \
-    for (long long i = 0; i < k; i++) out[i] = a[i] + b[i];                                   \
+    for (long long i = 0; i < k; i++) out[i] = (T)((W)a[i] + (W)b[i]);                        \
   }                                                                                           \
   static void prod_##NAME(T *out, const T *a, const T *b, long long k) {                      \
-    for (long long i = 0; i < k; i++) out[i] = a[i] * b[i];                                   \
+    for (long long i = 0; i < k; i++) out[i] = (T)((W)a[i] * (W)b[i]);                        \
   }
-KERNELS(float, f32)
-KERNELS(double, f64)
-KERNELS(int32_t, i32)
-KERNELS(int64_t, i64)
+KERNELS(float, float, f32)
+KERNELS(double, double, f64)
+KERNELS(int32_t, uint32_t, i32)
+KERNELS(int64_t, uint64_t, i64)
 
 static void div_f32(void *out, long long k, int n) {
   float *x = out, d = (float)n;
