@@ -99,6 +99,20 @@ def test_the_c_data_phase_builds_once_or_says_why_not_and_leaves_nothing_half_wr
         assert not [f for f in found["files"] if f.endswith(".tmp")], found
 
 
+def test_ranks_that_do_not_all_have_the_c_steps_agree_on_the_python_ones():
+    """Rank 1 without the C data phase (DOWNPOUR_MPI_NATIVE=0), rank 0 with it: the group's shared
+    memory takes the Python steps and the Python table on both (tests/mpi/shm_agreement.py), so the
+    two never wait in different paths (one in a barrier, one in MPI) for a 4 KB allreduce."""
+    proc = mpi_python(2, "shm_agreement.py", timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    said = {line["rank"]: line for line in json_lines(proc)}
+    assert said[0]["has_c"] and not said[1]["has_c"], said
+    for line in said.values():
+        assert line["right"] and line["shm_set_up"] and not line["shm_in_c"], line
+        assert "nb" in line["paths"], line  # the Python table's small sizes: MPI's own call
+    assert said[0]["paths"] == said[1]["paths"], said
+
+
 def test_runtime_auto_picks_mpi_and_training_on_it_equals_one_process():
     proc = mpi_python(2, "runtime_mpi.py")
     assert proc.returncode == 0, explain(proc)
