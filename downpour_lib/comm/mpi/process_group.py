@@ -266,7 +266,7 @@ class MPIProcessGroup(dist.ProcessGroup):
     def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
         """On the executing thread: large single-node buffers through shared memory (whose barrier
         has a deadline), else MPI behind the gate."""
-        key = ("allreduce", local.nbytes, local.is_cpu, red.kernel is None, red.python)
+        key = ("allreduce", local.nbytes, local.is_cpu, red)  # one Reduction per dtype and op
         path = self._paths.get(key) or self._remember(key, self._allreduce_path(local, red))
         if path == "shm":
             self._shm.allreduce(local, red.kernel, red.average, red.op)
@@ -282,8 +282,9 @@ class MPIProcessGroup(dist.ProcessGroup):
             return "nb"
         if self._shm.across or red.python:  # MPI's own across nodes; a Python operator in MPI
             return "shm" if local.nbytes >= MIN_BYTES else "nb"
-        # a group on one node takes the measured path
-        return choose("allreduce", local.nbytes, self._n, self._shm.in_c)
+        # a group on one node takes the measured path: TABLE_C's where C has the reduction's kernel
+        in_c = self._shm.reduces_in_c(local.dtype, red.kernel, red.average)
+        return choose("allreduce", local.nbytes, self._n, in_c)
 
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")

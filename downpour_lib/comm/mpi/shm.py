@@ -236,6 +236,12 @@ class ShmAllreduce:
         same answer on every rank, as ``paths`` needs."""
         return self._c is not None
 
+    def reduces_in_c(self, dtype: torch.dtype, kernel, average: bool) -> bool:
+        """Whether ``allreduce`` makes this reduction's steps in C (``native_shm.c`` has kernels for
+        sum and product of four dtypes): the same answer on every rank, once set up."""
+        return (self._c is not None and kernel in _C_OPS and dtype in _C_DTYPES
+                and not (average and not dtype.is_floating_point))
+
     @property
     def across(self) -> bool:
         """Whether the group spans nodes (known once ``takes`` has set the buffer up)."""
@@ -321,11 +327,10 @@ class ShmAllreduce:
         (a torch function; its numpy twin where numpy has the dtype) and, between nodes, with the
         MPI operator ``op`` that does the same."""
         self._count()
-        code = _C_DTYPES.get(tensor.dtype)
-        if self._c is not None and code is not None and kernel in _C_OPS and (code < 2 or not average):
+        if self.reduces_in_c(tensor.dtype, kernel, average):
             self._phase = self._c.shm_allreduce(
                 *self._layout, self._phase, *self._c_sizes, tensor.data_ptr(), tensor.numel(),
-                code, _C_OPS[kernel], average, "allreduce over shared memory")
+                _C_DTYPES[tensor.dtype], _C_OPS[kernel], average, "allreduce over shared memory")
             return
         sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
         self._barrier.what = "allreduce over shared memory"
