@@ -225,7 +225,21 @@ static int layout(Shm *s, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t wa
   s->phase = (int)PyLong_AsLong(args[7]) & 1;
   s->waited = 0;
   s->error = 0;
-  return PyErr_Occurred() ? -1 : 0;
+  if (PyErr_Occurred()) return -1;
+  if (s->n < 1 || s->rank < 0 || s->rank >= s->n || s->slot_bytes <= 0 ||
+      s->set_bytes < s->slot_bytes * (s->n + 1)) {
+    PyErr_Format(PyExc_ValueError, "%s: rank %d of %d in sets of %lld bytes, slots of %lld", name,
+                 s->rank, s->n, s->set_bytes, s->slot_bytes);
+    return -1;
+  }
+  return 0;
+}
+
+/* A piece of `piece` bytes fits `room`: 0, or -1 with a ValueError (a piece of 0 would never end). */
+static int check_piece(long long piece, long long room, const char *name) {
+  if (piece > 0 && piece <= room) return 0;
+  PyErr_Format(PyExc_ValueError, "%s: a piece of %lld bytes does not fit %lld", name, piece, room);
+  return -1;
 }
 
 /* The phase left, or the error of a barrier that gave up. */
@@ -251,7 +265,11 @@ PyObject *dp_shm_bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
   int root = (int)PyLong_AsLong(args[9]);
   char *data = PyLong_AsVoidPtr(args[10]);
   long long nbytes = PyLong_AsLongLong(args[11]);
-  if (PyErr_Occurred()) return NULL;
+  if (PyErr_Occurred() || check_piece(piece, s.set_bytes, "shm_bcast") != 0) return NULL;
+  if (root < 0 || root >= s.n) {
+    PyErr_Format(PyExc_ValueError, "shm_bcast: root %d of %d ranks", root, s.n);
+    return NULL;
+  }
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = bcast(&s, piece, root, data, nbytes);
@@ -267,7 +285,7 @@ PyObject *dp_shm_allgather(PyObject *self, PyObject *const *args, Py_ssize_t nar
   const char *data = PyLong_AsVoidPtr(args[9]);
   long long size = PyLong_AsLongLong(args[10]);
   char *out = PyLong_AsVoidPtr(args[11]);
-  if (PyErr_Occurred()) return NULL;
+  if (PyErr_Occurred() || check_piece(piece, s.slot_bytes, "shm_allgather") != 0) return NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = allgather(&s, piece, data, size, out);
