@@ -309,8 +309,9 @@ PyObject *dp_shm_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return NULL;
   }
   int item = itemsizes[dtype], rc;
-  if (chunk < item * s.n) {
-    PyErr_Format(PyExc_ValueError, "shm_allreduce: a chunk of %lld bytes is too small", chunk);
+  if (chunk < item * s.n || small > s.slot_bytes) {
+    PyErr_Format(PyExc_ValueError, "shm_allreduce: chunks of %lld bytes, one barrier up to %lld, "
+                 "in slots of %lld", chunk, small, s.slot_bytes);
     return NULL;
   }
   Kernel kernel = kernels[dtype][op];
