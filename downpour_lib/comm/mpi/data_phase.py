@@ -27,8 +27,8 @@ from .types import MOVE_TYPE
 # nonblocking collectives cost what the blocking ones do (16 KB: the same; 128 KB gradients of the
 # default mlp: ~0.05 ms more a reduce), above it they lose by multiples.
 SLEEPY_DATA_BYTES = 256 * 1024
-# From this size broadcast, reduce and allgather on one node go through shared memory
-# (``shm_data``), which sleeps while it waits and beats Open MPI's blocking calls there.
+# From this size a reduce on one node goes through shared memory (``shm_data``), which sleeps
+# while it waits and beats Open MPI's blocking calls there (broadcast and allgather: ``paths``).
 SHM_DATA_BYTES = SLEEPY_DATA_BYTES + 1
 # Larger data phases that shared memory does not take (a group across nodes) go as pieces of
 # SLEEPY_DATA_BYTES, this many in flight, each waited on with naps.
