@@ -1,10 +1,10 @@
 /* The shared-memory paths of broadcast, allgather and allreduce in C (``shm.py``, ``shm_data.py``).
 
-The same steps as the Python ones, on the same buffer and semaphores (so a rank of either kind
-meets the other), with the GIL released and without the interpreter between them: in Python a
-64 KB broadcast over shared memory cost 3-4x Open MPI's own call, nearly all of it the numpy
-slices and ctypes calls around two copies and a barrier; in C the same steps take a sixth of
-Open MPI's time (2 ranks: 1.2 against 7.5 us; a 4 KB allreduce 1.8 against 3.8).
+The same steps as the Python ones, on the same buffer and semaphores, with the GIL released and
+without the interpreter between them (a group takes one or the other on every rank: agreed at
+setup). In Python a 64 KB broadcast over shared memory cost 3-4x Open MPI's own call, nearly all
+of it the numpy slices and ctypes calls around two copies and a barrier; in C the steps alone
+take a sixth of Open MPI's time (2 ranks: 1.2 against 7.5 us; a 4 KB allreduce 1.8 against 3.8).
 
 The layout (``ShmAllreduce._setup``): one semaphore per rank at `sems`, SEM_STRIDE apart; at
 `areas` two sets of `set_bytes`, each n slots of `slot_bytes` and a result area. A call uses the
@@ -26,7 +26,7 @@ in chunks of `chunk` bytes (at most a slot's).
 
 Allreduce takes float32, float64, int32 and int64 (`dtype` 0-3), sum and product (`op` 0-1), and
 averages floats (``shm.py`` keeps the rest); it reduces in the same order as ``shm.py``, so every
-rank ends with the same bits, and with Python's.
+rank ends with the same bits.
 */
 #include "native.h"
 
