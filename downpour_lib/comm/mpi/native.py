@@ -141,7 +141,8 @@ def _build_and_import():
 
 
 def _compile(wrapper: str, built: Path) -> None:
-    """``native_calls.c`` into ``built``, whole or not at all (a file of its own, then renamed)."""
+    """``native_calls.c`` and ``native_shm.c`` into ``built``, whole or not at all (a file of its
+    own, then renamed)."""
     partial = built.with_name(f"{built.name}.{os.getpid()}.tmp")
     command = [wrapper, *FLAGS, f"-I{sysconfig.get_paths()['include']}",
                f"-I{HEADER.parent}", str(SOURCE), str(SHM_SOURCE), "-o", str(partial)]
