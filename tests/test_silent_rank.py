@@ -196,7 +196,8 @@ def test_a_rank_stopped_while_the_others_are_in_the_data_phase_is_named_within_t
     ("reduce", 2, 3, 4 << 20, "before"), ("broadcast", 2, 3, 4 << 20, "before"),
     ("reduce", 0, 3, 4 << 20, "before"), ("broadcast", 0, 3, 4 << 20, "before"),
     ("all_gather", 2, 3, 4 << 20, "before"), ("broadcast", 1, 2, 4 << 20, "before"),
-    ("all_gather", 1, 2, 4 << 20, "before"), ("allreduce", 2, 3, 128 << 10, "after-gate")])
+    ("all_gather", 1, 2, 4 << 20, "before"), ("allreduce", 2, 3, 128 << 10, "after-gate"),
+    ("allreduce", 1, 2, 4 << 10, "before")])
 def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op, silent, n, nbytes,
                                                                               where):
     """sync_ps's reduce and broadcast (and an allgather) of 4 MB, above the 256 KB where the data
@@ -207,7 +208,9 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     steps in C (``comm/mpi/native_shm.c``), whose barrier sleeps as the Python one does. A 3-rank
     allreduce of the default model's 128 KB takes the gate too, and the stopped rank passes it
     first (``after-gate``): the others wait inside the data phase, where MPI's blocking call had
-    them spin at 99% (``comm/mpi/data_phase.py``)."""
+    them spin at 99% (``comm/mpi/data_phase.py``). A 2-rank 4 KB allreduce, the second of its
+    kind, takes the short path (``MPIProcessGroup._allreduce_in_c``), which must wait the same
+    way."""
     timeout_s = 8
     proc = mpi_python(n, "stopped_in_large_data.py", str(timeout_s), op, str(silent), str(nbytes),
                       where, timeout=180)

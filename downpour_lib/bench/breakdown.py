@@ -36,7 +36,7 @@ from torch._C._distributed_c10d import AllgatherOptions
 from ..comm.mpi.liveness import gate
 from ..comm.mpi.paths import choose
 from ..comm.mpi.types import reduction, spec
-from ..comm.mpi.work import DoneWork
+from ..comm.mpi.work import done
 from ..errors import ConfigError
 from .native import native_group
 from .timing import buffer_size, measure_paired
@@ -56,7 +56,7 @@ class NoopGroup(dist.ProcessGroup):
         return "noop"
 
     def _done(self, *_args, **_kwargs) -> dist._Work:
-        return DoneWork([])
+        return done([])
 
     allreduce = broadcast = reduce = _done
     allgather = all_gather_single = _allgather_base = _done

@@ -27,8 +27,8 @@ from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .paths import choose
 from .shm import MIN_BYTES
 from .shm_data import ShmCollectives
-from .types import Operand, check_dtype, reduction, scratch, spec, vspec
-from .work import EXECUTOR, DoneWork, RequestWork, _seconds
+from .types import Operand, check_dtype, kind, reduction, scratch, spec, vspec
+from .work import EXECUTOR, RequestWork, _seconds, done
 
 _PATHS_KEPT = 256  # the most path choices a group remembers (``_path``)
 _CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
@@ -136,6 +136,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         # ``_allreduce_in_place`` chose: the same on every call once the shared memory is set up
         # (2 of a 64 KB broadcast's 16 us, called directly, went to choosing it again)
         self._paths: dict[tuple, str] = {}
+        # (bytes, dtype, op's ``kind``) -> ``ShmAllreduce.c_codes`` for a synchronous allreduce of a
+        # contiguous CPU tensor whose path is the C steps, else False: ``allreduce``'s short path
+        self._in_c: dict[tuple, tuple | bool] = {}
         self._open = True
         self._group_name = ""
 
@@ -169,7 +172,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 self._guarded(name, fn, gated)
             else:
                 EXECUTOR.run_now(self._guarded, self._timeout_s, name, fn, gated)
-            return DoneWork(result)
+            return done(result)
         run = partial(self._guarded, name, fn, gated)
         if profiling.active():
             return self._issue_profiled(name, run, result, async_op, inputs)
@@ -185,7 +188,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             EXECUTOR.run_now(run, self._timeout_s)
         finally:
             profiling.end_elsewhere(event)
-        return DoneWork(result)
+        return done(result)
 
     def _guarded(self, name: str, fn, gated: bool) -> None:
         """``fn`` on the executing thread, watched: a wait past the timeout names the silent rank."""
@@ -223,11 +226,21 @@ class MPIProcessGroup(dist.ProcessGroup):
     # -- reductions ---------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        sync, codes = not opts.asyncOp, None
+        if sync and len(tensors) == 1:  # the shortest path, once a call of this kind has taken it
+            t = tensors[0]
+            codes = self._in_c.get((t.nbytes, t.dtype, kind(opts.reduceOp)))
+            if codes and t.is_cpu and t.is_contiguous() and self._open and EXECUTOR.idle() \
+                    and not profiling.active():  # what ``_issue`` would run at once
+                return self._allreduce_in_c(t, codes, tensors)
         t = _one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
-            return self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
+            work = self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
                                opts.asyncOp, inputs=tensors)
+            if sync and codes is None:
+                self._learn_in_c(t, red, opts.reduceOp)
+            return work
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:
@@ -235,6 +248,28 @@ class MPIProcessGroup(dist.ProcessGroup):
             x.finish()
 
         return self._issue("allreduce", run, tensors, opts.asyncOp, inputs=tensors)
+
+    def _learn_in_c(self, t: torch.Tensor, red, op: dist.ReduceOp) -> None:
+        """After a synchronous allreduce of the contiguous CPU ``t``: whether later ones like it
+        take ``_allreduce_in_c`` (where the path ``_allreduce_in_place`` chose is the C steps)."""
+        if len(self._in_c) < _PATHS_KEPT:
+            path = self._paths.get(("allreduce", t.nbytes, True, red))
+            codes = self._shm.c_codes(t.dtype, red.kernel, red.average) if path == "shm" else None
+            self._in_c[(t.nbytes, t.dtype, kind(op))] = codes or False
+
+    def _allreduce_in_c(self, t: torch.Tensor, codes: tuple, tensors: list) -> dist._Work:
+        """A synchronous allreduce of ``t`` by the C steps over shared memory, with what ``_issue``
+        and ``_guarded`` give it (the watchdog knows where the thread is; a wait past the timeout
+        names the silent rank) and nothing else. Through them, our Python took 2.7 of a 4 KB
+        allreduce's 7.0 us (2 ranks, direct call 4.5, the C steps 1.8, Open MPI's own 2.0)."""
+        WATCHDOG.enter("allreduce", self._timeout_s, self._name)
+        try:
+            self._shm.allreduce_in_c(t, *codes)
+        except PeerTimeout as exc:
+            raise self.explain(exc) from None
+        finally:
+            WATCHDOG.leave()
+        return done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()

@@ -242,6 +242,21 @@ class ShmAllreduce:
         return (self._c is not None and kernel in _C_OPS and dtype in _C_DTYPES
                 and not (average and not dtype.is_floating_point))
 
+    def c_codes(self, dtype: torch.dtype, kernel, average: bool) -> tuple | None:
+        """``allreduce_in_c``'s arguments after the tensor for a reduction ``reduces_in_c``, else
+        None."""
+        if not self.reduces_in_c(dtype, kernel, average):
+            return None
+        return _C_DTYPES[dtype], _C_OPS[kernel], average
+
+    def allreduce_in_c(self, tensor: torch.Tensor, dtype_code: int, op_code: int,
+                       average: bool) -> None:
+        """``allreduce`` made in C, with the codes ``c_codes`` gave for the tensor's reduction."""
+        self.passes["node"] += 1
+        self._phase = self._c.shm_allreduce(
+            *self._layout, self._phase, *self._c_sizes, tensor.data_ptr(), tensor.numel(),
+            dtype_code, op_code, average, "allreduce over shared memory")
+
     @property
     def across(self) -> bool:
         """Whether the group spans nodes (known once ``takes`` has set the buffer up)."""
@@ -326,12 +341,10 @@ class ShmAllreduce:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
         (a torch function; its numpy twin where numpy has the dtype) and, between nodes, with the
         MPI operator ``op`` that does the same."""
-        self._count()
         if self.reduces_in_c(tensor.dtype, kernel, average):
-            self._phase = self._c.shm_allreduce(
-                *self._layout, self._phase, *self._c_sizes, tensor.data_ptr(), tensor.numel(),
-                _C_DTYPES[tensor.dtype], _C_OPS[kernel], average, "allreduce over shared memory")
+            self.allreduce_in_c(tensor, _C_DTYPES[tensor.dtype], _C_OPS[kernel], average)
             return
+        self._count()
         sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
         self._barrier.what = "allreduce over shared memory"
         if tensor.nbytes <= self._small:

