@@ -114,20 +114,25 @@ def test_ranks_that_do_not_all_have_the_c_steps_agree_on_the_python_ones():
     assert said[0]["paths"] == said[1]["paths"], said
 
 
-def test_synchronous_allreduces_on_the_short_path_equal_the_reference():
+def test_synchronous_collectives_on_the_short_path_equal_the_reference():
     """After one synchronous allreduce, the next ones of its size, dtype and op skip ``_issue`` where
-    the path is the C steps (``MPIProcessGroup._allreduce_in_c``; tests/mpi/short_path.py): every
-    result is exact for SUM, AVG and PRODUCT of the four C dtypes, the second and third calls take
-    the short path, and MAX (MPI's path), a non-contiguous tensor, an asynchronous call and a
-    profiled one do not (the profiled one records its event)."""
+    the path is the C steps, and broadcast and all_gather_into_tensor where it is shared memory
+    (``MPIProcessGroup._short``; tests/mpi/short_path.py): every result is exact for SUM, AVG and
+    PRODUCT of the four C dtypes, for broadcast from each root and for all_gather_into_tensor; the
+    second and third calls take the short path, and MAX (MPI's path), a non-contiguous tensor, an
+    asynchronous call and a profiled one do not (the profiled one records its event)."""
     proc = mpi_python(2, "short_path.py", timeout=120)
     assert proc.returncode == 0, explain(proc)
     cases = json_lines(proc)
-    assert len(cases) == 2 * 45, explain(proc)
+    assert len(cases) == 2 * 51, explain(proc)
     for case in cases:
         assert case["right"] and case["shm_in_c"], case
         op = case["case"].split()[0]
-        assert case["short"] == (2 if op in ("sum", "avg", "product") else 0), case
+        short = op in ("sum", "avg", "product", "broadcast", "all_gather_into_tensor")
+        if case["case"].startswith("broadcast from 1"):  # its size's path is known from root 0
+            assert case["short"] == 3, case
+        else:
+            assert case["short"] == (2 if short else 0), case
         if op == "profiled":
             assert case["events"] == ["mpi:all_reduce"], case
 

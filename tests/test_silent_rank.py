@@ -209,7 +209,7 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     allreduce of the default model's 128 KB takes the gate too, and the stopped rank passes it
     first (``after-gate``): the others wait inside the data phase, where MPI's blocking call had
     them spin at 99% (``comm/mpi/data_phase.py``). A 2-rank 4 KB allreduce, the second of its
-    kind, takes the short path (``MPIProcessGroup._allreduce_in_c``), which must wait the same
+    kind, takes the short path (``MPIProcessGroup._short``), which must wait the same
     way."""
     timeout_s = 8
     proc = mpi_python(n, "stopped_in_large_data.py", str(timeout_s), op, str(silent), str(nbytes),

@@ -1,13 +1,15 @@
-"""Under mpiexec -n 2: synchronous allreduces on the short path give the results of the long one.
+"""Under mpiexec -n 2: synchronous collectives on the short path give the results of the long one.
 
-``MPIProcessGroup.allreduce`` remembers, after one synchronous allreduce of a contiguous CPU
-tensor, whether its path was the C steps over shared memory; the next ones of the same size, dtype
-and op skip ``_issue`` (``_allreduce_in_c``). Here every such case is called three times with new
-values each time, and each result is checked exactly (small integers, so float sums are exact):
-SUM, AVG and PRODUCT of float32, float64, int32 and int64, and MAX, whose path is MPI's. Then a
-non-contiguous tensor of a learnt size, an asynchronous call, and a call under torch's profiler,
-which must take the long path (the profiler's event is recorded there). Each rank prints one JSON
-line per case: whether every result was right, and how many calls took the short path.
+After one synchronous allreduce of a contiguous CPU tensor, ``MPIProcessGroup`` remembers whether
+its path was the C steps over shared memory; the next ones of the same size, dtype and op skip
+``_issue`` (``MPIProcessGroup._short``). Broadcast and all_gather_into_tensor skip it where the last
+call of their size went to shared memory. Here every case is called three times with new values
+each time, and each result is checked exactly (small integers, so float sums are exact): SUM, AVG
+and PRODUCT of float32, float64, int32 and int64, and MAX, whose path is MPI's; broadcast from
+each root and all_gather_into_tensor at 4 KB and 1 MB. Then a non-contiguous tensor of a learnt
+size, an asynchronous call, and a call under torch's profiler, which must take the long path (the
+profiler's event is recorded there). Each rank prints one JSON line per case: whether every result
+was right, and how many calls took the short path (did not reach ``_issue``).
 """
 
 import json
@@ -38,14 +40,14 @@ def main() -> int:
     dist.init_process_group("mpi", timeout=timedelta(seconds=30))
     rank, n = dist.get_rank(), dist.get_world_size()
     pg = dist.distributed_c10d._get_default_group()
-    short = [0]
-    long_path = pg._allreduce_in_c
+    issued = [0]
+    issue = pg._issue
 
-    def counted(*args):
-        short[0] += 1
-        return long_path(*args)
+    def counted(*args, **kwargs):
+        issued[0] += 1
+        return issue(*args, **kwargs)
 
-    pg._allreduce_in_c = counted
+    pg._issue = counted
 
     def values(numel: int, dtype: torch.dtype, call: int) -> list[torch.Tensor]:
         base = torch.arange(numel) % 5
@@ -57,41 +59,60 @@ def main() -> int:
             if op == "avg" and not dtype.is_floating_point:
                 continue
             for numel in (1, 1000, 1 << 16):
-                right, short[0] = True, 0
+                right, issued[0] = True, 0
                 for call in range(3):
                     every = values(numel, dtype, call)
                     t = every[rank].clone()
                     dist.all_reduce(t, op=OPS[op])
                     right &= torch.equal(t, expected(op, every))
                 cases.append({"case": f"{op} {dtype} {numel}", "right": right,
-                              "short": short[0]})
+                              "short": 3 - issued[0]})
+
+    for numel in (1 << 10, 1 << 18):
+        for root in range(n):
+            right, issued[0] = True, 0
+            for call in range(3):
+                every = values(numel, torch.float32, call)
+                t = every[rank].clone()
+                dist.broadcast(t, src=root)
+                right &= torch.equal(t, every[root])
+            cases.append({"case": f"broadcast from {root} {numel}", "right": right,
+                          "short": 3 - issued[0]})
+        right, issued[0] = True, 0
+        for call in range(3):
+            every = values(numel, torch.int64, call)
+            out = torch.full((n * numel,), -1, dtype=torch.int64)
+            dist.all_gather_into_tensor(out, every[rank])
+            right &= torch.equal(out, torch.cat(every))
+        cases.append({"case": f"all_gather_into_tensor {numel}", "right": right,
+                      "short": 3 - issued[0]})
 
     # a learnt size, dtype and op, but not contiguous: the long path stages it
-    short[0] = 0
+    issued[0] = 0
     every = values(2000, torch.float32, 0)
     wide = every[rank].clone()
     dist.all_reduce(wide[::2])
     right = torch.equal(wide[::2], expected("sum", [v[::2] for v in every])) \
         and torch.equal(wide[1::2], every[rank][1::2])
-    cases.append({"case": "non-contiguous", "right": right, "short": short[0]})
+    cases.append({"case": "non-contiguous", "right": right, "short": 1 - issued[0]})
 
     # asynchronous: queued to the executor, never the short path
-    short[0] = 0
+    issued[0] = 0
     every = values(1000, torch.float32, 1)
     t = every[rank].clone()
     dist.all_reduce(t, async_op=True).wait()
     cases.append({"case": "async", "right": torch.equal(t, expected("sum", every)),
-                  "short": short[0]})
+                  "short": 1 - issued[0]})
 
     # under the profiler: the long path, which records the operation's event
-    short[0] = 0
+    issued[0] = 0
     every = values(1000, torch.float32, 2)
     t = every[rank].clone()
     with profile() as prof:
         dist.all_reduce(t)
     names = [e.name for e in prof.events() if e.name.startswith("mpi:")]
     cases.append({"case": "profiled", "right": torch.equal(t, expected("sum", every)),
-                  "short": short[0], "events": names})
+                  "short": 1 - issued[0], "events": names})
 
     for case in cases:
         print(json.dumps({"rank": rank, "shm_in_c": pg._shm.in_c, **case}), flush=True)
