@@ -118,8 +118,25 @@ class Stopped:
     outlived: bool  # the stopped rank was still there 15 s after the job ended
 
 
+class _SlowStartUp(Exception):
+    """The job ended in start-up, before any rank was stopped (``stop_a_rank``)."""
+
+
 def stop_a_rank(tmp_path, algorithm: str, extra: list[str], silent: int) -> Stopped:
-    """Train on 3 ranks under mpiexec and SIGSTOP rank ``silent`` once training is under way."""
+    """Train on 3 ranks under mpiexec and SIGSTOP rank ``silent`` once training is under way.
+
+    A job whose start-up outlived ``TIMEOUT_S`` (also the start-up deadline) is launched once more:
+    under make test's workers on 2 cores, MPI init once took 21 s (a fresh clone, 1 run in 5),
+    before any rank was stopped, which is not what these tests are about. A second slow start-up
+    fails the test."""
+    try:
+        return _stop_a_rank(tmp_path / "first", algorithm, extra, silent, retry=True)
+    except _SlowStartUp as slow:
+        print(f"start-up outlived the {TIMEOUT_S} s deadline; launching again: {slow}")
+        return _stop_a_rank(tmp_path / "again", algorithm, extra, silent, retry=False)
+
+
+def _stop_a_rank(tmp_path, algorithm: str, extra: list[str], silent: int, retry: bool) -> Stopped:
     job = uuid.uuid4().hex
     ckpt = tmp_path / "ckpt"
     cmd = [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", str(BIN / "downpour"),
@@ -131,7 +148,11 @@ def stop_a_rank(tmp_path, algorithm: str, extra: list[str], silent: int) -> Stop
     try:
         deadline = time.monotonic() + 180
         while not list(ckpt.glob("ckpt-*.pt")):  # training is under way
-            assert proc.poll() is None, f"ended before the first checkpoint: {proc.communicate()}"
+            if proc.poll() is not None:
+                said = proc.communicate()
+                if retry and "failed: start-up: waited" in said[1]:
+                    raise _SlowStartUp(said[1].splitlines()[0])
+                raise AssertionError(f"ended before the first checkpoint: {said}")
             assert time.monotonic() < deadline, "no checkpoint within 180 s"
             time.sleep(0.05)
         ranks = ranks_of(job)
