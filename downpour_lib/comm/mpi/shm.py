@@ -341,8 +341,9 @@ class ShmAllreduce:
         """Reduce the contiguous CPU ``tensor`` in place across the group with ``kernel(a, b, out=)``
         (a torch function; its numpy twin where numpy has the dtype) and, between nodes, with the
         MPI operator ``op`` that does the same."""
-        if self.reduces_in_c(tensor.dtype, kernel, average):
-            self.allreduce_in_c(tensor, _C_DTYPES[tensor.dtype], _C_OPS[kernel], average)
+        codes = self.c_codes(tensor.dtype, kernel, average)
+        if codes is not None:
+            self.allreduce_in_c(tensor, *codes)
             return
         self._count()
         sets, flat, ops = self._sets(tensor.dtype), _flat(tensor), _ops(tensor.dtype, kernel)
