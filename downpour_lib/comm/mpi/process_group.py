@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import monitored, profiling
+from . import lists, monitored, profiling
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .paths import choose
@@ -34,89 +34,14 @@ from .types import MOVE_TYPE, Operand, check_dtype, kind, reduction, scratch, sp
 from .work import EXECUTOR, RequestWork, _seconds, done
 
 _PATHS_KEPT = 256  # the most path choices a group remembers (``_path``)
-_CREATE_TAG = 0x1D0  # the tag of MPI_Comm_create_group calls (members call them in program order)
 # profiler event names (``profiling``) where they are not "mpi:" + the operation's name: native
 # ProcessGroupMPI's for the operations it has, torch's op names for the others
 _EVENTS = {"allreduce": "mpi:all_reduce", "allreduce_coalesced": "mpi:all_reduce_coalesced",
            "all_to_all_single": "mpi:all_to_all"}
 
 
-def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
-    if len(tensors) != 1:
-        raise ValueError(f"mpi backend: {what} takes exactly one tensor per rank, got {len(tensors)}")
-    check_dtype(tensors[0].dtype, what)
-    return tensors[0]
-
-
-def _same(tensors: list[torch.Tensor], like: torch.Tensor, n: int, what: str) -> list[int]:
-    """Element counts of ``tensors`` (one per rank), which must share ``like``'s dtype."""
-    if len(tensors) != n:
-        raise ValueError(f"mpi backend: {what} needs a list of {n} tensors (one per rank), "
-                         f"got {len(tensors)}")
-    for t in tensors:
-        if t.dtype != like.dtype:
-            raise TypeError(f"mpi backend: {what} mixes {t.dtype} and {like.dtype} tensors")
-    return [t.numel() for t in tensors]
-
-
 def _nothing() -> None:
     pass
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a.numel() > 0 and b.numel() > 0 and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
-
-def _ready(t: torch.Tensor) -> torch.Tensor:
-    """MPI reads ``t`` next: finish the CUDA kernels that wrote it."""
-    if t.is_cuda:
-        torch.cuda.current_stream(t.device).synchronize()
-    return t
-
-
-def _concat(tensors: list[torch.Tensor], counts: list[int], direct: bool) -> torch.Tensor:
-    flat = scratch(sum(counts), tensors[0], direct)
-    for piece, t in zip(flat.split(counts), tensors, strict=True):
-        piece.copy_(t.reshape(-1))
-    return _ready(flat)
-
-
-def _tiled(outputs: list[torch.Tensor], numel: int, direct: bool) -> torch.Tensor | None:
-    """One flat tensor over ``outputs`` where they lie back to back in one buffer, in order
-    (``list(out.chunk(n))``, ``out.unbind(0)``), for MPI to gather straight into; else None (a
-    scratch buffer, then a copy to each output: at 1 MB a rank on 2 ranks, the copy took more
-    than MPI's allgather). ``numel``: the outputs' elements together."""
-    first = outputs[0]
-    if not (first.is_cpu or direct):
-        return None
-    at = first.data_ptr()
-    for t in outputs:
-        if not t.is_contiguous() or t.device != first.device or t.data_ptr() != at:
-            return None
-        at += t.nbytes
-    if first.untyped_storage().data_ptr() != outputs[-1].untyped_storage().data_ptr():
-        return None  # two buffers that happen to meet
-    return first.as_strided((numel,), (1,), first.storage_offset())
-
-
-def _split_into(flat: torch.Tensor, counts: list[int], outputs: list[torch.Tensor]) -> None:
-    for piece, out in zip(flat.split(counts), outputs, strict=True):
-        out.copy_(piece.view(out.shape))
-
-
-def _counts(t: torch.Tensor, splits: list[int], n: int, what: str) -> list[int]:
-    """Elements per rank for all_to_all_single's split sizes (rows of dim 0); none = equal parts."""
-    if not splits:
-        if t.numel() % n:
-            raise ValueError(f"mpi backend: {what} of {t.numel()} elements does not split into "
-                             f"{n} equal parts; give split sizes")
-        return [t.numel() // n] * n
-    row = t.numel() // t.shape[0] if t.dim() and t.shape[0] else 0
-    if len(splits) != n or sum(splits) != (t.shape[0] if t.dim() else 1):
-        raise ValueError(f"mpi backend: {what} split sizes {list(splits)} do not cover dim 0 "
-                         f"({t.shape[0] if t.dim() else 1}) in {n} parts")
-    return [s * row for s in splits]
 
 
 class MPIProcessGroup(dist.ProcessGroup):
@@ -237,7 +162,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             if codes and t.is_cpu and t.is_contiguous() and self._short():
                 self._guarded("allreduce", self._shm.allreduce_in_c, False, t, *codes)
                 return done(tensors)
-        t = _one(tensors, "allreduce")
+        t = lists.one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
             work = self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
@@ -289,11 +214,11 @@ class MPIProcessGroup(dist.ProcessGroup):
             return self._issue("allreduce_coalesced", run_many, tensors, opts.asyncOp,
                                inputs=tensors)
         counts = [t.numel() for t in tensors]
-        flat = _concat(tensors, counts, self._direct(red.python))
+        flat = lists.concat(tensors, counts, self._direct(red.python))
 
         def run() -> None:
             self._allreduce_in_place(flat, red)
-            _split_into(flat, counts, tensors)
+            lists.split_into(flat, counts, tensors)
 
         return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp,
                            inputs=tensors)
@@ -322,7 +247,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return choose("allreduce", local.nbytes, self._n, in_c)
 
     def reduce(self, tensors, opts):
-        t = _one(tensors, "reduce")
+        t = lists.one(tensors, "reduce")
         red = reduction(opts.reduceOp, t.dtype)
         root, n = opts.rootRank, self._n
         x = Operand(t, self._r == root, self._direct(red.python))
@@ -342,15 +267,15 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._issue("reduce", run, tensors, opts.asyncOp, inputs=tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
-        y = _one(output_tensors, "reduce_scatter")
+        y = lists.one(output_tensors, "reduce_scatter")
         inputs = input_tensors[0] if len(input_tensors) == 1 else []
-        counts = _same(inputs, y, self._n, "reduce_scatter")
+        counts = lists.same(inputs, y, self._n, "reduce_scatter")
         if counts[self._r] != y.numel():
             raise ValueError(f"mpi backend: reduce_scatter output has {y.numel()} elements, "
                              f"but this rank's input has {counts[self._r]}")
         red = reduction(opts.reduceOp, y.dtype)
         direct = self._direct(red.python)
-        flat, out = _concat(inputs, counts, direct), Operand(y, True, direct)
+        flat, out = lists.concat(inputs, counts, direct), Operand(y, True, direct)
         return self._issue("reduce_scatter", self._reduce_scatter(flat, out, counts, red),
                            output_tensors, opts.asyncOp, inputs=inputs)
 
@@ -378,7 +303,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         red = reduction(opts.reduceOp, input.dtype)
         direct = self._direct(red.python)
         x, y = Operand(input, False, direct), Operand(output, True, direct)
-        flat = x.local.clone() if _overlaps(x.local, y.local) else x.local  # MPI forbids aliasing
+        flat = x.local.clone() if lists.overlaps(x.local, y.local) else x.local  # MPI forbids aliasing
         return self._reduce_scatter(flat, y, [output.numel()] * self._n, red)
 
     def _reduce_scatter(self, flat: torch.Tensor, out: Operand, counts: list[int], red):
@@ -408,7 +333,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                     and t.dtype in MOVE_TYPE and t.is_contiguous() and self._short():
                 self._guarded("broadcast", self._shm.broadcast, False, t, opts.rootRank)
                 return done(tensors)
-        t = _one(tensors, "broadcast")
+        t = lists.one(tensors, "broadcast")
         root = opts.rootRank
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
             return self._issue("broadcast", partial(self._broadcast, t, root), tensors,
@@ -429,16 +354,16 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._data("Bcast", spec(local), root, blocking=path == "mpi")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        t = _one(input_tensors, "all_gather")
+        t = lists.one(input_tensors, "all_gather")
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
-        counts = _same(outputs, t, self._n, "all_gather")
+        counts = lists.same(outputs, t, self._n, "all_gather")
         if counts[self._r] != t.numel():
             raise ValueError(f"mpi backend: all_gather input has {t.numel()} elements, but this "
                              f"rank's output slot has {counts[self._r]}")
         direct = self._direct()
-        x, tiled = Operand(t, False, direct), _tiled(outputs, sum(counts), direct)
+        x, tiled = Operand(t, False, direct), lists.tiled(outputs, sum(counts), direct)
         flat = scratch(sum(counts), t, direct) if tiled is None else tiled
-        if tiled is not None and _overlaps(x.local, tiled):  # e.g. the input is this rank's output
+        if tiled is not None and lists.overlaps(x.local, tiled):  # e.g. the input is this rank's output
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
@@ -450,7 +375,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             else:
                 self._allgather(x.local, flat, path == "mpi")
             if tiled is None:
-                _split_into(flat, counts, outputs)
+                lists.split_into(flat, counts, outputs)
 
         return self._issue("all_gather", run, output_tensors, _async(opts),
                            inputs=input_tensors)
@@ -460,7 +385,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 and self._paths.get(("allgather", output.nbytes, True)) == "shm" \
                 and input.dtype == output.dtype and input.dtype in MOVE_TYPE \
                 and output.numel() == self._n * input.numel() and input.is_contiguous() \
-                and output.is_contiguous() and not _overlaps(input, output) and self._short():
+                and output.is_contiguous() and not lists.overlaps(input, output) and self._short():
             # the short path, where its size goes to shared memory
             self._guarded("all_gather_into_tensor", self._shm.allgather, False, input, output)
             return done([output])
@@ -484,7 +409,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                              f"{input.numel()} {input.dtype}")
         direct = self._direct()
         x, y = Operand(input, False, direct), Operand(output, True, direct)
-        if _overlaps(x.local, y.local):  # e.g. the input is this rank's chunk of the output
+        if lists.overlaps(x.local, y.local):  # e.g. the input is this rank's chunk of the output
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
@@ -503,31 +428,31 @@ class MPIProcessGroup(dist.ProcessGroup):
             self._data("Allgather", spec(local), spec(flat, local.numel()), blocking=blocking)
 
     def gather(self, output_tensors, input_tensors, opts):
-        t = _one(input_tensors, "gather")
+        t = lists.one(input_tensors, "gather")
         root, direct = opts.rootRank, self._direct()
         x = Operand(t, False, direct)
         if self._r != root:
             return self._issue("gather", lambda: self._data("Gatherv", x.spec(), None, root), [],
                                opts.asyncOp, inputs=input_tensors)
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
-        counts = _same(outputs, t, self._n, "gather")
+        counts = lists.same(outputs, t, self._n, "gather")
         flat = scratch(sum(counts), t, direct)
 
         def run() -> None:
             self._data("Gatherv", x.spec(), vspec(flat, counts), root)
-            _split_into(flat, counts, outputs)
+            lists.split_into(flat, counts, outputs)
 
         return self._issue("gather", run, output_tensors, opts.asyncOp, inputs=input_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts):
-        y = _one(output_tensors, "scatter")
+        y = lists.one(output_tensors, "scatter")
         root, direct = opts.rootRank, self._direct()
         out = Operand(y, True, direct)
         flat, counts, inputs = None, [], []
         if self._r == root:
             inputs = input_tensors[0] if len(input_tensors) == 1 else []
-            counts = _same(inputs, y, self._n, "scatter")
-            flat = _concat(inputs, counts, direct)
+            counts = lists.same(inputs, y, self._n, "scatter")
+            flat = lists.concat(inputs, counts, direct)
 
         def run() -> None:
             # the closure holds ``flat`` itself: a buffer made from its address would not keep it
@@ -542,11 +467,11 @@ class MPIProcessGroup(dist.ProcessGroup):
         check_dtype(input.dtype, "all_to_all_single")
         if input.dtype != output.dtype:
             raise TypeError(f"mpi backend: all_to_all_single mixes {input.dtype} and {output.dtype}")
-        send_counts = _counts(input, list(input_split_sizes), self._n, "all_to_all_single input")
-        recv_counts = _counts(output, list(output_split_sizes), self._n, "all_to_all_single output")
+        send_counts = lists.counts(input, list(input_split_sizes), self._n, "all_to_all_single input")
+        recv_counts = lists.counts(output, list(output_split_sizes), self._n, "all_to_all_single output")
         direct = self._direct()
         x, y = Operand(input, False, direct), Operand(output, True, direct)
-        if _overlaps(x.local, y.local):
+        if lists.overlaps(x.local, y.local):
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
@@ -560,15 +485,15 @@ class MPIProcessGroup(dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts=None):
         if not input_tensors:
             raise ValueError("mpi backend: all_to_all needs one input tensor per rank")
-        send_counts = _same(input_tensors, input_tensors[0], self._n, "all_to_all input")
-        recv_counts = _same(output_tensors, input_tensors[0], self._n, "all_to_all output")
+        send_counts = lists.same(input_tensors, input_tensors[0], self._n, "all_to_all input")
+        recv_counts = lists.same(output_tensors, input_tensors[0], self._n, "all_to_all output")
         direct = self._direct()
-        flat_in = _concat(input_tensors, send_counts, direct)
+        flat_in = lists.concat(input_tensors, send_counts, direct)
         flat_out = scratch(sum(recv_counts), input_tensors[0], direct)
 
         def run() -> None:
             self._data("Alltoallv", vspec(flat_in, send_counts), vspec(flat_out, recv_counts))
-            _split_into(flat_out, recv_counts, output_tensors)
+            lists.split_into(flat_out, recv_counts, output_tensors)
 
         return self._issue("all_to_all", run, output_tensors, _async(opts), inputs=input_tensors)
 
@@ -586,7 +511,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     # -- point to point -----------------------------------------------------------------------
     def send(self, tensors, dstRank, tag):
-        t = _one(tensors, "send")
+        t = lists.one(tensors, "send")
         x = Operand(t, False, self._direct())
         EXECUTOR.check()
         request = self._comm.Isend(x.spec(), dstRank, tag)
@@ -601,7 +526,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._recv(tensors, MPI.ANY_SOURCE, tag)
 
     def _recv(self, tensors, source: int, tag: int):
-        t = _one(tensors, "recv")
+        t = lists.one(tensors, "recv")
         y = Operand(t, True, self._direct())
         EXECUTOR.check()
         request = self._comm.Irecv(y.spec(), source, tag)
