@@ -120,21 +120,28 @@ def test_synchronous_collectives_on_the_short_path_equal_the_reference():
     (``MPIProcessGroup._short``; tests/mpi/short_path.py): every result is exact for SUM, AVG and
     PRODUCT of the four C dtypes, for broadcast from each root and for all_gather_into_tensor; the
     second and third calls take the short path, and MAX (MPI's path), a non-contiguous tensor, an
-    asynchronous call and a profiled one do not (the profiled one records its event)."""
+    asynchronous call and a profiled one do not (the profiled one records its event). A synchronous
+    call made directly returns no work, and a rank waiting on the short path past the spin tells a
+    probe where it waits (its C steps note the wait; the watchdog's table is not entered there)."""
     proc = mpi_python(2, "short_path.py", timeout=120)
     assert proc.returncode == 0, explain(proc)
     cases = json_lines(proc)
-    assert len(cases) == 2 * 51, explain(proc)
+    assert len(cases) == 2 * 53, explain(proc)
     for case in cases:
         assert case["right"] and case["shm_in_c"], case
         op = case["case"].split()[0]
         short = op in ("sum", "avg", "product", "broadcast", "all_gather_into_tensor")
         if case["case"].startswith("broadcast from 1"):  # its size's path is known from root 0
             assert case["short"] == 3, case
+        elif op in ("direct", "waited"):  # one call each, of a learnt size
+            assert case["short"] == 1, case
         else:
             assert case["short"] == (2 if short else 0), case
         if op == "profiled":
             assert case["events"] == ["mpi:all_reduce"], case
+    waited = {case["rank"]: case for case in cases if case["case"] == "waited"}
+    assert waited[1]["answer"].startswith("in allreduce over shared memory for "), waited
+    assert waited[0]["notes"] == waited[1]["notes"] == [], waited
 
 
 def test_a_reduce_op_hashes_to_its_kind():

@@ -36,7 +36,6 @@ from torch._C._distributed_c10d import AllgatherOptions
 from ..comm.mpi.liveness import gate
 from ..comm.mpi.paths import choose
 from ..comm.mpi.types import reduction, spec
-from ..comm.mpi.work import done
 from ..errors import ConfigError
 from .native import native_group
 from .timing import buffer_size, measure_paired
@@ -47,7 +46,9 @@ NATIVE_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)  # nati
 
 
 class NoopGroup(dist.ProcessGroup):
-    """A process group whose collectives do nothing and complete at once."""
+    """A process group whose collectives do nothing and complete at once, returning no work: the
+    least a backend can return (torch's synchronous collectives take None, from backends that
+    synchronize in C++; the ``mpi`` backend's short paths return it too)."""
 
     def __init__(self, rank: int, size: int) -> None:
         super().__init__(rank, size)
@@ -55,8 +56,8 @@ class NoopGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "noop"
 
-    def _done(self, *_args, **_kwargs) -> dist._Work:
-        return done([])
+    def _done(self, *_args, **_kwargs) -> None:
+        return None
 
     allreduce = broadcast = reduce = _done
     allgather = all_gather_single = _allgather_base = _done
@@ -103,14 +104,14 @@ def _direct_call(op: str, pg, x: torch.Tensor, out: torch.Tensor | None):
     if op in ("broadcast", "reduce"):
         opts.rootRank = 0
     if op == "allreduce":
-        return lambda: pg.allreduce([x], opts).wait()
+        return lambda: _wait(pg.allreduce([x], opts))
     if op == "broadcast":
-        return lambda: pg.broadcast([x], opts).wait()
+        return lambda: _wait(pg.broadcast([x], opts))
     if op == "reduce":
-        return lambda: pg.reduce([x], opts).wait()
+        return lambda: _wait(pg.reduce([x], opts))
     if op == "allgather":
-        return lambda: pg.all_gather_single(out, x, opts).wait()
-    return lambda: pg.reduce_scatter_single(out, x, opts).wait()
+        return lambda: _wait(pg.all_gather_single(out, x, opts))
+    return lambda: _wait(pg.reduce_scatter_single(out, x, opts))
 
 
 def _reference(op: str, comm, x: torch.Tensor, out: torch.Tensor | None):

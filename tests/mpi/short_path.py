@@ -8,12 +8,15 @@ each time, and each result is checked exactly (small integers, so float sums are
 and PRODUCT of float32, float64, int32 and int64, and MAX, whose path is MPI's; broadcast from
 each root and all_gather_into_tensor at 4 KB and 1 MB. Then a non-contiguous tensor of a learnt
 size, an asynchronous call, and a call under torch's profiler, which must take the long path (the
-profiler's event is recorded there). Each rank prints one JSON line per case: whether every result
-was right, and how many calls took the short path (did not reach ``_issue``).
+profiler's event is recorded there). Then a synchronous call made directly, which returns no
+work, and a wait past the spin, which a probe of the waiting rank must see. Each rank prints one
+JSON line per case: whether every result was right, and how many calls took the short path (did
+not reach ``_issue``).
 """
 
 import json
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -21,6 +24,8 @@ import torch.distributed as dist
 from torch.profiler import profile
 
 from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
+from downpour_lib.comm.mpi import native
+from downpour_lib.comm.mpi.liveness import WATCHDOG
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
        "max": dist.ReduceOp.MAX}
@@ -113,6 +118,30 @@ def main() -> int:
     names = [e.name for e in prof.events() if e.name.startswith("mpi:")]
     cases.append({"case": "profiled", "right": torch.equal(t, expected("sum", every)),
                   "short": 1 - issued[0], "events": names})
+
+    # called directly, synchronous: the short path returns no work, as torch's backends that
+    # synchronize in C++ do (dist.all_reduce takes None)
+    issued[0] = 0
+    every = values(1000, torch.float32, 3)
+    t = every[rank].clone()
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    work = pg.allreduce([t], opts)
+    cases.append({"case": "direct", "right": work is None and torch.equal(t, expected("sum", every)),
+                  "short": 1 - issued[0]})
+
+    # rank 0 waits on the short path past the spin while rank 1 probes it: its answer says where
+    # (the C steps note the wait themselves, native_shm.c), and the note is gone once it returns
+    issued[0] = 0
+    every = values(1000, torch.float32, 4)
+    t = every[rank].clone()
+    answer = None
+    if rank == 1:
+        time.sleep(0.5)
+        answer = WATCHDOG.probe([0])[0]
+    dist.all_reduce(t)
+    cases.append({"case": "waited", "right": torch.equal(t, expected("sum", every)),
+                  "short": 1 - issued[0], "answer": answer, "notes": native.waiting()})
 
     for case in cases:
         print(json.dumps({"rank": rank, "shm_in_c": pg._shm.in_c, **case}), flush=True)

@@ -20,9 +20,8 @@ double dp_now(void); /* CLOCK_MONOTONIC, in seconds */
 /* Raise liveness.PeerTimeout(what, waited); returns NULL. */
 PyObject *dp_timeout(PyObject *what, double waited);
 
-/* native_shm.c's methods (its source says what each takes) */
-PyObject *dp_shm_bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *dp_shm_allgather(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *dp_shm_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* native_shm.c's: its type ShmGroup, added to the module; ``waiting()``, its notes */
+int dp_shm_add_types(PyObject *module);
+PyObject *dp_shm_waiting(PyObject *self, PyObject *unused);
 
 #endif

@@ -110,6 +110,12 @@ def committed() -> frozenset[int]:
     return frozenset(_module.committed()) if _module is not None else frozenset()
 
 
+def waiting() -> list[tuple[int, str, float]]:
+    """(thread ident, what, since: ``time.monotonic()``'s clock) of each thread whose
+    shared-memory wait (``native_shm.c``) spun out and goes on now."""
+    return _module.waiting() if _module is not None else []
+
+
 def why_not() -> str:
     """Why ``load()`` gave None ("" when it did not)."""
     return _why_not

@@ -231,21 +231,19 @@ static PyObject *committed_threads(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"collective", (PyCFunction)(void (*)(void))collective, METH_FASTCALL,
      "One collective's data phase (see the module's source)."},
-    {"shm_bcast", (PyCFunction)(void (*)(void))dp_shm_bcast, METH_FASTCALL,
-     "A broadcast over shared memory (native_shm.c)."},
-    {"shm_allgather", (PyCFunction)(void (*)(void))dp_shm_allgather, METH_FASTCALL,
-     "An allgather over shared memory (native_shm.c)."},
-    {"shm_allreduce", (PyCFunction)(void (*)(void))dp_shm_allreduce, METH_FASTCALL,
-     "An allreduce over shared memory (native_shm.c)."},
     {"init", init, METH_VARARGS, "init(PeerTimeout, MPI.Exception): the errors it raises."},
     {"set_silent", set_silent, METH_O, "Whether the watchdog heard that a rank went silent."},
     {"committed", committed_threads, METH_NOARGS,
      "The idents of the threads inside a blocking MPI call now."},
+    {"waiting", dp_shm_waiting, METH_NOARGS,
+     "(ident, what, since) of each thread whose shared-memory wait spun out (native_shm.c)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "downpour_mpi_native", NULL, -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit_downpour_mpi_native(void) {
-  return PyModule_Create(&module);
+  PyObject *m = PyModule_Create(&module);
+  if (m != NULL && dp_shm_add_types(m) < 0) Py_CLEAR(m);
+  return m;
 }

@@ -8,18 +8,24 @@ take a sixth of Open MPI's time (2 ranks: 1.2 against 7.5 us; a 4 KB allreduce 1
 
 The layout (``ShmAllreduce._setup``): one semaphore per rank at `sems`, SEM_STRIDE apart; at
 `areas` two sets of `set_bytes`, each n slots of `slot_bytes` and a result area. A call uses the
-set of `phase` for each step and flips it, and returns the phase it leaves, which the caller keeps.
+set of `phase` for each step and flips it.
 The barrier is ``shm.NodeBarrier``'s: each rank posts every other rank's semaphore and takes its own
 n - 1 times, spinning SPIN_S, then asleep in slices, up to the group's deadline (moved on by any
 gap of more than PAUSED_S: the process did not run), given up at once once the watchdog has heard
 that a rank went silent. A barrier given up raises liveness.PeerTimeout(what, waited).
 
-Every function takes the layout first, as seven arguments: sems, areas, set_bytes, slot_bytes,
-rank, n, timeout. Then:
+A group is a ``ShmGroup``, made once at setup with the layout and its allreduce's sizes:
+ShmGroup(sems, areas, set_bytes, slot_bytes, rank, n, timeout, small, chunk). It keeps the phase
+(``phase``, which the Python steps read and flip too: both use the same sets). Its calls:
 
-  shm_bcast(..., phase, piece, root, data, nbytes, what)
-  shm_allgather(..., phase, piece, data, size, out, what)     out: n x size bytes, in rank order
-  shm_allreduce(..., phase, small, chunk, data, count, dtype, op, average, what)
+  bcast(piece, root, data, nbytes, what)
+  allgather(piece, data, size, out, what)            out: n x size bytes, in rank order
+  allreduce(data, count, dtype, op, average, what)
+
+A wait that spins out notes itself (``waiting()``: the thread, `what`, since when) until its call
+ends, for the watchdog's answers to liveness probes, which the Python paths give through its table:
+a call whose ranks meet within the spin pays nothing for it. Its own deadline and the watchdog's
+word end a wait, so nothing else of the watchdog's is needed around these calls.
 
 Allreduces of up to `small` bytes take shm.py's one barrier; larger ones its two barriers a chunk,
 in chunks of `chunk` bytes (at most a slot's).
@@ -31,7 +37,9 @@ rank ends with the same bits.
 #include "native.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <semaphore.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -44,9 +52,44 @@ typedef struct {
   long long set_bytes, slot_bytes;
   int rank, n, phase;
   double timeout;
-  double waited; /* > 0: a barrier gave up after this long */
-  int error;     /* errno of a failed sem_timedwait */
+  /* one call's */
+  const char *what; /* what it is, for its note */
+  int note;         /* its note's slot (``note_enter``), or -1 */
+  double waited;    /* > 0: a barrier gave up after this long */
+  int error;        /* errno of a failed sem_timedwait */
 } Shm;
+
+/* The threads whose wait spun out, in what and since when (``waiting()``). Only such waits take
+   the lock, so a call that meets its peers within the spin never does. */
+#define NOTES 64
+static struct {
+  unsigned long thread; /* pthread_self(), which is Python's threading.get_ident(); 0: free */
+  double since;
+  char what[48];
+} notes[NOTES];
+static pthread_mutex_t notes_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Note the calling thread; its slot, or -1 where every slot is taken (the note is lost). */
+static int note_enter(const char *what, double since) {
+  int slot = -1;
+  pthread_mutex_lock(&notes_lock);
+  for (int i = 0; i < NOTES && slot < 0; i++)
+    if (notes[i].thread == 0) slot = i;
+  if (slot >= 0) {
+    notes[slot].thread = (unsigned long)pthread_self();
+    notes[slot].since = since;
+    snprintf(notes[slot].what, sizeof notes[slot].what, "%s", what);
+  }
+  pthread_mutex_unlock(&notes_lock);
+  return slot;
+}
+
+static void note_leave(int slot) {
+  if (slot < 0) return;
+  pthread_mutex_lock(&notes_lock);
+  notes[slot].thread = 0;
+  pthread_mutex_unlock(&notes_lock);
+}
 
 static sem_t *sem_of(const Shm *s, int rank) {
   return (sem_t *)(s->sems + (long long)rank * SEM_STRIDE);
@@ -71,6 +114,7 @@ static int take(Shm *s, sem_t *sem) {
     if (sem_trywait(sem) == 0) return 0;
     t = dp_now();
   }
+  if (s->note < 0) s->note = note_enter(s->what, start);
   double deadline = start + s->timeout, last = start;
   for (;;) {
     t = dp_now();
@@ -208,43 +252,63 @@ static int allreduce_chunks(Shm *s, long long chunk, char *data, long long count
   return 0;
 }
 
-/* The layout's seven arguments into `s`; 0, or -1 with a Python error set. */
-static int layout(Shm *s, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
-                  const char *name) {
-  if (nargs != want) {
-    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, not %zd", name, want, nargs);
+/* ShmGroup: one group's layout, its allreduce's sizes and the phase. */
+typedef struct {
+  PyObject_HEAD
+  Shm shm; /* a call works on a copy and keeps the phase it leaves */
+  long long small, chunk;
+} ShmGroup;
+
+static int group_init(ShmGroup *self, PyObject *args, PyObject *kwargs) {
+  static char *names[] = {"sems", "areas", "set_bytes", "slot_bytes", "rank", "n", "timeout",
+                          "small", "chunk", NULL};
+  unsigned long long sems, areas;
+  Shm *s = &self->shm;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKLLiidLL", names, &sems, &areas, &s->set_bytes,
+                                   &s->slot_bytes, &s->rank, &s->n, &s->timeout, &self->small,
+                                   &self->chunk))
     return -1;
-  }
-  s->sems = PyLong_AsVoidPtr(args[0]);
-  s->areas = PyLong_AsVoidPtr(args[1]);
-  s->set_bytes = PyLong_AsLongLong(args[2]);
-  s->slot_bytes = PyLong_AsLongLong(args[3]);
-  s->rank = (int)PyLong_AsLong(args[4]);
-  s->n = (int)PyLong_AsLong(args[5]);
-  s->timeout = PyFloat_AsDouble(args[6]);
-  s->phase = (int)PyLong_AsLong(args[7]) & 1;
-  s->waited = 0;
-  s->error = 0;
-  if (PyErr_Occurred()) return -1;
+  s->sems = (char *)(uintptr_t)sems;
+  s->areas = (char *)(uintptr_t)areas;
+  s->phase = 0;
   if (s->n < 1 || s->rank < 0 || s->rank >= s->n || s->slot_bytes <= 0 ||
       s->set_bytes < s->slot_bytes * (s->n + 1)) {
-    PyErr_Format(PyExc_ValueError, "%s: rank %d of %d in sets of %lld bytes, slots of %lld", name,
+    PyErr_Format(PyExc_ValueError, "ShmGroup: rank %d of %d in sets of %lld bytes, slots of %lld",
                  s->rank, s->n, s->set_bytes, s->slot_bytes);
+    return -1;
+  }
+  if (self->chunk < 8LL * s->n || self->small > s->slot_bytes) { /* 8: the widest item */
+    PyErr_Format(PyExc_ValueError, "ShmGroup: allreduce chunks of %lld bytes, one barrier up to "
+                 "%lld, in slots of %lld", self->chunk, self->small, s->slot_bytes);
     return -1;
   }
   return 0;
 }
 
-/* A piece of `piece` bytes fits `room`: 0, or -1 with a ValueError (a piece of 0 would never end). */
-static int check_piece(long long piece, long long room, const char *name) {
-  if (piece > 0 && piece <= room) return 0;
-  PyErr_Format(PyExc_ValueError, "%s: a piece of %lld bytes does not fit %lld", name, piece, room);
-  return -1;
+/* A call of `name` taking `want` arguments, the last its `what`: its copy of the group in `s`;
+   0, or -1 with a Python error set. */
+static int begin(ShmGroup *self, Shm *s, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                 const char *name) {
+  if (nargs != want) {
+    PyErr_Format(PyExc_TypeError, "ShmGroup.%s takes %zd arguments, not %zd", name, want, nargs);
+    return -1;
+  }
+  *s = self->shm;
+  s->note = -1;
+  s->waited = 0;
+  s->error = 0;
+  s->what = PyUnicode_AsUTF8(args[want - 1]);
+  return s->what == NULL ? -1 : 0;
 }
 
-/* The phase left, or the error of a barrier that gave up. */
-static PyObject *finish(const Shm *s, int rc, PyObject *what) {
-  if (rc == 0) return PyLong_FromLong(s->phase);
+/* The call is over: None, the group keeping the phase it left; or the error of a barrier that
+   gave up. */
+static PyObject *end(ShmGroup *self, const Shm *s, int rc, PyObject *what) {
+  note_leave(s->note);
+  if (rc == 0) {
+    self->shm.phase = s->phase;
+    Py_RETURN_NONE;
+  }
   if (s->error) {
     PyObject *text = PyUnicode_FromFormat("mpi backend: sem_timedwait failed in a %S: errno %d",
                                           what, s->error);
@@ -257,70 +321,134 @@ static PyObject *finish(const Shm *s, int rc, PyObject *what) {
   return dp_timeout(what, s->waited);
 }
 
-PyObject *dp_shm_bcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  (void)self;
+/* A piece of `piece` bytes fits `room`: 0, or -1 with a ValueError (a piece of 0 would never end). */
+static int check_piece(long long piece, long long room, const char *name) {
+  if (piece > 0 && piece <= room) return 0;
+  PyErr_Format(PyExc_ValueError, "%s: a piece of %lld bytes does not fit %lld", name, piece, room);
+  return -1;
+}
+
+static PyObject *group_bcast(ShmGroup *self, PyObject *const *args, Py_ssize_t nargs) {
   Shm s;
-  if (layout(&s, args, nargs, 13, "shm_bcast") != 0) return NULL;
-  long long piece = PyLong_AsLongLong(args[8]);
-  int root = (int)PyLong_AsLong(args[9]);
-  char *data = PyLong_AsVoidPtr(args[10]);
-  long long nbytes = PyLong_AsLongLong(args[11]);
-  if (PyErr_Occurred() || check_piece(piece, s.set_bytes, "shm_bcast") != 0) return NULL;
+  if (begin(self, &s, args, nargs, 5, "bcast") != 0) return NULL;
+  long long piece = PyLong_AsLongLong(args[0]);
+  int root = (int)PyLong_AsLong(args[1]);
+  char *data = PyLong_AsVoidPtr(args[2]);
+  long long nbytes = PyLong_AsLongLong(args[3]);
+  if (PyErr_Occurred() || check_piece(piece, s.set_bytes, "ShmGroup.bcast") != 0) return NULL;
   if (root < 0 || root >= s.n) {
-    PyErr_Format(PyExc_ValueError, "shm_bcast: root %d of %d ranks", root, s.n);
+    PyErr_Format(PyExc_ValueError, "ShmGroup.bcast: root %d of %d ranks", root, s.n);
     return NULL;
   }
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = bcast(&s, piece, root, data, nbytes);
   Py_END_ALLOW_THREADS
-  return finish(&s, rc, args[12]);
+  return end(self, &s, rc, args[4]);
 }
 
-PyObject *dp_shm_allgather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  (void)self;
+static PyObject *group_allgather(ShmGroup *self, PyObject *const *args, Py_ssize_t nargs) {
   Shm s;
-  if (layout(&s, args, nargs, 13, "shm_allgather") != 0) return NULL;
-  long long piece = PyLong_AsLongLong(args[8]);
-  const char *data = PyLong_AsVoidPtr(args[9]);
-  long long size = PyLong_AsLongLong(args[10]);
-  char *out = PyLong_AsVoidPtr(args[11]);
-  if (PyErr_Occurred() || check_piece(piece, s.slot_bytes, "shm_allgather") != 0) return NULL;
+  if (begin(self, &s, args, nargs, 5, "allgather") != 0) return NULL;
+  long long piece = PyLong_AsLongLong(args[0]);
+  const char *data = PyLong_AsVoidPtr(args[1]);
+  long long size = PyLong_AsLongLong(args[2]);
+  char *out = PyLong_AsVoidPtr(args[3]);
+  if (PyErr_Occurred() || check_piece(piece, s.slot_bytes, "ShmGroup.allgather") != 0) return NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = allgather(&s, piece, data, size, out);
   Py_END_ALLOW_THREADS
-  return finish(&s, rc, args[12]);
+  return end(self, &s, rc, args[4]);
 }
 
-PyObject *dp_shm_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  (void)self;
+static PyObject *group_allreduce(ShmGroup *self, PyObject *const *args, Py_ssize_t nargs) {
   Shm s;
-  if (layout(&s, args, nargs, 16, "shm_allreduce") != 0) return NULL;
-  long long small = PyLong_AsLongLong(args[8]), chunk = PyLong_AsLongLong(args[9]);
-  char *data = PyLong_AsVoidPtr(args[10]);
-  long long count = PyLong_AsLongLong(args[11]);
-  int dtype = (int)PyLong_AsLong(args[12]), op = (int)PyLong_AsLong(args[13]);
-  int average = PyObject_IsTrue(args[14]);
+  if (begin(self, &s, args, nargs, 6, "allreduce") != 0) return NULL;
+  char *data = PyLong_AsVoidPtr(args[0]);
+  long long count = PyLong_AsLongLong(args[1]);
+  int dtype = (int)PyLong_AsLong(args[2]), op = (int)PyLong_AsLong(args[3]);
+  int average = PyObject_IsTrue(args[4]);
   if (PyErr_Occurred() || average < 0) return NULL;
   if (dtype < 0 || dtype > 3 || op < 0 || op > 1 || (average && divides[dtype] == NULL)) {
-    PyErr_Format(PyExc_ValueError, "shm_allreduce: no kernel for dtype %d, op %d, average %d",
-                 dtype, op, average);
+    PyErr_Format(PyExc_ValueError, "ShmGroup.allreduce: no kernel for dtype %d, op %d, "
+                 "average %d", dtype, op, average);
     return NULL;
   }
   int item = itemsizes[dtype], rc;
-  if (chunk < item * s.n || small > s.slot_bytes) {
-    PyErr_Format(PyExc_ValueError, "shm_allreduce: chunks of %lld bytes, one barrier up to %lld, "
-                 "in slots of %lld", chunk, small, s.slot_bytes);
-    return NULL;
-  }
   Kernel kernel = kernels[dtype][op];
   Divide divide = average ? divides[dtype] : NULL;
   Py_BEGIN_ALLOW_THREADS
-  if (count * item <= small)
+  if (count * item <= self->small)
     rc = allreduce_small(&s, data, count, item, kernel, divide);
   else
-    rc = allreduce_chunks(&s, chunk, data, count, item, kernel, divide);
+    rc = allreduce_chunks(&s, self->chunk, data, count, item, kernel, divide);
   Py_END_ALLOW_THREADS
-  return finish(&s, rc, args[15]);
+  return end(self, &s, rc, args[5]);
+}
+
+static PyObject *get_phase(ShmGroup *self, void *unused) {
+  (void)unused;
+  return PyLong_FromLong(self->shm.phase);
+}
+
+static int set_phase(ShmGroup *self, PyObject *value, void *unused) {
+  (void)unused;
+  long phase = value == NULL ? -1 : PyLong_AsLong(value);
+  if (phase == -1 && PyErr_Occurred()) return -1;
+  if (phase != 0 && phase != 1) {
+    PyErr_SetString(PyExc_ValueError, "ShmGroup.phase is 0 or 1");
+    return -1;
+  }
+  self->shm.phase = (int)phase;
+  return 0;
+}
+
+static PyMethodDef group_methods[] = {
+    {"bcast", (PyCFunction)(void (*)(void))group_bcast, METH_FASTCALL,
+     "bcast(piece, root, data, nbytes, what)"},
+    {"allgather", (PyCFunction)(void (*)(void))group_allgather, METH_FASTCALL,
+     "allgather(piece, data, size, out, what)"},
+    {"allreduce", (PyCFunction)(void (*)(void))group_allreduce, METH_FASTCALL,
+     "allreduce(data, count, dtype, op, average, what)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef group_getset[] = {
+    {"phase", (getter)get_phase, (setter)set_phase, "The set the next step uses (0 or 1).", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject group_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "downpour_mpi_native.ShmGroup",
+    .tp_basicsize = sizeof(ShmGroup),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The shared-memory steps of one group (native_shm.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)group_init,
+    .tp_methods = group_methods,
+    .tp_getset = group_getset,
+};
+
+int dp_shm_add_types(PyObject *module) {
+  if (PyType_Ready(&group_type) < 0) return -1;
+  Py_INCREF(&group_type);
+  if (PyModule_AddObject(module, "ShmGroup", (PyObject *)&group_type) < 0) {
+    Py_DECREF(&group_type);
+    return -1;
+  }
+  return 0;
+}
+
+PyObject *dp_shm_waiting(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  PyObject *out = PyList_New(0);
+  pthread_mutex_lock(&notes_lock);
+  for (int i = 0; out != NULL && i < NOTES; i++) {
+    if (notes[i].thread == 0) continue;
+    PyObject *note = Py_BuildValue("(ksd)", notes[i].thread, notes[i].what, notes[i].since);
+    if (note == NULL || PyList_Append(out, note) < 0) Py_CLEAR(out);
+    Py_XDECREF(note);
+  }
+  pthread_mutex_unlock(&notes_lock);
+  return out;
 }

@@ -205,10 +205,8 @@ class ShmAllreduce:
         self._total = comm.Get_size()
         self._size(comm.Get_size(), comm.Get_rank())
         self._views: dict[torch.dtype, list[tuple[list[torch.Tensor], torch.Tensor]]] = {}
-        self._phase = 0
-        self._c = None  # ``native``'s module where every rank of a group on one node has it
-        self._layout: tuple = ()  # the buffer as ``native_shm.c`` takes it
-        self._c_sizes = (0, 0)  # its allreduce's: one barrier up to, chunks of (bytes)
+        self._phase = 0  # the set the next step uses, where there is no ``_c`` (which keeps it)
+        self._c = None  # ``native``'s ShmGroup where every rank of a group on one node has it
         self.passes = {"node": 0, "nodes": 0}
 
     def _size(self, n: int, r: int) -> None:
@@ -253,9 +251,19 @@ class ShmAllreduce:
                        average: bool) -> None:
         """``allreduce`` made in C, with the codes ``c_codes`` gave for the tensor's reduction."""
         self.passes["node"] += 1
-        self._phase = self._c.shm_allreduce(
-            *self._layout, self._phase, *self._c_sizes, tensor.data_ptr(), tensor.numel(),
-            dtype_code, op_code, average, "allreduce over shared memory")
+        self._c.allreduce(tensor.data_ptr(), tensor.numel(), dtype_code, op_code, average,
+                          "allreduce over shared memory")
+
+    def _flip(self) -> int:
+        """The set the next step uses (0 or 1); the one after it uses the other. The C group keeps
+        it where there is one: the Python steps (dtypes and operators C lacks) use the same sets."""
+        c = self._c
+        if c is None:
+            phase, self._phase = self._phase, self._phase ^ 1
+            return phase
+        phase = c.phase
+        c.phase = phase ^ 1
+        return phase
 
     @property
     def across(self) -> bool:
@@ -318,11 +326,9 @@ class ShmAllreduce:
         self._barrier = NodeBarrier(sems, node.Get_rank(), n, self._timeout_s)
         self._bytes = self._bytes[control:]
         if self._cross is None and all(has_c for _, has_c in agreed):
-            self._c = c
-            self._layout = (sems, self._bytes.data_ptr(), self._chunk * (n + 1), self._chunk,
-                            node.Get_rank(), n, float(self._timeout_s))
-            self._c_sizes = ((SMALL_BYTES_C, CHUNK_BYTES_C) if n == 2
-                             else (self._small, self._chunk))
+            small, chunk = (SMALL_BYTES_C, CHUNK_BYTES_C) if n == 2 else (self._small, self._chunk)
+            self._c = c.ShmGroup(sems, self._bytes.data_ptr(), self._chunk * (n + 1), self._chunk,
+                                 node.Get_rank(), n, float(self._timeout_s), small, chunk)
         return True
 
     def _sets(self, dtype: torch.dtype) -> list:
@@ -396,8 +402,7 @@ class ShmAllreduce:
                 index, offset = index + 1, 0
             if k < per_chunk and index < len(flats):
                 continue
-            slots, result = sets[self._phase]
-            self._phase ^= 1
+            slots, result = sets[self._flip()]
             slot = slots[r]
             for piece, a, b in pieces:
                 copy(slot[a:b], piece)
@@ -419,8 +424,7 @@ class ShmAllreduce:
     def _allreduce_small(self, flat, sets, average: bool, kernel, copy, divide) -> None:
         """One barrier: every rank reduces every slot, in rank order."""
         k = flat.shape[0]
-        slots = sets[self._phase][0]
-        self._phase ^= 1
+        slots = sets[self._flip()][0]
         copy(slots[self._r][:k], flat)
         self._barrier.wait()
         _reduce_slots(slots, 0, k, flat, average, kernel, divide)
@@ -434,8 +438,7 @@ class ShmAllreduce:
         per_chunk = self._chunk // dtype.itemsize
         for start in range(0, size, per_chunk):
             k = min(per_chunk, size - start)
-            slots, result = sets[self._phase]
-            self._phase ^= 1
+            slots, result = sets[self._flip()]
             mine = flat[start:start + k]
             part = -(-k // n)
             lo, hi = min(k, r * part), min(k, (r + 1) * part)
@@ -467,7 +470,7 @@ class ShmAllreduce:
     def close(self) -> None:
         self._views.clear()
         self._bytes = self._barrier = None  # the tensor views must go before the mapping can close
-        self._c, self._layout = None, ()
+        self._c = None
         if self._map is not None:
             self._map.close()
             if not MPI.Is_finalized():

@@ -60,15 +60,13 @@ class ShmCollectives(ShmAllreduce):
     def _set(self) -> np.ndarray:
         """The next set's bytes (n slots and the result area, contiguous); flips the phase."""
         size = self._chunk * (self._n + 1)
-        start = self._phase * size
-        self._phase ^= 1
+        start = self._flip() * size
         return self._bytes[start:start + size].numpy()
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         if self._c is not None:
-            self._phase = self._c.shm_bcast(*self._layout, self._phase, self._piece(False), root,
-                                            tensor.data_ptr(), tensor.nbytes,
-                                            "broadcast over shared memory")
+            self._c.bcast(self._piece(False), root, tensor.data_ptr(), tensor.nbytes,
+                          "broadcast over shared memory")
             self._count()
             return
         data, piece, barrier = _bytes(tensor), self._piece(False), self._barrier
@@ -111,9 +109,8 @@ class ShmCollectives(ShmAllreduce):
         """``out`` (n times ``tensor``'s elements, contiguous) = every rank's ``tensor`` in rank
         order."""
         if self._c is not None:
-            self._phase = self._c.shm_allgather(*self._layout, self._phase, self._piece(True),
-                                                tensor.data_ptr(), tensor.nbytes, out.data_ptr(),
-                                                "all_gather over shared memory")
+            self._c.allgather(self._piece(True), tensor.data_ptr(), tensor.nbytes, out.data_ptr(),
+                              "all_gather over shared memory")
             self._count()
             return
         data, whole, n, r = _bytes(tensor), _bytes(out), self._n, self._r
