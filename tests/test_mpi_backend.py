@@ -282,7 +282,8 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
         assert r["taken"] == paths.choose(r["op"], r["bytes"], 2, in_c=True), r  # C builds here
     assert "each path on one node" in proc.stdout
     rows = [r for r in rows if r not in timed]
-    keys = {"backend", "op", "bytes", "world_size", "p50_s", "p95_s", "algbw_GBps", "busbw_GBps"}
+    keys = {"backend", "op", "bytes", "world_size", "p50_s", "p95_s", "algbw_GBps", "busbw_GBps",
+            "written"}
     seen = {(r["backend"], r["op"]) for r in rows}
     # mpi4py: the MPI library itself, no torch, the mpi backend's reference
     assert seen == {("memcpy", "memcpy")} | {(b, o) for b in ("gloo", "mpi", "mpi4py") for o in ops}
@@ -303,13 +304,15 @@ def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(
     """--breakdown: every part of our call, and a C++ backend of MPI's blocking calls alone
     (bench/native.py, built here), without and with our gate, in turns with ours and MPI's own;
     the native backend's five operations were checked against the sums and copies they must make
-    (each way), or it has no column."""
+    (each way), or it has no column. With ``--written`` (the buffers written before each
+    repetition, as training writes them), which every row says."""
     out = tmp_path / "b.json"
     ops = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
     proc = mpiexec(2, str(BIN / "downpour"), "bench", "collectives", "--backends", "mpi",
                    "--ops", ",".join(ops), "--sizes", "4K", "--warmup", "1", "--min-reps", "3",
-                   "--min-time", "0.01", "--breakdown", "--json", str(out), timeout=400)
+                   "--min-time", "0.01", "--breakdown", "--written", "--json", str(out), timeout=400)
     assert proc.returncode == 0, explain(proc)
+    assert all(r["written"] is True for r in read_json(out)), explain(proc)
     parts = [r for r in read_json(out) if r["backend"] == "mpi:breakdown"]
     assert [r["op"] for r in parts] == list(ops), parts
     for r in parts:

@@ -165,7 +165,7 @@ def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, syn
             if gated is not None:
                 runs["gated"] = _torch_call(op, gated, x, out, False)
             row = {"op": op, "bytes": reported, "world_size": n, "native_s": None, "gated_s": None}
-            for part, times in zip(runs, measure_paired(list(runs.values()), sync, args),
+            for part, times in zip(runs, measure_paired(list(runs.values()), sync, args, x.zero_),
                                    strict=True):
                 row[part + "_s"] = _p50(times)
             rows.append(row)
@@ -268,7 +268,7 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
             out = torch.zeros(count * pg.size(), dtype=dtype) if op == "allgather" \
                 else torch.zeros(count, dtype=dtype) if op == "reduce_scatter" else None
             calls, ref = _path_calls(op, pg, x, out)
-            times = measure_paired(list(calls.values()), sync, args)
+            times = measure_paired(list(calls.values()), sync, args, x.zero_)
             ref.Free()
             row = {"op": op, "bytes": reported, "world_size": pg.size(),
                    "taken": choose(op, reported, pg.size(), pg._shm.in_c)}

@@ -96,6 +96,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank (1: a rank's copies and reductions use one core)")
     p.add_argument("--json", help="rank 0 writes the rows here (a JSON list)")
+    p.add_argument("--written", action="store_true",
+                   help="every rank writes the buffers it sends before each repetition (untimed), "
+                        "as training writes gradients and parameters between calls; by default they "
+                        "are reused as they are, as nccl-tests and OSU do (IMB's -off_cache for "
+                        "the same reason)")
     p.add_argument("--breakdown", action="store_true",
                    help="with mpi: also time the parts of each mpi call (torch's dispatch floor, "
                         "our code, the executor hand-off, the gate) against MPI's own, and a native "
@@ -126,14 +131,15 @@ class Case:
             t = zeros(count)  # no private copy on the other ranks: the buffer is ours to spoil
             self.run = lambda: group.reduce(t, root=0, scratch=True)
         elif op == "allgather":
-            x, out = zeros(count), zeros(count * n)
-            self.run = lambda: group.allgather(x, out=out)
+            t, out = zeros(count), zeros(count * n)
+            self.run = lambda: group.allgather(t, out=out)
         elif op == "reduce_scatter":
-            x, out = zeros(count * n), zeros(count)
-            self.run = lambda: group.reduce_scatter(x, out=out)
+            t, out = zeros(count * n), zeros(count)
+            self.run = lambda: group.reduce_scatter(t, out=out)
         else:  # alltoall
-            x, out = zeros(count * n), zeros(count * n)
-            self.run = lambda: group.alltoall(x, out=out)
+            t, out = zeros(count * n), zeros(count * n)
+            self.run = lambda: group.alltoall(t, out=out)
+        self.touch = t.zero_  # writes what this rank sends (``--written``)
         if device.type == "cuda":
             inner = self.run
             self.run = lambda: (inner(), torch.cuda.synchronize(device))
@@ -163,14 +169,15 @@ class MPICase:
             send, recv = (MPI.IN_PLACE, t) if rank == 0 else (t, None)  # chosen once, not in the timed call
             self.run = lambda: comm.Reduce(send, recv, MPI.SUM, root=0)
         elif op == "allgather":
-            x, out = zeros(count), zeros(count * n)
-            self.run = lambda: comm.Allgather(x, out)
+            t, out = zeros(count), zeros(count * n)
+            self.run = lambda: comm.Allgather(t, out)
         elif op == "reduce_scatter":
-            x, out = zeros(count * n), zeros(count)
-            self.run = lambda: comm.Reduce_scatter_block(x, out, MPI.SUM)
+            t, out = zeros(count * n), zeros(count)
+            self.run = lambda: comm.Reduce_scatter_block(t, out, MPI.SUM)
         else:  # alltoall
-            x, out = zeros(count * n), zeros(count * n)
-            self.run = lambda: comm.Alltoall(x, out)
+            t, out = zeros(count * n), zeros(count * n)
+            self.run = lambda: comm.Alltoall(t, out)
+        self.touch = lambda: t.fill(0)  # ``Case.touch``
 
 
 def row(backend: str, op: str, nbytes: int, n: int, times: list[float]) -> dict:
@@ -296,10 +303,11 @@ def in_session(args: argparse.Namespace, cases: Cases, ctx: runtime.DistContext)
                 case = Case(op, groups[backend], nbytes, DTYPES[args.dtype], dev)
                 if backend == "mpi" and mpi_comm is not None:  # in turns with MPI's own
                     ref = MPICase(op, mpi_comm, nbytes, DTYPES[args.dtype])
-                    ours, theirs = measure_paired([case.run, ref.run], sync, args)
+                    ours, theirs = measure_paired([case.run, ref.run], sync, args,
+                                                  lambda c=case, r=ref: (c.touch(), r.touch()))
                     references.append(row("mpi4py", op, ref.bytes, ctx.world_size, theirs))
                 else:
-                    ours = measure(case.run, sync, args)
+                    ours = measure(case.run, sync, args, case.touch)
                 rows.append(row(backend, op, case.bytes, ctx.world_size, ours))
     if mpi_comm is not None:
         mpi_comm.Free()
@@ -318,6 +326,8 @@ def in_session(args: argparse.Namespace, cases: Cases, ctx: runtime.DistContext)
         paths = path_rows(ops, sizes, DTYPES[args.dtype], groups["mpi"]._process_group(),
                           sync, args)
         rows += [{"backend": "mpi:paths", **r} for r in paths]
+    for r in rows:
+        r["written"] = bool(getattr(args, "written", False))  # how the buffers were sent
     if ctx.rank == 0:
         print_table([r for r in rows if not r["backend"].startswith("mpi:")])
         if parts:

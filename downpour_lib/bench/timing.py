@@ -47,19 +47,22 @@ class Sync:
 TURNS = 10  # how many turns ``measure_paired`` splits each call's repetitions into
 
 
-def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace) -> list[float]:
+def measure(run: Callable[[], object], sync: Sync, args: argparse.Namespace,
+            touch: Callable[[], object] | None = None) -> list[float]:
     """Per-repetition times (the slowest rank's), after warm-up; rank 0 picks the repetitions."""
-    return measure_paired([run], sync, args)[0]
+    return measure_paired([run], sync, args, touch)[0]
 
 
-def measure_paired(runs: list[Callable[[], object]], sync: Sync,
-                   args: argparse.Namespace) -> list[list[float]]:
+def measure_paired(runs: list[Callable[[], object]], sync: Sync, args: argparse.Namespace,
+                   touch: Callable[[], object] | None = None) -> list[list[float]]:
     """``measure`` for several calls at once, taking turns: each sees the machine as the others do
     (a ratio of two p50s measured one after the other carries the drift of a shared machine
     between them; taken in turns it does not). A turn is ``1 / TURNS`` of the repetitions after
     one untimed call, so that each call finds its own buffers in the caches as ``measure`` does
     (in turns of one repetition the other call had swept them out: at 16 MB both ran about twice
-    as long as alone). Times per call."""
+    as long as alone). With ``args.written``, ``touch`` (which writes every buffer the calls
+    send) runs before each repetition, untimed (``--written``). Times per call."""
+    touch = touch if getattr(args, "written", False) else None
     for run in runs:
         for _ in range(args.warmup):
             run()
@@ -76,6 +79,8 @@ def measure_paired(runs: list[Callable[[], object]], sync: Sync,
             if len(runs) > 1:
                 run()  # untimed: back into the caches
             for _ in range(min(per_turn, reps - len(mine))):
+                if touch is not None:
+                    touch()
                 sync.barrier()
                 start = time.perf_counter()
                 run()
