@@ -19,7 +19,7 @@ from downpour_lib.bench import collectives as bench
 from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
 from downpour_lib.cli import build_parser
 from downpour_lib.comm.mpi import backend as mpi_backend
-from downpour_lib.comm.mpi import paths
+from downpour_lib.comm.mpi import paths, tuning
 from downpour_lib.comm.mpi import types as mpi_types
 from downpour_lib.comm.runtime import pick_backend
 from downpour_lib.errors import ConfigError
@@ -131,17 +131,65 @@ def test_synchronous_collectives_on_the_short_path_equal_the_reference():
         assert case["right"] and case["shm_in_c"], case
         op = case["case"].split()[0]
         short = op in ("sum", "avg", "product", "broadcast", "all_gather_into_tensor")
-        if case["case"].startswith("broadcast from 1"):  # its size's path is known from root 0
-            assert case["short"] == 3, case
+        if op in ("broadcast", "all_gather_into_tensor"):  # where the size went to shared memory
+            # (4-8 KB by the table; 1-2 MB where the group timed it fastest), broadcast from 1 already
+            # knowing its size's path from root 0
+            first = 1 if case["case"].startswith("broadcast from 1") else 0
+            assert case["short"] == (2 + first if case["path"] == "shm" else 0), case
         elif op in ("direct", "waited"):  # one call each, of a learnt size
             assert case["short"] == 1, case
         else:
             assert case["short"] == (2 if short else 0), case
         if op == "profiled":
             assert case["events"] == ["mpi:all_reduce"], case
+    assert all(case["path"] == "shm" for case in cases if case["case"].endswith(" 1024")), cases
     waited = {case["rank"]: case for case in cases if case["case"] == "waited"}
     assert waited[1]["answer"].startswith("in allreduce over shared memory for "), waited
     assert waited[0]["notes"] == waited[1]["notes"] == [], waited
+
+
+def test_broadcast_and_allgather_take_the_path_the_group_timed_the_same_on_every_rank():
+    """From 16 KB a group whose steps are in C times broadcast's and allgather's paths at each size
+    class's first call (``comm/mpi/tuning.py``; tests/mpi/tuned_paths.py): every result is exact,
+    from each root, at sizes around the classes' edges; both ranks timed the same classes and took
+    the same path for every size; below 16 KB the table's path (shared memory, at 2 ranks in C)."""
+    proc = mpi_python(2, "tuned_paths.py", timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    said = {line["rank"]: line for line in json_lines(proc)}
+    assert set(said) == {0, 1}, explain(proc)
+    for line in said.values():
+        assert line["right"] and line["in_c"], line
+        assert set(line["tuned"].values()) <= set(tuning.PATHS), line
+        for key, path in line["paths"].items():
+            op, nbytes = key.split()
+            if int(nbytes) < tuning.MIN_BYTES:
+                assert path == paths.choose(op, int(nbytes), 2, in_c=True), line
+            else:
+                assert path == line["tuned"][f"{op} {tuning.size_class(int(nbytes))}"], line
+    assert {op.split()[1] for op in said[0]["tuned"]} == \
+        {str(tuning.size_class(b)) for b in (16 << 10, (1 << 18) + 12, 1 << 22, 1 << 24)} | \
+        {str(tuning.size_class(b)) for b in (65520, 1 << 16, 1 << 18, (1 << 20) + 48)}, said[0]
+    assert said[0]["tuned"] == said[1]["tuned"] and said[0]["paths"] == said[1]["paths"], said
+
+
+def test_the_timed_path_is_the_fastest_and_the_table_keeps_a_near_tie():
+    """``tuning.fastest`` takes the path with the least of the slowest rank's medians, and keeps
+    the table's unless another beats it by the margin; every timed call follows a write of the
+    buffers and a barrier. The ranks' medians are given here (``slowest``), the calls counted."""
+    counts = {"calls": 0, "touches": 0, "aligns": 0}
+    calls = {p: (lambda: counts.__setitem__("calls", counts["calls"] + 1)) for p in tuning.PATHS}
+
+    def run(medians: list[float], default: str) -> str:
+        return tuning.fastest(calls, lambda: counts.__setitem__("touches", counts["touches"] + 1),
+                              lambda: counts.__setitem__("aligns", counts["aligns"] + 1),
+                              lambda _mine: medians, default, 64 << 10)
+
+    assert run([3.0, 1.0, 2.0], "shm") == "mpi"
+    assert run([1.0, 1.04, 2.0], "mpi") == "mpi"  # within the margin: the table's
+    assert run([1.0, 1.06, 2.0], "mpi") == "shm"
+    per_path = tuning.ROUNDS * (tuning.reps(64 << 10) + 1)
+    assert counts["calls"] == counts["touches"] == 3 * 3 * per_path, counts
+    assert counts["aligns"] == 3 * 3 * tuning.ROUNDS * tuning.reps(64 << 10), counts
 
 
 def test_a_reduce_op_hashes_to_its_kind():
@@ -279,7 +327,10 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
         mine = ("mpi4py", "mpi", "nb") + (() if r["op"] == "reduce_scatter" else ("shm",))
         assert all(r[p + "_s"] > 0 for p in mine), r
         assert r["op"] != "reduce_scatter" or "shm_s" not in r, r
-        assert r["taken"] == paths.choose(r["op"], r["bytes"], 2, in_c=True), r  # C builds here
+        # the table's path (C builds here), or one broadcast and allgather timed from 16 KB
+        tuned = r["op"] in tuning.TUNED_OPS and r["bytes"] >= tuning.MIN_BYTES
+        assert r["taken"] in tuning.PATHS if tuned else \
+            r["taken"] == paths.choose(r["op"], r["bytes"], 2, in_c=True), r
     assert "each path on one node" in proc.stdout
     rows = [r for r in rows if r not in timed]
     keys = {"backend", "op", "bytes", "world_size", "p50_s", "p95_s", "algbw_GBps", "busbw_GBps",

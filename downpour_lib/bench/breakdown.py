@@ -254,8 +254,8 @@ def _path_calls(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> dict:
 
 def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
     """One row per (op, size): the p50 of each path and of MPI's own call, measured in turns
-    (``measure_paired``), and the path ``paths.choose`` takes. A group on one node only (the
-    shared memory must be set up); collective."""
+    (``measure_paired``), and the path the group takes. A group on one node only (the shared
+    memory must be set up); collective."""
     probe = torch.zeros(1 << 18, dtype=dtype)
     if not pg._shm.moves(probe, probe.nbytes, 0):  # sets the shared memory up, where it can
         raise ConfigError("paths", "on", "--paths needs the ranks on one node (the shared-memory "
@@ -267,11 +267,14 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
             x = torch.zeros(count * (pg.size() if op == "reduce_scatter" else 1), dtype=dtype)
             out = torch.zeros(count * pg.size(), dtype=dtype) if op == "allgather" \
                 else torch.zeros(count, dtype=dtype) if op == "reduce_scatter" else None
+            # the path the group takes: its table's, or for broadcast and allgather the one it
+            # timed at the size class's first call (``comm/mpi/tuning.py``), here if not before
+            taken = choose(op, reported, pg.size(), pg._shm.in_c) if op == "allreduce" \
+                else pg._path(op, x, reported)
             calls, ref = _path_calls(op, pg, x, out)
             times = measure_paired(list(calls.values()), sync, args, x.zero_)
             ref.Free()
-            row = {"op": op, "bytes": reported, "world_size": pg.size(),
-                   "taken": choose(op, reported, pg.size(), pg._shm.in_c)}
+            row = {"op": op, "bytes": reported, "world_size": pg.size(), "taken": taken}
             for name, mine in zip(calls, times, strict=True):
                 row[name + "_s"] = _p50(mine)
             rows.append(row)
@@ -279,9 +282,10 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
 
 
 def print_paths(rows: list[dict]) -> None:
-    """Each path's p50 over MPI's own in the same turns; ``*`` marks the path the table takes."""
+    """Each path's p50 over MPI's own in the same turns; ``*`` marks the path the group takes."""
     print("\nmpi backend, each path on one node against MPI's own call, measured in turns (p50 "
-          "over mpi4py's; * the path comm/mpi/paths.py takes)")
+          "over mpi4py's; * the path the group takes: comm/mpi/paths.py's table, or for broadcast "
+          "and allgather the one it timed, comm/mpi/tuning.py)")
     print(f"{'op':10} {'bytes':>10} {'mpi4py us':>10} " + " ".join(f"{p:>7}" for p in PATHS))
     for r in rows:
         ref = r["mpi4py_s"]

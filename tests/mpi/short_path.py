@@ -3,7 +3,8 @@
 After one synchronous allreduce of a contiguous CPU tensor, ``MPIProcessGroup`` remembers whether
 its path was the C steps over shared memory; the next ones of the same size, dtype and op skip
 ``_issue`` (``MPIProcessGroup._short``). Broadcast and all_gather_into_tensor skip it where the last
-call of their size went to shared memory. Here every case is called three times with new values
+call of their size went to shared memory (which, from 16 KB, the group timed: ``tuning``; each
+case says which path its size took). Here every case is called three times with new values
 each time, and each result is checked exactly (small integers, so float sums are exact): SUM, AVG
 and PRODUCT of float32, float64, int32 and int64, and MAX, whose path is MPI's; broadcast from
 each root and all_gather_into_tensor at 4 KB and 1 MB. Then a non-contiguous tensor of a learnt
@@ -82,15 +83,15 @@ def main() -> int:
                 dist.broadcast(t, src=root)
                 right &= torch.equal(t, every[root])
             cases.append({"case": f"broadcast from {root} {numel}", "right": right,
-                          "short": 3 - issued[0]})
+                          "short": 3 - issued[0], "path": pg._paths[("broadcast", t.nbytes, True)]})
         right, issued[0] = True, 0
         for call in range(3):
-            every = values(numel, torch.int64, call)
-            out = torch.full((n * numel,), -1, dtype=torch.int64)
+            every = values(numel, torch.int32, call)
+            out = torch.full((n * numel,), -1, dtype=torch.int32)
             dist.all_gather_into_tensor(out, every[rank])
             right &= torch.equal(out, torch.cat(every))
         cases.append({"case": f"all_gather_into_tensor {numel}", "right": right,
-                      "short": 3 - issued[0]})
+                      "short": 3 - issued[0], "path": pg._paths[("allgather", out.nbytes, True)]})
 
     # a learnt size, dtype and op, but not contiguous: the long path stages it
     issued[0] = 0

@@ -148,6 +148,12 @@ broadcast from 16 MB (32-64 MB: 0.83-0.92 against 0.99-1.01) and allgather from 
 broadcast keeps the gate. (With ranks outnumbering cores, a barrier waits for each rank to be
 scheduled: on a node with a core per rank shared memory should win from smaller sizes; not
 measured here.)
+
+On a later day the same kind of VM had shared memory lose 2-rank broadcasts of 64 KB-1 MB by
+1.4-2.6x and allgathers of 64 KB-16 MB by 1.3-1.7x (buffers reused as they are), which no table
+measured elsewhere could know. So from 16 KB, where the steps are in C, broadcast and allgather
+take the path the group times at each size class's first call (``tuning``), the table's unless
+another is faster by 5%; allreduce and reduce_scatter keep this table.
 """
 
 from __future__ import annotations

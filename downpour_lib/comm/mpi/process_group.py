@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import lists, monitored, profiling
+from . import lists, monitored, profiling, tuning
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .paths import choose
@@ -65,6 +65,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         # ``_allreduce_in_place`` chose: the same on every call once the shared memory is set up
         # (2 of a 64 KB broadcast's 16 us, called directly, went to choosing it again)
         self._paths: dict[tuple, str] = {}
+        self._tuned: dict[tuple, str] = {}  # (op, ``tuning.size_class``) -> the path timed fastest
         # (bytes, dtype, op's ``kind``) -> ``ShmAllreduce.c_codes`` for a synchronous allreduce of a
         # contiguous CPU tensor whose path is the C steps, else False: ``allreduce``'s short path
         self._in_c: dict[tuple, tuple | bool] = {}
@@ -133,12 +134,42 @@ class MPIProcessGroup(dist.ProcessGroup):
             WATCHDOG.leave()
 
     def _path(self, op: str, tensor: torch.Tensor, nbytes: int) -> str:
-        """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one node the
-        measured path (``paths``), else MPI's nonblocking calls (``data_phase``)."""
+        """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one
+        node the measured path (``paths``; for broadcast and allgather with the steps in C, timed
+        here at the size class's first call: ``tuning``), else MPI's nonblocking calls
+        (``data_phase``). Collective where it times the paths, as every call that asks is."""
         key = (op, nbytes, tensor.is_cpu)
-        return self._paths.get(key) or self._remember(
-            key, choose(op, nbytes, self._n, self._shm.in_c) if self._shm.moves(tensor, nbytes, 0)
-            else "nb")
+        path = self._paths.get(key)
+        if path is not None:
+            return path
+        if not self._shm.moves(tensor, nbytes, 0):
+            return self._remember(key, "nb")
+        path = choose(op, nbytes, self._n, self._shm.in_c)
+        if op in tuning.TUNED_OPS and self._shm.in_c and nbytes >= tuning.MIN_BYTES:
+            cls = (op, tuning.size_class(nbytes))
+            path = self._tuned.get(cls) or self._tuned.setdefault(
+                cls, self._time_paths(op, tensor.dtype, nbytes, path))
+        return self._remember(key, path)
+
+    def _time_paths(self, op: str, dtype: torch.dtype, nbytes: int, default: str) -> str:
+        """``tuning.fastest`` of broadcast's or allgather's paths, on scratch buffers of
+        ``nbytes`` (allgather's output) of ``dtype``."""
+        item = torch.empty(0, dtype=dtype).element_size()
+        if op == "broadcast":
+            x = torch.zeros(max(1, nbytes // item), dtype=dtype)
+            calls = {p: partial(self._broadcast_by, p, x, 0) for p in tuning.PATHS}
+        else:
+            x = torch.zeros(max(1, nbytes // (item * self._n)), dtype=dtype)
+            out = torch.empty(x.numel() * self._n, dtype=dtype)
+            calls = {p: partial(self._allgather_by, p, x, out) for p in tuning.PATHS}
+        return tuning.fastest(calls, x.zero_, partial(gate, self._comm, self._timeout_s, op),
+                              self._slowest, default, nbytes)
+
+    def _slowest(self, values: list[float]) -> list[float]:
+        """Each of ``values``, the largest any rank has (collective)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        self._data("Allreduce", MPI.IN_PLACE, spec(t), MPI.MAX, blocking=True)
+        return t.tolist()
 
     def _remember(self, key: tuple, path: str) -> str:
         """Keep the path chosen for ``key`` (``_paths``); returns it."""
@@ -359,7 +390,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
 
     def _broadcast(self, local: torch.Tensor, root: int) -> None:
-        path = self._path("broadcast", local, local.nbytes)
+        self._broadcast_by(self._path("broadcast", local, local.nbytes), local, root)
+
+    def _broadcast_by(self, path: str, local: torch.Tensor, root: int) -> None:
         if path == "shm":
             self._shm.broadcast(local, root)
         elif not self._data.in_c("Bcast", local, root=root, blocking=path == "mpi"):
@@ -382,10 +415,8 @@ class MPIProcessGroup(dist.ProcessGroup):
             path = self._path("allgather", x.local, flat.nbytes) if len(set(counts)) == 1 else ""
             if not path:
                 self._data("Allgatherv", x.spec(), vspec(flat, counts))
-            elif path == "shm":
-                self._shm.allgather(x.local, flat)
             else:
-                self._allgather(x.local, flat, path == "mpi")
+                self._allgather_by(path, x.local, flat)
             if tiled is None:
                 lists.split_into(flat, counts, outputs)
 
@@ -428,14 +459,16 @@ class MPIProcessGroup(dist.ProcessGroup):
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            path = self._path("allgather", x.local, y.local.nbytes)
-            if path == "shm":
-                self._shm.allgather(x.local, y.local)
-            else:
-                self._allgather(x.local, y.local, path == "mpi")
+            self._allgather_by(self._path("allgather", x.local, y.local.nbytes), x.local, y.local)
             y.finish()
 
         return run
+
+    def _allgather_by(self, path: str, local: torch.Tensor, flat: torch.Tensor) -> None:
+        if path == "shm":
+            self._shm.allgather(local, flat)
+        else:
+            self._allgather(local, flat, path == "mpi")
 
     def _allgather(self, local: torch.Tensor, flat: torch.Tensor, blocking: bool) -> None:
         """MPI's allgather of ``local`` from every rank into ``flat``, in C where it can."""

@@ -1,0 +1,81 @@
+"""Which path a broadcast or allgather takes on one node: timed where the group runs, at first use.
+
+``paths.TABLE_C`` sent 2-rank broadcasts and allgathers to shared memory at every size: it won every
+size on the day it was measured (0.32-0.85 of Open MPI's own). On another day, on the same kind of
+2-core VM, ``bench collectives --paths`` gave (p50 over Open MPI's own, two sittings that agreed
+within 0.04; shared memory / the gate's path, MPI's blocking call):
+
+    2 ranks                64 KB      256 KB     1 MB       4 MB       16 MB
+    broadcast   reused     2.50/1.09  2.59/1.05  1.43/1.09  0.97/1.01  0.92/1.00
+                written    1.23/1.03  1.16/1.01  0.81/1.01  0.92/1.00  0.90/1.00
+    allgather   reused     1.33/1.01  1.56/1.07  1.66/1.10  1.36/1.00  1.35/1.01
+                written    0.76/0.99  0.82/1.00  0.99/1.02  1.30/1.01  1.33/1.00
+
+("reused": buffers sent again as they are, as nccl-tests and OSU do; "written": written before each
+call, as training writes its buffers, ``--written``.) Open MPI moves a buffer with one copy (CMA)
+where shared memory takes two, and which wins depends on how this machine's cores share their
+caches, which a table measured on another cannot know. So a group whose steps are in C times the
+three paths (``PATHS``) once per operation and size class (a power of two) from ``MIN_BYTES``, at
+its first call of the class, and takes the fastest: on scratch buffers of the call's size and
+dtype, written before each call, in turns, the slowest rank's median, agreed by every rank (an
+allreduce of the medians). The table's path stays unless another beats it by ``MARGIN``. The
+paths move the same bytes, so which wins never changes a result; the trial calls are the paths'
+own, with their deadlines, so a rank gone silent in a trial is named as in any call. It costs
+each size class ``ROUNDS`` x (``reps`` + 1) calls of each path once: a 64 MB allgather's about
+0.2 s, a 64 KB one's under 1 ms. Allreduce and reduce_scatter keep the table (their paths reduce
+in different orders, and a run's bits must not depend on a timing).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+TUNED_OPS = ("broadcast", "allgather")
+PATHS = ("shm", "mpi", "nb")  # shared memory, the gate + MPI's blocking call, MPI's nonblocking call
+MIN_BYTES = 16 << 10  # below, the table: shared memory took 0.53-0.71 of Open MPI's own at 4 KB
+MARGIN = 0.05  # how much faster than the table's path another must be to replace it
+
+
+def size_class(nbytes: int) -> int:
+    """The class of ``nbytes``: sizes between two powers of two share a trial."""
+    return nbytes.bit_length()
+
+
+ROUNDS = 3  # each path's calls come in this many blocks, in turns with the other paths'
+
+
+def reps(nbytes: int) -> int:
+    """Timed calls a path gets in each of the ``ROUNDS``: fewer for the sizes whose calls take
+    milliseconds."""
+    return 3 if nbytes < 1 << 20 else 2 if nbytes < 16 << 20 else 1
+
+
+def fastest(calls: dict[str, Callable[[], None]], touch: Callable[[], object],
+            align: Callable[[], None], slowest: Callable[[list[float]], list[float]],
+            default: str, nbytes: int) -> str:
+    """The path whose ``calls`` entry ran fastest, timed as ``bench collectives --paths
+    --written`` times them: in ``ROUNDS`` turns, each path a block of one untimed call (its
+    buffers back into the caches: in turns of one call each finds the others' there) and ``reps``
+    timed ones, each after ``touch()`` (which writes the buffers the calls send) and ``align()``
+    (a barrier, so that every rank starts it together); the median of each path's times, the
+    slowest rank's (``slowest``: collective, elementwise over the ranks), so every rank takes the
+    same. ``default`` (the table's) stays unless another beats it by ``MARGIN``. Collective: every
+    rank calls it with the same paths, in the same order."""
+    times: dict[str, list[float]] = {path: [] for path in calls}
+    for _ in range(ROUNDS):
+        for path, call in calls.items():
+            touch()
+            call()
+            for _ in range(reps(nbytes)):
+                touch()
+                align()
+                start = time.perf_counter()
+                call()
+                times[path].append(time.perf_counter() - start)
+    medians = dict(zip(calls, slowest([statistics.median(t) for t in times.values()]), strict=True))
+    best = min(medians, key=medians.__getitem__)
+    if default in medians and medians[best] * (1 + MARGIN) >= medians[default]:
+        return default
+    return best

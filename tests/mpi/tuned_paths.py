@@ -1,0 +1,50 @@
+"""Under mpiexec -n 2: broadcast and allgather take the path the group timed, the same on every rank.
+
+A group whose shared-memory steps are in C times broadcast's and allgather's paths at the first call
+of each size class from ``tuning.MIN_BYTES`` (``comm/mpi/tuning.py``). Here each is called at sizes
+around the classes' edges, from each root, with new values each time, and every result is checked
+exactly; each rank prints one JSON line: whether every result was right, the paths it timed (size
+class -> path), the paths it took per size, and how long its first call of each class took.
+"""
+
+import json
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
+
+
+def main() -> int:
+    dist.init_process_group("mpi", timeout=timedelta(seconds=30))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    pg = dist.distributed_c10d._get_default_group()
+    right, first = True, {}
+    for numel in (1 << 10, (4 << 10) - 1, 4 << 10, 1 << 14, (1 << 16) + 3, 1 << 18, 1 << 20):
+        for call in range(2):
+            for root in range(n):
+                every = [torch.arange(numel, dtype=torch.float32) + 10 * r + call for r in range(n)]
+                t = every[rank].clone()
+                start = time.perf_counter()
+                dist.broadcast(t, src=root)
+                first.setdefault(f"broadcast {t.nbytes}", time.perf_counter() - start)
+                right &= torch.equal(t, every[root])
+            every = [torch.arange(numel, dtype=torch.int64) * (r + 1) + call for r in range(n)]
+            out = torch.full((n * numel,), -1, dtype=torch.int64)
+            start = time.perf_counter()
+            dist.all_gather_into_tensor(out, every[rank])
+            first.setdefault(f"allgather {out.nbytes}", time.perf_counter() - start)
+            right &= torch.equal(out, torch.cat(every))
+    print(json.dumps({"rank": rank, "right": right, "in_c": pg._shm.in_c,
+                      "tuned": {f"{op} {cls}": path for (op, cls), path in pg._tuned.items()},
+                      "paths": {f"{op} {nbytes}": path for (op, nbytes, _), path in pg._paths.items()},
+                      "first_s": first}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
