@@ -293,6 +293,10 @@ static int begin(ShmGroup *self, Shm *s, PyObject *const *args, Py_ssize_t nargs
     PyErr_Format(PyExc_TypeError, "ShmGroup.%s takes %zd arguments, not %zd", name, want, nargs);
     return -1;
   }
+  if (self->shm.n < 1) { /* made without __init__ */
+    PyErr_Format(PyExc_RuntimeError, "ShmGroup.%s on a group that was not set up", name);
+    return -1;
+  }
   *s = self->shm;
   s->note = -1;
   s->waited = 0;
