@@ -159,7 +159,7 @@ def test_broadcast_and_allgather_take_the_path_the_group_timed_the_same_on_every
     assert set(said) == {0, 1}, explain(proc)
     for line in said.values():
         assert line["right"] and line["in_c"], line
-        assert set(line["tuned"].values()) <= set(tuning.PATHS), line
+        assert set(line["tuned"].values()) <= set(paths.PATHS), line
         for key, path in line["paths"].items():
             op, nbytes = key.split()
             if int(nbytes) < tuning.MIN_BYTES:
@@ -177,7 +177,7 @@ def test_the_timed_path_is_the_fastest_and_the_table_keeps_a_near_tie():
     the table's unless another beats it by the margin; every timed call follows a write of the
     buffers and a barrier. The ranks' medians are given here (``slowest``), the calls counted."""
     counts = {"calls": 0, "touches": 0, "aligns": 0}
-    calls = {p: (lambda: counts.__setitem__("calls", counts["calls"] + 1)) for p in tuning.PATHS}
+    calls = {p: (lambda: counts.__setitem__("calls", counts["calls"] + 1)) for p in paths.PATHS}
 
     def run(medians: list[float], default: str) -> str:
         return tuning.fastest(calls, lambda: counts.__setitem__("touches", counts["touches"] + 1),
@@ -329,7 +329,7 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
         assert r["op"] != "reduce_scatter" or "shm_s" not in r, r
         # the table's path (C builds here), or one broadcast and allgather timed from 16 KB
         tuned = r["op"] in tuning.TUNED_OPS and r["bytes"] >= tuning.MIN_BYTES
-        assert r["taken"] in tuning.PATHS if tuned else \
+        assert r["taken"] in paths.PATHS if tuned else \
             r["taken"] == paths.choose(r["op"], r["bytes"], 2, in_c=True), r
     assert "each path on one node" in proc.stdout
     rows = [r for r in rows if r not in timed]

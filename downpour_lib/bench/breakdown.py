@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from ..comm.mpi.liveness import gate
-from ..comm.mpi.paths import choose
+from ..comm.mpi.paths import PATHS, choose
 from ..comm.mpi.types import reduction, spec
 from ..errors import ConfigError
 from .native import native_group
@@ -214,7 +214,6 @@ def print_breakdown(rows: list[dict]) -> None:
 
 
 PATH_OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
-PATHS = ("shm", "mpi", "nb")  # shared memory, gate + MPI's blocking call, MPI's nonblocking call
 
 
 def _path_calls(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> dict:

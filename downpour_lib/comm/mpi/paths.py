@@ -158,6 +158,7 @@ another is faster by 5%; allreduce and reduce_scatter keep this table.
 
 from __future__ import annotations
 
+PATHS = ("shm", "mpi", "nb")  # shared memory, the gate + MPI's blocking call, MPI's nonblocking call
 _LARGE = (256 << 10) + 1  # where libnbc's nonblocking calls start to lose by multiples (``data_phase``)
 # op -> [(most ranks, [(from bytes, path), ...]), ...]: the first row whose ranks cover the group,
 # then the last step at or below the buffer's bytes (the whole buffer: allgather's output,

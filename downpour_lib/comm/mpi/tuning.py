@@ -15,7 +15,7 @@ within 0.04; shared memory / the gate's path, MPI's blocking call):
 call, as training writes its buffers, ``--written``.) Open MPI moves a buffer with one copy (CMA)
 where shared memory takes two, and which wins depends on how this machine's cores share their
 caches, which a table measured on another cannot know. So a group whose steps are in C times the
-three paths (``PATHS``) once per operation and size class (a power of two) from ``MIN_BYTES``, at
+three paths (``paths.PATHS``) once per operation and size class (a power of two) from ``MIN_BYTES``, at
 its first call of the class, and takes the fastest: on scratch buffers of the call's size and
 dtype, written before each call, in turns, the slowest rank's median, agreed by every rank (an
 allreduce of the medians). The table's path stays unless another beats it by ``MARGIN``. The
@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 
 TUNED_OPS = ("broadcast", "allgather")
-PATHS = ("shm", "mpi", "nb")  # shared memory, the gate + MPI's blocking call, MPI's nonblocking call
 MIN_BYTES = 16 << 10  # below, the table: shared memory took 0.53-0.71 of Open MPI's own at 4 KB
 MARGIN = 0.05  # how much faster than the table's path another must be to replace it
 

@@ -1,0 +1,230 @@
+"""``MPIProcessGroup``'s data movement: broadcast, allgather, gather, scatter and all-to-all.
+
+A mixin of the group (``process_group``), whose state and machinery it uses: ``_issue`` and the
+short path's checks (``_short``), the path choice (``_path``), the shared memory (``_shm``) and
+MPI's data phase (``_data``). Broadcast and allgather on one node take shared memory or Open MPI's
+calls, whichever the group timed fastest for the size (``tuning``: ``_time_paths``); the others
+are MPI's v-variants on flat buffers (``lists``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from . import lists, tuning
+from .liveness import PeerTimeout, gate
+from .paths import PATHS
+from .types import MOVE_TYPE, Operand, check_dtype, scratch, spec, vspec
+
+
+def asynchronous(opts) -> bool:
+    """Whether a call with ``opts`` is asynchronous (torch's default where it passes none)."""
+    return True if opts is None else opts.asyncOp
+
+
+class DataMovement:
+    """Broadcast, allgather, gather, scatter and all-to-all of ``MPIProcessGroup``."""
+
+    def _time_paths(self, op: str, dtype: torch.dtype, nbytes: int, default: str) -> str:
+        """``tuning.fastest`` of broadcast's or allgather's paths, on scratch buffers of
+        ``nbytes`` (allgather's output) of ``dtype``."""
+        item = torch.empty(0, dtype=dtype).element_size()
+        if op == "broadcast":
+            x = torch.zeros(max(1, nbytes // item), dtype=dtype)
+            calls = {p: partial(self._broadcast_by, p, x, 0) for p in PATHS}
+        else:
+            x = torch.zeros(max(1, nbytes // (item * self._n)), dtype=dtype)
+            out = torch.empty(x.numel() * self._n, dtype=dtype)
+            calls = {p: partial(self._allgather_by, p, x, out) for p in PATHS}
+        return tuning.fastest(calls, x.zero_, partial(gate, self._comm, self._timeout_s, op),
+                              self._slowest, default, nbytes)
+
+    def _slowest(self, values: list[float]) -> list[float]:
+        """Each of ``values``, the largest any rank has (collective)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        self._data("Allreduce", MPI.IN_PLACE, spec(t), MPI.MAX, blocking=True)
+        return t.tolist()
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        if not opts.asyncOp and len(tensors) == 1:  # the short path, where its size goes to shm
+            t = tensors[0]
+            if t.is_cpu and self._paths.get(("broadcast", t.nbytes, True)) == "shm" \
+                    and t.dtype in MOVE_TYPE and t.is_contiguous() and self._short():
+                try:
+                    self._shm.broadcast(t, opts.rootRank)
+                except PeerTimeout as exc:
+                    raise self.explain(exc) from None
+                return None  # done: no work to wait for (``_short``)
+        t = lists.one(tensors, "broadcast")
+        root = opts.rootRank
+        if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
+            return self._issue("broadcast", partial(self._broadcast, t, root), tensors,
+                               opts.asyncOp, inputs=tensors)
+        x = Operand(t, self._r != root, self._direct())
+
+        def run() -> None:
+            self._broadcast(x.local, root)
+            x.finish()
+
+        return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
+
+    def _broadcast(self, local: torch.Tensor, root: int) -> None:
+        self._broadcast_by(self._path("broadcast", local, local.nbytes), local, root)
+
+    def _broadcast_by(self, path: str, local: torch.Tensor, root: int) -> None:
+        if path == "shm":
+            self._shm.broadcast(local, root)
+        elif not self._data.in_c("Bcast", local, root=root, blocking=path == "mpi"):
+            self._data("Bcast", spec(local), root, blocking=path == "mpi")
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        t = lists.one(input_tensors, "all_gather")
+        outputs = output_tensors[0] if len(output_tensors) == 1 else []
+        counts = lists.same(outputs, t, self._n, "all_gather")
+        if counts[self._r] != t.numel():
+            raise ValueError(f"mpi backend: all_gather input has {t.numel()} elements, but this "
+                             f"rank's output slot has {counts[self._r]}")
+        direct = self._direct()
+        x, tiled = Operand(t, False, direct), lists.tiled(outputs, sum(counts), direct)
+        flat = scratch(sum(counts), t, direct) if tiled is None else tiled
+        if tiled is not None and lists.overlaps(x.local, tiled):  # e.g. the input is this rank's output
+            x = Operand(x.local.clone(), False, direct)
+
+        def run() -> None:
+            path = self._path("allgather", x.local, flat.nbytes) if len(set(counts)) == 1 else ""
+            if not path:
+                self._data("Allgatherv", x.spec(), vspec(flat, counts))
+            else:
+                self._allgather_by(path, x.local, flat)
+            if tiled is None:
+                lists.split_into(flat, counts, outputs)
+
+        return self._issue("all_gather", run, output_tensors, asynchronous(opts),
+                           inputs=input_tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        if opts is not None and not opts.asyncOp and input.is_cpu and output.is_cpu \
+                and self._paths.get(("allgather", output.nbytes, True)) == "shm" \
+                and input.dtype == output.dtype and input.dtype in MOVE_TYPE \
+                and output.numel() == self._n * input.numel() and input.is_contiguous() \
+                and output.is_contiguous() and not lists.overlaps(input, output) and self._short():
+            # the short path, where its size goes to shared memory
+            try:
+                self._shm.allgather(input, output)
+            except PeerTimeout as exc:
+                raise self.explain(exc) from None
+            return None  # done: no work to wait for (``_short``)
+        return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
+                           asynchronous(opts), inputs=[input])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        runs = [self._all_gather_into(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._issue("all_gather_into_tensor_coalesced", lambda: [r() for r in runs], outputs,
+                           asynchronous(opts), inputs=inputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _all_gather_into(self, output: torch.Tensor, input: torch.Tensor):
+        check_dtype(input.dtype, "all_gather_into_tensor")
+        if input.dtype != output.dtype or output.numel() != self._n * input.numel():
+            raise ValueError(f"mpi backend: all_gather_into_tensor needs an output of {self._n} x the "
+                             f"input's elements and dtype; got {output.numel()} {output.dtype} for "
+                             f"{input.numel()} {input.dtype}")
+        direct = self._direct()
+        x, y = Operand(input, False, direct), Operand(output, True, direct)
+        if lists.overlaps(x.local, y.local):  # e.g. the input is this rank's chunk of the output
+            x = Operand(x.local.clone(), False, direct)
+
+        def run() -> None:
+            self._allgather_by(self._path("allgather", x.local, y.local.nbytes), x.local, y.local)
+            y.finish()
+
+        return run
+
+    def _allgather_by(self, path: str, local: torch.Tensor, flat: torch.Tensor) -> None:
+        if path == "shm":
+            self._shm.allgather(local, flat)
+        else:
+            self._allgather(local, flat, path == "mpi")
+
+    def _allgather(self, local: torch.Tensor, flat: torch.Tensor, blocking: bool) -> None:
+        """MPI's allgather of ``local`` from every rank into ``flat``, in C where it can."""
+        if not self._data.in_c("Allgather", flat, local, count=local.numel(), blocking=blocking):
+            self._data("Allgather", spec(local), spec(flat, local.numel()), blocking=blocking)
+
+    def gather(self, output_tensors, input_tensors, opts):
+        t = lists.one(input_tensors, "gather")
+        root, direct = opts.rootRank, self._direct()
+        x = Operand(t, False, direct)
+        if self._r != root:
+            return self._issue("gather", lambda: self._data("Gatherv", x.spec(), None, root), [],
+                               opts.asyncOp, inputs=input_tensors)
+        outputs = output_tensors[0] if len(output_tensors) == 1 else []
+        counts = lists.same(outputs, t, self._n, "gather")
+        flat = scratch(sum(counts), t, direct)
+
+        def run() -> None:
+            self._data("Gatherv", x.spec(), vspec(flat, counts), root)
+            lists.split_into(flat, counts, outputs)
+
+        return self._issue("gather", run, output_tensors, opts.asyncOp, inputs=input_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        y = lists.one(output_tensors, "scatter")
+        root, direct = opts.rootRank, self._direct()
+        out = Operand(y, True, direct)
+        flat, counts, inputs = None, [], []
+        if self._r == root:
+            inputs = input_tensors[0] if len(input_tensors) == 1 else []
+            counts = lists.same(inputs, y, self._n, "scatter")
+            flat = lists.concat(inputs, counts, direct)
+
+        def run() -> None:
+            # the closure holds ``flat`` itself: a buffer made from its address would not keep it
+            # alive until a queued scatter runs
+            self._data("Scatterv", None if flat is None else vspec(flat, counts), out.spec(),
+                                      root)
+            out.finish()
+
+        return self._issue("scatter", run, output_tensors, opts.asyncOp, inputs=inputs)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        check_dtype(input.dtype, "all_to_all_single")
+        if input.dtype != output.dtype:
+            raise TypeError(f"mpi backend: all_to_all_single mixes {input.dtype} and {output.dtype}")
+        send_counts = lists.counts(input, list(input_split_sizes), self._n, "all_to_all_single input")
+        recv_counts = lists.counts(output, list(output_split_sizes), self._n, "all_to_all_single output")
+        direct = self._direct()
+        x, y = Operand(input, False, direct), Operand(output, True, direct)
+        if lists.overlaps(x.local, y.local):
+            x = Operand(x.local.clone(), False, direct)
+
+        def run() -> None:
+            self._data("Alltoallv", vspec(x.local, send_counts), vspec(y.local, recv_counts))
+            y.finish()
+
+        return self._issue("all_to_all_single", run, [output], asynchronous(opts), inputs=[input])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if not input_tensors:
+            raise ValueError("mpi backend: all_to_all needs one input tensor per rank")
+        send_counts = lists.same(input_tensors, input_tensors[0], self._n, "all_to_all input")
+        recv_counts = lists.same(output_tensors, input_tensors[0], self._n, "all_to_all output")
+        direct = self._direct()
+        flat_in = lists.concat(input_tensors, send_counts, direct)
+        flat_out = scratch(sum(recv_counts), input_tensors[0], direct)
+
+        def run() -> None:
+            self._data("Alltoallv", vspec(flat_in, send_counts), vspec(flat_out, recv_counts))
+            lists.split_into(flat_out, recv_counts, output_tensors)
+
+        return self._issue("all_to_all", run, output_tensors, asynchronous(opts), inputs=input_tensors)
