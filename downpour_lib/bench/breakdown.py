@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from ..comm.mpi.liveness import gate
-from ..comm.mpi.paths import PATHS, choose
+from ..comm.mpi.paths import PATHS
 from ..comm.mpi.types import reduction, spec
 from ..errors import ConfigError
 from .native import native_group
@@ -168,9 +168,20 @@ def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, syn
             for part, times in zip(runs, measure_paired(list(runs.values()), sync, args, x.zero_),
                                    strict=True):
                 row[part + "_s"] = _p50(times)
+            row["path"] = _taken(op, pg, x, out)
             rows.append(row)
     ref.Free()
     return rows
+
+
+def _taken(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> str:
+    """The path the group took for ``op`` on ``x`` (``comm/mpi/paths.py``'s names), as it
+    remembers it once called; "" where it keeps none (reduce)."""
+    if op == "allreduce":
+        key = ("allreduce", x.nbytes, True, reduction(dist.AllreduceOptions().reduceOp, x.dtype))
+    else:
+        key = (op, (out if op == "allgather" else x).nbytes, True)
+    return pg._paths.get(key, "")
 
 
 def print_breakdown(rows: list[dict]) -> None:
@@ -180,14 +191,15 @@ def print_breakdown(rows: list[dict]) -> None:
           "mpi4py, hand-off = async - torch; floor = (mpi4py + noop) / mpi4py, the least a backend "
           "called through torch's dispatch can take over MPI's own)")
     print(f"{'op':15} {'bytes':>10} {'mpi4py':>9} {'noop':>7} {'torch':>9} {'direct':>9} "
-          f"{'dispatch':>8} {'ours':>8} {'hand-off':>8} {'gate':>7} {'x mpi4py':>8} {'floor':>6}")
+          f"{'dispatch':>8} {'ours':>8} {'hand-off':>8} {'gate':>7} {'x mpi4py':>8} {'floor':>6} "
+          f"{'path':>5}")
     for r in rows:
         us = {k: r[k + "_s"] * 1e6 for k in PARTS}
         mpi = us["mpi4py"]
         print(f"{r['op']:15} {r['bytes']:>10} {mpi:9.1f} {us['noop']:7.1f} {us['torch']:9.1f} "
               f"{us['direct']:9.1f} {us['torch'] - us['direct']:8.1f} {us['direct'] - mpi:8.1f} "
               f"{us['async'] - us['torch']:8.1f} {us['gate']:7.1f} {us['torch'] / mpi:8.2f} "
-              f"{(mpi + us['noop']) / mpi:6.2f}")
+              f"{(mpi + us['noop']) / mpi:6.2f} {r.get('path', ''):>5}")
     native = [r for r in rows if r["native_s"]]
     if native:
         print("\nnative floor: a C++ backend of MPI's blocking calls alone (no gate, timeout or "
@@ -266,10 +278,10 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
             x = torch.zeros(count * (pg.size() if op == "reduce_scatter" else 1), dtype=dtype)
             out = torch.zeros(count * pg.size(), dtype=dtype) if op == "allgather" \
                 else torch.zeros(count, dtype=dtype) if op == "reduce_scatter" else None
-            # the path the group takes: its table's, or for broadcast and allgather the one it
-            # timed at the size class's first call (``comm/mpi/tuning.py``), here if not before
-            taken = choose(op, reported, pg.size(), pg._shm.in_c) if op == "allreduce" \
-                else pg._path(op, x, reported)
+            # the path the group takes: its table's, or the one it timed at the size class's
+            # first call (``comm/mpi/tuning.py``), here if not before
+            taken = pg._allreduce_path(x, reduction(dist.ReduceOp.SUM, dtype)) \
+                if op == "allreduce" else pg._path(op, x, reported)
             calls, ref = _path_calls(op, pg, x, out)
             times = measure_paired(list(calls.values()), sync, args, x.zero_)
             ref.Free()
@@ -283,8 +295,8 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
 def print_paths(rows: list[dict]) -> None:
     """Each path's p50 over MPI's own in the same turns; ``*`` marks the path the group takes."""
     print("\nmpi backend, each path on one node against MPI's own call, measured in turns (p50 "
-          "over mpi4py's; * the path the group takes: comm/mpi/paths.py's table, or for broadcast "
-          "and allgather the one it timed, comm/mpi/tuning.py)")
+          "over mpi4py's; * the path the group takes: comm/mpi/paths.py's table, or the one it "
+          "timed, comm/mpi/tuning.py)")
     print(f"{'op':10} {'bytes':>10} {'mpi4py us':>10} " + " ".join(f"{p:>7}" for p in PATHS))
     for r in rows:
         ref = r["mpi4py_s"]

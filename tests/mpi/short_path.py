@@ -3,16 +3,16 @@
 After one synchronous allreduce of a contiguous CPU tensor, ``MPIProcessGroup`` remembers whether
 its path was the C steps over shared memory; the next ones of the same size, dtype and op skip
 ``_issue`` (``MPIProcessGroup._short``). Broadcast and all_gather_into_tensor skip it where the last
-call of their size went to shared memory (which, from 16 KB, the group timed: ``tuning``; each
-case says which path its size took). Here every case is called three times with new values
-each time, and each result is checked exactly (small integers, so float sums are exact): SUM, AVG
-and PRODUCT of float32, float64, int32 and int64, and MAX, whose path is MPI's; broadcast from
-each root and all_gather_into_tensor at 4 KB and 1 MB. Then a non-contiguous tensor of a learnt
-size, an asynchronous call, and a call under torch's profiler, which must take the long path (the
-profiler's event is recorded there). Then a synchronous call made directly, which returns no
-work, and a wait past the spin, which a probe of the waiting rank must see. Each rank prints one
-JSON line per case: whether every result was right, and how many calls took the short path (did
-not reach ``_issue``).
+call of their size went to shared memory (which, from 16 KB, the group timed: ``tuning``, as it
+times a 2-rank allreduce's; each case says which path its size took). Here every case is called
+three times with new values each time, and each result is checked exactly (small integers, so float
+sums are exact): SUM, AVG and PRODUCT of float32, float64, int32 and int64, and MAX, whose path is
+MPI's; broadcast from each root and all_gather_into_tensor at 4 KB and 1 MB. Then a non-contiguous
+tensor of a learnt size, an asynchronous call, and a call under torch's profiler, which must take
+the long path (the profiler's event is recorded there). Then a synchronous call made directly, which
+returns no work, and a wait past the spin, which a probe of the waiting rank must see. Each rank
+prints one JSON line per case: whether every result was right, and how many calls took the short
+path (did not reach ``_issue``).
 """
 
 import json
@@ -27,6 +27,7 @@ from torch.profiler import profile
 from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
 from downpour_lib.comm.mpi import native
 from downpour_lib.comm.mpi.liveness import WATCHDOG
+from downpour_lib.comm.mpi.types import reduction
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
        "max": dist.ReduceOp.MAX}
@@ -71,8 +72,9 @@ def main() -> int:
                     t = every[rank].clone()
                     dist.all_reduce(t, op=OPS[op])
                     right &= torch.equal(t, expected(op, every))
+                key = ("allreduce", t.nbytes, True, reduction(OPS[op], dtype))
                 cases.append({"case": f"{op} {dtype} {numel}", "right": right,
-                              "short": 3 - issued[0]})
+                              "short": 3 - issued[0], "path": pg._paths[key]})
 
     for numel in (1 << 10, 1 << 18):
         for root in range(n):

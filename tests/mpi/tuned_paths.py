@@ -1,10 +1,13 @@
-"""Under mpiexec -n 2: broadcast and allgather take the path the group timed, the same on every rank.
+"""Under mpiexec -n 2: broadcast, allgather and allreduce take the path the group timed, the same on
+every rank.
 
-A group whose shared-memory steps are in C times broadcast's and allgather's paths at the first call
-of each size class from ``tuning.MIN_BYTES`` (``comm/mpi/tuning.py``). Here each is called at sizes
-around the classes' edges, from each root, with new values each time, and every result is checked
-exactly; each rank prints one JSON line: whether every result was right, the paths it timed (size
-class -> path), the paths it took per size, and how long its first call of each class took.
+A group whose shared-memory steps are in C times broadcast's, allgather's and (2 ranks) allreduce's
+paths at the first call of each size class from ``tuning.MIN_BYTES`` (``comm/mpi/tuning.py``). Here
+each is called at sizes around the classes' edges, from each root, with new values each time, and
+every result is checked exactly: an allreduce's sum and average against this process's own sum of
+the two ranks' values, which every path must match bit for bit. Each rank prints one JSON line:
+whether every result was right, the paths it timed (size class -> path), the paths it took per size,
+and how long its first call of each class took.
 """
 
 import json
@@ -38,9 +41,18 @@ def main() -> int:
             dist.all_gather_into_tensor(out, every[rank])
             first.setdefault(f"allgather {out.nbytes}", time.perf_counter() - start)
             right &= torch.equal(out, torch.cat(every))
+            every = [torch.randn(numel, generator=torch.Generator().manual_seed(7 * r + call))
+                     for r in range(n)]
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                t = every[rank].clone()
+                start = time.perf_counter()
+                dist.all_reduce(t, op=op)
+                first.setdefault(f"allreduce {t.nbytes}", time.perf_counter() - start)
+                want = every[0] + every[1]
+                right &= torch.equal(t, want if op == dist.ReduceOp.SUM else want / 2)
     print(json.dumps({"rank": rank, "right": right, "in_c": pg._shm.in_c,
                       "tuned": {f"{op} {cls}": path for (op, cls), path in pg._tuned.items()},
-                      "paths": {f"{op} {nbytes}": path for (op, nbytes, _), path in pg._paths.items()},
+                      "paths": {f"{key[0]} {key[1]}": path for key, path in pg._paths.items()},
                       "first_s": first}), flush=True)
     dist.destroy_process_group()
     return 0

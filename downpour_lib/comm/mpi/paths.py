@@ -153,7 +153,8 @@ On a later day the same kind of VM had shared memory lose 2-rank broadcasts of 6
 1.4-2.6x and allgathers of 64 KB-16 MB by 1.3-1.7x (buffers reused as they are), which no table
 measured elsewhere could know. So from 16 KB, where the steps are in C, broadcast and allgather
 take the path the group times at each size class's first call (``tuning``), the table's unless
-another is faster by 5%; allreduce and reduce_scatter keep this table.
+another is faster by 5%; so does a 2-rank allreduce (whose paths give the same bits), on the day its
+shared memory lost 1-16 MB by 1.09-1.20. Allreduce of more ranks and reduce_scatter keep this table.
 """
 
 from __future__ import annotations

@@ -147,10 +147,8 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
         if not self._shm.moves(tensor, nbytes, 0):
             return self._remember(key, "nb")
         path = choose(op, nbytes, self._n, self._shm.in_c)
-        if op in tuning.TUNED_OPS and self._shm.in_c and nbytes >= tuning.MIN_BYTES:
-            cls = (op, tuning.size_class(nbytes))
-            path = self._tuned.get(cls) or self._tuned.setdefault(
-                cls, self._time_paths(op, tensor.dtype, nbytes, path))
+        if self._shm.in_c and tuning.tunes(op, nbytes, self._n):
+            path = self._tuned_path(op, tensor.dtype, nbytes, path)
         return self._remember(key, path)
 
     def _remember(self, key: tuple, path: str) -> str:
@@ -250,6 +248,9 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
         has a deadline), else MPI behind the gate."""
         key = ("allreduce", local.nbytes, local.is_cpu, red)  # one Reduction per dtype and op
         path = self._paths.get(key) or self._remember(key, self._allreduce_path(local, red))
+        self._allreduce_by(path, local, red)
+
+    def _allreduce_by(self, path: str, local: torch.Tensor, red) -> None:
         if path == "shm":
             self._shm.allreduce(local, red.kernel, red.average, red.op)
             return
@@ -266,7 +267,10 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
             return "shm" if local.nbytes >= MIN_BYTES else "nb"
         # a group on one node takes the measured path: TABLE_C's where C has the reduction's kernel
         in_c = self._shm.reduces_in_c(local.dtype, red.kernel, red.average)
-        return choose("allreduce", local.nbytes, self._n, in_c)
+        path = choose("allreduce", local.nbytes, self._n, in_c)
+        if in_c and tuning.tunes("allreduce", local.nbytes, self._n):  # 2 ranks: timed
+            path = self._tuned_path("allreduce", local.dtype, local.nbytes, path)
+        return path
 
     def reduce(self, tensors, opts):
         t = lists.one(tensors, "reduce")

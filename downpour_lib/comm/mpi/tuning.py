@@ -22,8 +22,13 @@ allreduce of the medians). The table's path stays unless another beats it by ``M
 paths move the same bytes, so which wins never changes a result; the trial calls are the paths'
 own, with their deadlines, so a rank gone silent in a trial is named as in any call. It costs
 each size class ``ROUNDS`` x (``reps`` + 1) calls of each path once: a 64 MB allgather's about
-0.2 s, a 64 KB one's under 1 ms. Allreduce and reduce_scatter keep the table (their paths reduce
-in different orders, and a run's bits must not depend on a timing).
+0.2 s, a 64 KB one's under 2 ms. Allreduce is timed the same way where the group has two ranks:
+each element is then the one sum (or product) of the same two values on every path, so the bits
+are the same whichever wins (``tests/mpi/tuned_paths.py`` checks them). On the day the table's
+shared memory lost 2-rank allreduces of 1-16 MB by 1.09-1.20 against the gate's path's 0.99-1.01
+(``bench collectives --paths --written``). With three or more ranks the paths reduce in different
+orders, and a run's bits must not depend on a timing, so allreduce keeps the table there, as
+reduce_scatter does everywhere.
 """
 
 from __future__ import annotations
@@ -32,9 +37,25 @@ import statistics
 import time
 from collections.abc import Callable
 
-TUNED_OPS = ("broadcast", "allgather")
+from .data_phase import SLEEPY_DATA_BYTES
+
+MOVES = ("broadcast", "allgather")  # timed at any number of ranks
 MIN_BYTES = 16 << 10  # below, the table: shared memory took 0.53-0.71 of Open MPI's own at 4 KB
 MARGIN = 0.05  # how much faster than the table's path another must be to replace it
+
+
+def tunes(op: str, nbytes: int, n: int) -> bool:
+    """Whether a group of ``n`` ranks on one node, with the steps in C, times ``op``'s paths for
+    ``nbytes``: broadcast and allgather from ``MIN_BYTES``; allreduce too where it has two ranks,
+    whose every path computes each element as the one sum (or product) of the same two values."""
+    return nbytes >= MIN_BYTES and (op in MOVES or (op == "allreduce" and n == 2))
+
+
+def candidates(names: tuple[str, ...], nbytes: int) -> tuple[str, ...]:
+    """The paths worth timing for ``nbytes``: above ``SLEEPY_DATA_BYTES`` the nonblocking call is MPI's
+    blocking one behind the gate (allgather), or pieces of it (broadcast, allreduce) that lost by
+    1.2-4x at every size measured (``paths``), so it is not timed there."""
+    return names if nbytes <= SLEEPY_DATA_BYTES else tuple(p for p in names if p != "nb")
 
 
 def size_class(nbytes: int) -> int:
@@ -43,12 +64,19 @@ def size_class(nbytes: int) -> int:
 
 
 ROUNDS = 3  # each path's calls come in this many blocks, in turns with the other paths'
+# How long the barrier before each timed call spins before it naps: a rank that napped there left
+# it up to a nap after the other, and the other's timed call waited for it. Aligned by the gate
+# (naps from 50 us), the gate's path of a 16 MB allgather took 2.7-3.7 ms in three trials of four,
+# Open MPI's own call 1.8-3.2 just before and after; aligned by a barrier that spins, 1.6-2.0 ms
+# in five of five, the same as Open MPI's own.
+ALIGN_SPIN_S = 0.1
 
 
 def reps(nbytes: int) -> int:
-    """Timed calls a path gets in each of the ``ROUNDS``: fewer for the sizes whose calls take
-    milliseconds."""
-    return 3 if nbytes < 1 << 20 else 2 if nbytes < 16 << 20 else 1
+    """Timed calls a path gets in each of the ``ROUNDS``: more for the sizes whose calls take
+    microseconds, whose medians of a few calls chose a path 1.19x the fastest (64 KB broadcast,
+    3 of 9 calls)."""
+    return 9 if nbytes < 256 << 10 else 5 if nbytes < 1 << 20 else 3 if nbytes < 16 << 20 else 2
 
 
 def fastest(calls: dict[str, Callable[[], None]], touch: Callable[[], object],
