@@ -115,40 +115,46 @@ def test_ranks_that_do_not_all_have_the_c_steps_agree_on_the_python_ones():
 
 
 def test_synchronous_collectives_on_the_short_path_equal_the_reference():
-    """After one synchronous allreduce, the next ones of its size, dtype and op skip ``_issue`` where
-    the path is the C steps, and broadcast and all_gather_into_tensor where it is shared memory
-    (``MPIProcessGroup._short``; tests/mpi/short_path.py): every result is exact for SUM, AVG and
-    PRODUCT of the four C dtypes, for broadcast from each root and for all_gather_into_tensor; the
-    second and third calls take the short path, and MAX (MPI's path), a non-contiguous tensor, an
-    asynchronous call and a profiled one do not (the profiled one records its event). A synchronous
-    call made directly returns no work, and a rank waiting on the short path past the spin tells a
-    probe where it waits (its C steps note the wait; the watchdog's table is not entered there)."""
+    """After one synchronous allreduce, broadcast or all_gather_into_tensor, the next ones of its
+    kind skip ``_issue`` where their steps are in C: shared memory's, or the C data phase's MPI
+    call (``MPIProcessGroup._short``; tests/mpi/short_path.py): every result is exact for SUM, AVG,
+    PRODUCT and MAX (MPI's path) of the four C dtypes, for broadcast from each root and for
+    all_gather_into_tensor; the second and third calls take the short path, and a non-contiguous
+    tensor, an asynchronous call and a profiled one do not (the profiled one records its event). A
+    synchronous call made directly returns no work, and a rank waiting on the short path past the
+    spin tells a probe where it waits, in shared memory and in MPI's call (its C steps note the
+    wait; the watchdog's table is not entered there)."""
     proc = mpi_python(2, "short_path.py", timeout=120)
     assert proc.returncode == 0, explain(proc)
     cases = json_lines(proc)
-    assert len(cases) == 2 * 53, explain(proc)
+    assert len(cases) == 2 * 54, explain(proc)
     for case in cases:
         assert case["right"] and case["shm_in_c"], case
         op = case["case"].split()[0]
-        short = op in ("sum", "avg", "product", "broadcast", "all_gather_into_tensor")
-        if op in ("broadcast", "all_gather_into_tensor"):  # where the size went to shared memory
-            # (4-8 KB by the table; 1-2 MB where the group timed it fastest), broadcast from 1 already
-            # knowing its size's path from root 0
-            first = 1 if case["case"].startswith("broadcast from 1") else 0
-            assert case["short"] == (2 + first if case["path"] == "shm" else 0), case
+        if op in ("broadcast", "all_gather_into_tensor"):
+            # broadcast from 1 already knows its size's shared memory from root 0 (MPI's call is
+            # made for each root)
+            first = 1 if case["case"].startswith("broadcast from 1") and case["path"] == "shm" else 0
+            assert case["short"] == 2 + first, case
         elif op in ("direct", "waited"):  # one call each, of a learnt size
             assert case["short"] == 1, case
-        elif short:  # a 1-1000 element allreduce by the table, 64K elements where timed fastest
-            assert case["short"] == (2 if case["path"] == "shm" else 0), case
-            assert case["path"] == "shm" or not case["case"].endswith((" 1", " 1000")), case
+        elif op in ("sum", "avg", "product"):  # shared memory's C steps, or the C data phase
+            assert case["short"] == 2, case
+            # 1-1000 elements by the table, 64K where the group timed it fastest
+            assert case["path"] == "shm" or case["case"].endswith(" 65536"), case
+        elif op == "max":  # MPI's call up to 16 KB; above, shared memory's Python steps (no short path)
+            assert case["short"] == (0 if case["path"] == "shm" else 2), case
+            assert (case["path"] == "shm") == case["case"].endswith(" 65536"), case
         else:
             assert case["short"] == 0, case
         if op == "profiled":
             assert case["events"] == ["mpi:all_reduce"], case
     assert all(case["path"] == "shm" for case in cases if case["case"].endswith(" 1024")), cases
-    waited = {case["rank"]: case for case in cases if case["case"] == "waited"}
-    assert waited[1]["answer"].startswith("in allreduce over shared memory for "), waited
-    assert waited[0]["notes"] == waited[1]["notes"] == [], waited
+    for name, where in (("waited", "in allreduce over shared memory for "),
+                        ("waited in MPI", "in allreduce for ")):
+        waited = {case["rank"]: case for case in cases if case["case"] == name}
+        assert waited[1]["answer"].startswith(where), waited
+        assert waited[0]["notes"] == waited[1]["notes"] == [], waited
 
 
 def test_collectives_take_the_path_the_group_timed_the_same_on_every_rank():

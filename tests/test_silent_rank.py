@@ -250,19 +250,22 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     assert "\0" not in proc.stderr, explain(proc)
 
 
-def test_a_rank_stopped_inside_a_blocking_call_is_named_by_the_watchdog_at_the_timeout():
+@pytest.mark.parametrize("op, what", [("reduce_scatter", "reduce_scatter"),
+                                      ("allreduce_max", "allreduce")])
+def test_a_rank_stopped_inside_a_blocking_call_is_named_by_the_watchdog_at_the_timeout(op, what):
     """At 2 ranks a 4 MB reduce_scatter is MPI's blocking call behind the gate
-    (``comm/mpi/paths.py``; allreduce, broadcast and allgather take shared memory there), which the
-    data phase makes in C (``comm/mpi/native_calls.c``) where it could be built. Rank 1
-    takes its part of the gate and stops, so rank 0 is inside the blocking call, which only its
-    watchdog can end: it must know the thread is there (the C data phase marks it committed) and
-    end the job once the heartbeat finds rank 1 silent, naming it, not ten seconds later at the
-    backstop ("stuck inside MPI past the timeout", which the C path's threads took before the
-    watchdog read their mark)."""
+    (``comm/mpi/paths.py``), which the data phase makes in C (``comm/mpi/native_calls.c``) where it
+    could be built; so is a 4 MB MAX allreduce (shared memory's C steps take sum and product), whose
+    second call takes the short path, outside the watchdog's table (``MPIProcessGroup._short``).
+    Rank 1 takes its part of the gate and stops, so rank 0 is inside the blocking call, which only
+    its watchdog can end: it must know the thread is there (the C data phase marks it committed,
+    with what it is, its group and since when) and end the job once the heartbeat finds rank 1
+    silent, naming it, not ten seconds later at the backstop ("stuck inside MPI past the timeout",
+    which the C path's threads took before the watchdog read their mark)."""
     timeout_s = 5
-    proc = mpi_python(2, "stopped_in_large_data.py", str(timeout_s), "reduce_scatter", "1",
+    proc = mpi_python(2, "stopped_in_large_data.py", str(timeout_s), op, "1",
                       str(4 << 20), "after-gate", timeout=120)
-    named = _ended_naming(proc, "rank 1 stops", r"rank 0 of 2 waited (\d+) s in reduce_scatter\w* "
+    named = _ended_naming(proc, "rank 1 stops", rf"rank 0 of 2 waited (\d+) s in {what}\w* "
                           rf"\(default group\): rank 1 on {re.escape(socket.gethostname())} went silent "
                           r"\(no answer to its heartbeat")
     assert int(named[1]) <= timeout_s + 3, named[0]  # the backstop's is the timeout + 10 s

@@ -10,7 +10,8 @@ sums are exact): SUM, AVG and PRODUCT of float32, float64, int32 and int64, and 
 MPI's; broadcast from each root and all_gather_into_tensor at 4 KB and 1 MB. Then a non-contiguous
 tensor of a learnt size, an asynchronous call, and a call under torch's profiler, which must take
 the long path (the profiler's event is recorded there). Then a synchronous call made directly, which
-returns no work, and a wait past the spin, which a probe of the waiting rank must see. Each rank
+returns no work, and a wait past the spin, which a probe of the waiting rank must see, in shared
+memory and in the C data phase's MPI call. Each rank
 prints one JSON line per case: whether every result was right, and how many calls took the short
 path (did not reach ``_issue``).
 """
@@ -144,6 +145,19 @@ def main() -> int:
         answer = WATCHDOG.probe([0])[0]
     dist.all_reduce(t)
     cases.append({"case": "waited", "right": torch.equal(t, expected("sum", every)),
+                  "short": 1 - issued[0], "answer": answer, "notes": native.waiting()})
+
+    # the same where the short path is the C data phase's MPI call (MAX: not shared memory's),
+    # whose nonblocking wait notes itself once it spins out (native_calls.c)
+    issued[0] = 0
+    every = values(1000, torch.float32, 5)
+    t = every[rank].clone()
+    answer = None
+    if rank == 1:
+        time.sleep(0.5)
+        answer = WATCHDOG.probe([0])[0]
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    cases.append({"case": "waited in MPI", "right": torch.equal(t, expected("max", every)),
                   "short": 1 - issued[0], "answer": answer, "notes": native.waiting()})
 
     for case in cases:

@@ -9,7 +9,8 @@ needs), rank ``argv[3]`` stops itself (SIGSTOP) and the others issue the next. W
 inside the data phase itself. Each waiting rank prints one JSON line when its wait ends: its
 process's CPU seconds per wall second over the wait, and the error it got; then it re-raises,
 ending the job. A waiting rank inside MPI's blocking call (a 4 MB reduce_scatter at 2 ranks, after
-the gate) prints none: its watchdog ends the job, naming the stopped rank on stderr.
+the gate, or a MAX allreduce, whose second call is the short path's) prints none: its watchdog ends
+the job, naming the stopped rank on stderr.
 """
 
 import json
@@ -36,6 +37,8 @@ def operate(t: torch.Tensor) -> None:
         dist.broadcast(t, src=0)
     elif OP == "allreduce":
         dist.all_reduce(t)
+    elif OP == "allreduce_max":  # MPI's path, not shared memory's: the C data phase's short path
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
     elif OP == "reduce_scatter":
         dist.reduce_scatter_tensor(torch.empty(t.numel() // dist.get_world_size()), t)
     else:

@@ -84,10 +84,28 @@ def _form(op: str, nbytes: int, blocking: bool) -> int:
 class DataPhase:
     """MPI's part of one group's collectives, on ``comm`` with the group's deadline."""
 
-    def __init__(self, comm: MPI.Intracomm, timeout_s: float) -> None:
-        self._comm, self._timeout_s = comm, timeout_s
+    def __init__(self, comm: MPI.Intracomm, timeout_s: float, group: str = "default group") -> None:
+        self._comm, self._timeout_s, self._group = comm, timeout_s, group
         self._native = native.load()  # None: every data phase is __call__'s
         self._handle = comm.handle
+        # ``collective(*prepared(...), send, recv)``: the C data phase, where it is built
+        self.collective = None if self._native is None else self._native.collective
+
+    def prepared(self, op: str, recv: torch.Tensor, send: torch.Tensor | None = None,
+                 count: int | None = None, reduce: MPI.Op | None = None, root: int = 0,
+                 blocking: bool = False) -> tuple | None:
+        """The arguments of ``collective`` before the buffers' addresses, for ``in_c``'s call
+        on tensors of ``recv``'s and ``send``'s sizes and dtype: the same for every such call
+        (a short path keeps them); None where C cannot make it."""
+        nbytes = recv.nbytes if send is None else max(recv.nbytes, send.nbytes)
+        if self._native is None or nbytes >= _INT_MAX:
+            return None
+        mode = _form(op, nbytes, blocking)
+        if mode == _PIECES:
+            return None
+        return (_IN_C[op], mode, self._handle, recv.numel() if count is None else count,
+                MOVE_TYPE[recv.dtype].handle, 0 if reduce is None else reduce.handle, root,
+                self._timeout_s, AFTER_GATE_SPIN_S, _NAMES.get(op) or op.lower(), self._group)
 
     def in_c(self, op: str, recv: torch.Tensor, send: torch.Tensor | None = None,
              count: int | None = None, reduce: MPI.Op | None = None, root: int = 0,
@@ -98,17 +116,10 @@ class DataPhase:
         built; the pieces of a large nonblocking call; 2 GB and more, whose counts may not fit the
         C int of MPI's classic calls). ``send`` None: in place; ``count``: the elements of
         ``recv``, or each rank's block where the buffers differ (allgather's is ``send``'s)."""
-        nbytes = recv.nbytes if send is None else max(recv.nbytes, send.nbytes)
-        if self._native is None or nbytes >= _INT_MAX:
+        args = self.prepared(op, recv, send, count, reduce, root, blocking)
+        if args is None:
             return False
-        mode = _form(op, nbytes, blocking)
-        if mode == _PIECES:
-            return False
-        self._native.collective(
-            _IN_C[op], mode, self._handle, 0 if send is None else send.data_ptr(), recv.data_ptr(),
-            recv.numel() if count is None else count, MOVE_TYPE[recv.dtype].handle,
-            0 if reduce is None else reduce.handle, root, self._timeout_s, AFTER_GATE_SPIN_S,
-            _NAMES.get(op) or op.lower())
+        self.collective(*args, 0 if send is None else send.data_ptr(), recv.data_ptr())
         return True
 
     def __call__(self, op: str, *args, blocking: bool = False) -> None:

@@ -232,9 +232,12 @@ class Watchdog:
         now, busy = self._clock(), dict(self._busy)
         doing = [f"in {what} for {now - since:.0f} s" for what, _, since, _, _ in busy.values()]
         # the short paths' C steps are not in the table: their waits note themselves once they
-        # spin out (``native_shm.c``), on time.monotonic()'s clock
+        # spin out, and their blocking calls are marked committed (``native_shm.c``,
+        # ``native_calls.c``), on time.monotonic()'s clock
         doing += [f"in {what} for {time.monotonic() - since:.0f} s"
                   for thread, what, since in native.waiting() if thread not in busy]
+        doing += [f"in {what} for {time.monotonic() - since:.0f} s"
+                  for thread, what, _, since, _ in native.committed() if thread not in busy]
         state = "; ".join(doing) or "alive, in no operation of the mpi backend"
         if self._pause is not None and time.monotonic() - self._pause[0] < self._timeout_s:
             state = f"{_STOPPED} {self._pause[1]:.0f} s, resumed; {state}"
@@ -355,28 +358,38 @@ class Watchdog:
         self.silent.setdefault(rank, silent_s)
         native.set_silent(True)
 
+    def _in_operations(self) -> list[tuple[str, str, float, float, bool]]:
+        """(what, group, seconds in it, timeout, committed to a blocking call) of each thread in an
+        operation: the table's (``enter``), and the C data phase's blocking calls made outside it
+        (the short paths: ``native.committed``)."""
+        now, busy = self._clock(), dict(self._busy)
+        in_c = {thread: entry for thread, *entry in native.committed()}
+        doing = [(what, group, now - since, timeout_s, committed or thread in in_c)
+                 for thread, (what, group, since, timeout_s, committed) in busy.items()]
+        clock = time.monotonic()
+        return doing + [(what, group, clock - since, timeout_s, True)
+                        for thread, (what, group, since, timeout_s) in in_c.items()
+                        if thread not in busy]
+
     def _check_committed(self) -> None:
         """A rank is silent: a thread inside a blocking MPI call will never come back from it."""
-        now = self._clock()
-        in_c = native.committed()  # threads inside a blocking call the C data phase made
-        for thread, (what, group, since, _, committed) in list(self._busy.items()):
-            if committed or thread in in_c:
+        for what, group, in_s, _, committed in self._in_operations():
+            if committed:
                 longest = max(self.silent.values())
                 self._abort(f"mpi backend: rank {self.rank} of {self.size} waited "
-                            f"{now - since:.0f} s in {what} ({group}): {self.name(self.silent)} "
+                            f"{in_s:.0f} s in {what} ({group}): {self.name(self.silent)} "
                             f"went silent (no answer to its heartbeat for {longest:.0f} s: stopped, "
                             "hung or gone); ending the job")
 
     def _check_stuck(self) -> None:
-        now = self._clock()
-        for what, group, since, timeout_s, _ in list(self._busy.values()):
-            if now - since > timeout_s + BACKSTOP_S:
+        for what, group, in_s, timeout_s, _ in self._in_operations():
+            if in_s > timeout_s + BACKSTOP_S:
                 silent = sorted(r for r, a in self.probe(range(self.size)).items() if a is None)
                 who = (f"{self.name(silent)} went silent (no answer to a liveness probe "
                        f"within {PROBE_S:.0f} s: stopped, hung or gone)" if silent
                        else "every rank answered a liveness probe")
                 self._abort(f"mpi backend: rank {self.rank} of {self.size} waited "
-                            f"{now - since:.0f} s in {what} ({group}): {who}; stuck inside MPI "
+                            f"{in_s:.0f} s in {what} ({group}): {who}; stuck inside MPI "
                             f"past the timeout of {timeout_s:.0f} s; ending the job")
 
     def _abort(self, message: str) -> None:

@@ -69,15 +69,21 @@ class DataMovement:
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
-        if not opts.asyncOp and len(tensors) == 1:  # the short path, where its size goes to shm
+        if not opts.asyncOp and len(tensors) == 1:  # the short path, once its size has a path
             t = tensors[0]
-            if t.is_cpu and self._paths.get(("broadcast", t.nbytes, True)) == "shm" \
-                    and t.dtype in MOVE_TYPE and t.is_contiguous() and self._short():
-                try:
-                    self._shm.broadcast(t, opts.rootRank)
-                except PeerTimeout as exc:
-                    raise self.explain(exc) from None
-                return None  # done: no work to wait for (``_short``)
+            path = self._paths.get(("broadcast", t.nbytes, True)) if t.is_cpu else None
+            if path is not None and t.dtype in MOVE_TYPE and t.is_contiguous() and self._short():
+                made = None if path == "shm" else \
+                    self._c_calls.get(("broadcast", t.nbytes, t.dtype, opts.rootRank, path))
+                if path == "shm" or made:
+                    try:
+                        if made:
+                            self._data.collective(*made, 0, t.data_ptr())
+                        else:
+                            self._shm.broadcast(t, opts.rootRank)
+                    except PeerTimeout as exc:
+                        raise self.explain(exc) from None
+                    return None  # done: no work to wait for (``_short``)
         t = lists.one(tensors, "broadcast")
         root = opts.rootRank
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
@@ -97,7 +103,8 @@ class DataMovement:
     def _broadcast_by(self, path: str, local: torch.Tensor, root: int) -> None:
         if path == "shm":
             self._shm.broadcast(local, root)
-        elif not self._data.in_c("Bcast", local, root=root, blocking=path == "mpi"):
+        elif not self._data_in_c(("broadcast", local.nbytes, local.dtype, root, path), "Bcast",
+                                 local, root=root, blocking=path == "mpi"):
             self._data("Bcast", spec(local), root, blocking=path == "mpi")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -126,17 +133,23 @@ class DataMovement:
                            inputs=input_tensors)
 
     def all_gather_single(self, output, input, opts=None):
-        if opts is not None and not opts.asyncOp and input.is_cpu and output.is_cpu \
-                and self._paths.get(("allgather", output.nbytes, True)) == "shm" \
-                and input.dtype == output.dtype and input.dtype in MOVE_TYPE \
+        path = self._paths.get(("allgather", output.nbytes, True)) \
+            if opts is not None and not opts.asyncOp and input.is_cpu and output.is_cpu else None
+        if path is not None and input.dtype == output.dtype and input.dtype in MOVE_TYPE \
                 and output.numel() == self._n * input.numel() and input.is_contiguous() \
                 and output.is_contiguous() and not lists.overlaps(input, output) and self._short():
-            # the short path, where its size goes to shared memory
-            try:
-                self._shm.allgather(input, output)
-            except PeerTimeout as exc:
-                raise self.explain(exc) from None
-            return None  # done: no work to wait for (``_short``)
+            # the short path, once its size has a path
+            made = None if path == "shm" else \
+                self._c_calls.get(("allgather", output.nbytes, output.dtype, path))
+            if path == "shm" or made:
+                try:
+                    if made:
+                        self._data.collective(*made, input.data_ptr(), output.data_ptr())
+                    else:
+                        self._shm.allgather(input, output)
+                except PeerTimeout as exc:
+                    raise self.explain(exc) from None
+                return None  # done: no work to wait for (``_short``)
         return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
                            asynchronous(opts), inputs=[input])
 
@@ -169,13 +182,9 @@ class DataMovement:
     def _allgather_by(self, path: str, local: torch.Tensor, flat: torch.Tensor) -> None:
         if path == "shm":
             self._shm.allgather(local, flat)
-        else:
-            self._allgather(local, flat, path == "mpi")
-
-    def _allgather(self, local: torch.Tensor, flat: torch.Tensor, blocking: bool) -> None:
-        """MPI's allgather of ``local`` from every rank into ``flat``, in C where it can."""
-        if not self._data.in_c("Allgather", flat, local, count=local.numel(), blocking=blocking):
-            self._data("Allgather", spec(local), spec(flat, local.numel()), blocking=blocking)
+        elif not self._data_in_c(("allgather", flat.nbytes, flat.dtype, path), "Allgather", flat,
+                                 local, count=local.numel(), blocking=path == "mpi"):
+            self._data("Allgather", spec(local), spec(flat, local.numel()), blocking=path == "mpi")
 
     def gather(self, output_tensors, input_tensors, opts):
         t = lists.one(input_tensors, "gather")

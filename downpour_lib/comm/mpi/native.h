@@ -20,8 +20,11 @@ double dp_now(void); /* CLOCK_MONOTONIC, in seconds */
 /* Raise liveness.PeerTimeout(what, waited); returns NULL. */
 PyObject *dp_timeout(PyObject *what, double waited);
 
-/* native_shm.c's: its type ShmGroup, added to the module; ``waiting()``, its notes */
+/* native_shm.c's: its type ShmGroup, added to the module; ``waiting()``, the notes of the waits
+   that spun out (``dp_note_enter``: the slot, or -1 where every one is taken; ``dp_note_leave``) */
 int dp_shm_add_types(PyObject *module);
 PyObject *dp_shm_waiting(PyObject *self, PyObject *unused);
+int dp_note_enter(const char *what, double since);
+void dp_note_leave(int slot);
 
 #endif

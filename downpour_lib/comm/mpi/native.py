@@ -105,14 +105,15 @@ def set_silent(on: bool) -> None:
         _module.set_silent(on)
 
 
-def committed() -> frozenset[int]:
-    """The idents of the threads inside a blocking MPI call of the C data phase now."""
-    return frozenset(_module.committed()) if _module is not None else frozenset()
+def committed() -> list[tuple[int, str, str, float, float]]:
+    """(thread ident, what, group, since: ``time.monotonic()``'s clock, timeout) of each thread
+    inside a blocking MPI call of the C data phase now."""
+    return _module.committed() if _module is not None else []
 
 
 def waiting() -> list[tuple[int, str, float]]:
-    """(thread ident, what, since: ``time.monotonic()``'s clock) of each thread whose
-    shared-memory wait (``native_shm.c``) spun out and goes on now."""
+    """(thread ident, what, since: ``time.monotonic()``'s clock) of each thread whose wait in C
+    (shared memory's, ``native_shm.c``, or MPI's, ``native_calls.c``) spun out and goes on now."""
     return _module.waiting() if _module is not None else []
 
 

@@ -70,7 +70,7 @@ static struct {
 static pthread_mutex_t notes_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Note the calling thread; its slot, or -1 where every slot is taken (the note is lost). */
-static int note_enter(const char *what, double since) {
+int dp_note_enter(const char *what, double since) {
   int slot = -1;
   pthread_mutex_lock(&notes_lock);
   for (int i = 0; i < NOTES && slot < 0; i++)
@@ -84,7 +84,7 @@ static int note_enter(const char *what, double since) {
   return slot;
 }
 
-static void note_leave(int slot) {
+void dp_note_leave(int slot) {
   if (slot < 0) return;
   pthread_mutex_lock(&notes_lock);
   notes[slot].thread = 0;
@@ -114,7 +114,7 @@ static int take(Shm *s, sem_t *sem) {
     if (sem_trywait(sem) == 0) return 0;
     t = dp_now();
   }
-  if (s->note < 0) s->note = note_enter(s->what, start);
+  if (s->note < 0) s->note = dp_note_enter(s->what, start);
   double deadline = start + s->timeout, last = start;
   for (;;) {
     t = dp_now();
@@ -308,7 +308,7 @@ static int begin(ShmGroup *self, Shm *s, PyObject *const *args, Py_ssize_t nargs
 /* The call is over: None, the group keeping the phase it left; or the error of a barrier that
    gave up. */
 static PyObject *end(ShmGroup *self, const Shm *s, int rc, PyObject *what) {
-  note_leave(s->note);
+  dp_note_leave(s->note);
   if (rc == 0) {
     self->shm.phase = s->phase;
     Py_RETURN_NONE;

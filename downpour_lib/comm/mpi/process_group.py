@@ -6,9 +6,9 @@ and friends, for DDP's reducer, and for object collectives. Each method checks i
 calling thread (so errors surface where the user called), builds a closure of blocking MPI calls,
 and hands it to ``work.EXECUTOR`` (at once for synchronous calls, queued for ``async_op=True``).
 A synchronous allreduce, broadcast or all_gather_into_tensor of contiguous CPU tensors whose kind
-already went to shared memory takes a short path instead (``_short``): the same C steps and
-guarantees, without the closure, the queue's checks, the watchdog's table or a work to return,
-which were most of our Python at 4 KB.
+already went to C steps (shared memory's, or the C data phase's MPI call) takes a short path
+instead (``_short``): the same C steps and guarantees, without the closure, the queue's checks,
+the watchdog's table or a work to return, which were most of our Python at 4 KB.
 Ranks are group ranks, as torch passes them. Buffers and dtypes: ``types``. Broadcast, allgather,
 gather, scatter and all-to-all are ``movement``'s (a mixin of the class).
 
@@ -62,15 +62,20 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
         self._timeout_s, self._cuda_aware = timeout_s, cuda_aware
         self._on_shutdown = on_shutdown
         self._shm = ShmCollectives(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
-        self._data = DataPhase(comm, timeout_s)  # MPI's part of each collective: ``data_phase``
+        self._data = DataPhase(comm, timeout_s, name)  # MPI's part of each collective: ``data_phase``
         # (op, bytes, on the CPU[, what the reduction needs]) -> the path ``_path`` or
         # ``_allreduce_in_place`` chose: the same on every call once the shared memory is set up
         # (2 of a 64 KB broadcast's 16 us, called directly, went to choosing it again)
         self._paths: dict[tuple, str] = {}
         self._tuned: dict[tuple, str] = {}  # (op, ``tuning.size_class``) -> the path timed fastest
-        # (bytes, dtype, op's ``kind``) -> ``ShmAllreduce.c_codes`` for a synchronous allreduce of a
-        # contiguous CPU tensor whose path is the C steps, else False: ``allreduce``'s short path
+        # (bytes, dtype, op's ``kind``) -> how a synchronous allreduce of a contiguous CPU tensor
+        # takes the short path: (``ShmAllreduce.c_codes``, None, 0) where its path is the C steps
+        # over shared memory, (None, ``_c_calls``' arguments, n or 0 to average) where it is the C
+        # data phase; else False
         self._in_c: dict[tuple, tuple | bool] = {}
+        # (op, bytes, dtype, what else decides the call, path) -> ``DataPhase.prepared``'s arguments
+        # of its C data phase, or False: kept for every later call of the kind (``_data_in_c``)
+        self._c_calls: dict[tuple, tuple | bool] = {}
         self._open = True
         self._group_name = ""
 
@@ -175,7 +180,12 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
             if codes and t.is_cpu and t.is_contiguous() and self._open and EXECUTOR.idle() \
                     and not profiling.active():
                 try:
-                    self._shm.allreduce_in_c(t, *codes)
+                    if codes[0]:
+                        self._shm.allreduce_in_c(t, *codes[0])
+                    else:
+                        self._data.collective(*codes[1], 0, t.data_ptr())
+                        if codes[2]:
+                            t.div_(codes[2])
                 except PeerTimeout as exc:
                     raise self.explain(exc) from None
                 return None  # done: no work to wait for (``_short``)
@@ -199,22 +209,42 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
         """May a synchronous operation that passed its own checks skip ``_issue`` (the short
         paths of allreduce, broadcast and all_gather_into_tensor)? Yes where ``_issue`` would run
         it at once and its steps are in C: the group is open, nothing is queued ahead of it, no
-        profiler records. A short path calls the C steps and nothing else of ``_guarded``: their
-        waits give up at the group's deadline and on the watchdog's word by themselves, and note
-        themselves for its probe answers once they spin out (``native_shm.c``), so the watchdog's
-        table is not entered. It returns no work (None), as torch's backends that synchronize in
-        C++ do: torch's synchronous collectives take None. A 4 KB allreduce through torch, 2 ranks,
-        in turns: 7.4 us through ``_guarded`` and a work, 5.9-6.1 without (Open MPI's own 4.1-4.3)."""
+        profiler records. A short path calls the C steps (shared memory's, or the C data phase's
+        MPI calls) and nothing else of ``_guarded``: their waits give up at the group's deadline
+        and on the watchdog's word by themselves, note themselves for its probe answers once they
+        spin out, and mark a blocking call committed with what it is, its group and since when
+        (``native_shm.c``, ``native_calls.c``), which the watchdog reads as it reads its table, so
+        the table is not entered. It returns no work (None), as torch's backends that synchronize
+        in C++ do: torch's synchronous collectives take None. A 4 KB allreduce through torch, 2
+        ranks, in turns: 7.4 us through ``_guarded`` and a work, 5.9-6.1 without (Open MPI's own
+        4.1-4.3)."""
         return self._open and self._shm.in_c and EXECUTOR.idle() and not profiling.active()
 
     def _learn_in_c(self, t: torch.Tensor, red, op: dist.ReduceOp) -> None:
         """After a synchronous allreduce of the contiguous CPU ``t``: whether later ones like it
         take the short path (``_short``): where the path ``_allreduce_in_place`` chose is the C
-        steps."""
+        steps over shared memory, or MPI's call that the C data phase makes."""
         if len(self._in_c) < _PATHS_KEPT:
             path = self._paths.get(("allreduce", t.nbytes, True, red))
             codes = self._shm.c_codes(t.dtype, red.kernel, red.average) if path == "shm" else None
-            self._in_c[(t.nbytes, t.dtype, kind(op))] = codes or False
+            made = self._c_calls.get(("allreduce", t.nbytes, t.dtype, red, path)) \
+                if path is not None and path != "shm" and self._shm.in_c else None
+            found = (codes, None, 0) if codes else (None, made, self._n if red.average else 0) \
+                if made else False
+            self._in_c[(t.nbytes, t.dtype, kind(op))] = found
+
+    def _data_in_c(self, key: tuple, op: str, recv: torch.Tensor, send: torch.Tensor | None = None,
+                   **how) -> bool:
+        """``DataPhase.in_c`` of ``op``, its arguments made once for every call of ``key``'s kind
+        (``_c_calls``); False where C cannot make it (the caller makes it in Python)."""
+        made = self._c_calls.get(key)
+        if made is None:
+            made = self._data.prepared(op, recv, send, **how) or False
+            if len(self._c_calls) < _PATHS_KEPT:
+                self._c_calls[key] = made
+        if made:
+            self._data.collective(*made, 0 if send is None else send.data_ptr(), recv.data_ptr())
+        return bool(made)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -255,7 +285,8 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
             self._shm.allreduce(local, red.kernel, red.average, red.op)
             return
         blocking = path == "mpi"
-        if red.python or not self._data.in_c("Allreduce", local, reduce=red.op, blocking=blocking):
+        if red.python or not self._data_in_c(("allreduce", local.nbytes, local.dtype, red, path),
+                                              "Allreduce", local, reduce=red.op, blocking=blocking):
             self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=blocking)
         if red.average:
             local.div_(self._n)
