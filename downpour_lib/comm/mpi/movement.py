@@ -1,10 +1,10 @@
 """``MPIProcessGroup``'s data movement: broadcast, allgather, gather, scatter and all-to-all.
 
-A mixin of the group (``process_group``), whose state and machinery it uses: ``_issue`` and the
-short path's checks (``_short``), the path choice (``_path``), the shared memory (``_shm``) and
-MPI's data phase (``_data``). Broadcast and allgather on one node take shared memory or Open MPI's
-calls, whichever the group timed fastest for the size (``tuning``: ``_time_paths``); the others
-are MPI's v-variants on flat buffers (``lists``).
+A mixin of the group (``process_group``), whose state and machinery it uses: ``_issue``, the
+path choice and the short paths' checks (``routes``: ``_path``, ``_short``, ``_data_in_c``), the
+shared memory (``_shm``) and MPI's data phase (``_data``). Broadcast and allgather on one node take
+shared memory or Open MPI's calls, whichever the group timed fastest for the size (``tuning``);
+the others are MPI's v-variants on flat buffers (``lists``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 
-from . import lists, tuning
-from .liveness import PeerTimeout, wait_request
-from .paths import PATHS
-from .types import MOVE_TYPE, Operand, check_dtype, reduction, scratch, spec, vspec
+from . import lists
+from .liveness import PeerTimeout
+from .types import MOVE_TYPE, Operand, check_dtype, scratch, spec, vspec
 
 
 def asynchronous(opts) -> bool:
@@ -28,44 +26,6 @@ def asynchronous(opts) -> bool:
 
 class DataMovement:
     """Broadcast, allgather, gather, scatter and all-to-all of ``MPIProcessGroup``."""
-
-    def _tuned_path(self, op: str, dtype: torch.dtype, nbytes: int, default: str) -> str:
-        """The path ``op`` takes for ``nbytes`` of ``dtype``: the one the group timed for its
-        size class, timed now at the class's first call (collective, as that call is)."""
-        cls = (op, tuning.size_class(nbytes))
-        path = self._tuned.get(cls)
-        if path is None:
-            path = self._tuned[cls] = self._time_paths(op, dtype, nbytes, default)
-        return path
-
-    def _time_paths(self, op: str, dtype: torch.dtype, nbytes: int, default: str) -> str:
-        """``tuning.fastest`` of ``op``'s paths (broadcast, allgather, or allreduce as a sum),
-        on scratch buffers of ``nbytes`` (allgather's output) of ``dtype``."""
-        item = torch.empty(0, dtype=dtype).element_size()
-        names = tuning.candidates(PATHS, nbytes)
-        x = torch.zeros(max(1, nbytes // (item * (self._n if op == "allgather" else 1))), dtype=dtype)
-        if op == "broadcast":
-            calls = {p: partial(self._broadcast_by, p, x, 0) for p in names}
-        elif op == "allgather":
-            out = torch.empty(x.numel() * self._n, dtype=dtype)
-            calls = {p: partial(self._allgather_by, p, x, out) for p in names}
-        else:  # zeros, written before each call, sum to zeros: no call overflows
-            red = reduction(dist.ReduceOp.SUM, dtype)
-            calls = {p: partial(self._allreduce_by, p, x, red) for p in names}
-        return tuning.fastest(calls, x.zero_, partial(self._aligned, op), self._slowest, default,
-                              nbytes)
-
-    def _aligned(self, what: str) -> None:
-        """A barrier every rank leaves within microseconds of the others: it spins for
-        ``tuning.ALIGN_SPIN_S`` before it naps (a rank gone silent is still named at the
-        deadline)."""
-        wait_request(self._comm.Ibarrier(), self._timeout_s, what, spin_s=tuning.ALIGN_SPIN_S)
-
-    def _slowest(self, values: list[float]) -> list[float]:
-        """Each of ``values``, the largest any rank has (collective)."""
-        t = torch.tensor(values, dtype=torch.float64)
-        self._data("Allreduce", MPI.IN_PLACE, spec(t), MPI.MAX, blocking=True)
-        return t.tolist()
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()

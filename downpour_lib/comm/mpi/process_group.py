@@ -10,7 +10,8 @@ already went to C steps (shared memory's, or the C data phase's MPI call) takes 
 instead (``_short``): the same C steps and guarantees, without the closure, the queue's checks,
 the watchdog's table or a work to return, which were most of our Python at 4 KB.
 Ranks are group ranks, as torch passes them. Buffers and dtypes: ``types``. Broadcast, allgather,
-gather, scatter and all-to-all are ``movement``'s (a mixin of the class).
+gather, scatter and all-to-all are ``movement``'s, the path choice and the short paths' learning
+``routes``' (mixins of the class).
 
 One communicator per group: the default group duplicates ``MPI_COMM_WORLD`` (so our traffic never
 matches the user's); a ``new_group`` is ``MPI_Comm_create_group`` over its members, which only they
@@ -26,17 +27,15 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import lists, monitored, profiling, tuning
+from . import lists, monitored, profiling
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .movement import DataMovement, asynchronous
-from .paths import choose
-from .shm import MIN_BYTES
+from .routes import Routes
 from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, kind, reduction, spec
 from .work import EXECUTOR, RequestWork, _seconds, done
 
-_PATHS_KEPT = 256  # the most path choices a group remembers (``_path``)
 # profiler event names (``profiling``) where they are not "mpi:" + the operation's name: native
 # ProcessGroupMPI's for the operations it has, torch's op names for the others
 _EVENTS = {"allreduce": "mpi:all_reduce", "allreduce_coalesced": "mpi:all_reduce_coalesced",
@@ -47,7 +46,7 @@ def _nothing() -> None:
     pass
 
 
-class MPIProcessGroup(DataMovement, dist.ProcessGroup):
+class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
     """All ranks of one MPI communicator, as a torch process group."""
 
     # allreduce_coalesced takes the tensors where they lie (no flat copy): Communicator.allreduce
@@ -140,28 +139,6 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
         finally:
             WATCHDOG.leave()
 
-    def _path(self, op: str, tensor: torch.Tensor, nbytes: int) -> str:
-        """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one
-        node the measured path (``paths``; for broadcast and allgather with the steps in C, timed
-        here at the size class's first call: ``tuning``), else MPI's nonblocking calls
-        (``data_phase``). Collective where it times the paths, as every call that asks is."""
-        key = (op, nbytes, tensor.is_cpu)
-        path = self._paths.get(key)
-        if path is not None:
-            return path
-        if not self._shm.moves(tensor, nbytes, 0):
-            return self._remember(key, "nb")
-        path = choose(op, nbytes, self._n, self._shm.in_c)
-        if self._shm.in_c and tuning.tunes(op, nbytes, self._n):
-            path = self._tuned_path(op, tensor.dtype, nbytes, path)
-        return self._remember(key, path)
-
-    def _remember(self, key: tuple, path: str) -> str:
-        """Keep the path chosen for ``key`` (``_paths``); returns it."""
-        if len(self._paths) < _PATHS_KEPT:  # a run has a few sizes; a sweep need not grow it
-            self._paths[key] = path
-        return path
-
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
 
@@ -204,47 +181,6 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
             x.finish()
 
         return self._issue("allreduce", run, tensors, opts.asyncOp, inputs=tensors)
-
-    def _short(self) -> bool:
-        """May a synchronous operation that passed its own checks skip ``_issue`` (the short
-        paths of allreduce, broadcast and all_gather_into_tensor)? Yes where ``_issue`` would run
-        it at once and its steps are in C: the group is open, nothing is queued ahead of it, no
-        profiler records. A short path calls the C steps (shared memory's, or the C data phase's
-        MPI calls) and nothing else of ``_guarded``: their waits give up at the group's deadline
-        and on the watchdog's word by themselves, note themselves for its probe answers once they
-        spin out, and mark a blocking call committed with what it is, its group and since when
-        (``native_shm.c``, ``native_calls.c``), which the watchdog reads as it reads its table, so
-        the table is not entered. It returns no work (None), as torch's backends that synchronize
-        in C++ do: torch's synchronous collectives take None. A 4 KB allreduce through torch, 2
-        ranks, in turns: 7.4 us through ``_guarded`` and a work, 5.9-6.1 without (Open MPI's own
-        4.1-4.3)."""
-        return self._open and self._shm.in_c and EXECUTOR.idle() and not profiling.active()
-
-    def _learn_in_c(self, t: torch.Tensor, red, op: dist.ReduceOp) -> None:
-        """After a synchronous allreduce of the contiguous CPU ``t``: whether later ones like it
-        take the short path (``_short``): where the path ``_allreduce_in_place`` chose is the C
-        steps over shared memory, or MPI's call that the C data phase makes."""
-        if len(self._in_c) < _PATHS_KEPT:
-            path = self._paths.get(("allreduce", t.nbytes, True, red))
-            codes = self._shm.c_codes(t.dtype, red.kernel, red.average) if path == "shm" else None
-            made = self._c_calls.get(("allreduce", t.nbytes, t.dtype, red, path)) \
-                if path is not None and path != "shm" and self._shm.in_c else None
-            found = (codes, None, 0) if codes else (None, made, self._n if red.average else 0) \
-                if made else False
-            self._in_c[(t.nbytes, t.dtype, kind(op))] = found
-
-    def _data_in_c(self, key: tuple, op: str, recv: torch.Tensor, send: torch.Tensor | None = None,
-                   **how) -> bool:
-        """``DataPhase.in_c`` of ``op``, its arguments made once for every call of ``key``'s kind
-        (``_c_calls``); False where C cannot make it (the caller makes it in Python)."""
-        made = self._c_calls.get(key)
-        if made is None:
-            made = self._data.prepared(op, recv, send, **how) or False
-            if len(self._c_calls) < _PATHS_KEPT:
-                self._c_calls[key] = made
-        if made:
-            self._data.collective(*made, 0 if send is None else send.data_ptr(), recv.data_ptr())
-        return bool(made)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -290,18 +226,6 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
             self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=blocking)
         if red.average:
             local.div_(self._n)
-
-    def _allreduce_path(self, local: torch.Tensor, red) -> str:
-        if not self._shm.takes(local, red.kernel):
-            return "nb"
-        if self._shm.across or red.python:  # MPI's own across nodes; a Python operator in MPI
-            return "shm" if local.nbytes >= MIN_BYTES else "nb"
-        # a group on one node takes the measured path: TABLE_C's where C has the reduction's kernel
-        in_c = self._shm.reduces_in_c(local.dtype, red.kernel, red.average)
-        path = choose("allreduce", local.nbytes, self._n, in_c)
-        if in_c and tuning.tunes("allreduce", local.nbytes, self._n):  # 2 ranks: timed
-            path = self._tuned_path("allreduce", local.dtype, local.nbytes, path)
-        return path
 
     def reduce(self, tensors, opts):
         t = lists.one(tensors, "reduce")
