@@ -135,30 +135,20 @@ def main() -> int:
                   "short": 1 - issued[0]})
 
     # rank 0 waits on the short path past the spin while rank 1 probes it: its answer says where
-    # (the C steps note the wait themselves, native_shm.c), and the note is gone once it returns
-    issued[0] = 0
-    every = values(1000, torch.float32, 4)
-    t = every[rank].clone()
-    answer = None
-    if rank == 1:
-        time.sleep(0.5)
-        answer = WATCHDOG.probe([0])[0]
-    dist.all_reduce(t)
-    cases.append({"case": "waited", "right": torch.equal(t, expected("sum", every)),
-                  "short": 1 - issued[0], "answer": answer, "notes": native.waiting()})
-
-    # the same where the short path is the C data phase's MPI call (MAX: not shared memory's),
-    # whose nonblocking wait notes itself once it spins out (native_calls.c)
-    issued[0] = 0
-    every = values(1000, torch.float32, 5)
-    t = every[rank].clone()
-    answer = None
-    if rank == 1:
-        time.sleep(0.5)
-        answer = WATCHDOG.probe([0])[0]
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    cases.append({"case": "waited in MPI", "right": torch.equal(t, expected("max", every)),
-                  "short": 1 - issued[0], "answer": answer, "notes": native.waiting()})
+    # (the C steps note the wait themselves), and the note is gone once it returns; in shared
+    # memory (native_shm.c) and in the C data phase's MPI call (MAX, not shared memory's:
+    # native_calls.c)
+    for name, op, call in (("waited", "sum", 4), ("waited in MPI", "max", 5)):
+        issued[0] = 0
+        every = values(1000, torch.float32, call)
+        t = every[rank].clone()
+        answer = None
+        if rank == 1:
+            time.sleep(0.5)
+            answer = WATCHDOG.probe([0])[0]
+        dist.all_reduce(t, op=OPS[op])
+        cases.append({"case": name, "right": torch.equal(t, expected(op, every)),
+                      "short": 1 - issued[0], "answer": answer, "notes": native.waiting()})
 
     for case in cases:
         print(json.dumps({"rank": rank, "shm_in_c": pg._shm.in_c, **case}), flush=True)
