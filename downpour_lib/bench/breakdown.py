@@ -168,20 +168,20 @@ def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, syn
             for part, times in zip(runs, measure_paired(list(runs.values()), sync, args, x.zero_),
                                    strict=True):
                 row[part + "_s"] = _p50(times)
-            row["path"] = _taken(op, pg, x, out)
+            row["path"] = "" if op == "reduce" else _taken(op, pg, x, reported)
             rows.append(row)
     ref.Free()
     return rows
 
 
-def _taken(op: str, pg, x: torch.Tensor, out: torch.Tensor | None) -> str:
-    """The path the group took for ``op`` on ``x`` (``comm/mpi/paths.py``'s names), as it
-    remembers it once called; "" where it keeps none (reduce)."""
+def _taken(op: str, pg, x: torch.Tensor, nbytes: int) -> str:
+    """The path the group takes for ``op`` (allreduce, broadcast, allgather or reduce_scatter) on
+    ``x``, ``nbytes`` the whole buffer as ``buffer_size`` reports it: its table's, or the one it
+    timed at the size class's first call (``comm/mpi/tuning.py``), here if not before (collective,
+    as that call is)."""
     if op == "allreduce":
-        key = ("allreduce", x.nbytes, True, reduction(dist.AllreduceOptions().reduceOp, x.dtype))
-    else:
-        key = (op, (out if op == "allgather" else x).nbytes, True)
-    return pg._paths.get(key, "")
+        return pg._allreduce_path(x, reduction(dist.AllreduceOptions().reduceOp, x.dtype))
+    return pg._path(op, x, nbytes)
 
 
 def print_breakdown(rows: list[dict]) -> None:
@@ -278,10 +278,7 @@ def path_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, ar
             x = torch.zeros(count * (pg.size() if op == "reduce_scatter" else 1), dtype=dtype)
             out = torch.zeros(count * pg.size(), dtype=dtype) if op == "allgather" \
                 else torch.zeros(count, dtype=dtype) if op == "reduce_scatter" else None
-            # the path the group takes: its table's, or the one it timed at the size class's
-            # first call (``comm/mpi/tuning.py``), here if not before
-            taken = pg._allreduce_path(x, reduction(dist.ReduceOp.SUM, dtype)) \
-                if op == "allreduce" else pg._path(op, x, reported)
+            taken = _taken(op, pg, x, reported)
             calls, ref = _path_calls(op, pg, x, out)
             times = measure_paired(list(calls.values()), sync, args, x.zero_)
             ref.Free()

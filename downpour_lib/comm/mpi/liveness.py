@@ -229,15 +229,13 @@ class Watchdog:
         """What this process is doing, as a probe's answer. A process that did not run for a while
         (stopped, then resumed: the launcher sends SIGCONT before it ends a job) says so first,
         since the timeout: a rank that probes it then must not take it for one that was there."""
-        now, busy = self._clock(), dict(self._busy)
-        doing = [f"in {what} for {now - since:.0f} s" for what, _, since, _, _ in busy.values()]
-        # the short paths' C steps are not in the table: their waits note themselves once they
-        # spin out, and their blocking calls are marked committed (``native_shm.c``,
+        busy = set(self._busy)
+        doing = [f"in {what} for {in_s:.0f} s" for what, _, in_s, _, _ in self._in_operations()]
+        # the short paths' C steps are not in the table: besides their blocking calls
+        # (``_in_operations``), their waits note themselves once they spin out (``native_shm.c``,
         # ``native_calls.c``), on time.monotonic()'s clock
         doing += [f"in {what} for {time.monotonic() - since:.0f} s"
                   for thread, what, since in native.waiting() if thread not in busy]
-        doing += [f"in {what} for {time.monotonic() - since:.0f} s"
-                  for thread, what, _, since, _ in native.committed() if thread not in busy]
         state = "; ".join(doing) or "alive, in no operation of the mpi backend"
         if self._pause is not None and time.monotonic() - self._pause[0] < self._timeout_s:
             state = f"{_STOPPED} {self._pause[1]:.0f} s, resumed; {state}"

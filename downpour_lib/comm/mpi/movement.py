@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from . import lists
-from .liveness import PeerTimeout
 from .types import MOVE_TYPE, Operand, check_dtype, scratch, spec, vspec
 
 
@@ -36,13 +35,7 @@ class DataMovement:
                 made = None if path == "shm" else \
                     self._c_calls.get(("broadcast", t.nbytes, t.dtype, opts.rootRank, path))
                 if path == "shm" or made:
-                    try:
-                        if made:
-                            self._data.collective(*made, 0, t.data_ptr())
-                        else:
-                            self._shm.broadcast(t, opts.rootRank)
-                    except PeerTimeout as exc:
-                        raise self.explain(exc) from None
+                    self._short_in_c(made, 0, t.data_ptr(), self._shm.broadcast, t, opts.rootRank)
                     return None  # done: no work to wait for (``_short``)
         t = lists.one(tensors, "broadcast")
         root = opts.rootRank
@@ -102,13 +95,8 @@ class DataMovement:
             made = None if path == "shm" else \
                 self._c_calls.get(("allgather", output.nbytes, output.dtype, path))
             if path == "shm" or made:
-                try:
-                    if made:
-                        self._data.collective(*made, input.data_ptr(), output.data_ptr())
-                    else:
-                        self._shm.allgather(input, output)
-                except PeerTimeout as exc:
-                    raise self.explain(exc) from None
+                self._short_in_c(made, input.data_ptr(), output.data_ptr(), self._shm.allgather,
+                                 input, output)
                 return None  # done: no work to wait for (``_short``)
         return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
                            asynchronous(opts), inputs=[input])

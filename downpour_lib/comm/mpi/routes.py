@@ -20,7 +20,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from . import profiling, tuning
-from .liveness import wait_request
+from .liveness import PeerTimeout, wait_request
 from .paths import PATHS, choose
 from .shm import MIN_BYTES
 from .types import kind, reduction, spec
@@ -46,6 +46,19 @@ class Routes:
         ranks, in turns: 7.4 us through ``_guarded`` and a work, 5.9-6.1 without (Open MPI's own
         4.1-4.3)."""
         return self._open and self._shm.in_c and EXECUTOR.idle() and not profiling.active()
+
+    def _short_in_c(self, made: tuple | None, send: int, recv: int, shm_steps, *args) -> None:
+        """A short path's steps: the C data phase's MPI call of ``made`` (``_c_calls``) on the
+        buffers at ``send`` and ``recv``, else shared memory's ``shm_steps(*args)``; a wait given
+        up is explained as ``_guarded`` explains it. (Allreduce's short path, the hottest, has these
+        lines inlined.)"""
+        try:
+            if made:
+                self._data.collective(*made, send, recv)
+            else:
+                shm_steps(*args)
+        except PeerTimeout as exc:
+            raise self.explain(exc) from None
 
     def _path(self, op: str, tensor: torch.Tensor, nbytes: int) -> str:
         """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one
