@@ -106,3 +106,30 @@ def test_bad_rates_are_refused_with_what_would_work():
             parse_rate(bad)
     with pytest.raises(ConfigError, match="tag"):
         Network("Bad Tag")
+
+
+FLOOD = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(int(sys.argv[2])):
+    try:
+        s.sendto(bytes(1400), (sys.argv[1], 5998))
+    except OSError:  # ENOBUFS: the bucket's queue is full, the datagram dropped
+        pass
+"""
+
+
+def test_losses_count_what_the_shaped_links_drop(network):
+    """`model validate` reports each sitting's losses. A sender's own bucket holds its socket back
+    instead of dropping, so the bottleneck is made downstream: `a` unshaped, and 7 MB of UDP sent
+    at once into `b`'s 10mbit end (a queue of 100 ms, 125 KB) is mostly dropped there, which
+    `losses` counts; TCP's counters are read from the nodes' namespaces, not the host's."""
+    a, b = network.up(2)
+    network.shape("10mbit")
+    subprocess.run(a.command("tc", "qdisc", "del", "dev", "eth0", "root"), check=True)
+    before = network.losses()
+    assert set(before) == {"drops", "rtos", "retransmits"}
+    subprocess.run(a.command(sys.executable, "-c", FLOOD, b.address, "5000"), check=True, timeout=60)
+    after = network.losses()
+    assert after["drops"] - before["drops"] > 2500, (before, after)
+    assert after["rtos"] == before["rtos"] and after["retransmits"] == before["retransmits"] == 0

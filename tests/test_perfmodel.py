@@ -436,6 +436,31 @@ def test_validate_takes_any_model_and_borrows_a_larger_sandbox(tmp_path):
     assert sandbox_size(tmp_path / "none", 3) == 3
 
 
+def test_validation_measures_a_step_by_its_periods_so_one_stall_does_not_move_it():
+    """A CI run's DiLoCo at 100mbit measured twice its prediction from a mean that a stall in one
+    of eight meetings moves by 13%: the measured step is now the median of the periods' means.
+    Without stalls it is the mean; each period holds one meeting wherever the window starts."""
+    import pandas as pd
+
+    from downpour_lib.study.model_validate import typical_step_s
+
+    def run(times, warmup=2):
+        steps = [(rank, "worker", step, t) for step, t in enumerate([9.0] * warmup + times)
+                 for rank in (0, 1)]
+        return pd.DataFrame(steps, columns=["rank", "role", "step", "step_s"])
+
+    period = [0.002] * 19 + [0.14]  # DiLoCo at 100mbit: 19 local steps, then a meeting
+    steady = period * 8
+    assert typical_step_s(run(steady), 2, 20) == pytest.approx(sum(steady) / len(steady))
+    stalled = list(steady)
+    stalled[59] += 0.2  # a retransmission timeout in the third meeting
+    assert sum(stalled) / len(stalled) > 1.13 * typical_step_s(run(stalled), 2, 20)
+    assert typical_step_s(run(stalled), 2, 20) == pytest.approx(sum(steady) / len(steady))
+    shifted = steady[5:] + steady[:5]  # measured from mid-period: still one meeting a period
+    assert typical_step_s(run(shifted), 2, 20) == pytest.approx(sum(steady) / len(steady))
+    assert typical_step_s(run([0.07, 0.5, 0.071, 0.069]), 2, 1) == pytest.approx(0.0705)
+
+
 def test_every_registered_algorithm_declares_what_it_sends_and_the_model_reads_it():
     """The model lists no algorithm names: each options class declares its ``traffic`` and the
     model takes the registry's algorithms and their options' defaults."""

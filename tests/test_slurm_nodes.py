@@ -371,6 +371,9 @@ def test_the_performance_model_predicts_steps_across_shaped_links(sandbox, tmp_p
                                                                     "diloco"))
     assert (table.hosts == "node1,node2").all()
     assert table.error.abs().max() < 0.15, table.to_string()
+    # each sitting says what its links lost and what the machine took, for a miss to explain
+    assert (table[["drops", "rtos", "retransmits"]] >= 0).all().all()
+    assert table.steal.between(0, 1).all() and (table.measured_mean_step_s > 0).all()
     # the shaped link is what the model sees: half the rate, about twice the allreduce
     by = table.set_index(["link", "algorithm"])
     slow, fast = by.loc[("100mbit", "allreduce")], by.loc[("200mbit", "allreduce")]

@@ -13,6 +13,7 @@ and ``down`` are idempotent. Needs root and ``ip netns``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -169,6 +170,23 @@ class Network:
         m = re.search(r"tbf .*?rate (\S+)", out)
         return m[1] if m else "none"
 
+    def losses(self) -> dict[str, int]:
+        """What the nodes' links have lost since they were made, summed over the nodes: packets the
+        token buckets dropped (``drops``, both ends of each link), TCP's retransmission timeouts
+        (``rtos``: each a stall of 200 ms or more, longer than a whole step at these rates) and
+        retransmitted segments (``retransmits``, most of them tail-loss probes)."""
+        total = {"drops": 0, "rtos": 0, "retransmits": 0}
+        for node in self.nodes():
+            for cmd in (["tc", "-s", "qdisc", "show", "dev", node.veth],
+                        node.command("tc", "-s", "qdisc", "show", "dev", "eth0")):
+                out = _run(*cmd, check=False).stdout
+                total["drops"] += sum(int(n) for n in re.findall(r"dropped (\d+)", out))
+            counters = _tcp_counters(_run(*node.command("cat", "/proc/net/snmp", "/proc/net/netstat"),
+                                          check=False).stdout)
+            total["rtos"] += counters.get("TcpExt.TCPTimeouts", 0)
+            total["retransmits"] += counters.get("Tcp.RetransSegs", 0)
+        return total
+
     def exists(self) -> bool:
         """Whether the bridge is there."""
         return _run("ip", "link", "show", self.bridge, check=False).returncode == 0
@@ -180,3 +198,17 @@ class Network:
             _run("ip", "netns", "del", node.namespace, check=False)
         if _run("ip", "link", "show", self.bridge, check=False).returncode == 0:
             _run("ip", "link", "del", self.bridge)
+
+
+def _tcp_counters(text: str) -> dict[str, int]:
+    """``/proc/net/snmp`` and ``/proc/net/netstat`` as "Group.Name" -> value: each group is a line
+    of names followed by a line of values, both headed "Group:"."""
+    counters: dict[str, int] = {}
+    lines = [line.split() for line in text.splitlines() if ":" in line]
+    for names, values in itertools.pairwise(lines):
+        if names[0] != values[0] or not values[1].lstrip("-").isdigit():
+            continue
+        group = names[0].rstrip(":")
+        counters.update({f"{group}.{n}": int(v) for n, v in zip(names[1:], values[1:], strict=False)
+                         if v.lstrip("-").isdigit()})
+    return counters

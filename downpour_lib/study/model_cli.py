@@ -323,7 +323,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except (StudyError, SandboxError) as exc:
         print(f"downpour model validate: {exc}", file=sys.stderr)
         return 1
-    print(table[["link", "algorithm", "workers", "measured_step_s", "predicted_step_s", "error"]]
+    print(table[["link", "algorithm", "workers", "measured_step_s", "measured_mean_step_s",
+                 "predicted_step_s", "error", "rtos", "drops", "steal"]]
           .to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"wrote {Path(out) / 'validation.csv'}")
     return verdict(table, TOLERANCE)
