@@ -185,6 +185,11 @@ def test_collectives_take_the_path_the_group_timed_the_same_on_every_rank():
     assert set(said[0]["tuned"]) == {f"broadcast {c}" for c in broadcasts} | \
         {f"allreduce {c}" for c in broadcasts} | {f"allgather {c}" for c in gathers}, said[0]
     assert said[0]["tuned"] == said[1]["tuned"] and said[0]["paths"] == said[1]["paths"], said
+    # where the written and reused buffers' paths differ, the second call decides, on every rank
+    # alike: reused only where no rank wrote its buffer or sent another since the first call
+    assert said[0]["decided"] == said[1]["decided"] == {
+        "broadcast 524288": ["shm", "shm"], "broadcast 131072": ["mpi", "mpi"],
+        "allgather 32768": ["shm", "shm"], "allgather 8192": ["mpi", "mpi"]}, said
 
 
 def test_the_timed_path_is_the_fastest_and_the_table_keeps_a_near_tie():
@@ -194,10 +199,12 @@ def test_the_timed_path_is_the_fastest_and_the_table_keeps_a_near_tie():
     counts = {"calls": 0, "touches": 0, "aligns": 0}
     calls = {p: (lambda: counts.__setitem__("calls", counts["calls"] + 1)) for p in paths.PATHS}
 
-    def run(medians: list[float], default: str) -> str:
-        return tuning.fastest(calls, lambda: counts.__setitem__("touches", counts["touches"] + 1),
-                              lambda: counts.__setitem__("aligns", counts["aligns"] + 1),
-                              lambda _mine: medians, default, 64 << 10)
+    def run(medians: list[float], default: str, reused: bool = False):
+        written, fastest_reused = tuning.fastest(
+            calls, lambda: counts.__setitem__("touches", counts["touches"] + 1),
+            lambda: counts.__setitem__("aligns", counts["aligns"] + 1),
+            lambda _mine: medians, default, 64 << 10, reused=reused)
+        return (written, fastest_reused) if reused else written
 
     assert run([3.0, 1.0, 2.0], "shm") == "mpi"
     assert run([1.0, 1.04, 2.0], "mpi") == "mpi"  # within the margin: the table's
@@ -205,6 +212,16 @@ def test_the_timed_path_is_the_fastest_and_the_table_keeps_a_near_tie():
     per_path = tuning.ROUNDS * (tuning.reps(64 << 10) + 1)
     assert counts["calls"] == counts["touches"] == 3 * 3 * per_path, counts
     assert counts["aligns"] == 3 * 3 * tuning.ROUNDS * tuning.reps(64 << 10), counts
+    # timed on reused buffers too: the medians written, then reused; only the untimed call of
+    # each block is written then
+    counts.update(calls=0, touches=0, aligns=0)
+    assert run([1.0, 1.3, 2.0, 2.5, 1.1, 3.0], "mpi", reused=True) == ("shm", "mpi")
+    assert run([1.0, 1.3, 2.0, 1.0, 1.2, 3.0], "mpi", reused=True) == ("shm", "shm")
+    assert counts["calls"] == 2 * 2 * 3 * per_path and counts["aligns"] == 2 * 2 * 3 * (
+        per_path - tuning.ROUNDS), counts
+    assert counts["touches"] == 2 * 3 * (per_path + tuning.ROUNDS), counts
+    assert tuning.reuse_matters("broadcast", 1 << 20) and not tuning.reuse_matters("allgather", 4 << 20)
+    assert not tuning.reuse_matters("allreduce", 64 << 10)
 
 
 def test_a_reduce_op_hashes_to_its_kind():

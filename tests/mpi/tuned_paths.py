@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
+from downpour_lib.comm.mpi import tuning
+from downpour_lib.comm.mpi.routes import Undecided
 
 
 def main() -> int:
@@ -50,10 +52,40 @@ def main() -> int:
                 first.setdefault(f"allreduce {t.nbytes}", time.perf_counter() - start)
                 want = every[0] + every[1]
                 right &= torch.equal(t, want if op == dist.ReduceOp.SUM else want / 2)
-    print(json.dumps({"rank": rank, "right": right, "in_c": pg._shm.in_c,
-                      "tuned": {f"{op} {cls}": path for (op, cls), path in pg._tuned.items()},
-                      "paths": {f"{key[0]} {key[1]}": path for key, path in pg._paths.items()},
-                      "first_s": first}), flush=True)
+    tuned = {f"{op} {cls}": path for (op, cls), path in pg._tuned.items()}
+    # classes whose written and reused paths differ (made so here, for classes not called above):
+    # the second call takes the reused one only where every rank sends the first call's buffer
+    # untouched; (op, numel, the two paths, which ranks write their buffer in place between calls,
+    # whether each call sends a new tensor)
+    decided = {}
+    for op, numel, written, reused, writers, new in (
+            ("broadcast", 1 << 19, "mpi", "shm", (), False),
+            ("broadcast", 1 << 17, "mpi", "shm", (1,), False),
+            ("allgather", 1 << 15, "mpi", "shm", (), False),
+            ("allgather", 1 << 13, "mpi", "shm", (), True)):
+        dtype = torch.float32 if op == "broadcast" else torch.int64
+        nbytes = numel * (4 if op == "broadcast" else 8 * n)
+        cls = (op, tuning.size_class(nbytes))
+        pg._tuned[cls] = Undecided(written, reused)
+        t = torch.arange(numel, dtype=dtype) + rank
+        out = torch.full((n * numel,), -1, dtype=dtype)
+        for call in range(3):
+            if op == "broadcast":
+                dist.broadcast(t, src=0)
+                right &= torch.equal(t, torch.arange(numel, dtype=dtype))
+            else:
+                dist.all_gather_into_tensor(out, t)
+                right &= torch.equal(out, torch.cat([torch.arange(numel, dtype=dtype) + r + call * new
+                                                     for r in range(n)]))
+            if rank in writers:
+                t.add_(0)  # written in place: the same values, a new version
+            if new:
+                t = torch.arange(numel, dtype=dtype) + rank + call + 1
+        decided[f"{op} {numel}"] = [pg._tuned[cls], pg._paths.get((op, nbytes, True))]
+    print(json.dumps({"rank": rank, "right": right, "in_c": pg._shm.in_c, "tuned": tuned,
+                      "paths": {f"{key[0]} {key[1]}": path for key, path in pg._paths.items()
+                                if f"{key[0]} {tuning.size_class(key[1])}" in tuned},
+                      "decided": decided, "first_s": first}), flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -31,7 +31,7 @@ from . import lists, monitored, profiling
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .movement import DataMovement, asynchronous
-from .routes import Routes
+from .routes import Routes, Undecided
 from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, kind, reduction, spec
 from .work import EXECUTOR, RequestWork, _seconds, done
@@ -66,7 +66,9 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
         # ``_allreduce_in_place`` chose: the same on every call once the shared memory is set up
         # (2 of a 64 KB broadcast's 16 us, called directly, went to choosing it again)
         self._paths: dict[tuple, str] = {}
-        self._tuned: dict[tuple, str] = {}  # (op, ``tuning.size_class``) -> the path timed fastest
+        # (op, ``tuning.size_class``) -> the path timed fastest, or ``routes.Undecided`` until the
+        # class's second call where its written and reused buffers' paths differ
+        self._tuned: dict[tuple, str | Undecided] = {}
         # (bytes, dtype, op's ``kind``) -> how a synchronous allreduce of a contiguous CPU tensor
         # takes the short path: (``ShmAllreduce.c_codes``, None, 0) where its path is the C steps
         # over shared memory, (None, ``_c_calls``' arguments, n or 0 to average) where it is the C

@@ -5,7 +5,8 @@ A mixin of the group (``process_group``; with ``movement``'s), whose state it ke
 * the path of each kind of call (``_paths``): on one node the measured table's (``paths``), or, from
   ``tuning.MIN_BYTES`` where the steps are in C, the one the group timed at the size class's first
   call (``_tuned``: broadcast and allgather, and a 2-rank allreduce, whose paths give the same
-  bits); across nodes MPI's nonblocking calls or the shared memory's node-level steps;
+  bits), or at its second where the winner depends on whether buffers are sent again unwritten
+  (``Undecided``); across nodes MPI's nonblocking calls or the shared memory's node-level steps;
 * how a synchronous call of a kind already seen skips ``_issue`` (``_short``): the shared-memory
   steps in C (``_in_c`` for allreduce), or the C data phase's MPI call with its arguments made once
   (``_c_calls``, ``_data_in_c``).
@@ -13,6 +14,7 @@ A mixin of the group (``process_group``; with ``movement``'s), whose state it ke
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 
 import torch
@@ -27,6 +29,39 @@ from .types import kind, reduction, spec
 from .work import EXECUTOR
 
 PATHS_KEPT = 256  # the most choices of each kind a group remembers (``_remember``, ``_c_calls``)
+
+
+class Undecided:
+    """A size class whose fastest path on written buffers (``written``) is not its fastest on
+    reused ones (``reused``): which the program has is seen at the class's second call, against
+    the first's send buffer (``first``: a weak reference to it and its version, set at that call).
+    A program that writes its buffers between calls, as training does, bumps their version (or
+    sends another tensor); one that sends the same buffer again as it is, as nccl-tests and OSU
+    do, does not."""
+
+    def __init__(self, written: str, reused: str) -> None:
+        self.written, self.reused = written, reused
+        self.first: tuple | None = None
+
+    def mark(self, source: torch.Tensor | None) -> None:
+        """At the class's first call: remember its send buffer."""
+        self.first = (weakref.ref(source), _version(source)) if source is not None else ()
+
+    def decide(self, source: torch.Tensor | None, slowest) -> str:
+        """``reused`` where every rank's ``source`` is the first call's, unwritten since
+        (collective: ``slowest``, the ranks' largest, of each rank's "written")."""
+        same = bool(self.first) and source is not None and self.first[0]() is source \
+            and self.first[1] is not None and _version(source) == self.first[1]
+        return self.written if slowest([0.0 if same else 1.0])[0] else self.reused
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """How many times torch has written ``t`` in place; None for a tensor made in inference mode,
+    which keeps no count."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 class Routes:
@@ -73,7 +108,9 @@ class Routes:
             return self._remember(key, "nb")
         path = choose(op, nbytes, self._n, self._shm.in_c)
         if self._shm.in_c and tuning.tunes(op, nbytes, self._n):
-            path = self._tuned_path(op, tensor.dtype, nbytes, path)
+            path = self._tuned_path(op, tensor.dtype, nbytes, path, tensor)
+            if isinstance(self._tuned[op, tuning.size_class(nbytes)], Undecided):
+                return path  # not kept: the class's next call decides (``_tuned_path``)
         return self._remember(key, path)
 
     def _allreduce_path(self, local: torch.Tensor, red) -> str:
@@ -94,18 +131,32 @@ class Routes:
             self._paths[key] = path
         return path
 
-    def _tuned_path(self, op: str, dtype: torch.dtype, nbytes: int, default: str) -> str:
+    def _tuned_path(self, op: str, dtype: torch.dtype, nbytes: int, default: str,
+                    source: torch.Tensor | None = None) -> str:
         """The path ``op`` takes for ``nbytes`` of ``dtype``: the one the group timed for its
-        size class, timed now at the class's first call (collective, as that call is)."""
+        size class, timed now at the class's first call (collective, as that call is). Where the
+        winner on reused buffers is another path (``tuning.reuse_matters``), the first call takes
+        the written buffers' and the class's second call decides (``Undecided.decide``): the
+        reused buffers' where every rank sends again what it sent at the first call (``source``,
+        this rank's send buffer) untouched."""
         cls = (op, tuning.size_class(nbytes))
         path = self._tuned.get(cls)
         if path is None:
-            path = self._tuned[cls] = self._time_paths(op, dtype, nbytes, default)
+            written, reused = self._time_paths(op, dtype, nbytes, default)
+            path = self._tuned[cls] = written if reused in (None, written) else \
+                Undecided(written, reused)
+        if isinstance(path, Undecided):
+            if path.first is None:  # this is the first call: it takes the written buffers' path
+                path.mark(source)
+                return path.written
+            path = self._tuned[cls] = path.decide(source, self._slowest)
         return path
 
-    def _time_paths(self, op: str, dtype: torch.dtype, nbytes: int, default: str) -> str:
+    def _time_paths(self, op: str, dtype: torch.dtype, nbytes: int,
+                    default: str) -> tuple[str, str | None]:
         """``tuning.fastest`` of ``op``'s paths (broadcast, allgather, or allreduce as a sum),
-        on scratch buffers of ``nbytes`` (allgather's output) of ``dtype``."""
+        on scratch buffers of ``nbytes`` (allgather's output) of ``dtype``: written before each
+        call, and sent again as they are where that matters (``tuning.reuse_matters``)."""
         item = torch.empty(0, dtype=dtype).element_size()
         names = tuning.candidates(PATHS, nbytes)
         x = torch.zeros(max(1, nbytes // (item * (self._n if op == "allgather" else 1))), dtype=dtype)
@@ -118,7 +169,7 @@ class Routes:
             red = reduction(dist.ReduceOp.SUM, dtype)
             calls = {p: partial(self._allreduce_by, p, x, red) for p in names}
         return tuning.fastest(calls, x.zero_, partial(self._aligned, op), self._slowest, default,
-                              nbytes)
+                              nbytes, reused=tuning.reuse_matters(op, nbytes))
 
     def _aligned(self, what: str) -> None:
         """A barrier every rank leaves within microseconds of the others: it spins for

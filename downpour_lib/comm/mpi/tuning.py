@@ -29,6 +29,14 @@ shared memory lost 2-rank allreduces of 1-16 MB by 1.09-1.20 against the gate's 
 (``bench collectives --paths --written``). With three or more ranks the paths reduce in different
 orders, and a run's bits must not depend on a timing, so allreduce keeps the table there, as
 reduce_scatter does everywhere.
+
+Which path wins at 64 KB-1 MB depends on whether the buffers were written since they were last sent
+(the table above), and a group cannot know that from one call. So below ``REUSED_BELOW`` broadcast
+and allgather are timed both ways; where the two winners differ, the class's first call takes the
+written buffers' and its second call decides (``routes.Undecided``): the reused buffers' where every
+rank sends the tensor it sent at the first call with the same version (torch counts every in-place
+write, as training's gradients and parameters get), else the written buffers'. The decision costs
+one 8-byte allreduce, once per class; results are the same bits whichever path is taken.
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ from .data_phase import SLEEPY_DATA_BYTES
 MOVES = ("broadcast", "allgather")  # timed at any number of ranks
 MIN_BYTES = 16 << 10  # below, the table: shared memory took 0.53-0.71 of Open MPI's own at 4 KB
 MARGIN = 0.05  # how much faster than the table's path another must be to replace it
+# below, broadcast's and allgather's paths are timed on reused buffers too: there the winner moved
+# with it (shared memory 0.76-0.99 of Open MPI's own written, 1.33-2.59 reused, at 64 KB-1 MB);
+# from 4 MB the same path won both ways (the table above)
+REUSED_BELOW = 4 << 20
 
 
 def tunes(op: str, nbytes: int, n: int) -> bool:
@@ -79,30 +91,44 @@ def reps(nbytes: int) -> int:
     return 9 if nbytes < 256 << 10 else 5 if nbytes < 1 << 20 else 3 if nbytes < 16 << 20 else 2
 
 
+def reuse_matters(op: str, nbytes: int) -> bool:
+    """Whether ``op``'s paths for ``nbytes`` are also timed on buffers sent again as they are:
+    broadcast and allgather below ``REUSED_BELOW``, where which path wins depends on it."""
+    return op in MOVES and nbytes < REUSED_BELOW
+
+
 def fastest(calls: dict[str, Callable[[], None]], touch: Callable[[], object],
             align: Callable[[], None], slowest: Callable[[list[float]], list[float]],
-            default: str, nbytes: int) -> str:
-    """The path whose ``calls`` entry ran fastest, timed as ``bench collectives --paths
-    --written`` times them: in ``ROUNDS`` turns, each path a block of one untimed call (its
-    buffers back into the caches: in turns of one call each finds the others' there) and ``reps``
-    timed ones, each after ``touch()`` (which writes the buffers the calls send) and ``align()``
-    (a barrier, so that every rank starts it together); the median of each path's times, the
-    slowest rank's (``slowest``: collective, elementwise over the ranks), so every rank takes the
-    same. ``default`` (the table's) stays unless another beats it by ``MARGIN``. Collective: every
-    rank calls it with the same paths, in the same order."""
-    times: dict[str, list[float]] = {path: [] for path in calls}
-    for _ in range(ROUNDS):
-        for path, call in calls.items():
-            touch()
-            call()
-            for _ in range(reps(nbytes)):
+            default: str, nbytes: int, reused: bool = False) -> tuple[str, str | None]:
+    """The path whose ``calls`` entry ran fastest on buffers written before each call, and with
+    ``reused`` the one fastest on buffers sent again as they are (else None), timed as ``bench
+    collectives --paths [--written]`` times them: in ``ROUNDS`` turns, each path a block of one
+    untimed call (its buffers back into the caches: in turns of one call each finds the others'
+    there) and ``reps`` timed ones, each after ``touch()`` (which writes the buffers the calls
+    send; not when timing them reused) and ``align()`` (a barrier, so that every rank starts it
+    together); the median of each path's times, the slowest rank's (``slowest``: collective,
+    elementwise over the ranks), so every rank takes the same. ``default`` (the table's) stays
+    unless another beats it by ``MARGIN``. Collective: every rank calls it with the same paths, in
+    the same order."""
+    modes = (True, False) if reused else (True,)
+    times: dict[tuple, list[float]] = {(path, w): [] for w in modes for path in calls}
+    for written in modes:
+        for _ in range(ROUNDS):
+            for path, call in calls.items():
                 touch()
-                align()
-                start = time.perf_counter()
                 call()
-                times[path].append(time.perf_counter() - start)
-    medians = dict(zip(calls, slowest([statistics.median(t) for t in times.values()]), strict=True))
-    best = min(medians, key=medians.__getitem__)
-    if default in medians and medians[best] * (1 + MARGIN) >= medians[default]:
-        return default
-    return best
+                for _ in range(reps(nbytes)):
+                    if written:
+                        touch()
+                    align()
+                    start = time.perf_counter()
+                    call()
+                    times[path, written].append(time.perf_counter() - start)
+    medians = dict(zip(times, slowest([statistics.median(t) for t in times.values()]), strict=True))
+
+    def best(written: bool) -> str:
+        mine = {path: medians[path, written] for path in calls}
+        first = min(mine, key=mine.__getitem__)
+        return default if default in mine and mine[first] * (1 + MARGIN) >= mine[default] else first
+
+    return best(True), best(False) if reused else None
