@@ -313,8 +313,10 @@ def test_00_runs_all_in_the_browser_and_shows_the_engine_table(lab):
     rows = cell(done, "start_cluster(")["tables"][0]
     assert [list(r)[1:] for r in rows] == [["rank", "engine_id", "host", "pid"]] * 2, rows
     assert [r["rank"] for r in rows] == ["0", "1"]
-    # each engine's stdout is a stream of its own, which may reach the page after the notebook
-    # went idle (a fresh-clone run read rank 1's alone): give the other a few seconds to show
+    # each engine's stdout is a stream of its own: ipyparallel's %px stopped showing it 2 s after
+    # the results were in, and under load one rank's never showed (fresh-clone runs read rank 1's
+    # alone, with or without waiting); %px now waits session.PX_QUIET_S for it, and the page
+    # may still draw it a moment after the notebook went idle
     deadline = time.monotonic() + 15
     while True:
         hello = " ".join(o["text"] for o in cell(done, "remote.hello()")["outputs"])

@@ -43,6 +43,9 @@ from .failures import CONTINUE, ClusterError, ClusterPreempted, ClusterRunError,
 from .mpiexec import clear_stale_sessions
 from .running import Running, wait_gone
 
+#: how long a blocking %px waits for the engines' output before it shows progress (``activate``)
+PX_QUIET_S = 15.0
+
 
 def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """rank -> {engine_id, host, pid}, from what each engine said about itself (``remote.introduce``,
@@ -146,14 +149,23 @@ class ClusterSession(Running):
             time.sleep(0.25)
 
     def activate(self) -> None:
-        """Register %px / %%px in this IPython session, on all engines (also after a restart)."""
+        """Register %px / %%px in this IPython session, on all engines (also after a restart).
+        A blocking ``%px`` waits ``PX_QUIET_S`` for the engines' printed output, not ipyparallel's
+        2 s: once a cell's results are in, it stops showing output that arrives later, and under
+        load (a browser test beside ``make test``'s workers) one engine's "hello" of a finished
+        ``%px print(...)`` arrived after that and never showed. A cell that runs longer shows its
+        progress bar from then on (from 2 s before)."""
+        from ipyparallel.client.magics import ParallelMagics
         from IPython import get_ipython
 
-        if get_ipython() is None:
+        shell = get_ipython()
+        if shell is None:
             return
         self._view = self.client.direct_view("all")
         self._view.block = True
-        self._view.activate()
+        magics = ParallelMagics(shell, self._view)  # what ``view.activate()`` registers
+        magics.progress_after_seconds = PX_QUIET_S
+        shell.magics_manager.register(magics)
 
     def train(self, config, world_size: int | None = None, timeout_s: float | None = None):
         """Train ``config`` (a TrainConfig or a mapping) on ranks 0..world_size-1 (default: all);
