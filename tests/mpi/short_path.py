@@ -85,7 +85,9 @@ def main() -> int:
                 t = every[rank].clone()
                 dist.broadcast(t, src=root)
                 right &= torch.equal(t, every[root])
-            cases.append({"case": f"broadcast from {root} {numel}", "right": right,
+                if call == 0:  # an undecided class (``routes.Undecided``) keeps its path at call 2
+                    kept = ("broadcast", t.nbytes, True) in pg._paths
+            cases.append({"case": f"broadcast from {root} {numel}", "right": right, "kept": kept,
                           "short": 3 - issued[0], "path": pg._paths[("broadcast", t.nbytes, True)]})
         right, issued[0] = True, 0
         for call in range(3):
@@ -93,7 +95,9 @@ def main() -> int:
             out = torch.full((n * numel,), -1, dtype=torch.int32)
             dist.all_gather_into_tensor(out, every[rank])
             right &= torch.equal(out, torch.cat(every))
-        cases.append({"case": f"all_gather_into_tensor {numel}", "right": right,
+            if call == 0:
+                kept = ("allgather", out.nbytes, True) in pg._paths
+        cases.append({"case": f"all_gather_into_tensor {numel}", "right": right, "kept": kept,
                       "short": 3 - issued[0], "path": pg._paths[("allgather", out.nbytes, True)]})
 
     # a learnt size, dtype and op, but not contiguous: the long path stages it
