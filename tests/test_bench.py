@@ -1,4 +1,5 @@
-"""``downpour bench train``: real launches at 1 and 2 ranks, rows that add up, bad backends refused."""
+"""``downpour bench train``: real launches at 1 and 2 ranks, rows that add up, bad backends refused;
+the collective benchmarks' timing loop, which writes the buffers before every call with ``--written``."""
 
 import argparse
 import json
@@ -90,3 +91,33 @@ def test_bench_gpu_measures_each_algorithm_against_the_plain_loop_and_the_pipeli
     allreduce = next(line for line in lines if line.startswith("allreduce"))
     assert allreduce.split()[-1] == f"{(1 - rows[3]['vs_resident']) * 100:.1f}%"
     assert not lines[1].rstrip().endswith("%") and len(lines) == len(rows) + 1
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_bench_timing_writes_the_buffers_before_every_call_only_when_written(written):
+    """``--written``: every call the benchmark makes, warm-ups and untimed ones included, finds the
+    buffers written since its last call, as training writes its gradients; a group whose path
+    depends on whether its second call sends an unchanged buffer (``routes.Undecided``) decided
+    "reused" on two warm-up calls without a write between them. Without it, nothing is written."""
+    from downpour_lib.bench.timing import Sync, measure_paired
+    from downpour_lib.comm import Communicator
+
+    state = {"writes": 0, "calls": 0, "unwritten": 0}
+
+    def touch():
+        state["writes"] += 1
+        state["fresh"] = True
+
+    def call():
+        state["calls"] += 1
+        state["unwritten"] += not state.pop("fresh", False)
+
+    args = argparse.Namespace(written=written, warmup=2, min_reps=4, max_reps=6, min_time=0.0)
+    times = measure_paired([call, call], Sync(Communicator.world()), args, touch)
+    assert [len(t) for t in times] == [4, 4] and all(x >= 0 for t in times for x in t), times
+    # 2 warm-ups + 1 estimate each, then per turn one untimed call and the timed ones
+    assert state["calls"] >= 2 * (2 + 1 + 4), state
+    if written:
+        assert state["unwritten"] == 0 and state["writes"] == state["calls"], state
+    else:
+        assert state["writes"] == 0 and state["unwritten"] == state["calls"], state

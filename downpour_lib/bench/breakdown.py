@@ -213,15 +213,15 @@ def print_breakdown(rows: list[dict]) -> None:
                   f"{r['native_s'] * 1e6:9.1f} {gated * 1e6 if gated else float('nan'):9.1f} "
                   f"{r['torch_s'] / mpi:7.2f} {r['native_s'] / mpi:8.2f} "
                   f"{gated / mpi if gated else float('nan'):8.2f}")
-        cells = [r for r in native if r["op"] in ("allreduce", "broadcast", "allgather")
-                 and 64 << 10 <= r["bytes"] <= 16 << 20]
-        if cells:
-            ours = geometric_mean(r["torch_s"] / r["mpi4py_s"] for r in cells)
-            floor = geometric_mean(r["native_s"] / r["mpi4py_s"] for r in cells)
-            behind = "" if not all(r["gated_s"] for r in cells) else \
-                f", gated {geometric_mean(r['gated_s'] / r['mpi4py_s'] for r in cells):.2f}"
-            print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
-                  f"({len(cells)} cells): ours {ours:.2f}, native {floor:.2f}{behind}")
+    cells = [r for r in rows if r["op"] in ("allreduce", "broadcast", "allgather")
+             and 64 << 10 <= r["bytes"] <= 16 << 20]
+    if cells:  # issue 36's goal: ours at most 1.05x MPI's own over these
+        ours = geometric_mean(r["torch_s"] / r["mpi4py_s"] for r in cells)
+        floor = geometric_mean((r["mpi4py_s"] + r["noop_s"]) / r["mpi4py_s"] for r in cells)
+        others = "".join(f", {name} {geometric_mean(r[name + '_s'] / r['mpi4py_s'] for r in cells):.2f}"
+                         for name in ("native", "gated") if all(r[name + "_s"] for r in cells))
+        print(f"geometric mean over allreduce, broadcast and allgather, 64 KB to 16 MB "
+              f"({len(cells)} cells, x mpi4py): ours {ours:.2f}, dispatch floor {floor:.2f}{others}")
     sys.stdout.flush()
 
 
