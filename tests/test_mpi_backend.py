@@ -115,19 +115,20 @@ def test_ranks_that_do_not_all_have_the_c_steps_agree_on_the_python_ones():
 
 
 def test_synchronous_collectives_on_the_short_path_equal_the_reference():
-    """After one synchronous allreduce, broadcast or all_gather_into_tensor, the next ones of its
-    kind skip ``_issue`` where their steps are in C: shared memory's, or the C data phase's MPI
-    call (``MPIProcessGroup._short``; tests/mpi/short_path.py): every result is exact for SUM, AVG,
-    PRODUCT and MAX (MPI's path) of the four C dtypes, for broadcast from each root and for
+    """After one synchronous allreduce, broadcast or all_gather_into_tensor, the next ones of its kind
+    skip ``_issue`` where their steps are in C: shared memory's, or the C data phase's MPI call
+    (``routes.Routes``; tests/mpi/short_path.py): every result is exact for SUM, AVG, PRODUCT and
+    MAX (MPI's path) of the four C dtypes, for broadcast from each root and for
     all_gather_into_tensor; the second and third calls take the short path, and a non-contiguous
-    tensor, an asynchronous call and a profiled one do not (the profiled one records its event). A
-    synchronous call made directly returns no work, and a rank waiting on the short path past the
-    spin tells a probe where it waits, in shared memory and in MPI's call (its C steps note the
-    wait; the watchdog's table is not entered there)."""
+    tensor, an all_gather_into_tensor whose input is its output's block, an asynchronous call and a
+    profiled one do not (the profiled one records its event). A synchronous call made directly
+    returns no work, and a rank waiting on the short path past the spin tells a probe where it
+    waits, in shared memory and in MPI's call (its C steps note the wait; the watchdog's table is
+    not entered there)."""
     proc = mpi_python(2, "short_path.py", timeout=120)
     assert proc.returncode == 0, explain(proc)
     cases = json_lines(proc)
-    assert len(cases) == 2 * 54, explain(proc)
+    assert len(cases) == 2 * 55, explain(proc)
     for case in cases:
         assert case["right"] and case["shm_in_c"], case
         op = case["case"].split()[0]

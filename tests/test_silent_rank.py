@@ -230,7 +230,7 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     allreduce of the default model's 128 KB takes the gate too, and the stopped rank passes it
     first (``after-gate``): the others wait inside the data phase, where MPI's blocking call had
     them spin at 99% (``comm/mpi/data_phase.py``). A 2-rank 4 KB allreduce, the second of its
-    kind, takes the short path (``MPIProcessGroup._short``), which must wait the same
+    kind, takes the short path (``comm/mpi/routes.Routes``), which must wait the same
     way."""
     timeout_s = 8
     proc = mpi_python(n, "stopped_in_large_data.py", str(timeout_s), op, str(silent), str(nbytes),
@@ -256,7 +256,7 @@ def test_a_rank_stopped_inside_a_blocking_call_is_named_by_the_watchdog_at_the_t
     """At 2 ranks a 4 MB reduce_scatter is MPI's blocking call behind the gate
     (``comm/mpi/paths.py``), which the data phase makes in C (``comm/mpi/native_calls.c``) where it
     could be built; so is a 4 MB MAX allreduce (shared memory's C steps take sum and product), whose
-    second call takes the short path, outside the watchdog's table (``MPIProcessGroup._short``).
+    second call takes the short path, outside the watchdog's table (``comm/mpi/routes.Routes``).
     Rank 1 takes its part of the gate and stops, so rank 0 is inside the blocking call, which only
     its watchdog can end: it must know the thread is there (the C data phase marks it committed,
     with what it is, its group and since when) and end the job once the heartbeat finds rank 1

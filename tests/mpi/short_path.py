@@ -2,19 +2,18 @@
 
 After one synchronous allreduce of a contiguous CPU tensor, ``MPIProcessGroup`` remembers whether
 its path was the C steps over shared memory; the next ones of the same size, dtype and op skip
-``_issue`` (``MPIProcessGroup._short``). Broadcast and all_gather_into_tensor skip it where the last
-call of their size went to shared memory (which, from 16 KB, the group timed: ``tuning``, as it
-times a 2-rank allreduce's; each case says which path its size took). Here every case is called
-three times with new values each time, and each result is checked exactly (small integers, so float
-sums are exact): SUM, AVG and PRODUCT of float32, float64, int32 and int64, and MAX, whose path is
-MPI's; broadcast from each root and all_gather_into_tensor at 4 KB and 1 MB. Then a non-contiguous
-tensor of a learnt size, an asynchronous call, and a call under torch's profiler, which must take
-the long path (the profiler's event is recorded there). Then a synchronous call made directly, which
-returns no work, and a wait past the spin, which a probe of the waiting rank must see, in shared
-memory and in the C data phase's MPI call. Each rank
-prints one JSON line per case: whether every result was right, and how many calls took the short
-path (did not reach ``_issue``).
-"""
+``_issue`` (the short paths, ``comm/mpi/routes.Routes``). Broadcast and all_gather_into_tensor skip
+it where the last call of their size went to shared memory (which, from 16 KB, the group timed:
+``tuning``, as it times a 2-rank allreduce's; each case says which path its size took). Here every
+case is called three times with new values each time, and each result is checked exactly (small
+integers, so float sums are exact): SUM, AVG and PRODUCT of float32, float64, int32 and int64, and
+MAX, whose path is MPI's; broadcast from each root and all_gather_into_tensor at 4 KB and 1 MB. Then
+a non-contiguous tensor of a learnt size, an all_gather_into_tensor whose input is its output's
+block, an asynchronous call, and a call under torch's profiler, which must take the long path (the
+profiler's event is recorded there). Then a synchronous call made directly, which returns no work,
+and a wait past the spin, which a probe of the waiting rank must see, in shared memory and in the C
+data phase's MPI call. Each rank prints one JSON line per case: whether every result was right, and
+how many calls took the short path (did not reach ``_issue``)."""
 
 import json
 import sys
@@ -99,6 +98,17 @@ def main() -> int:
                 kept = ("allgather", out.nbytes, True) in pg._paths
         cases.append({"case": f"all_gather_into_tensor {numel}", "right": right, "kept": kept,
                       "short": 3 - issued[0], "path": pg._paths[("allgather", out.nbytes, True)]})
+
+    # a learnt size and dtype whose input is this rank's block of the output (an in-place gather,
+    # as FSDP makes): the buffers overlap, so the long path, which copies the input first
+    issued[0] = 0
+    every = values(1 << 10, torch.int32, 3)
+    out = torch.full((n << 10,), -1, dtype=torch.int32)
+    mine = out[rank << 10:(rank + 1) << 10]
+    mine.copy_(every[rank])
+    dist.all_gather_into_tensor(out, mine)
+    cases.append({"case": "overlapping", "right": torch.equal(out, torch.cat(every)),
+                  "short": 1 - issued[0]})
 
     # a learnt size, dtype and op, but not contiguous: the long path stages it
     issued[0] = 0

@@ -1,7 +1,7 @@
 """``MPIProcessGroup``'s data movement: broadcast, allgather, gather, scatter and all-to-all.
 
 A mixin of the group (``process_group``), whose state and machinery it uses: ``_issue``, the
-path choice and the short paths' checks (``routes``: ``_path``, ``_short``, ``_data_in_c``), the
+path choice and the short paths' checks (``routes``: ``_path``, ``_learn_move``, ``_data_in_c``), the
 shared memory (``_shm``) and MPI's data phase (``_data``). Broadcast and allgather on one node take
 shared memory or Open MPI's calls, whichever the group timed fastest for the size (``tuning``);
 the others are MPI's v-variants on flat buffers (``lists``).
@@ -14,8 +14,12 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from . import lists
-from .types import MOVE_TYPE, Operand, check_dtype, scratch, spec, vspec
+from . import lists, profiling
+from .liveness import PeerTimeout
+from .types import Operand, check_dtype, scratch, spec, vspec
+from .work import EXECUTOR
+
+_BCAST, _ALLGATHER = range(2)  # the kinds of the short paths' keys (``_moves_in_c``)
 
 
 def asynchronous(opts) -> bool:
@@ -28,15 +32,23 @@ class DataMovement:
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
-        if not opts.asyncOp and len(tensors) == 1:  # the short path, once its size has a path
+        if not opts.asyncOp and len(tensors) == 1:  # the short path, once a call of its kind took it
             t = tensors[0]
-            path = self._paths.get(("broadcast", t.nbytes, True)) if t.is_cpu else None
-            if path is not None and t.dtype in MOVE_TYPE and t.is_contiguous() and self._short():
-                made = None if path == "shm" else \
-                    self._c_calls.get(("broadcast", t.nbytes, t.dtype, opts.rootRank, path))
-                if path == "shm" or made:
-                    self._short_in_c(made, 0, t.data_ptr(), self._shm.broadcast, t, opts.rootRank)
-                    return None  # done: no work to wait for (``_short``)
+            key = (_BCAST, t.nbytes, t.dtype, opts.rootRank)
+            steps = self._moves_in_c.get(key)
+            if steps is None and t.is_cpu:
+                steps = self._learn_move(key, "broadcast", t, t.nbytes, opts.rootRank)
+            # the short path's checks (``routes.Routes``), inlined
+            if steps and t.is_cpu and t.is_contiguous() and self._open and EXECUTOR.idle() \
+                    and not profiling.active():
+                try:
+                    if steps[0]:
+                        self._data.collective(*steps[0], 0, t.data_ptr())
+                    else:
+                        self._shm.broadcast(t, opts.rootRank)
+                except PeerTimeout as exc:
+                    raise self.explain(exc) from None
+                return None  # done: no work to wait for
         t = lists.one(tensors, "broadcast")
         root = opts.rootRank
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
@@ -86,18 +98,26 @@ class DataMovement:
                            inputs=input_tensors)
 
     def all_gather_single(self, output, input, opts=None):
-        path = self._paths.get(("allgather", output.nbytes, True)) \
-            if opts is not None and not opts.asyncOp and input.is_cpu and output.is_cpu else None
-        if path is not None and input.dtype == output.dtype and input.dtype in MOVE_TYPE \
-                and output.numel() == self._n * input.numel() and input.is_contiguous() \
-                and output.is_contiguous() and not lists.overlaps(input, output) and self._short():
-            # the short path, once its size has a path
-            made = None if path == "shm" else \
-                self._c_calls.get(("allgather", output.nbytes, output.dtype, path))
-            if path == "shm" or made:
-                self._short_in_c(made, input.data_ptr(), output.data_ptr(), self._shm.allgather,
-                                 input, output)
-                return None  # done: no work to wait for (``_short``)
+        if opts is not None and not opts.asyncOp:  # the short path, once a call of its kind took it
+            key = (_ALLGATHER, output.nbytes, input.nbytes, output.dtype, input.dtype)
+            steps = self._moves_in_c.get(key)
+            if steps is None and input.is_cpu and output.is_cpu and input.dtype == output.dtype \
+                    and 0 < input.nbytes and output.numel() == self._n * input.numel():
+                steps = self._learn_move(key, "allgather", output, output.nbytes)
+            # the short path's checks (``routes.Routes``), inlined; the buffers must not overlap
+            if steps and input.is_cpu and output.is_cpu and input.is_contiguous() \
+                    and output.is_contiguous() and self._open and EXECUTOR.idle() \
+                    and not profiling.active():
+                send, recv = input.data_ptr(), output.data_ptr()
+                if not (send < recv + key[1] and recv < send + key[2]):
+                    try:
+                        if steps[0]:
+                            self._data.collective(*steps[0], send, recv)
+                        else:
+                            self._shm.allgather(input, output)
+                    except PeerTimeout as exc:
+                        raise self.explain(exc) from None
+                    return None  # done: no work to wait for
         return self._issue("all_gather_into_tensor", self._all_gather_into(output, input), [output],
                            asynchronous(opts), inputs=[input])
 

@@ -7,7 +7,7 @@ calling thread (so errors surface where the user called), builds a closure of bl
 and hands it to ``work.EXECUTOR`` (at once for synchronous calls, queued for ``async_op=True``).
 A synchronous allreduce, broadcast or all_gather_into_tensor of contiguous CPU tensors whose kind
 already went to C steps (shared memory's, or the C data phase's MPI call) takes a short path
-instead (``_short``): the same C steps and guarantees, without the closure, the queue's checks,
+instead (``routes.Routes``): the same C steps and guarantees, without the closure, the queue's checks,
 the watchdog's table or a work to return, which were most of our Python at 4 KB.
 Ranks are group ranks, as torch passes them. Buffers and dtypes: ``types``. Broadcast, allgather,
 gather, scatter and all-to-all are ``movement``'s, the path choice and the short paths' learning
@@ -77,6 +77,9 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
         # (op, bytes, dtype, what else decides the call, path) -> ``DataPhase.prepared``'s arguments
         # of its C data phase, or False: kept for every later call of the kind (``_data_in_c``)
         self._c_calls: dict[tuple, tuple | bool] = {}
+        # (the kind, bytes, dtype(s), root) -> how a synchronous broadcast or all_gather_into_tensor
+        # takes the short path: ``routes.Routes._learn_move``'s
+        self._moves_in_c: dict[tuple, tuple | bool] = {}
         self._open = True
         self._group_name = ""
 
@@ -155,7 +158,8 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
         if sync and len(tensors) == 1:  # the shortest path, once a call of this kind has taken it
             t = tensors[0]
             codes = self._in_c.get((t.nbytes, t.dtype, kind(opts.reduceOp)))
-            # ``_short``, inlined (``codes`` are there only where the steps are in C)
+            # the short path's checks (``routes.Routes``), inlined (``codes`` are there only where the
+            # steps are in C)
             if codes and t.is_cpu and t.is_contiguous() and self._open and EXECUTOR.idle() \
                     and not profiling.active():
                 try:
@@ -167,7 +171,7 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
                             t.div_(codes[2])
                 except PeerTimeout as exc:
                     raise self.explain(exc) from None
-                return None  # done: no work to wait for (``_short``)
+                return None  # done: no work to wait for
         t = lists.one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself

@@ -7,9 +7,9 @@ A mixin of the group (``process_group``; with ``movement``'s), whose state it ke
   call (``_tuned``: broadcast and allgather, and a 2-rank allreduce, whose paths give the same
   bits), or at its second where the winner depends on whether buffers are sent again unwritten
   (``Undecided``); across nodes MPI's nonblocking calls or the shared memory's node-level steps;
-* how a synchronous call of a kind already seen skips ``_issue`` (``_short``): the shared-memory
-  steps in C (``_in_c`` for allreduce), or the C data phase's MPI call with its arguments made once
-  (``_c_calls``, ``_data_in_c``).
+* how a synchronous call of a kind already seen skips ``_issue`` (the short paths, ``Routes``): the
+  shared-memory steps in C, or the C data phase's MPI call with its arguments made once
+  (``_c_calls``, ``_data_in_c``), learned per kind (``_in_c`` for allreduce, ``_moves_in_c``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import profiling, tuning
-from .liveness import PeerTimeout, wait_request
+from . import tuning
+from .liveness import wait_request
 from .paths import PATHS, choose
 from .shm import MIN_BYTES
-from .types import kind, reduction, spec
-from .work import EXECUTOR
+from .types import MOVE_TYPE, kind, reduction, spec
 
 PATHS_KEPT = 256  # the most choices of each kind a group remembers (``_remember``, ``_c_calls``)
 
@@ -65,35 +64,50 @@ def _version(t: torch.Tensor) -> int | None:
 
 
 class Routes:
-    """The path choice and the short paths' state of ``MPIProcessGroup``."""
+    """The path choice and the short paths' state of ``MPIProcessGroup``.
 
-    def _short(self) -> bool:
-        """May a synchronous operation that passed its own checks skip ``_issue`` (the short
-        paths of allreduce, broadcast and all_gather_into_tensor)? Yes where ``_issue`` would run
-        it at once and its steps are in C: the group is open, nothing is queued ahead of it, no
-        profiler records. A short path calls the C steps (shared memory's, or the C data phase's
-        MPI calls) and nothing else of ``_guarded``: their waits give up at the group's deadline
-        and on the watchdog's word by themselves, note themselves for its probe answers once they
-        spin out, and mark a blocking call committed with what it is, its group and since when
-        (``native_shm.c``, ``native_calls.c``), which the watchdog reads as it reads its table, so
-        the table is not entered. It returns no work (None), as torch's backends that synchronize
-        in C++ do: torch's synchronous collectives take None. A 4 KB allreduce through torch, 2
-        ranks, in turns: 7.4 us through ``_guarded`` and a work, 5.9-6.1 without (Open MPI's own
-        4.1-4.3)."""
-        return self._open and self._shm.in_c and EXECUTOR.idle() and not profiling.active()
+    The short paths: a synchronous allreduce, broadcast or all_gather_into_tensor that passed its
+    own checks skips ``_issue`` where ``_issue`` would run it at once and its steps are in C: the
+    group is open, nothing is queued ahead of it (``EXECUTOR.idle``), no profiler records, and a
+    call of its kind (bytes, dtype, what else decides it) learned its C steps (``_in_c`` for
+    allreduce, ``_moves_in_c`` for the others: ``_learn_move``). A short path calls the C steps
+    (shared memory's, or the C data phase's MPI call with its arguments made once) and nothing
+    else of ``_guarded``: their waits give up at the group's deadline and on the watchdog's word by
+    themselves, note themselves for its probe answers once they spin out, and mark a blocking call
+    committed with what it is, its group and since when (``native_shm.c``, ``native_calls.c``),
+    which the watchdog reads as it reads its table, so the table is not entered. It returns no work
+    (None), as torch's backends that synchronize in C++ do: torch's synchronous collectives take
+    None. The checks are inlined in each operation, one dictionary read for what it learned: a 4 KB
+    allreduce through torch, 2 ranks, in turns: 7.4 us through ``_guarded`` and a work, 5.9-6.1
+    without (Open MPI's own 4.1-4.3). Called directly (2 ranks, p50 of 2,000 in turns), over the C
+    data phase alone: a 64 KB broadcast 1.9 us with the checks in a method and two reads (the
+    path's, the C call's), 1.5 inlined with one; a 64 KB all_gather_into_tensor 2.9 and 1.7 (1 MB:
+    7.6 and 3.9), and through torch 10.8 and 9.7 us (Open MPI's own 4.6).
+    """
 
-    def _short_in_c(self, made: tuple | None, send: int, recv: int, shm_steps, *args) -> None:
-        """A short path's steps: the C data phase's MPI call of ``made`` (``_c_calls``) on the
-        buffers at ``send`` and ``recv``, else shared memory's ``shm_steps(*args)``; a wait given
-        up is explained as ``_guarded`` explains it. (Allreduce's short path, the hottest, has these
-        lines inlined.)"""
-        try:
-            if made:
-                self._data.collective(*made, send, recv)
-            else:
-                shm_steps(*args)
-        except PeerTimeout as exc:
-            raise self.explain(exc) from None
+    def _learn_move(self, key: tuple, op: str, t: torch.Tensor, nbytes: int, *what) -> tuple | bool | None:
+        """What the short path of broadcast or all_gather_into_tensor (``op``) makes for calls of
+        ``key``'s kind, ``t`` the tensor whose dtype ``_c_calls`` keys it by, ``nbytes`` the whole
+        buffer, ``what`` what else decides the call (broadcast's root): ``(made,)`` where its path
+        is the C data phase's MPI call of ``made`` (``_c_calls``), ``(None,)`` where it is the C
+        steps over shared memory, False where it is neither (each kept for every later call of the
+        kind); None, with nothing kept, until the kind has a path and its C call is made (its first
+        calls, through ``_issue``, choose and make them)."""
+        path = self._paths.get((op, nbytes, True))
+        if path is None or not self._shm.in_c:
+            return None
+        if t.dtype not in MOVE_TYPE:
+            found: tuple | bool = False
+        elif path == "shm":
+            found = (None,)
+        else:
+            made = self._c_calls.get((op, nbytes, t.dtype, *what, path))
+            if made is None:
+                return None
+            found = (made,) if made else False
+        if len(self._moves_in_c) < PATHS_KEPT:
+            self._moves_in_c[key] = found
+        return found
 
     def _path(self, op: str, tensor: torch.Tensor, nbytes: int) -> str:
         """Where broadcast, allgather or reduce_scatter moves ``nbytes`` (the whole buffer): on one
@@ -185,7 +199,7 @@ class Routes:
 
     def _learn_in_c(self, t: torch.Tensor, red, op: dist.ReduceOp) -> None:
         """After a synchronous allreduce of the contiguous CPU ``t``: whether later ones like it
-        take the short path (``_short``): where the path ``_allreduce_in_place`` chose is the C
+        take the short path (``Routes``): where the path ``_allreduce_in_place`` chose is the C
         steps over shared memory, or MPI's call that the C data phase makes."""
         if len(self._in_c) < PATHS_KEPT:
             path = self._paths.get(("allreduce", t.nbytes, True, red))
