@@ -155,6 +155,13 @@ measured elsewhere could know. So from 16 KB, where the steps are in C, broadcas
 take the path the group times at each size class's first call (``tuning``), the table's unless
 another is faster by 5%; so does a 2-rank allreduce (whose paths give the same bits), on the day its
 shared memory lost 1-16 MB by 1.09-1.20. Allreduce of more ranks and reduce_scatter keep this table.
+The table's path is what a near tie keeps, so 2-rank allreduces of 1.5-32 MB have the gate's path
+here, as in ``TABLE``; a day on which shared memory wins clearly (0.44-0.50 above) still takes it, by
+the trial. ``bench collectives --ops allreduce --breakdown``, 2026-12-02, with shared memory the
+table's and then the gate's, two runs of each, alternating, reused and written buffers (p50 over Open
+MPI's own): 2 MB 1.14-1.17 and 1.07-1.09, 4 MB 1.05-1.18 and 1.04-1.05, 8 MB 1.15-1.16 and 1.02-1.04
+(the trial kept the table's path in 10 of those 12 cells and in 12 of 12; at 16 MB and above it took
+shared memory either way, 0.95-1.09 and 0.50-0.97).
 """
 
 from __future__ import annotations
@@ -180,7 +187,7 @@ TABLE: dict[str, list[tuple[int, list[tuple[int, str]]]]] = {
 
 # The same where the shared-memory steps are made in C (``native_shm.c``) on every rank.
 TABLE_C: dict[str, list[tuple[int, list[tuple[int, str]]]]] = {
-    "allreduce": [(2, [(1, "shm")]),
+    "allreduce": [(2, [(1, "shm"), (3 << 19, "mpi"), (32 << 20, "shm")]),
                   (3, [(16 << 10, "mpi"), (1 << 20, "shm")]),
                   (1 << 30, [(16 << 10, "mpi"), (16 << 20, "shm")])],
     "broadcast": [(2, [(1, "shm")]),
