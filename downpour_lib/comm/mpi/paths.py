@@ -128,7 +128,8 @@ p50 over MPI's own through mpi4py, shared memory / gate / nonblocking:
     allgather   0.58 1.07 0.91 0.52 1.03 1.23 0.75 1.01 1.01 0.85 1.01 1.01 0.63 1.06 1.00 0.84 0.99 1.00
 
 Shared memory won every size from 4 KB to 64 MB (16 KB, 256 KB, 2 MB and 32 MB too), so 2 ranks
-take it for all three from the first byte. (Before the chunks and pieces were sized for C: 1 MB
+took it for all three from the first byte (allreduce's 1.5-32 MB has the gate's path now, as the
+trial's tie-breaker: below). (Before the chunks and pieces were sized for C: 1 MB
 pieces of a broadcast 1.39-2.31 from 1 MB, 2 MB chunks of an allreduce 1.00-1.15 at 2-16 MB.)
 3 and 4 ranks, ranks outnumbering the cores, two sittings each, shared memory / the gate (at 256 KB
 shared memory took 1.2-2.5x Open MPI's own in every row, the gate 0.96-1.20):
