@@ -28,8 +28,13 @@ def same(tensors: list[torch.Tensor], like: torch.Tensor, n: int, what: str) -> 
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a.numel() > 0 and b.numel() > 0 and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+    return spans_overlap(a.data_ptr(), a.nbytes, b.data_ptr(), b.nbytes)
+
+
+def spans_overlap(a0: int, a_bytes: int, b0: int, b_bytes: int) -> bool:
+    """Whether the bytes from ``a0`` and from ``b0`` share any (``overlaps``, for a short path that
+    has the addresses and sizes already)."""
+    return a_bytes > 0 and b_bytes > 0 and a0 < b0 + b_bytes and b0 < a0 + a_bytes
 
 
 def ready(t: torch.Tensor) -> torch.Tensor:

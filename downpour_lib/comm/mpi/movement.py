@@ -109,7 +109,7 @@ class DataMovement:
                     and output.is_contiguous() and self._open and EXECUTOR.idle() \
                     and not profiling.active():
                 send, recv = input.data_ptr(), output.data_ptr()
-                if not (send < recv + key[1] and recv < send + key[2]):
+                if not lists.spans_overlap(send, key[2], recv, key[1]):
                     try:
                         if steps[0]:
                             self._data.collective(*steps[0], send, recv)
