@@ -224,9 +224,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             if getattr(args, "summary_json", None):
                 result.write_summary_json(args.summary_json)
             s = result.summary
+            scored = (f"validation loss {s['test_loss']:.4f}, perplexity {s['test_perplexity']:.2f}"
+                      if "test_perplexity" in s else f"test accuracy {s['test_accuracy']:.4f}")
+            rate = (f"{s['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in s
+                    else f"{s['samples_per_s']:.1f} samples/s")
             print(f"{config.algorithm}: {s['num_workers']} worker(s), {s['world_size']} rank(s), "
-                  f"{s['samples_per_s']:.1f} samples/s, final train loss "
-                  f"{s['final_train_loss']:.4f}, test accuracy {s['test_accuracy']:.4f}, "
+                  f"{rate}, final train loss {s['final_train_loss']:.4f}, {scored}, "
                   f"{s['wall_s']:.1f} s", flush=True)
         runtime.shutdown()
     return 0

@@ -103,7 +103,8 @@ class Data:
             raise unknown_name("dataset", self.dataset, DATASETS)
         if self.augment is None:
             object.__setattr__(self, "augment",
-                               "standard" if DATASETS[self.dataset].kind == "real" else "none")
+                               "standard" if DATASETS[self.dataset].kind == "real"
+                               and DATASETS[self.dataset].task == "classify" else "none")
         if self.augment not in typing.get_args(Augment):  # Optional: check_choices skips it
             raise ConfigError("augment", self.augment,
                               "choose one of " + ", ".join(typing.get_args(Augment)))

@@ -209,21 +209,41 @@ def flush_denormals() -> None:
     torch.set_flush_denormal(True)
 
 
+def task_loss(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of a classifier's logits (B, classes) against labels (B,), or of a language
+    model's (B, T, vocabulary) against the next tokens (B, T): one rule, every position a term."""
+    return F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction=reduction)
+
+
+def is_language_model(source: ImageSource) -> bool:
+    """Whether the data set's samples are token windows (``data/text.py``)."""
+    return getattr(source, "task", "classify") == "lm"
+
+
+def language_model_summary(summary: dict, context: int) -> dict[str, float]:
+    """What a language model's run reports beside a classifier's: tokens/s and perplexity."""
+    return {"tokens_per_s": summary["samples_per_s"] * context,
+            "test_perplexity": math.exp(summary["test_loss"])
+            if math.isfinite(summary["test_loss"]) else math.nan}
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
              device: torch.device, workers: int = 0) -> tuple[float, float]:
     """Mean cross-entropy and accuracy over the whole split (read by ``workers`` DataLoader
-    workers where the source is read in workers)."""
+    workers where the source is read in workers); for a language model, per token (its
+    perplexity is exp of the loss)."""
     was_training = model.training
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, count = 0.0, 0, 0
     for x, y in eval_batches(source, batch_size, workers):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         out = model(x)
-        loss_sum += F.cross_entropy(out, y, reduction="sum").item()
-        correct += int((out.argmax(1) == y).sum())
+        loss_sum += task_loss(out, y, reduction="sum").item()
+        correct += int((out.argmax(-1) == y).sum())
+        count += y.numel()
     model.train(was_training)
-    return loss_sum / len(source), correct / len(source)
+    return loss_sum / count, correct / count
 
 
 #: The first worker's measured steps under emulated compute, by what decides them (model, batch
@@ -255,10 +275,16 @@ def emulated_profile(config: TrainConfig, ctx: DistContext, comm: Comm, roles: R
         if measured is None:
             state, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
             g = torch.Generator().manual_seed(config.data.seed)
-            x = torch.randn(config.data.batch_size, *train.input_shape, generator=g).to(ctx.device)
-            y = torch.randint(0, train.num_classes, (config.data.batch_size,), generator=g)
+            if is_language_model(train):  # token windows, and their next tokens
+                x = torch.randint(0, train.num_classes, (config.data.batch_size,
+                                                         *train.input_shape), generator=g)
+                y = torch.randint(0, train.num_classes, x.shape, generator=g)
+            else:
+                x = torch.randn(config.data.batch_size, *train.input_shape, generator=g)
+                y = torch.randint(0, train.num_classes, (config.data.batch_size,), generator=g)
+            x = x.to(ctx.device)
             with autocast(config.optim.precision, ctx.device):
-                measured = _MEASURED[key] = measure(model, x, y.to(ctx.device))
+                measured = _MEASURED[key] = measure(model, x, y.to(ctx.device), loss_fn=task_loss)
             model.load_state_dict(state)
             model.zero_grad(set_to_none=True)
             torch.set_rng_state(rng)
@@ -375,11 +401,15 @@ class Trainer:
         self.algorithm.close()
         wall_s = time.perf_counter() - self.t_start
         self.life.end(stopped)
-        emulated = None if self.compute is None else {  # what each worker slept a step
+        extra = {} if self.compute is None else {  # what each worker slept a step
             "emulated_forward_s": self.compute.forward_s,
             "emulated_backward_s": self.compute.backward_s,
             "emulated_compute": self.compute.source}
-        return self.life.gather(wall_s, self.step_records, self.eval_records, emulated)
+        result = self.life.gather(wall_s, self.step_records, self.eval_records, extra)
+        if result is not None and is_language_model(self.splits.train):
+            result.summary.update(language_model_summary(result.summary,
+                                                         self.splits.train.input_shape[0]))
+        return result
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
@@ -419,7 +449,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             with forward:
                 out = self.forward_model(x)
-                loss = out if self.emulator is not None else F.cross_entropy(out, y)
+                loss = out if self.emulator is not None else task_loss(out, y)
             clock.forward_done()
             (loss if scaler is None else loss * scaler.scale).backward()
             if slow and straggling:  # a straggler: F x its compute time

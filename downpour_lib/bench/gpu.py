@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..algorithms import ALGORITHMS
 from ..checkpoint import atomic_write_text
@@ -37,7 +36,7 @@ from ..config import TrainConfig
 from ..data import ShardSampler, load_dataset
 from ..data.generate import write_imagefolder
 from ..data.loader import TrainBatches
-from ..engine import Trainer
+from ..engine import Trainer, is_language_model, task_loss
 from ..errors import ConfigError
 from ..models import build_model
 from ..precision import autocast
@@ -109,7 +108,7 @@ def plain_loop(model_name: str, dataset: str, batch: int, precision: str, steps:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with autocast(precision, device):
-            loss = F.cross_entropy(model(x), y)
+            loss = task_loss(model(x), y)
         loss.backward()
         opt.step()
         loss.item()  # the engine reads every step's loss too
@@ -162,9 +161,14 @@ def measure(args: argparse.Namespace, device: torch.device) -> list[dict[str, An
                              optimizer="sgd", momentum=0.9)
         summary = Trainer(config, DistContext.single(device)).run().summary
         rows.append({"what": name, "images_per_s": summary["samples_per_s"]})
-    workers = args.data_workers if args.data_workers is not None else len(os.sched_getaffinity(0))
-    rate = pipeline(args.images, args.batch_size, workers, args.pipeline_rounds, device)
-    rows.append({"what": f"imagefolder pipeline ({workers} workers)", "images_per_s": rate})
+    train = load_dataset(args.dataset).train
+    if is_language_model(train):  # tokens come from memory: no image pipeline to keep up
+        context = train.input_shape[0]
+        rows = [{**row, "tokens_per_s": row["images_per_s"] * context} for row in rows]
+    else:
+        workers = args.data_workers if args.data_workers is not None else len(os.sched_getaffinity(0))
+        rate = pipeline(args.images, args.batch_size, workers, args.pipeline_rounds, device)
+        rows.append({"what": f"imagefolder pipeline ({workers} workers)", "images_per_s": rate})
     return [{**row, "vs_plain": row["images_per_s"] / base,
              "vs_resident": row["images_per_s"] / ceiling} for row in rows]
 
@@ -172,12 +176,14 @@ def measure(args: argparse.Namespace, device: torch.device) -> list[dict[str, An
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """``measure``'s rows as lines; an algorithm's overhead is what it costs beyond the model
     alone: 1 - its images/s over the resident loop's."""
-    lines = [f"{'what':<38} {'images/s':>10} {'vs plain':>9} {'vs resident':>12} {'overhead':>9}"]
+    lines = [f"{'what':<38} {'samples/s':>10} {'vs plain':>9} {'vs resident':>12} {'overhead':>9}"
+             + (f" {'tokens/s':>11}" if rows and "tokens_per_s" in rows[0] else "")]
     for row in rows:
         overhead = "" if row["what"].startswith(("plain", "imagefolder")) else \
             f"{(1 - row['vs_resident']) * 100:8.1f}%"
         lines.append(f"{row['what']:<38} {row['images_per_s']:10.1f} {row['vs_plain']:9.3f} "
-                     f"{row['vs_resident']:12.3f} {overhead:>9}")
+                     f"{row['vs_resident']:12.3f} {overhead:>9}"
+                     + (f" {row['tokens_per_s']:11.0f}" if "tokens_per_s" in row else ""))
     return lines
 
 

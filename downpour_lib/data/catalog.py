@@ -39,11 +39,14 @@ class DatasetSpec:
     name: str
     description: str
     kind: Literal["bundled", "real", "synthetic"]
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]
+    """(channels, height, width) of an image, or (context,) tokens of a language model's sample."""
     num_classes: int | None  # None: read from the files (ImageFolder)
     train_size: int | None
     test_size: int | None
     load: Callable[[Path], Splits]
+    task: Literal["classify", "lm"] = "classify"
+    """What a model learns from it: classes of images, or the next token (a language model)."""
 
 
 def _digits(root: Path) -> Splits:
@@ -220,6 +223,33 @@ def _synthetic(shape: tuple[int, int, int], classes: int, train: int, test: int,
     return load
 
 
+def _stdlib_text(root: Path) -> Splits:
+    from .text import BYTE_VOCABULARY, TokenSource, stdlib_corpus
+
+    train, val = stdlib_corpus()
+    return Splits(TokenSource(train, 128, BYTE_VOCABULARY, "stdlib-text"),
+                  TokenSource(val, 128, BYTE_VOCABULARY, "stdlib-text"))
+
+
+def _textfile(root: Path) -> Splits:
+    from .text import read_text_file
+
+    return Splits(*read_text_file(root, 128))
+
+
+def _token_files(root: Path) -> Splits:
+    from .text import GPT2_VOCABULARY, read_token_files
+
+    return Splits(*read_token_files(root, 1024, GPT2_VOCABULARY))
+
+
+def _synthetic_tokens(root: Path) -> Splits:
+    from .text import GPT2_VOCABULARY, SyntheticTokens
+
+    return Splits(SyntheticTokens(100_000, 1024, GPT2_VOCABULARY, seed=1),
+                  SyntheticTokens(64, 1024, GPT2_VOCABULARY, seed=2))
+
+
 DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
     DatasetSpec("digits", "scikit-learn's bundled 8x8 handwritten digits (offline accuracy)",
                 "bundled", (1, 8, 8), 10, 1437, 360, _digits),
@@ -240,4 +270,14 @@ DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
     DatasetSpec("synthetic-imagenet", "random 224x224 images, 1000 classes (throughput)",
                 "synthetic", (3, 224, 224), 1000, 1281167, 256,
                 _synthetic((3, 224, 224), 1000, 1281167, 256, 64)),
+    DatasetSpec("stdlib-text", "the Python standard library's .py sources as bytes, 128-token "
+                "windows, split by file (a language model's text, offline)", "bundled", (128,), 256,
+                None, None, _stdlib_text, "lm"),
+    DatasetSpec("textfile", "your text as bytes: DATA_DIR/train.txt and val.txt, or DATA_DIR/input.txt "
+                "(last tenth validation)", "real", (128,), 256, None, None, _textfile, "lm"),
+    DatasetSpec("tokens", "pre-tokenized text as nanoGPT writes it: DATA_DIR/train.bin, val.bin "
+                "(flat uint16 GPT-2 token ids), 1024-token windows", "real", (1024,), 50257, None,
+                None, _token_files, "lm"),
+    DatasetSpec("synthetic-tokens", "random GPT-2 token ids, 1024-token windows (throughput)",
+                "synthetic", (1024,), 50257, 100000, 64, _synthetic_tokens, "lm"),
 )}

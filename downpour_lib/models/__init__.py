@@ -12,15 +12,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from downpour_lib.errors import ConfigError, unknown_name
 
 if TYPE_CHECKING:
     from torch import nn
 
-InputShape = tuple[int, int, int]
-"""(channels, height, width) of one image."""
+InputShape = tuple[int, ...]
+"""(channels, height, width) of one image, or (context,) tokens of a language model's sample."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class ModelSpec:
     still has a whole pixel to halve."""
     build: Callable[[InputShape, int], nn.Module]
     """(input_shape, num_classes) -> an untrained module."""
+    task: Literal["classify", "lm"] = "classify"
+    """An image classifier, or a language model: input shape (context,), classes the vocabulary,
+    int64 tokens (B, T) in and logits (B, T, vocabulary) out."""
 
 
 def _built_by(module: str, function: str, *args: Any) -> Callable[[InputShape, int], nn.Module]:
@@ -138,6 +141,13 @@ _SPECS = (
     _torchvision("resnet152", "ResNet-152", _HE2016),
     _torchvision("vgg11", "VGG-11", _VGG2015),
     _torchvision("vgg16", "VGG-16", _VGG2015),
+    *(ModelSpec(name, f"GPT-2 style decoder-only transformer, {what} (Radford et al. 2019, "
+                '"Language Models are Unsupervised Multitask Learners")', context, vocabulary, 1,
+                _built_by("gpt", "gpt", name), "lm")
+      for name, what, context, vocabulary in (
+          ("gpt-nano", "2 layers, width 128 (trains in minutes on 2 cores)", (128,), 256),
+          ("gpt-mini", "6 layers, width 384", (128,), 256),
+          ("gpt2", "GPT-2 small: 12 layers, width 768, 124M parameters", (1024,), 50257))),
 )
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
@@ -157,11 +167,24 @@ def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Modu
     spec = MODELS.get(name)
     if spec is None:
         raise unknown_name("model", name, MODELS)
+    lm = [n for n, s in MODELS.items() if s.task == "lm"]
+    if spec.task == "lm":
+        if len(input_shape) != 1:
+            raise ConfigError("model", name, f"{name} is a language model and the data set gives "
+                              f"images of shape {tuple(input_shape)}; use a token data set "
+                              "(stdlib-text, textfile, tokens, synthetic-tokens)")
+        if input_shape[0] < 1 or num_classes < 2:
+            raise ConfigError("input_shape", input_shape, "a context of at least 1 token and a "
+                              "vocabulary of at least 2")
+        return spec.build(input_shape, num_classes)
+    if len(input_shape) != 3:
+        raise ConfigError("model", name, f"{name} classifies images and the data set gives "
+                          f"{input_shape[0]}-token text; use a language model ({', '.join(lm)})")
     channels, height, width = input_shape
     if channels < 1:
         raise ConfigError("input_shape", input_shape, "(channels, height, width), channels >= 1")
     if min(height, width) < spec.min_size:
-        fits = [n for n, s in MODELS.items() if s.min_size <= min(height, width)]
+        fits = [n for n, s in MODELS.items() if s.task == "classify" and s.min_size <= min(height, width)]
         raise ConfigError(
             "model",
             name,

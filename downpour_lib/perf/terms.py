@@ -132,11 +132,14 @@ def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
     import torch
 
     layers: list[tuple[int, int]] = []  # (multiply-adds, parameters) in forward order
+    seen: set[int] = set()  # a shared weight (a language model's tied head) counts where first used
 
     def record(module, _inputs, output) -> None:
-        params = sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
-        if not params:
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if not own:
             return
+        params = sum(p.numel() for p in own if id(p) not in seen)
+        seen.update(id(p) for p in own)
         macs = output.numel()
         if isinstance(module, torch.nn.Conv2d):
             macs *= module.in_channels // module.groups * math.prod(module.kernel_size)

@@ -6,8 +6,8 @@ post-accumulate-grad hook records a CUDA event (or a host clock on CPU); the sha
 done when each tenth of the gradient bytes is ready is compared with the assumption's.
 Also: the forward's share of forward+backward, and images/s of the plain step.
 
-Made ``ready_at.json`` beside it: ``python results/reference/gpu/ready_at.py ready_at.json`` on a CUDA
-node (on the CPU it skips resnet50 and measures fp32 only). On the H200, resnet50 bf16 at batch 128: 90%
+Made ``ready_at.json`` beside it: ``python results/reference/gpu/ready_at.py ready_at.json [MODELS]`` on
+a CUDA node (MODELS: a comma-separated subset of CASES' names) (on the CPU it skips resnet50 and measures fp32 only). On the H200, resnet50 bf16 at batch 128: 90%
 of the gradient bytes ready at 0.34 of backward, against 0.49 assumed (the first layers' wide
 activations cost more than their multiply-adds say); at batch 32 and for the small CIFAR models, where
 kernels are launch-bound, later than assumed (resnet20: the first tenth at 0.25, against 0.06).
@@ -18,25 +18,34 @@ import time
 
 import torch
 
-from downpour_lib.models import build_model
+from downpour_lib.engine import task_loss
+from downpour_lib.models import MODELS, build_model
 from downpour_lib.perf.terms import gradient_ready_at
 
 CASES = [("resnet50", (3, 224, 224), 1000, 128), ("resnet20", (3, 32, 32), 10, 32),
-         ("inception_small", (3, 32, 32), 10, 32), ("resnet50", (3, 224, 224), 1000, 32)]
+         ("inception_small", (3, 32, 32), 10, 32), ("resnet50", (3, 224, 224), 1000, 32),
+         ("gpt2", (1024,), 50257, 16), ("gpt-mini", (128,), 256, 32)]
 
 
 def measure(name, shape, classes, batch, device, precision, steps=12, warm=5):
     torch.manual_seed(0)
     model = build_model(name, shape, classes).to(device)
     cuda = device.type == "cuda"
-    if cuda:
+    lm = MODELS[name].task == "lm"  # tokens in, the next tokens as targets
+    if cuda and not lm:
         model = model.to(memory_format=torch.channels_last)
     params = [p for p in model.parameters() if p.requires_grad]
-    x = torch.randn(batch, *shape, device=device)
-    if cuda:
-        x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, classes, (batch,), device=device)
-    analytic = gradient_ready_at(build_model(name, shape, classes), torch.randn(2, *shape))
+    if lm:
+        x = torch.randint(0, classes, (batch, *shape), device=device)
+        y = torch.randint(0, classes, (batch, *shape), device=device)
+        example = torch.randint(0, classes, (2, *shape))
+    else:
+        x = torch.randn(batch, *shape, device=device)
+        if cuda:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, classes, (batch,), device=device)
+        example = torch.randn(2, *shape)
+    analytic = gradient_ready_at(build_model(name, shape, classes), example)
     marks = {}
 
     def clock():
@@ -60,9 +69,9 @@ def measure(name, shape, classes, batch, device, precision, steps=12, warm=5):
         t0 = clock()
         if dtype is not None:
             with torch.autocast(device.type, dtype=dtype):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss = task_loss(model(x), y)
         else:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss = task_loss(model(x), y)
         t1 = clock()
         loss.backward()
         t2 = clock()
@@ -101,8 +110,11 @@ def measure(name, shape, classes, batch, device, precision, steps=12, warm=5):
 def main():
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     rows = []
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None  # e.g. gpt2,gpt-mini
     for name, shape, classes, batch in CASES:
-        if device.type == "cpu" and name == "resnet50":
+        if only is not None and name not in only:
+            continue
+        if device.type == "cpu" and name in ("resnet50", "gpt2"):
             continue
         for precision in (["bf16", "fp32"] if device.type == "cuda" else ["fp32"]):
             r = measure(name, shape, classes, batch, device, precision)
