@@ -818,3 +818,53 @@ def test_the_crowded_model_on_a_16_core_machine_it_was_never_fitted_on():
     # The stated miss (README): push_pull charges one server's link with every worker's model, but
     # sync_ps reduces and broadcasts, which gloo combines on the way. Fixing the model fails this.
     assert (sync_ps.loc[8:] > 0.5).all(), sync_ps
+
+
+def test_input_that_lied_is_named_in_one_line(tmp_path):
+    """Issue 65, item 1: each input that was ignored, read wrongly or ended in a traceback now
+    exits 2 with one line naming the field (or is honoured: the host cores of the GPUs in use)."""
+    from downpour_lib.perf.hardware import hardware_from_dict
+
+    spec = {"name": "mine", "devices_per_node": 8, "host": {"cores": 40},
+            "links": {"intra": {"gbit_per_s": 1200}, "inter": {"gbit_per_s": 100}},
+            "models": {"net": {"batch": 256, "images_per_s": 1200, "parameters": 25e6}}}
+    hardware_from_dict(spec)
+    typo = dict(spec, links={"intra": {"gbit_per_s": 1200}, "intre": {"gbit_per_s": 100}})
+    with pytest.raises(ConfigError, match="links='intre'.*did you mean inter"):
+        hardware_from_dict(typo)
+    model = spec["models"]["net"]
+    for field, bad in (("backward_fraction", "half"), ("backward_fraction", 1.5),
+                       ("devices_per_worker", 16)):
+        with pytest.raises(ConfigError, match=f"models.net.{field}"):
+            hardware_from_dict(dict(spec, models={"net": {**model, field: bad}}))
+    for bad in ("high", True, -0.1):
+        with pytest.raises(ConfigError, match="jitter"):
+            hardware_from_dict(dict(spec, jitter=bad))
+    cal = hardware_from_dict(spec)
+    with pytest.raises(ConfigError, match="slowdown.*slow_workers"):
+        predict(cal, "allreduce", 16, "net", {"slowdown": 2.0})
+    with pytest.raises(ConfigError, match="slowdown.*slow_workers"):
+        predict(cal, "downpour", 4, "net", {"slowdown": 2.0})
+    # 4 workers of a 40-core, 8-GPU node have 10 cores each, not 5: the loss of the GPUs in use
+    four, eight = predict(cal, "allreduce", 4, "net"), predict(cal, "allreduce", 8, "net")
+    node = cal.node_compute
+    assert four.compute_efficiency == pytest.approx(node.efficiency(4, 1200, 40 / 4))
+    assert four.compute_efficiency > node.efficiency(4, 1200, 40 / 8)
+    assert eight.compute_efficiency == pytest.approx(node.efficiency(8, 1200, 40 / 8))
+    # through the command: one line on stderr, exit 2
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nlinks:\n  intra: {gbit_per_s: 10\n  inter: [\n")
+    runs = {"yaml": ("--hardware", str(path), "--model", "resnet50"),
+            "alone": ("--preset", "sgp-v100-10g", "--model", "resnet50", "--link-efficiency", "0.5"),
+            "range": ("--preset", "sgp-v100-10g", "--model", "resnet50", "--inter-gbit", "10",
+                      "--link-efficiency", "2")}
+    for name, args in runs.items():
+        proc = downpour("model", "predict", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, \
+            (name, explain(proc))
+        assert {"yaml": f"{path}:4:8", "alone": "link_efficiency=0.5",
+                "range": "link_efficiency=2.0"}[name] in lines[0], (name, lines)
+    ok = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
+                  "--inter-gbit", "10", "--link-efficiency", "0.5")
+    assert ok.returncode == 0, explain(ok)

@@ -74,9 +74,24 @@ def _number(where: str, value: Any, what: str, low: float = 0.0) -> float:
 
 
 def _unknown(where: str, given: dict, known: set[str]) -> None:
-    extra = sorted(set(given) - known)
+    """A key ``where`` does not know: named, with the closest known one (difflib) and the rest."""
+    import difflib
+
+    extra = sorted(set(given) - known, key=str)
     if extra:
-        raise ConfigError(where, extra[0], "not a field here: use " + ", ".join(sorted(known)))
+        # a key not given yet first: a typo of "inter" beside "intra" means inter
+        close = (difflib.get_close_matches(str(extra[0]), sorted(known - set(given)), n=1, cutoff=0.5)
+                 or difflib.get_close_matches(str(extra[0]), sorted(known), n=1, cutoff=0.5))
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(where, extra[0], hint + "not a field here: use " + ", ".join(sorted(known)))
+
+
+def _share(where: str, value: Any, what: str, low: float = 0.0, high: float = 1.0) -> float:
+    """A number in [low, high] (a bool, text or NaN is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise ConfigError(where, value, what)
+    return float(value)
 
 
 def _link(name: str, d: Any) -> Link:
@@ -109,7 +124,8 @@ def _host_cores(d: Any) -> int | None:
     return cores
 
 
-def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None) -> Workload:
+def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None,
+              per_node: int | None = None) -> Workload:
     where = f"models.{name}"
     if not isinstance(d, dict):
         raise ConfigError(where, d, "a mapping with batch, images_per_s (or step_s), parameters")
@@ -120,6 +136,10 @@ def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None) ->
     devices = d.get("devices_per_worker", 1)
     if isinstance(devices, bool) or not (isinstance(devices, int) and devices >= 1):
         raise ConfigError(f"{where}.devices_per_worker", devices, "an integer >= 1")
+    if per_node is not None and per_node > 1 and devices > per_node:
+        raise ConfigError(f"{where}.devices_per_worker", devices, f"at most devices_per_node="
+                          f"{per_node}: a worker's devices are of one node (or set devices_per_node: "
+                          "1, a worker per node, as sgp-v100-10g.yaml)")
     if ("images_per_s" in d) == ("step_s" in d):
         raise ConfigError(where, sorted(d), "give one of images_per_s (one device alone) or step_s")
     if "images_per_s" in d:
@@ -134,6 +154,9 @@ def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None) ->
     width = _number(f"{where}.bytes_per_parameter", d.get("bytes_per_parameter", 4),
                     "bytes per gradient element, e.g. 4 (fp32) or 2 (fp16)")
     extra = {k: d[k] for k in ("backward_fraction", "ready_at") if k in d}
+    if "backward_fraction" in extra:
+        extra["backward_fraction"] = _share(f"{where}.backward_fraction", extra["backward_fraction"],
+                                            "backward's share of a step, a number in [0, 1], e.g. 0.67")
     if "ready_at" in extra and not isinstance(extra["ready_at"], (list, tuple)):
         raise ConfigError(f"{where}.ready_at", extra["ready_at"], "a list of shares of backward")
     try:
@@ -155,6 +178,7 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     links = d.get("links") or {}
     if not isinstance(links, dict) or "inter" not in links and "intra" not in links:
         raise ConfigError("links", links, "a mapping with intra and/or inter links")
+    _unknown("links", links, {"intra", "inter"})  # a typo would make one link serve both
     # a file with one link uses it for both, and names it as written in its errors
     inter = _link("inter" if "inter" in links else "intra", links.get("inter", links.get("intra")))
     intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
@@ -178,11 +202,12 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         sources.append(f"host: {host['source']}")
     return Calibration(
         str(d.get("name", where)), Network(intra, inter, per_node, cores=cores),
-        {name: _workload(name, m, node_compute, cores) for name, m in models.items()},
+        {name: _workload(name, m, node_compute, cores, per_node) for name, m in models.items()},
         collective=str(d.get("collective", "auto")), bucketing=str(d.get("bucketing", "fixed")),
         bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
-        jitter=float(d.get("jitter", 0.0)), node_compute=node_compute)
+        jitter=_share("jitter", d.get("jitter", 0.0), "a coefficient of variation of step times, "
+                      "a number >= 0, e.g. 0.05", high=math.inf), node_compute=node_compute)
 
 
 def load_hardware(path: str | os.PathLike) -> Calibration:
@@ -194,8 +219,12 @@ def load_hardware(path: str | os.PathLike) -> Calibration:
     except FileNotFoundError:
         raise ConfigError("hardware", str(path), "no such file: write one as in "
                           f"{HARDWARE_DIR}/*.yaml, or give --preset") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("hardware", str(path), f"not YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # one line: where, and what the parser found there
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError("hardware", at, f"not YAML: {what}; fix that line (the fields: "
+                          f"{HARDWARE_DIR}/*.yaml)") from None
     return hardware_from_dict(data, str(path))
 
 
@@ -214,6 +243,16 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     from dataclasses import replace
 
     net = cal.network
+    if link_efficiency is not None:
+        _share("link_efficiency", link_efficiency, "achieved / line rate, a share in (0, 1], "
+               "e.g. 0.9", low=1e-12)
+        if intra_gbit is None and inter_gbit is None:
+            raise ConfigError("link_efficiency", link_efficiency, "it scales the line rates given "
+                              "with it: add --inter-gbit and/or --intra-gbit (a hardware file "
+                              "sets efficiency per link)")
+    if jitter is not None:
+        _share("jitter", jitter, "a coefficient of variation of step times >= 0, e.g. 0.05",
+               high=math.inf)
     links = {"intra": net.intra, "inter": net.inter}
     for side, rate, latency in (("intra", intra_gbit, intra_latency_us),
                                 ("inter", inter_gbit, inter_latency_us)):

@@ -97,7 +97,8 @@ class Workload:
             raise ConfigError("compute_s", self.compute_s, "seconds per step > 0")
         if not self.param_bytes > 0:
             raise ConfigError("param_bytes", self.param_bytes, "the model's size in bytes > 0")
-        if not 0 <= self.backward_fraction <= 1:
+        if isinstance(self.backward_fraction, bool) or not isinstance(
+                self.backward_fraction, (int, float)) or not 0 <= self.backward_fraction <= 1:
             raise ConfigError("backward_fraction", self.backward_fraction, "a share in [0, 1]")
 
 
@@ -150,7 +151,8 @@ class Calibration:
     def __post_init__(self) -> None:
         if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("overlap", self.overlap, "a share in [0, 1], or None (not measured)")
-        if not (math.isfinite(self.jitter) and self.jitter >= 0):
+        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \
+                or not (math.isfinite(self.jitter) and self.jitter >= 0):
             raise ConfigError("jitter", self.jitter, "a coefficient of variation >= 0, e.g. 0.05")
         if self.collective not in COLLECTIVES:
             raise ConfigError("collective", self.collective, "choose from " + ", ".join(COLLECTIVES))
@@ -352,8 +354,11 @@ def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: s
     slow, slowdown = opts.get("slow_workers", 0), opts.get("slowdown", 1.0)
     if not (isinstance(slow, int) and 0 <= slow <= workers):
         raise ConfigError("slow_workers", slow, f"a whole number between 0 and workers={workers}")
-    if not (isinstance(slowdown, (int, float)) and slowdown >= 1):
+    if isinstance(slowdown, bool) or not (isinstance(slowdown, (int, float)) and slowdown >= 1):
         raise ConfigError("slowdown", slowdown, "a factor >= 1 (1: no slowdown), e.g. 2")
+    if slowdown != 1 and not slow:
+        raise ConfigError("slowdown", slowdown, "it slows the slow_workers, and there are none: "
+                          "give slow_workers too, e.g. ALG.slow_workers=1")
     cv = cal.jitter / math.sqrt(opts.get("period", 1)) if pattern == "periodic" else cal.jitter
     spread = straggler_factor(workers, cv)
     return max(spread, float(slowdown)) if slow else spread
@@ -369,12 +374,14 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
     w = cal.workload(model)
     net, m = cal.network, w.param_bytes
     devices = min(workers, net.per_node)
-    per_device = net.cores / net.per_node if net.cores else None  # host cores feeding a device
+    # host cores feeding each device in use: a node's cores serve the devices its workers use
+    per_device = net.cores / devices if net.cores else None
     efficiency = cal.node_compute.efficiency(devices, w.batch_size / w.compute_s, per_device)
     c = w.compute_s / efficiency  # one worker's compute, its node's other devices busy
     staleness, band, straggler = None, None, 1.0
-    if pattern not in SIMULATED:
-        straggler = _slowest(workers, opts, cal, pattern)
+    spread = _slowest(workers, opts, cal, pattern)  # checks slow_workers and slowdown for all
+    if pattern not in SIMULATED:  # the simulation draws its own slow workers and jitter
+        straggler = spread
     c_sync = c * straggler
     if workers == 1 and pattern not in ("push_pull", "async_push_pull"):
         exposed, sent = 0.0, 0.0  # nothing to talk to
