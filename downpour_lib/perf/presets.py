@@ -107,11 +107,27 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
     return checks
 
 
+def check_summary(checks: list[Published] | None = None) -> dict[str, float]:
+    """The model against the efficiency checks (points of efficiency, x100): mean absolute error
+    of the point, the largest, how many fall below and above, how many published values lie
+    inside the band, and the band's mean and widest width."""
+    rows = [c for c in (checks if checks is not None else published_checks())
+            if c.unit == "efficiency"]
+    errors = [100 * c.error for c in rows]
+    widths = [100 * (c.high - c.low) for c in rows]
+    return {"checks": len(rows), "mae": sum(map(abs, errors)) / len(rows),
+            "max_error": max(map(abs, errors)), "below": sum(e < 0 for e in errors),
+            "above": sum(e > 0 for e in errors),
+            "inside": sum(c.outside_band == 0 for c in rows),
+            "band_mean": sum(widths) / len(rows), "band_max": max(widths)}
+
+
 def published_table():
     """``published_checks`` as a table: claim, published, predicted, error, what counts as agreement."""
     import pandas as pd
 
     return pd.DataFrame([{"claim": c.claim, "published": c.published, "predicted": c.predicted,
                           "low": c.low, "high": c.high, "error": c.error,
+                          "band": c.high - c.low,
                           "outside_band": c.outside_band, "agreement": c.tolerance,
                           "source": c.source} for c in published_checks()])
