@@ -29,9 +29,9 @@ PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in p
 
 @dataclass(frozen=True)
 class Published:
-    """A published scaling result and what the model predicts for it: a point, and where the
-    overlap of communication with backward was not measured, the band between overlap 0 and 1
-    (``low``, ``high``), of which the point is the middle."""
+    """A published scaling result and what the model predicts for it: the band that the ranges of
+    what the preset does not measure give together (``low``, ``high``: overlap, cross-node rate,
+    jitter, the host's law; ``perfmodel.unknown_ends``) and its middle, the point."""
 
     claim: str
     source: str
