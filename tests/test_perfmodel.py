@@ -235,8 +235,8 @@ def test_the_dgx1_fit_reproduces_its_own_table_and_checks_err_on_both_sides():
     was not fitted on, its errors fall on both sides of zero."""
     fitted = [c for c in published_checks(include_fitted=True) if c.fitted]
     assert len(fitted) == 2
-    for c in fitted:
-        assert abs(c.error) <= 0.005, c
+    for c in fitted:  # the fit holds the node's own jitter: its jitter-free end is the table
+        assert c.low < c.published and abs(c.high - c.published) <= 0.005, c
     checks = [c for c in published_checks() if c.unit == "efficiency"]
     assert not any(c.fitted for c in checks)
     errors = [c.error for c in checks]
@@ -526,7 +526,10 @@ def test_a_collective_per_size_and_n_and_a_crowded_node():
 def test_overlap_not_measured_gives_a_band_and_measured_a_point():
     cal = toy(overlap=None)
     p = predict(cal, "allreduce", 8, "m")
-    none, ideal = predict(toy(overlap=0.0), "allreduce", 8, "m"), predict(toy(), "allreduce", 8, "m")
+    from downpour_lib.perf.terms import OVERLAP_RANGE
+
+    none, ideal = (predict(toy(overlap=OVERLAP_RANGE[0]), "allreduce", 8, "m"),
+                   predict(toy(overlap=OVERLAP_RANGE[1]), "allreduce", 8, "m"))
     assert p.step_s_high == pytest.approx(none.step_s) and p.step_s_low == pytest.approx(ideal.step_s)
     assert p.efficiency_low < p.efficiency < p.efficiency_high
     assert p.step_s == pytest.approx((p.step_s_low + p.step_s_high) / 2)
@@ -537,11 +540,11 @@ def test_overlap_not_measured_gives_a_band_and_measured_a_point():
 
 def test_hardware_files_are_the_presets_and_bad_fields_are_named(tmp_path):
     from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, load_hardware
-    from downpour_lib.perf.terms import LINK_EFFICIENCY
+    from downpour_lib.perf.terms import transport_rate
 
     assert {p.stem for p in HARDWARE_DIR.glob("*.yaml")} == set(PRESETS)
     sgp = PRESETS["sgp-v100-10g"]
-    assert sgp.network.inter.bandwidth_Bps == pytest.approx(10 * GBIT * LINK_EFFICIENCY)
+    assert sgp.network.inter.bandwidth_Bps == pytest.approx(10 * GBIT * sum(transport_rate("tcp", 10)) / 2)
     assert sgp.overlap is None and "Assran" in sgp.source
     spec = {"name": "mine", "devices_per_node": 4, "overlap": 0.5,
             "links": {"inter": {"gbit_per_s": 25, "latency_us": 10, "efficiency": 0.9}},
@@ -579,7 +582,8 @@ def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
     assert "efficiency_low" in capsys.readouterr().out
     assert base["efficiency_low"] < base["efficiency"] < base["efficiency_high"]
     assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
-                 "32", "--inter-gbit", "100", "--overlap", "1", "--json", str(rows_at)]) == 0
+                 "32", "--inter-gbit", "100", "--overlap", "1", "--jitter", "0", "--json",
+                 str(rows_at)]) == 0
     (fast,) = json.loads(rows_at.read_text())
     assert fast["efficiency"] > base["efficiency_high"]
     assert fast["efficiency_low"] == fast["efficiency"] == fast["efficiency_high"]
@@ -611,8 +615,12 @@ def test_node_compute_follows_the_host_cores_per_device_and_is_the_old_law_on_th
     # a DGX A100 at 8 A100 (128 cores, 16 per device): as the DGX-1 law at 5/16 of the rate
     a100 = PRESETS["dgx-a100"]
     assert a100.network.cores == 128 and "EPYC 7742" in a100.source
-    p = predict(a100, "allreduce", 8, "resnet50-amp")
+    p = predict(replace(a100, host_law=(1.0, 1.0)), "allreduce", 8, "resnet50-amp")
     assert p.compute_efficiency == pytest.approx(old.efficiency(8, 2470 * 5 / 16))
+    # the host's law not known (issue 65): a band from the load per core to the rate alone
+    band = predict(a100, "allreduce", 8, "resnet50-amp")
+    assert band.compute_efficiency == pytest.approx(
+        (old.efficiency(8, 2470 * 5 / 16) + old.efficiency(8, 2470)) / 2)
     spec = {"devices_per_node": 8, "links": {"intra": {"gbit_per_s": 1200}},
             "models": {"net": {"batch": 256, "images_per_s": 2470, "parameters": 1e6}}}
     without = predict(hardware_from_dict(spec), "allreduce", 8, "net")
@@ -818,3 +826,117 @@ def test_the_crowded_model_on_a_16_core_machine_it_was_never_fitted_on():
     # The stated miss (README): push_pull charges one server's link with every worker's model, but
     # sync_ps reduces and broadcasts, which gloo combines on the way. Fixing the model fails this.
     assert (sync_ps.loc[8:] > 0.5).all(), sync_ps
+
+
+def test_input_that_lied_is_named_in_one_line(tmp_path):
+    """Issue 65, item 1: each input that was ignored, read wrongly or ended in a traceback now
+    exits 2 with one line naming the field (or is honoured: the host cores of the GPUs in use)."""
+    from downpour_lib.perf.hardware import hardware_from_dict
+
+    spec = {"name": "mine", "devices_per_node": 8, "host": {"cores": 40},
+            "links": {"intra": {"gbit_per_s": 1200}, "inter": {"gbit_per_s": 100}},
+            "models": {"net": {"batch": 256, "images_per_s": 1200, "parameters": 25e6}}}
+    hardware_from_dict(spec)
+    typo = dict(spec, links={"intra": {"gbit_per_s": 1200}, "intre": {"gbit_per_s": 100}})
+    with pytest.raises(ConfigError, match="links='intre'.*did you mean inter"):
+        hardware_from_dict(typo)
+    model = spec["models"]["net"]
+    for field, bad in (("backward_fraction", "half"), ("backward_fraction", 1.5),
+                       ("devices_per_worker", 16)):
+        with pytest.raises(ConfigError, match=f"models.net.{field}"):
+            hardware_from_dict(dict(spec, models={"net": {**model, field: bad}}))
+    for bad in ("high", True, -0.1):
+        with pytest.raises(ConfigError, match="jitter"):
+            hardware_from_dict(dict(spec, jitter=bad))
+    cal = replace(hardware_from_dict(spec), host_law=(1.0, 1.0))  # the term at its fitted law
+    with pytest.raises(ConfigError, match="slowdown.*slow_workers"):
+        predict(cal, "allreduce", 16, "net", {"slowdown": 2.0})
+    with pytest.raises(ConfigError, match="slowdown.*slow_workers"):
+        predict(cal, "downpour", 4, "net", {"slowdown": 2.0})
+    # 4 workers of a 40-core, 8-GPU node have 10 cores each, not 5: the loss of the GPUs in use
+    four, eight = predict(cal, "allreduce", 4, "net"), predict(cal, "allreduce", 8, "net")
+    node = cal.node_compute
+    assert four.compute_efficiency == pytest.approx(node.efficiency(4, 1200, 40 / 4))
+    assert four.compute_efficiency > node.efficiency(4, 1200, 40 / 8)
+    assert eight.compute_efficiency == pytest.approx(node.efficiency(8, 1200, 40 / 8))
+    # through the command: one line on stderr, exit 2
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nlinks:\n  intra: {gbit_per_s: 10\n  inter: [\n")
+    runs = {"yaml": ("--hardware", str(path), "--model", "resnet50"),
+            "alone": ("--preset", "sgp-v100-10g", "--model", "resnet50", "--link-efficiency", "0.5"),
+            "range": ("--preset", "sgp-v100-10g", "--model", "resnet50", "--inter-gbit", "10",
+                      "--link-efficiency", "2")}
+    for name, args in runs.items():
+        proc = downpour("model", "predict", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, \
+            (name, explain(proc))
+        assert {"yaml": f"{path}:4:8", "alone": "link_efficiency=0.5",
+                "range": "link_efficiency=2.0"}[name] in lines[0], (name, lines)
+    ok = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
+                  "--inter-gbit", "10", "--link-efficiency", "0.5")
+    assert ok.returncode == 0, explain(ok)
+
+
+def test_new_terms_against_hand_computed_references():
+    """Issue 65, item 2: halving-doubling, NCCL's rule on one node, gradient accumulation and the
+    transports' ranges, each against its value worked by hand."""
+    from downpour_lib.perf.netmodel import halving_doubling_allreduce_s
+    from downpour_lib.perf.terms import transport_rate
+
+    # 8 ranks: 2 log2(8) alpha + 2 (7/8) M / beta; 6 ranks: 4 as that, plus fold and unfold
+    assert halving_doubling_allreduce_s(8, 1e6, LINK) == pytest.approx(6e-5 + 1.75e-3)
+    assert halving_doubling_allreduce_s(6, 1e6, LINK) == pytest.approx(4e-5 + 1.5e-3 + 2.02e-3)
+    one_node = Network(Link(1e-5, 1e9), LINK, per_node=8)
+    assert allreduce_s(8, 1e3, one_node, "tree") < allreduce_s(8, 1e3, one_node, "ring")
+    assert allreduce_s(8, 1e3, one_node, "auto") == allreduce_s(8, 1e3, one_node, "ring")
+    # accumulation 4, no overlap: four passes of 0.1 s, then four 25 MB buckets' ring allreduces
+    cal = toy(overlap=0.0)
+    acc = replace(cal, workloads={"m": replace(cal.workloads["m"], accumulation=4)})
+    p = predict(acc, "allreduce", 8, "m")
+    assert p.step_s == pytest.approx(0.4 + 4 * ring_allreduce_s(8, 25e6, LINK))
+    assert p.efficiency == pytest.approx(0.4 / p.step_s)
+    assert p.samples_per_s == pytest.approx(8 * 32 * 4 / p.step_s)
+    assert p.efficiency > predict(cal, "allreduce", 8, "m").efficiency
+    with pytest.raises(ConfigError, match="accumulation"):
+        Workload("m", 32, 0.1, 1e6, accumulation=0)
+    assert transport_rate("rdma", 100) == (0.80, 0.95)
+    assert transport_rate("tcp", 10) == (0.90, 0.97)
+    assert transport_rate("tcp", 100) == pytest.approx((0.25, 0.5))
+
+
+def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
+    """Issue 65, item 3: a file that measures everything predicts a point; one that leaves the
+    overlap, the cross-node rate and the jitter open predicts a band, its point the middle, and
+    each range given as a measured value narrows it."""
+    from downpour_lib.perf.hardware import hardware_from_dict, with_fields
+
+    spec = {"devices_per_node": 4, "overlap": 0.8, "jitter": 0.0,
+            "links": {"intra": {"gbit_per_s": 96}, "inter": {"gbit_per_s": 25, "efficiency": 0.9}},
+            "models": {"vgg16": {"batch": 64, "images_per_s": 154, "parameters": 138357544}}}
+    point = predict(hardware_from_dict(spec), "allreduce", 64, "vgg16")
+    assert point.efficiency_low == point.efficiency == point.efficiency_high
+    open_spec = {k: v for k, v in spec.items() if k not in ("overlap", "jitter")}
+    open_spec["links"] = {"intra": {"gbit_per_s": 96},
+                          "inter": {"gbit_per_s": 25, "transport": "rdma"}}
+    cal = hardware_from_dict(dict(open_spec, overlap=None))
+    band = predict(cal, "allreduce", 64, "vgg16")
+    assert band.step_s == pytest.approx((band.step_s_low + band.step_s_high) / 2)
+    assert band.efficiency_low < band.efficiency < band.efficiency_high
+    narrower = predict(with_fields(cal, jitter=0.0, overlap=0.8), "allreduce", 64, "vgg16")
+    assert (narrower.efficiency_high - narrower.efficiency_low
+            < band.efficiency_high - band.efficiency_low)
+
+
+def test_model_check_prints_the_goal_numbers():
+    """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
+    absolute error at most 5 points, none beyond 10, errors on both sides, the published value
+    inside the band; the command prints those numbers."""
+    from downpour_lib.perf.presets import check_summary
+
+    s = check_summary()
+    assert s["mae"] <= 5 and s["max_error"] <= 10 and s["below"] and s["above"], s
+    assert s["inside"] >= s["checks"] - 1, s
+    proc = downpour("model", "check")
+    assert proc.returncode == 0 and "mean absolute error" in proc.stdout, explain(proc)
+    assert f"inside the band: {s['inside']} of {s['checks']}" in proc.stdout

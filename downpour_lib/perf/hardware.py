@@ -10,8 +10,10 @@
     bucket_mb: 25                     # DDP's bucket_cap_mb (Horovod's fusion buffer: 64)
     bucketing: fixed                  # fixed (DDP's buckets) or ready (Horovod's Tensor Fusion)
     overlap: null                     # share of the bucket pipeline achieved; null: not measured,
-                                      # a prediction is then a band between 0 and 1
-    jitter: 0.0                       # coefficient of variation of a step (a run's steps.csv)
+                                      # a range (terms.OVERLAP_RANGE). Every range a file leaves
+                                      # makes a prediction a band, its point the band's middle
+    jitter: 0.0                       # coefficient of variation of a step (a run's steps.csv);
+                                      # omitted: not measured, a range (terms.JITTER_RANGE)
     node_compute: fitted              # compute lost when a node's devices are all busy:
                                       # fitted (terms.fit_node_compute, on NVIDIA's DGX-1 table) or none
     host:                             # the CPUs that feed the devices (optional: without it the
@@ -22,9 +24,11 @@
       intra:                          # between devices of one node
         gbit_per_s: 1200              # line rate, per direction
         latency_us: 5
-        efficiency: fitted            # achieved / line rate: a number, or fitted (terms.LINK_EFFICIENCY)
-        source: "..."
-      inter: {gbit_per_s: 100, latency_us: 5, efficiency: fitted, source: "..."}
+        efficiency: fitted            # achieved / line rate: a number (measured), fitted
+                                      # (terms.LINK_EFFICIENCY), or published: the range of
+        transport: rdma               # its transport (rdma, tcp: terms.TRANSPORT_RATE; across
+        source: "..."                 # nodes only; published is the default with a transport)
+      inter: {gbit_per_s: 100, latency_us: 5, transport: rdma, source: "..."}
     models:
       resnet50:
         batch: 256                    # samples per worker per step
@@ -34,6 +38,8 @@
         devices_per_worker: 1         # >1: a worker is that many devices of one node (SGP's nodes)
         ready_at: [0.01, ..., 1.0]    # share of backward done as each tenth of the gradient is
                                       # ready (terms.gradient_ready_at); omitted: evenly spread
+        accumulation: 1               # forward+backward passes per allreduce (gradient
+                                      # accumulation; each pass is one batch)
         source: "..."
 """
 
@@ -48,15 +54,23 @@ from typing import Any
 from ..errors import ConfigError
 from .netmodel import GBIT, Link, Network
 from .perfmodel import MIB, Calibration, Workload
-from .terms import LINK_EFFICIENCY, NodeCompute, fit_node_compute
+from .terms import (
+    HOST_LAW_RANGE,
+    JITTER_RANGE,
+    LINK_EFFICIENCY,
+    TRANSPORT_RATE,
+    NodeCompute,
+    fit_node_compute,
+    transport_rate,
+)
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 
 _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucketing", "overlap", "jitter",
         "node_compute", "host", "links", "models"}
-_LINK = {"gbit_per_s", "latency_us", "efficiency", "source"}
+_LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
-          "devices_per_worker", "backward_fraction", "ready_at", "source"}
+          "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "source"}
 _HOST = {"cores", "source"}
 
 
@@ -74,12 +88,34 @@ def _number(where: str, value: Any, what: str, low: float = 0.0) -> float:
 
 
 def _unknown(where: str, given: dict, known: set[str]) -> None:
-    extra = sorted(set(given) - known)
+    """A key ``where`` does not know: named, with the closest known one (difflib) and the rest."""
+    import difflib
+
+    extra = sorted(set(given) - known, key=str)
     if extra:
-        raise ConfigError(where, extra[0], "not a field here: use " + ", ".join(sorted(known)))
+        # a key not given yet first: a typo of "inter" beside "intra" means inter
+        close = (difflib.get_close_matches(str(extra[0]), sorted(known - set(given)), n=1, cutoff=0.5)
+                 or difflib.get_close_matches(str(extra[0]), sorted(known), n=1, cutoff=0.5))
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(where, extra[0], hint + "not a field here: use " + ", ".join(sorted(known)))
+
+
+def _share(where: str, value: Any, what: str, low: float = 0.0, high: float = 1.0) -> float:
+    """A number in [low, high] (a bool, text or NaN is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise ConfigError(where, value, what)
+    return float(value)
 
 
 def _link(name: str, d: Any) -> Link:
+    return _link_range(name, d)[0]
+
+
+def _link_range(name: str, d: Any) -> tuple[Link, tuple[float, float]]:
+    """A link at its point rate, and the factors on that rate at the favourable and unfavourable
+    ends of its transport's range (``terms.transport_rate``; 1, 1 where the efficiency is given
+    as a number or fitted)."""
     if not isinstance(d, dict):
         raise ConfigError(f"links.{name}", d, "a mapping with gbit_per_s, latency_us, efficiency")
     _unknown(f"links.{name}", d, _LINK)
@@ -88,11 +124,24 @@ def _link(name: str, d: Any) -> Link:
     latency = d.get("latency_us", 5)
     if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
         raise ConfigError(f"links.{name}.latency_us", latency, "microseconds >= 0, e.g. 5")
-    eff = d.get("efficiency", "fitted")
+    transport = d.get("transport")
+    eff = d.get("efficiency", "published" if transport is not None else "fitted")
+    factors = (1.0, 1.0)
+    if eff == "published":  # not measured: the transport's published range, its middle the point
+        if transport not in TRANSPORT_RATE:
+            raise ConfigError(f"links.{name}.transport", transport, "efficiency: published takes "
+                              "the range of a transport: " + ", ".join(TRANSPORT_RATE))
+        low, high = transport_rate(transport, rate)
+        eff = (low + high) / 2
+        factors = (high / eff, low / eff)
+    elif transport is not None and transport not in TRANSPORT_RATE:
+        raise ConfigError(f"links.{name}.transport", transport, "choose from "
+                          + ", ".join(TRANSPORT_RATE))
     eff = LINK_EFFICIENCY if eff == "fitted" else eff
     if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
-        raise ConfigError(f"links.{name}.efficiency", eff, "a share in (0, 1], or fitted")
-    return Link(latency * 1e-6, rate * GBIT * eff)
+        raise ConfigError(f"links.{name}.efficiency", eff,
+                          "a measured share in (0, 1], fitted, or published (with transport)")
+    return Link(latency * 1e-6, rate * GBIT * eff), factors
 
 
 def _host_cores(d: Any) -> int | None:
@@ -109,7 +158,8 @@ def _host_cores(d: Any) -> int | None:
     return cores
 
 
-def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None) -> Workload:
+def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None,
+              per_node: int | None = None) -> Workload:
     where = f"models.{name}"
     if not isinstance(d, dict):
         raise ConfigError(where, d, "a mapping with batch, images_per_s (or step_s), parameters")
@@ -120,6 +170,10 @@ def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None) ->
     devices = d.get("devices_per_worker", 1)
     if isinstance(devices, bool) or not (isinstance(devices, int) and devices >= 1):
         raise ConfigError(f"{where}.devices_per_worker", devices, "an integer >= 1")
+    if per_node is not None and per_node > 1 and devices > per_node:
+        raise ConfigError(f"{where}.devices_per_worker", devices, f"at most devices_per_node="
+                          f"{per_node}: a worker's devices are of one node (or set devices_per_node: "
+                          "1, a worker per node, as sgp-v100-10g.yaml)")
     if ("images_per_s" in d) == ("step_s" in d):
         raise ConfigError(where, sorted(d), "give one of images_per_s (one device alone) or step_s")
     if "images_per_s" in d:
@@ -133,7 +187,10 @@ def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None) ->
     params = _number(f"{where}.parameters", d.get("parameters"), "the model's parameter count > 0")
     width = _number(f"{where}.bytes_per_parameter", d.get("bytes_per_parameter", 4),
                     "bytes per gradient element, e.g. 4 (fp32) or 2 (fp16)")
-    extra = {k: d[k] for k in ("backward_fraction", "ready_at") if k in d}
+    extra = {k: d[k] for k in ("backward_fraction", "ready_at", "accumulation") if k in d}
+    if "backward_fraction" in extra:
+        extra["backward_fraction"] = _share(f"{where}.backward_fraction", extra["backward_fraction"],
+                                            "backward's share of a step, a number in [0, 1], e.g. 0.67")
     if "ready_at" in extra and not isinstance(extra["ready_at"], (list, tuple)):
         raise ConfigError(f"{where}.ready_at", extra["ready_at"], "a list of shares of backward")
     try:
@@ -155,8 +212,10 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     links = d.get("links") or {}
     if not isinstance(links, dict) or "inter" not in links and "intra" not in links:
         raise ConfigError("links", links, "a mapping with intra and/or inter links")
+    _unknown("links", links, {"intra", "inter"})  # a typo would make one link serve both
     # a file with one link uses it for both, and names it as written in its errors
-    inter = _link("inter" if "inter" in links else "intra", links.get("inter", links.get("intra")))
+    inter, inter_rate = _link_range("inter" if "inter" in links else "intra",
+                                    links.get("inter", links.get("intra")))
     intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
     node = d.get("node_compute", "fitted")
     if node not in ("fitted", "none"):
@@ -178,11 +237,15 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         sources.append(f"host: {host['source']}")
     return Calibration(
         str(d.get("name", where)), Network(intra, inter, per_node, cores=cores),
-        {name: _workload(name, m, node_compute, cores) for name, m in models.items()},
+        {name: _workload(name, m, node_compute, cores, per_node) for name, m in models.items()},
         collective=str(d.get("collective", "auto")), bucketing=str(d.get("bucketing", "fixed")),
         bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
-        jitter=float(d.get("jitter", 0.0)), node_compute=node_compute)
+        jitter=_share("jitter", d.get("jitter", 0.0), "a coefficient of variation of step times, "
+                      "a number >= 0, e.g. 0.05", high=math.inf), node_compute=node_compute,
+        # what the file does not give is a range (terms): jitter, the cross-node rate, the host's law
+        jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
+        host_law=HOST_LAW_RANGE if cores and node_compute.c else (1.0, 1.0))
 
 
 def load_hardware(path: str | os.PathLike) -> Calibration:
@@ -194,8 +257,12 @@ def load_hardware(path: str | os.PathLike) -> Calibration:
     except FileNotFoundError:
         raise ConfigError("hardware", str(path), "no such file: write one as in "
                           f"{HARDWARE_DIR}/*.yaml, or give --preset") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("hardware", str(path), f"not YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # one line: where, and what the parser found there
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError("hardware", at, f"not YAML: {what}; fix that line (the fields: "
+                          f"{HARDWARE_DIR}/*.yaml)") from None
     return hardware_from_dict(data, str(path))
 
 
@@ -208,13 +275,29 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 intra_gbit: float | None = None, intra_latency_us: float | None = None,
                 inter_gbit: float | None = None, inter_latency_us: float | None = None,
                 link_efficiency: float | None = None, jitter: float | None = None,
-                **overlap: float | None) -> Calibration:
+                inter_transport: str | None = None, **overlap: float | None) -> Calibration:
     """``cal`` with the hardware fields given (``downpour model predict``'s flags) replaced: a
-    rate given here is a line rate, times ``link_efficiency`` (default: the fitted one)."""
+    rate given here is a line rate, times ``link_efficiency`` (measured: a point), else the
+    range of ``inter_transport`` across nodes (``terms.transport_rate``), else the fitted one.
+    A value given here is measured: its range (``jitter``'s, ``overlap``'s) becomes a point."""
     from dataclasses import replace
 
     net = cal.network
+    if link_efficiency is not None:
+        _share("link_efficiency", link_efficiency, "achieved / line rate, a share in (0, 1], "
+               "e.g. 0.9", low=1e-12)
+        if intra_gbit is None and inter_gbit is None:
+            raise ConfigError("link_efficiency", link_efficiency, "it scales the line rates given "
+                              "with it: add --inter-gbit and/or --intra-gbit (a hardware file "
+                              "sets efficiency per link)")
+    if jitter is not None:
+        _share("jitter", jitter, "a coefficient of variation of step times >= 0, e.g. 0.05",
+               high=math.inf)
+    if inter_transport is not None and (inter_gbit is None or link_efficiency is not None):
+        raise ConfigError("inter_transport", inter_transport, "it sets the range of the line rate "
+                          "given with --inter-gbit, without --link-efficiency (a measured one)")
     links = {"intra": net.intra, "inter": net.inter}
+    inter_rate = cal.inter_rate
     for side, rate, latency in (("intra", intra_gbit, intra_latency_us),
                                 ("inter", inter_gbit, inter_latency_us)):
         if rate is None and latency is None:
@@ -224,13 +307,17 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 "latency_us": latency if latency is not None else old.alpha_s * 1e6,
                 "efficiency": (link_efficiency if link_efficiency is not None else "fitted")
                 if rate is not None else 1.0}
-        links[side] = _link(side, spec)
+        if side == "inter" and rate is not None and inter_transport is not None:
+            spec.update(efficiency="published", transport=inter_transport)
+        links[side], factors = _link_range(side, spec)
+        if side == "inter" and rate is not None:
+            inter_rate = factors
     if devices_per_node is not None and not (isinstance(devices_per_node, int)
                                              and devices_per_node >= 1):
         raise ConfigError("devices_per_node", devices_per_node, "an integer >= 1")
     network = replace(net, intra=links["intra"], inter=links["inter"],
                       per_node=devices_per_node or net.per_node)
-    fields = {"network": network, **overlap}
+    fields = {"network": network, "inter_rate": inter_rate, **overlap}
     if jitter is not None:
-        fields["jitter"] = jitter
+        fields.update(jitter=jitter, jitter_high=None)
     return replace(cal, **fields)

@@ -13,6 +13,7 @@ and Yuan 2009 for the bandwidth-optimal ring):
   spans nodes is as fast as its slowest hop: each node's card carries one ring hop in, one out.
 - tree allreduce (pipelined binary trees, as NCCL's double binary tree): ``2 log2(n) alpha + 2 M /
   beta``: latency grows with log n, the bandwidth term does not shrink with n.
+- halving-doubling (Rabenseifner; Thakur et al. 2005): the ring's bytes in ``2 log2(n)`` steps.
 - hierarchical allreduce (g ranks per node, k nodes): reduce-scatter inside the node, the g slices
   allreduced across nodes at once (together the card carries 2(k-1)/k of M), allgather inside; what
   our mpi backend does across nodes.
@@ -138,6 +139,19 @@ def tree_allreduce_s(n: int, nbytes: float, link: Link) -> float:
     return 2 * math.ceil(math.log2(n)) * link.alpha_s + 2 * nbytes / link.bandwidth_Bps
 
 
+def halving_doubling_allreduce_s(n: int, nbytes: float, link: Link) -> float:
+    """Rabenseifner's reduce-scatter by recursive halving, then allgather by recursive doubling
+    (Thakur et al. 2005, section 4.4; Gloo's allreduce_halving_doubling, which Goyal et al. 2017
+    ran across 32 servers): ``2 log2(p) alpha + 2 (p-1)/p M / beta`` for the largest power of two
+    p <= n; the n - p ranks beyond it first fold into a partner and get the result back after
+    (two more whole-buffer steps, Thakur et al.'s non-power-of-two case)."""
+    if n <= 1:
+        return 0.0
+    p = 1 << (n.bit_length() - 1)
+    t = 2 * math.log2(p) * link.alpha_s + 2 * (p - 1) / p * nbytes / link.bandwidth_Bps
+    return t + (2 * link.transfer_s(nbytes) if p < n else 0.0)
+
+
 def hierarchical_allreduce_s(n: int, nbytes: float, net: Network) -> float:
     g = min(n, net.per_node)
     k = math.ceil(n / g)
@@ -162,17 +176,22 @@ def _ring_link(n: int, net: Network) -> Link:
     return Link(hop * net.crowding(n), link.bandwidth_Bps)
 
 
-COLLECTIVES = ("ring", "tree", "hierarchical", "auto")
+COLLECTIVES = ("ring", "tree", "hierarchical", "halving_doubling", "auto")
 
 
 def allreduce_s(n: int, nbytes: float, net: Network, collective: str = "ring") -> float:
-    """Seconds for ``n`` workers to allreduce ``nbytes`` each. ``auto`` picks, as NCCL's tuner
-    does per message, the faster of ring (bandwidth-optimal) and tree (latency log n): tree wins
-    for small messages at large N."""
+    """Seconds for ``n`` workers to allreduce ``nbytes`` each. ``auto`` is NCCL's rule: for each
+    message its tuner predicts every algorithm's time from the size, the node count, the devices
+    per node and the intra- and inter-node bandwidth, and runs the least (NVIDIA/nccl
+    src/graph/tuning.cc; S. Jeaugey in NVIDIA/nccl#754: "tree/LL -> ring/LL -> ... ring/simple"
+    as the size grows). Trees are NCCL's across nodes only (since 2.4; within a node a tree is a
+    chain, NVIDIA/nccl-tests#196), so on one node ``auto`` is the ring. Protocols (LL, LL128,
+    Simple) are not modelled apart: a link's latency and rate are what its messages achieve."""
     if collective not in COLLECTIVES:
         raise ConfigError("collective", collective, "choose from " + ", ".join(COLLECTIVES))
     if collective == "auto":
-        return min(allreduce_s(n, nbytes, net, "ring"), allreduce_s(n, nbytes, net, "tree"))
+        ring = allreduce_s(n, nbytes, net, "ring")
+        return ring if n <= net.per_node else min(ring, allreduce_s(n, nbytes, net, "tree"))
     if n <= 1:
         return 0.0
     # a ring's rank reduces (n-1)/n of the buffer; a tree's, up to the whole of it
@@ -181,6 +200,8 @@ def allreduce_s(n: int, nbytes: float, net: Network, collective: str = "ring") -
         return ring_allreduce_s(n, nbytes, _ring_link(n, net)) + (n - 1) / n * reduce_s
     if collective == "tree":
         return tree_allreduce_s(n, nbytes, net.shared(n)) + reduce_s
+    if collective == "halving_doubling":
+        return halving_doubling_allreduce_s(n, nbytes, net.shared(n)) + (n - 1) / n * reduce_s
     return hierarchical_allreduce_s(n, nbytes, net) + (n - 1) / n * reduce_s
 
 

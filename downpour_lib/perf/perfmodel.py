@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -35,13 +35,14 @@ from ..topology import exponential_offsets, make_topology
 from ..traffic import ring_share
 from .netmodel import (
     COLLECTIVES,
+    Link,
     Network,
     allreduce_s,
     gossip_s,
     pipeline_exposed_s,
     ps_transfer_s,
 )
-from .terms import NodeCompute, straggler_factor
+from .terms import OVERLAP_RANGE, NodeCompute, straggler_factor
 
 MIB = 1 << 20
 
@@ -85,8 +86,15 @@ class Workload:
     #: share of backward done when each tenth (or 1/len) of the gradient bytes is ready, in the
     #: order backward makes them (``terms.gradient_ready_at``); empty: ready evenly over backward
     ready_at: tuple[float, ...] = ()
+    #: gradient accumulation: forward+backward passes per allreduce (1: every step). A step of
+    #: ``compute_s`` x accumulation; the allreduce overlaps only the last pass's backward
+    accumulation: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.accumulation, bool) or not (isinstance(self.accumulation, int)
+                                                       and self.accumulation >= 1):
+            raise ConfigError("accumulation", self.accumulation,
+                              "passes per allreduce, an integer >= 1 (1: no accumulation)")
         ready = tuple(float(t) for t in self.ready_at)
         object.__setattr__(self, "ready_at", ready)  # a JSON list reads back as the tuple
         if ready and not (all(0 <= a <= b <= 1 for a, b in zip(ready, ready[1:] + (1,), strict=True))
@@ -97,7 +105,8 @@ class Workload:
             raise ConfigError("compute_s", self.compute_s, "seconds per step > 0")
         if not self.param_bytes > 0:
             raise ConfigError("param_bytes", self.param_bytes, "the model's size in bytes > 0")
-        if not 0 <= self.backward_fraction <= 1:
+        if isinstance(self.backward_fraction, bool) or not isinstance(
+                self.backward_fraction, (int, float)) or not 0 <= self.backward_fraction <= 1:
             raise ConfigError("backward_fraction", self.backward_fraction, "a share in [0, 1]")
 
 
@@ -146,11 +155,21 @@ class Calibration:
     #: each sent once all of it is ready (PyTorch DDP); ``ready``: each message takes what is
     #: ready when the link frees, up to ``bucket_bytes`` (Horovod's Tensor Fusion)
     bucketing: str = "fixed"
+    #: what was not measured, as ranges (``terms``): the network's cross-node bandwidth times
+    #: each end of ``inter_rate`` (favourable, unfavourable; 1, 1: measured); ``jitter_high``:
+    #: jitter ranges from ``jitter`` to it (None: measured); ``host_law``: the range of
+    #: ``NodeCompute.efficiency``'s law (1, 1: the fitted law)
+    inter_rate: tuple[float, float] = (1.0, 1.0)
+    jitter_high: float | None = None
+    host_law: tuple[float, float] = (1.0, 1.0)
 
     def __post_init__(self) -> None:
+        for name in ("inter_rate", "host_law"):  # a JSON list reads back as the tuple
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("overlap", self.overlap, "a share in [0, 1], or None (not measured)")
-        if not (math.isfinite(self.jitter) and self.jitter >= 0):
+        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \
+                or not (math.isfinite(self.jitter) and self.jitter >= 0):
             raise ConfigError("jitter", self.jitter, "a coefficient of variation >= 0, e.g. 0.05")
         if self.collective not in COLLECTIVES:
             raise ConfigError("collective", self.collective, "choose from " + ", ".join(COLLECTIVES))
@@ -345,41 +364,96 @@ def simulated_steps(workers: int) -> int:
     return min(200, max(20, 20_000 // workers))
 
 
-def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: str) -> float:
+def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: str,
+             passes: int = 1) -> float:
     """The slowest worker's compute over the mean one's in a synchronous step: the expected
     slowest of N from the calibration's step-time spread, or ``slow_workers`` at ``slowdown``.
     Periodic averaging waits once per period, for the slowest sum of ``period`` steps."""
     slow, slowdown = opts.get("slow_workers", 0), opts.get("slowdown", 1.0)
     if not (isinstance(slow, int) and 0 <= slow <= workers):
         raise ConfigError("slow_workers", slow, f"a whole number between 0 and workers={workers}")
-    if not (isinstance(slowdown, (int, float)) and slowdown >= 1):
+    if isinstance(slowdown, bool) or not (isinstance(slowdown, (int, float)) and slowdown >= 1):
         raise ConfigError("slowdown", slowdown, "a factor >= 1 (1: no slowdown), e.g. 2")
-    cv = cal.jitter / math.sqrt(opts.get("period", 1)) if pattern == "periodic" else cal.jitter
+    if slowdown != 1 and not slow:
+        raise ConfigError("slowdown", slowdown, "it slows the slow_workers, and there are none: "
+                          "give slow_workers too, e.g. ALG.slow_workers=1")
+    # a wait once per period (or per accumulated step) is for the slowest sum of its passes
+    sums = passes * (opts.get("period", 1) if pattern == "periodic" else 1)
+    cv = cal.jitter / math.sqrt(sums)
     spread = straggler_factor(workers, cv)
     return max(spread, float(slowdown)) if slow else spread
 
 
+def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
+    """``cal`` with every quantity it did not measure at its favourable end, and at its
+    unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter; the host's law
+    is chosen per prediction (which end is favourable depends on the host). None: all measured."""
+    if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
+            and cal.host_law[0] == cal.host_law[1]:
+        return None
+
+    def at(end: int) -> Calibration:
+        net = cal.network
+        inter = Link(net.inter.alpha_s, net.inter.bandwidth_Bps * cal.inter_rate[end])
+        jitter = cal.jitter_high if end and cal.jitter_high is not None else cal.jitter
+        return replace(cal, network=replace(net, inter=inter), jitter=jitter, jitter_high=None,
+                       overlap=OVERLAP_RANGE[1 - end] if cal.overlap is None else cal.overlap,
+                       inter_rate=(1.0, 1.0))
+    return at(0), at(1)
+
+
 def predict(cal: Calibration, algorithm: str, workers: int, model: str,
             options: dict[str, Any] | None = None, steps: int | None = None) -> Prediction:
-    """The step time of ``algorithm`` at ``workers`` workers training ``model``."""
+    """The step time of ``algorithm`` at ``workers`` workers training ``model``: where ``cal``
+    left quantities unmeasured, the middle of the band their ranges give together
+    (``unknown_ends``), the band in ``step_s_low``/``high`` and ``efficiency_low``/``high``."""
+    ends = unknown_ends(cal)
+    if ends is None:
+        return _predict(cal, algorithm, workers, model, options, steps)
+    best, worst = (_predict(e, algorithm, workers, model, options, steps, end)
+                   for end, e in enumerate(ends))
+    w = cal.workload(model)
+    step = (best.step_s + worst.step_s) / 2
+    samples = workers * w.batch_size * w.accumulation / step
+    return replace(worst, calibration=cal.name, step_s=step, samples_per_s=samples,
+                   efficiency=best.efficiency * best.step_s / step,
+                   compute_s=(best.compute_s + worst.compute_s) / 2,
+                   comm_s=(best.comm_s + worst.comm_s) / 2,
+                   compute_efficiency=(best.compute_efficiency + worst.compute_efficiency) / 2,
+                   straggler=(best.straggler + worst.straggler) / 2,
+                   step_s_low=best.step_s, step_s_high=worst.step_s,
+                   efficiency_low=worst.efficiency, efficiency_high=best.efficiency)
+
+
+def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
+             options: dict[str, Any] | None = None, steps: int | None = None,
+             end: int | None = None) -> Prediction:
+    """One point: every quantity of ``cal`` as it stands (overlap None: a band from 0 to 1); the
+    host's law at the favourable (``end`` 0) or unfavourable (1) end of ``cal.host_law``."""
     if not (isinstance(workers, int) and workers >= 1):
         raise ConfigError("workers", workers, "an integer >= 1")
     opts = options_for(algorithm, options)
     pattern = traffic(algorithm, opts)
     w = cal.workload(model)
-    net, m = cal.network, w.param_bytes
+    net, m, passes = cal.network, w.param_bytes, w.accumulation
     devices = min(workers, net.per_node)
-    per_device = net.cores / net.per_node if net.cores else None  # host cores feeding a device
-    efficiency = cal.node_compute.efficiency(devices, w.batch_size / w.compute_s, per_device)
-    c = w.compute_s / efficiency  # one worker's compute, its node's other devices busy
+    # host cores feeding each device in use: a node's cores serve the devices its workers use
+    per_device = net.cores / devices if net.cores else None
+    rate_alone = w.batch_size / w.compute_s
+    effs = [cal.node_compute.efficiency(devices, rate_alone, per_device, law)
+            for law in cal.host_law]
+    efficiency = min(effs) if end else max(effs)
+    c = w.compute_s / efficiency  # one worker's pass, its node's other devices busy
     staleness, band, straggler = None, None, 1.0
-    if pattern not in SIMULATED:
-        straggler = _slowest(workers, opts, cal, pattern)
-    c_sync = c * straggler
+    spread = _slowest(workers, opts, cal, pattern, passes)  # checks slow_workers, slowdown for all
+    if pattern not in SIMULATED:  # the simulation draws its own slow workers and jitter
+        straggler = spread
+    c_step = c * passes  # a step: every pass before the allreduce
+    c_sync = c_step * straggler
     if workers == 1 and pattern not in ("push_pull", "async_push_pull"):
         exposed, sent = 0.0, 0.0  # nothing to talk to
     elif pattern == "collective":
-        _, exposed = bucketed_allreduce_s(workers, w, cal, c)
+        _, exposed = bucketed_allreduce_s(workers, w, cal, c)  # behind the last pass's backward
         if cal.overlap is None:  # not measured: the band between no overlap and the ideal
             band = (exposed, bucketed_allreduce_s(workers, w, cal, c, overlap=0.0)[1])
             exposed = sum(band) / 2
@@ -390,7 +464,7 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
     elif pattern in ("gossip", "overlapped_gossip"):
         peers = gossip_peers(workers, opts)
         comm = gossip_s(m, peers, net.shared(workers))
-        exposed = max(0.0, comm - c) if pattern == "overlapped_gossip" else comm
+        exposed = max(0.0, comm - c_step) if pattern == "overlapped_gossip" else comm
         sent = peers * m
     elif pattern == "periodic":
         period = opts["period"]
@@ -403,9 +477,9 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
         sim_opts = {k: opts[k] for k in ("servers", "n_fetch", "n_push", "period", "max_lag",
                                          "max_staleness", "warmstart", "slow_workers", "slowdown")
                     if k in opts}
-        result = simulate(algorithm, workers, compute_s=c, model_bytes=m, link=link,
+        result = simulate(algorithm, workers, compute_s=c_step, model_bytes=m, link=link,
                           steps=steps or simulated_steps(workers), jitter=cal.jitter, **sim_opts)
-        exposed = max(0.0, result.step_s - c)
+        exposed = max(0.0, result.step_s - c_step)
         if result.staleness_hist:
             total = sum(result.staleness_hist.values())
             staleness = sum(k * v for k, v in result.staleness_hist.items()) / total
@@ -413,16 +487,17 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
     else:  # "none": a single process's algorithm
         raise ConfigError("algorithm", algorithm, "runs one process: nothing to predict at "
                           f"{workers} workers")
-    wait = c_sync - c  # waiting for the slowest worker: not computation, not the link
-    alone = workers * w.batch_size / w.compute_s
+    wait = c_sync - c_step  # waiting for the slowest worker: not computation, not the link
+    samples_per_step = workers * w.batch_size * passes
+    alone = samples_per_step / (w.compute_s * passes)
 
     def rate(exposed_s: float) -> tuple[float, float, float]:
-        step = c + wait + exposed_s
-        return step, workers * w.batch_size / step, workers * w.batch_size / step / alone
+        step = c_step + wait + exposed_s
+        return step, samples_per_step / step, samples_per_step / step / alone
 
     step, samples, eff = rate(exposed)
     low, high = (rate(band[0]), rate(band[1])) if band else ((step, samples, eff),) * 2
-    return Prediction(algorithm, workers, model, step, c, exposed, samples, eff, sent,
+    return Prediction(algorithm, workers, model, step, c_step, exposed, samples, eff, sent,
                       cal.name, cal.collective, staleness, opts, low[0], high[0], high[2], low[2],
                       efficiency, straggler)
 

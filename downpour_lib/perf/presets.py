@@ -29,9 +29,9 @@ PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in p
 
 @dataclass(frozen=True)
 class Published:
-    """A published scaling result and what the model predicts for it: a point, and where the
-    overlap of communication with backward was not measured, the band between overlap 0 and 1
-    (``low``, ``high``), of which the point is the middle."""
+    """A published scaling result and what the model predicts for it: the band that the ranges of
+    what the preset does not measure give together (``low``, ``high``: overlap, cross-node rate,
+    jitter, the host's law; ``perfmodel.unknown_ends``) and its middle, the point."""
 
     claim: str
     source: str
@@ -107,11 +107,27 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
     return checks
 
 
+def check_summary(checks: list[Published] | None = None) -> dict[str, float]:
+    """The model against the efficiency checks (points of efficiency, x100): mean absolute error
+    of the point, the largest, how many fall below and above, how many published values lie
+    inside the band, and the band's mean and widest width."""
+    rows = [c for c in (checks if checks is not None else published_checks())
+            if c.unit == "efficiency"]
+    errors = [100 * c.error for c in rows]
+    widths = [100 * (c.high - c.low) for c in rows]
+    return {"checks": len(rows), "mae": sum(map(abs, errors)) / len(rows),
+            "max_error": max(map(abs, errors)), "below": sum(e < 0 for e in errors),
+            "above": sum(e > 0 for e in errors),
+            "inside": sum(c.outside_band == 0 for c in rows),
+            "band_mean": sum(widths) / len(rows), "band_max": max(widths)}
+
+
 def published_table():
     """``published_checks`` as a table: claim, published, predicted, error, what counts as agreement."""
     import pandas as pd
 
     return pd.DataFrame([{"claim": c.claim, "published": c.published, "predicted": c.predicted,
                           "low": c.low, "high": c.high, "error": c.error,
+                          "band": c.high - c.low,
                           "outside_band": c.outside_band, "agreement": c.tolerance,
                           "source": c.source} for c in published_checks()])

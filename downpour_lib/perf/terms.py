@@ -83,9 +83,12 @@ class NodeCompute:
     #: host cores per device of the node the term was fitted on; None: rate taken as it is
     cores_per_device: float | None = None
 
-    def efficiency(self, devices: int, rate: float, cores_per_device: float | None = None) -> float:
+    def efficiency(self, devices: int, rate: float, cores_per_device: float | None = None,
+                   law: float = 1.0) -> float:
         """Share of one device's lone throughput each of ``devices`` on a node keeps, on a host
-        of ``cores_per_device`` (None: not known, the fitted host's law in absolute rate)."""
+        of ``cores_per_device`` (None: not known, the fitted host's law in absolute rate).
+        ``law``: how the loss follows the host's cores (``HOST_LAW_RANGE``): 1, the load per core;
+        0, the device's rate alone."""
         if cores_per_device is not None and not (math.isfinite(cores_per_device)
                                                  and cores_per_device > 0):
             raise ConfigError("host.cores", cores_per_device,
@@ -93,7 +96,7 @@ class NodeCompute:
         if devices <= 1 or self.c == 0:
             return 1.0
         if cores_per_device is not None and self.cores_per_device:
-            rate = rate * self.cores_per_device / cores_per_device  # the load on each host core
+            rate = rate * (self.cores_per_device / cores_per_device) ** law  # load per host core
         loss = self.c * rate ** self.p * math.log2(devices) / math.log2(self.at)
         return 1 / (1 + loss)
 
@@ -181,3 +184,57 @@ def step_spread(step_s: list[float] | tuple[float, ...]) -> float:
     mean = sum(values) / len(values)
     var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
     return math.sqrt(var) / mean
+
+
+# --- What the model cannot know for hardware nobody here measured: each a range with its source.
+# A prediction on such hardware is the band these ranges give together (every one at its
+# favourable end, every one at its unfavourable end) and its point is the band's middle
+# (``perfmodel.predict``). A measured value (a number in the hardware file, or a calibration)
+# replaces its range by a point.
+
+#: share of the ideal bucket pipeline a GPU system achieves (``Calibration.overlap``), where it
+#: was not measured. An assumption, stated as one: no published system we know reports the share.
+#: DDP and Horovod run the allreduce on its own CUDA stream as buckets fill (Li et al. 2020,
+#: "PyTorch Distributed", VLDB; Sergeev & Del Balso 2018), so the ideal pipeline is the design;
+#: half of it is our floor. (On CPU backends over 2 cores we measured 0:
+#: results/reference/model/calibration.json; a CPU calibration measures its own.)
+OVERLAP_RANGE = (0.5, 1.0)
+
+#: achieved / line rate of a collective across nodes, by transport, where it was not measured.
+#: rdma (InfiniBand, RoCE): nccl-tests' all_reduce bus bandwidth on EDR/HDR is about 80-95 % of
+#: the line rate (NVIDIA's nccl-tests PERFORMANCE.md and vendor runs; from memory, not re-read).
+#: tcp: our sandbox measured 0.95-0.97 at 100-200 Mbit/s (``LINK_EFFICIENCY``); at high rates a
+#: transport is bound by its cores, not the wire: Zhang et al. 2020 ("Is Network the Bottleneck
+#: of Distributed Training?", NetAI, arXiv 2006.10103) find Horovod/NCCL over TCP on AWS gains
+#: nothing past 25 Gbit/s on 100 Gbit/s links, so the low end is min(0.9, 25 Gbit/s / line) and
+#: the high end min(0.97, 50 Gbit/s / line) (twice that plateau: an assumption).
+TRANSPORT_RATE = {"rdma": (0.80, 0.95), "tcp": (0.90, 0.97)}
+TCP_CAP_GBIT = 25.0
+TRANSPORT_SOURCE = {
+    "rdma": "nccl-tests all_reduce bus bandwidth on InfiniBand EDR/HDR, 80-95 % of line (from memory)",
+    "tcp": "sandbox gloo 0.95-0.97 (terms.LINK_EFFICIENCY); Zhang et al. 2020: no gain past "
+           "25 Gbit/s of a 100 Gbit/s link (Horovod over TCP, AWS)"}
+
+
+def transport_rate(transport: str, gbit_per_s: float) -> tuple[float, float]:
+    """(low, high) achieved / line rate of ``transport`` at a line rate of ``gbit_per_s``."""
+    if transport not in TRANSPORT_RATE:
+        raise ConfigError("transport", transport, "choose from " + ", ".join(TRANSPORT_RATE)
+                          + ", or give the link's measured efficiency")
+    low, high = TRANSPORT_RATE[transport]
+    if transport == "tcp":  # past the cap a transport is core-bound: twice the cap at best (assumed)
+        low, high = min(low, TCP_CAP_GBIT / gbit_per_s), min(high, 2 * TCP_CAP_GBIT / gbit_per_s)
+    return low, max(low, high)
+
+
+#: how the input pipeline's and framework's loss follows a host's cores (``NodeCompute``): the
+#: load on each host core (exponent 1: DLE sizes its loader workers by cores per GPU, 8 on a DGX-1,
+#: 16 on a DGX A100, configs.yml) or the device's rate alone (0: where the pipeline is not the
+#: cores' but the framework's, e.g. Horovod's hooks, which Zhang et al. 2020 measure to add up to
+#: 15 % to a step). The fitted table has one host, so it cannot tell them apart: a range.
+HOST_LAW_RANGE = (0.0, 1.0)
+
+#: coefficient of variation of a GPU worker's step times, where not measured (``straggler_factor``).
+#: An assumption: dedicated GPUs at a fixed batch vary by about 1 % step to step (from memory of
+#: DLE and MLPerf logs); our CPU runs measure their own (``calibrate --steps``).
+JITTER_RANGE = (0.0, 0.01)

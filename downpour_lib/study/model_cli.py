@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError
+from ..perf.netmodel import COLLECTIVES
 from ..perf.perfmodel import ALGORITHMS, MODELLED_OPTIONS, Calibration
 from .core import host_dirname
 
@@ -162,7 +163,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", default="allreduce",
                    help=f"comma-separated, of {', '.join(ALGORITHMS)}")
     p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
-    p.add_argument("--collective", choices=("ring", "tree", "hierarchical", "auto"), default=None,
+    p.add_argument("--collective", choices=COLLECTIVES, default=None,
                    help="the allreduce algorithm (default: the calibration's; auto: the faster of "
                         "ring and tree per bucket, as NCCL)")
     hw = p.add_argument_group("hardware fields (override the calibration's, preset's or file's)")
@@ -176,6 +177,11 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                     help="achieved / line rate for the rates given here (default: the fitted one)")
     hw.add_argument("--overlap", type=_overlap, default=argparse.SUPPRESS,
                     help="share of the bucket pipeline achieved, 0 to 1; none: not measured (a band)")
+    hw.add_argument("--inter-transport", choices=("rdma", "tcp"), default=None,
+                    help="with --inter-gbit and no --link-efficiency: the published range of that "
+                         "transport's achieved rate across nodes (terms.TRANSPORT_RATE)")
+    hw.add_argument("--accumulation", type=int, default=None,
+                    help="gradient accumulation: forward+backward passes per allreduce")
     hw.add_argument("--jitter", type=float, default=None,
                     help="coefficient of variation of a step's time (a run's steps.csv): a "
                          "synchronous step waits for the slowest of N")
@@ -275,7 +281,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     cal = with_fields(cal, devices_per_node=args.devices_per_node, intra_gbit=args.intra_gbit,
                       intra_latency_us=args.intra_latency_us, inter_gbit=args.inter_gbit,
                       inter_latency_us=args.inter_latency_us, link_efficiency=args.link_efficiency,
-                      jitter=args.jitter, **({"overlap": args.overlap} if "overlap" in args else {}))
+                      jitter=args.jitter, inter_transport=args.inter_transport,
+                      **({"overlap": args.overlap} if "overlap" in args else {}))
+    if args.accumulation is not None:
+        try:
+            w = replace(cal.workloads[args.model], accumulation=args.accumulation)
+        except ConfigError as exc:
+            raise ConfigError("accumulation", exc.value, exc.expected) from None
+        cal = replace(cal, workloads={**cal.workloads, args.model: w})
     options: dict[str, dict] = {}
     for algorithm, key, value in args.option:
         if algorithm not in algorithms:
@@ -289,10 +302,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     table = pd.DataFrame(rows)
     print(f"calibration {cal.name}" + (f" ({path})" if path else "") + f": {cal.source}")
     columns = ["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]
-    if cal.overlap is None:
-        print("overlap not measured: efficiency is the middle of the band between overlap 1 "
-              "(efficiency_high) and 0 (efficiency_low)")
-        columns[5:5] = ["efficiency_low", "efficiency_high"]
+    from ..perf.perfmodel import unknown_ends
+
+    if unknown_ends(cal) is not None:
+        print("not measured: " + ", ".join(unmeasured(cal)) + ". efficiency is the middle of the "
+              "band they give together (efficiency_low, efficiency_high; band: its width in points)")
+        table["band"] = 100 * (table.efficiency_high - table.efficiency_low)
+        columns[5:5] = ["efficiency_low", "efficiency_high", "band"]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.json:
         from ..checkpoint import atomic_write_text
@@ -303,6 +319,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
     return 0
+
+
+def unmeasured(cal: Calibration) -> list[str]:
+    """What ``cal`` did not measure, each with its range (``perf.terms``)."""
+    from ..perf.terms import OVERLAP_RANGE
+
+    out = []
+    if cal.overlap is None:
+        out.append(f"overlap {OVERLAP_RANGE[0]:g}-{OVERLAP_RANGE[1]:g}")
+    if cal.inter_rate != (1.0, 1.0):
+        out.append(f"cross-node rate x{cal.inter_rate[1]:.2f}-{cal.inter_rate[0]:.2f}")
+    if cal.jitter_high is not None:
+        out.append(f"jitter {cal.jitter:g}-{cal.jitter_high:g}")
+    if cal.host_law[0] != cal.host_law[1]:
+        out.append("the input pipeline's host-core law "
+                   f"{min(cal.host_law):g}-{max(cal.host_law):g}")
+    return out
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -358,8 +391,13 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..perf.presets import published_table
+    from ..perf.presets import check_summary, published_table
 
     table = published_table().drop(columns="source")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    s = check_summary()
+    print(f"efficiency checks: {s['checks']}; point: mean absolute error {s['mae']:.1f} points, "
+          f"largest {s['max_error']:.1f}, {s['below']} below and {s['above']} above the published "
+          f"value; inside the band: {s['inside']} of {s['checks']}; band width: mean "
+          f"{s['band_mean']:.1f} points, widest {s['band_max']:.1f}")
     return 0
