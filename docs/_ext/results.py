@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pandas as pd
-from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
 
@@ -123,7 +122,8 @@ class ResultsTable(SphinxDirective):
     required_arguments = 1
     has_content = False
     option_spec = {name: directives.unchanged for name in
-                   ("query", "before", "pivot", "eval", "columns", "format", "meta", "caption", "sort", "measured")}
+                   ("query", "before", "pivot", "eval", "columns", "format", "meta", "caption", "sort",
+                    "measured")}
 
     def run(self):
         rel = self.arguments[0]
@@ -164,7 +164,8 @@ class ResultsTable(SphinxDirective):
                 df = df.sort_values([c.strip() for c in self.options["sort"].split(",")])
             formats = pairs(self.options.get("format"))
             if "columns" in self.options:
-                chosen = [c.strip().partition(" as ") for c in self.options["columns"].split(";") if c.strip()]
+                chosen = [c.strip().partition(" as ") for c in self.options["columns"].split(";")
+                          if c.strip()]
                 df = df[[c for c, _, _ in chosen]]
                 renames = {c: h for c, _, h in chosen if h}
                 formats = {renames.get(k, k): v for k, v in formats.items()}
