@@ -17,7 +17,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # is not used (Python compares the source's mtime and size).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: study studies test test-fast test-durations lab gpu-check venv lint figures clean
+.PHONY: study studies test test-fast test-durations lab docs gpu-check venv lint figures clean
 
 study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
@@ -84,6 +84,18 @@ lab: $(VENV)/.installed-notebooks  ## open the notebooks in JupyterLab on .venv'
 
 $(VENV)/.installed-notebooks: $(STAMP)
 	$(call INSTALL,-e '.[notebooks]')
+	touch $@
+
+# The guide (docs/*.md, Sphinx with MyST) into docs/_build/html, strict: a warning (a broken link,
+# cross-reference, image or page, a docstring autodoc cannot read) fails the build. Its measured
+# tables are made at build time from results/reference/ (docs/_ext/results.py).
+DOCS_ARGS ?=
+docs: $(VENV)/.installed-docs  ## build the guide in strict mode -> docs/_build/html/index.html
+	$(BIN)/python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html $(DOCS_ARGS)
+	@echo "make docs: open docs/_build/html/index.html"
+
+$(VENV)/.installed-docs: $(STAMP)
+	$(call INSTALL,-e '.[docs]')
 	touch $@
 
 # On a CUDA machine: the gpu-marked tests, then `downpour bench gpu` (a table, and JSON under

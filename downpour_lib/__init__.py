@@ -1,5 +1,7 @@
 """downpour: distributed data-parallel training algorithms on torch.distributed, compared fairly.
 
+For example::
+
     from downpour_lib import TrainConfig, runtime, Trainer
     with runtime.session() as ctx:
         result = Trainer(TrainConfig(algorithm="sync_ps", model="lenet", dataset="digits"), ctx).run()

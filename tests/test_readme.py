@@ -1,5 +1,5 @@
-"""The README stays true: its loop diff runs on both sides (and the distributed side keeps ranks in
-sync), and its commands are the ones an activated venv provides."""
+"""The README and the guide (docs/*.md) stay true: the loop diff runs on both sides (and the
+distributed side keeps ranks in sync), and their commands are the ones an activated venv provides."""
 
 import os
 import re
@@ -10,14 +10,16 @@ import pytest
 from conftest import BIN, ROOT, explain, mpiexec
 
 ACTIVATE = "source .venv/bin/activate"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SAYS_ACTIVATE = {"README.md", "getting_started.md"}  # the pages a reader starts from
 
 CHECKSUM = '\nprint("CHECKSUM", sum(float(p.double().sum()) for p in model.parameters()), flush=True)\n'
 
 
 def readme_diff() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "getting_started.md").read_text()
     block = re.search(r"tests/test_readme.py.*?```diff\n(.*?)```", text, re.S)
-    assert block, "the tested diff block is missing from README.md"
+    assert block, "the tested diff block is missing from docs/getting_started.md"
     return block.group(1).splitlines()
 
 
@@ -42,21 +44,32 @@ def test_distributed_side_runs_under_mpiexec_and_keeps_ranks_identical(tmp_path)
     assert len(sums) == 2 and sums[0] == sums[1], proc.stdout
 
 
-def shell_blocks() -> list[tuple[int, str]]:
-    """(offset, text) of every plain ``` block: the README's shell commands."""
-    text = (ROOT / "README.md").read_text()
+def shell_blocks(page) -> list[tuple[int, str]]:
+    """(offset, text) of every plain ``` block of a page: its shell commands."""
+    text = page.read_text()
     return [(m.start(), m.group(1)) for m in re.finditer(r"```\n(.*?)```", text, re.S)]
 
 
-def test_the_readme_says_once_to_activate_the_venv_and_then_uses_plain_commands():
-    text = (ROOT / "README.md").read_text()
-    assert text.count(ACTIVATE) == 1, f"say `{ACTIVATE}` once, near the top"
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_the_pages_say_once_to_activate_the_venv_and_then_use_plain_commands(page):
+    text = page.read_text()
     tools = re.compile(r"^(\S+ )*(downpour|mpiexec|ipcluster|torchrun|jupyter) ", re.M)
-    first = min(at for at, block in shell_blocks() if tools.search(block))
-    assert text.index(ACTIVATE) < first, "the venv is activated after the first command that needs it"
-    for _, block in shell_blocks():
+    if page.name in SAYS_ACTIVATE:
+        assert text.count(ACTIVATE) == 1, f"{page.name}: say `{ACTIVATE}` once, near the top"
+        first = min(at for at, block in shell_blocks(page) if tools.search(block))
+        assert text.index(ACTIVATE) < first, f"{page.name}: the venv is activated after a command needs it"
+    else:
+        assert ACTIVATE not in text, f"{page.name}: getting_started.md says to activate the venv, once"
+    for _, block in shell_blocks(page):
         wrong = [line for line in block.splitlines() if ".venv/bin/" in line and ACTIVATE not in line]
-        assert not wrong, f"with the venv active, write the plain command: {wrong}"
+        assert not wrong, f"{page.name}: with the venv active, write the plain command: {wrong}"
+
+
+def test_the_readme_is_a_front_page_with_both_commands_on_its_first_screen():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; the guide (docs/) holds the rest"
+    first = "\n".join(lines[:30])
+    assert "make study" in first and "make test" in first, "both commands within the first 30 lines"
 
 
 def test_activating_the_venv_puts_the_readmes_tools_on_path():

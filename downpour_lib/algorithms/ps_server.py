@@ -21,6 +21,7 @@ The protocol (fixed layouts; ``p2p.HEADER`` int64 slots per header):
                                EXCHANGE: (version, stopping, 0, 0), then DATA: the shard as it was
                                before the push that came with the request, which is then applied
                                (asynchronous EASGD's elastic exchange, ``easgd_async``)
+
     DONE and FINAL (kind, stopped early, 0, 0) say the worker has pushed for the last time (and
     whether it stopped early, for a preemption, which the server passes on); a FINAL is answered once every
     worker is done, which is how the evaluator gets the final parameters. The loop ends when every

@@ -1,5 +1,7 @@
 """ipyparallel clusters whose engines are MPI ranks: profiles, start/connect, run a config on all engines.
 
+For example::
+
     from downpour_lib.cluster import start_cluster
     with start_cluster("local-mpi", n=3) as cluster:      # or connect("slurm-mpi")
         result = cluster.train(TrainConfig(algorithm="sync_ps", steps=50))   # rank 0's RunResult

@@ -19,7 +19,7 @@ other published result is a check (``presets.published_checks``), never a fit.
   A host without a core count keeps the law in absolute rate (the fitted host's).
 - **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
   rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
-  nodes (results/reference/model/sandbox-*nodes/validation.csv: the fitted bandwidth over the
+  nodes (``results/reference/model/sandbox-*nodes/validation.csv``: the fitted bandwidth over the
   shaped rate, mean of four). Assumed for RDMA and NVLink, where we have no measurement.
 - **The slowest of N** (``straggler_factor``): a synchronous step waits for the slowest worker.
   With independent normal step times of coefficient of variation ``cv`` the expected maximum of N

@@ -148,7 +148,7 @@ def read_runs_csv(path: str | os.PathLike) -> pd.DataFrame:
 
 class StudyStore:
     """A study's tidy tables: ``runs`` (one row per run, keyed by ``run_id``) and its companion
-    tables (e.g. one row per evaluation), keyed by the same ``run_id``.
+    tables (one row per evaluation, for example), keyed by the same ``run_id``.
 
     With a directory, each table is a CSV there (``runs.csv``, ``<table>.csv``), rewritten
     atomically as each run is added: the companions first, the run's row last, so a run counts as
@@ -372,9 +372,11 @@ def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> di
 
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` with ``compute`` (``real`` where a CSV predates emulation) and ``series``: the
+    """The runs with two columns more, ``compute`` and ``series``.
+
+    ``compute`` is ``real`` where a CSV predates emulation; ``series`` is the
     algorithm, and for emulated compute its step and, off this machine's ranks, where it ran,
-    e.g. ``allreduce (emulated, 50 ms a step)``, ``... 50 ms a step, sandbox 1gbit)``. A
+    for example ``allreduce (emulated, 50 ms a step)``, ``... 50 ms a step, sandbox 1gbit)``. A
     series is a line of its own with its own 1-worker base, so emulated points are never mixed
     with real ones, and are labelled as such in every legend and table."""
     if "algorithm" not in runs:  # not a scaling study's rows

@@ -1,59 +1,26 @@
 """The ``mpi`` backend for torch.distributed with the stock PyPI torch wheel, written on mpi4py.
 
-PyPI's torch is built without MPI (``dist.is_mpi_available()`` is False), so
-``init_process_group("mpi")`` fails with "Distributed package doesn't have MPI built in". On one node,
-MPI's shared-memory transport is an order of magnitude faster than gloo's TCP loopback, and on a
-cluster MPI is what the job launcher already set up. This module makes ``"mpi"`` work anyway.
+PyPI's torch is built without MPI, so ``init_process_group("mpi")`` fails with "Distributed package
+doesn't have MPI built in". On one node, MPI's shared-memory transport is an order of magnitude
+faster than gloo's TCP loopback, and on a cluster MPI is what the job launcher already set up.
 
-How ``"mpi"`` comes to mean this backend
-    torch 2.14 creates every backend through a plugin table, ``Backend._plugins``, which it fills
-    lazily from the ``torch.distributed.backends`` entry points the first time a name is used (torch's
-    own wheel declares ``mpi`` there, pointing at the native creator that raises). ``register()``
-    calls torch's public extension API, ``Backend.register_backend("mpi", creator, extended_api=True,
-    devices=["cpu", "cuda"])``, before that first use: the name then resolves to our creator and the
-    entry point is never consulted. Nothing in torch is patched. Where torch was built with MPI,
-    ``register()`` does nothing, so the native backend is never replaced. Importing this module
-    registers (``import downpour_lib`` does, through ``comm.runtime``); ``register()`` is idempotent.
-    ``dist.is_mpi_available()`` keeps reporting torch's own build.
+How ``"mpi"`` comes to mean this backend: ``register()`` calls torch's public extension API,
+``Backend.register_backend("mpi", creator, extended_api=True, devices=["cpu", "cuda"])``, before the
+name's first use, so torch's own entry point (whose creator raises) is never consulted. Nothing in
+torch is patched; where torch was built with MPI, ``register()`` does nothing. Importing this module
+registers; ``register()`` is idempotent.
 
-Rendezvous
-    ``init_process_group("mpi")`` takes torch's MPI branch: rank and world size come from MPI (any
-    ``rank``/``world_size`` given are ignored, with torch's warning), and no store is needed, so no
-    TCPStore and no MASTER_ADDR. The default group duplicates ``MPI_COMM_WORLD``; ``new_group(...,
-    backend="mpi")`` creates ``MPI_Comm_create_group`` over its members, which requires torch's ranks to
-    be MPI's ranks (they are under ``mpiexec`` and ``srun --mpi=pmix``; a mismatch is an error). As
-    with torch's native MPI backend, the default group has no store, so ``new_group(backend="gloo")``
-    under an ``mpi`` default group is not possible; the reverse (a gloo default group and ``mpi``
-    subgroups) is. ``use_world(comm)`` makes a sub-communicator (e.g. ``COMM_WORLD.Split``) the
-    world instead of ``MPI_COMM_WORLD``; ``comm.runtime`` sets it to the communicator it runs on.
+Rendezvous: rank and world size come from MPI, with no store and no MASTER_ADDR. The default group
+duplicates ``MPI_COMM_WORLD`` (or the communicator given to ``use_world``); ``new_group(...,
+backend="mpi")`` creates ``MPI_Comm_create_group`` over its members, which requires torch's ranks to
+be MPI's. As with torch's native MPI backend, ``new_group(backend="gloo")`` under an ``mpi`` default
+group is not possible; the reverse is.
 
-Operations (``process_group``), dtypes and staging (``types``), async work (``work``)
-    all_reduce (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), broadcast, reduce, all_gather,
-    all_gather_into_tensor, gather, scatter, reduce_scatter, reduce_scatter_tensor, all_to_all,
-    all_to_all_single, barrier, monitored_barrier (``monitored``), send/recv/isend/irecv (with
-    any source), batch_isend_irecv, ``async_op=True``. Each group registers itself as its backend
-    for cpu and cuda (``device``), for the torch APIs that look a backend up by device.
-    float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8, bool. Under torch's
-    profiler each operation records the event native backends record (``profiling``); PyTorch's
-    own distributed test suite passes on this backend (tests/test_mpi_conformance.py).
-
-CUDA
-    When the MPI library is CUDA-aware (Open MPI's ``MPIX_Query_cuda_support()``, MPICH's
-    ``MPIX_GPU_query_support()``, or ``DOWNPOUR_MPI_CUDA_AWARE=1``), CUDA tensors go to MPI directly
-    after the current stream is synchronized. Otherwise each operation stages its CUDA tensors through
-    host memory: a device-to-host copy before, a host-to-device copy of the outputs after. That is
-    correct but slow; on GPUs use ``nccl`` (which ``backend="auto"`` picks).
-
-Failure
-    Every wait honours the group's timeout and sleeps rather than spins (``liveness``): a
-    collective moves its data with MPI's nonblocking calls or through shared memory, and enters a
-    blocking call only once every member has issued it; a wait past the timeout raises
-    ``CommTimeout`` naming the rank that went silent (stopped, hung or gone) and the operation.
-    When this backend creates the default group, an uncaught exception on any rank prints the
-    one line ``downpour: rank R of N failed: ...`` (its traceback
-    goes to a log the line names) and ends every rank (``job_end``: under Open MPI's mpiexec by
-    exiting non-zero, else ``MPI_Abort``, what ``python -m mpi4py`` does). A peer process that
-    dies is noticed by ``mpiexec``/``srun``, which end the job.
+Operations live in ``process_group``, dtypes and staging in ``types``, async work in ``work``; CUDA
+tensors go to a CUDA-aware MPI directly, otherwise through host memory (use ``nccl`` on GPUs).
+Every wait honours the group's timeout and sleeps rather than spins (``liveness``), and an uncaught
+exception on any rank ends every rank with one line naming it (``job_end``). The guide's mpi
+backend page (docs/mpi_backend.md) has every operation, dtype and guarantee.
 """
 
 from __future__ import annotations

