@@ -88,9 +88,11 @@ def _option_hints() -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The flags' text parsed into each field's type, over the config file's typed values."""
+    from . import user_code
     from .config import TrainConfig
     from .options import coerce
 
+    user_code.receive_file(os.environ.get(user_code.SHIPPED_ENV))  # a study's own functions
     hints, option_hints = TrainConfig.flat_hints(), _option_hints()
     values = {k: coerce(k, hints[k], v, text=True) for k, v in vars(args).items()
               if k in hints and k != "options"}

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from . import user_code
 from .data import DATASETS
 from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
@@ -99,12 +100,16 @@ class Data:
     seed: int = _help("seed for model initialization and data order", default=0)
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise unknown_name("dataset", self.dataset, DATASETS)
+        if callable(self.dataset):  # a function of yours, e.g. from a notebook cell
+            object.__setattr__(self, "dataset", user_code.register(
+                "dataset", self.dataset.__name__, self.dataset, DATASETS))
+        yours = user_code.is_user_code("dataset", self.dataset)
+        if self.dataset not in DATASETS and not yours:
+            raise unknown_name("dataset", self.dataset, [*DATASETS, "package.module:function"])
         if self.augment is None:
-            object.__setattr__(self, "augment",
-                               "standard" if DATASETS[self.dataset].kind == "real"
-                               and DATASETS[self.dataset].task == "classify" else "none")
+            spec = DATASETS.get(self.dataset)
+            object.__setattr__(self, "augment", "standard" if spec is not None and spec.kind == "real"
+                               and spec.task == "classify" else "none")
         if self.augment not in typing.get_args(Augment):  # Optional: check_choices skips it
             raise ConfigError("augment", self.augment,
                               "choose one of " + ", ".join(typing.get_args(Augment)))
@@ -383,8 +388,10 @@ class TrainConfig:
                 raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}")
         if algorithm not in OPTIONS:
             raise unknown_name("algorithm", algorithm, OPTIONS)
-        if model not in MODELS:
-            raise unknown_name("model", model, MODELS)
+        if callable(model):  # a function or class of yours, e.g. from a notebook cell
+            model = user_code.register("model", model.__name__, model, MODELS)
+        if model not in MODELS and not user_code.is_user_code("model", model):
+            raise unknown_name("model", model, [*MODELS, "package.module:function"])
         options = build_options(algorithm, OPTIONS[algorithm], options)
         for name, value in (("algorithm", algorithm), ("options", options), ("model", model)):
             object.__setattr__(self, name, value)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, preempt, trace
+from . import checkpoint, preempt, trace, user_code
 from .algorithms import Roles, algorithm_class
 from .algorithms.base import Server, vote_overflow
 from .comm.collectives import Comm
@@ -45,7 +45,7 @@ from .data.sources import ImageSource
 from .emulate import ComputeProfile, EmulatedCompute, measure
 from .errors import CheckpointError, ConfigError, Diverged
 from .lifecycle import Lifecycle, Stopped, every
-from .models import build_model
+from .models import build_model, check_fits
 from .paths import check_output_dir
 from .precision import LossScaler, autocast
 from .progress import progress
@@ -107,8 +107,18 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
         check_output_dir("trace", outputs.trace)
     if rank is None or rank == roles.evaluator:  # the evaluator writes the checkpoints
         check_output_dir("checkpoint_dir", outputs.checkpoint_dir)
-    with torch.device("meta"):  # checks the model fits the data, allocating nothing
+    yours = user_code.is_user_code("model", config.model)
+    try:
+        with torch.device("meta"):  # checks the model fits the data, allocating nothing
+            model = build_model(config.model, train.input_shape, train.num_classes)
+    except (RuntimeError, NotImplementedError):
+        if not yours:
+            raise
+        # your constructor computes on tensors (an .item() on the meta device): build it for real
         model = build_model(config.model, train.input_shape, train.num_classes)
+    if yours:  # its output must fit the data
+        check_fits(config.model, model, train.batch(torch.arange(min(2, len(train)))),
+                   train.num_classes)
     spe = ShardSampler(len(train), data.batch_size, 0, len(roles.workers),
                        data.seed).steps_per_epoch
     total = length.steps if length.steps is not None else math.ceil((length.epochs or 1.0) * spe)
@@ -406,6 +416,8 @@ class Trainer:
             "emulated_backward_s": self.compute.backward_s,
             "emulated_compute": self.compute.source}
         result = self.life.gather(wall_s, self.step_records, self.eval_records, extra)
+        if result is not None:
+            result.summary.update(user_code.provenance(self.config.model, self.config.data.dataset))
         if result is not None and is_language_model(self.splits.train):
             result.summary.update(language_model_summary(result.summary,
                                                          self.splits.train.input_shape[0]))

@@ -23,9 +23,14 @@ def test_bench_train_runs_1_and_2_ranks_and_writes_rows(tmp_path, capsys):
                  "--warmup-steps", "3", "--repeats", "2", "--json", str(out)]) == 0, capsys.readouterr()
     rows = json.loads(out.read_text())
     assert [(r["algorithm"], r["backend"], r["world_size"]) for r in rows] == [
-        ("allreduce", "gloo", 1), ("allreduce", "gloo", 2), ("independent", "none", 1),
-        ("independent", "none", 2)]
-    one, two, solo, pair = rows
+        ("plain loop", "none", 1), ("allreduce", "gloo", 1), ("allreduce", "gloo", 2),
+        ("independent", "none", 1), ("independent", "none", 2)]
+    plain, one, two, solo, pair = rows
+    # each worker's own rate against the plain PyTorch loop's, round by round
+    per_worker = [a / 2 / b for a, b in zip(two["samples_per_s_runs"], plain["samples_per_s_runs"],
+                                            strict=True)]
+    assert two["per_worker_vs_plain"] == pytest.approx(sum(per_worker) / 2)
+    assert plain["per_worker_vs_plain"] == pytest.approx(1.0) and plain["samples_per_s"] > 0
     # the ceiling: two copies of `local` at once, never communicating
     assert pair["scaling_efficiency"] == pytest.approx(pair["samples_per_s"] / (2 * solo["samples_per_s"]))
     assert pair["exposed_comm_s"] == 0.0 and pair["bytes_sent_per_step"] == 0.0
@@ -42,7 +47,8 @@ def test_bench_train_runs_1_and_2_ranks_and_writes_rows(tmp_path, capsys):
     assert pair["vs_ceiling"] == pytest.approx(1.0) and solo["vs_ceiling"] == pytest.approx(1.0)
     out = capsys.readouterr().out
     assert "allreduce    gloo" in out and "independent  none" in out
-    assert out.index("[1/2] independent none  2 process(es)") < out.index("[2/2] allreduce   gloo  1 rank(s)")
+    assert out.index("[1/2] independent none  2 process(es)") < out.index("[2/2] plain loop  1 process")
+    assert out.index("[2/2] plain loop  1 process") < out.index("[2/2] allreduce   gloo  1 rank(s)")
 
 
 @pytest.mark.parametrize("args, expected", [

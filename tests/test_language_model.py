@@ -131,9 +131,11 @@ LM_ALGORITHMS = ["sync_ps", "downpour", "allreduce", "ddp", "sgp", "osgp", "dpsg
 
 
 def test_every_algorithm_lowers_the_validation_loss_on_the_corpus(tmp_path):
-    base = dict(model="gpt-nano", dataset="stdlib-text", steps=120, warmup_steps=2,
+    # two ranks: a server and a worker, or two workers (adpsgd's bipartite graph needs an even count)
+    base = dict(model="gpt-nano", dataset="stdlib-text", steps=80, warmup_steps=2,
                 batch_size=16, threads=1, seed=0, optimizer="adam", lr=0.003)
     runs = {name: {**base, "algorithm": name} for name in LM_ALGORITHMS}
-    found = one_session(3, runs, tmp_path, timeout=1500)
-    losses = {name: s["test_loss"] for name, s in found.items()}
-    assert all(v < LEARNED_CONTEXT_NATS for v in losses.values()), losses
+    found = one_session(2, runs, tmp_path, timeout=1500)
+    losses = {name: round(s["test_loss"], 3) for name, s in found.items()}
+    above = {name: loss for name, loss in losses.items() if not loss < LEARNED_CONTEXT_NATS}
+    assert not above, f"above {LEARNED_CONTEXT_NATS}: {above}; all: {losses}"

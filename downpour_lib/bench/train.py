@@ -82,6 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="rounds of every run; each point reports its median throughput (default: 3)")
     p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                    help="leave out the independent-processes rows (the machine's ceiling)")
+    p.add_argument("--no-plain", dest="plain", action="store_false",
+                   help="leave out the plain PyTorch loop's row (one process, no downpour)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default: 900)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
     p.set_defaults(func=cmd_bench_train)
@@ -182,13 +184,65 @@ def independent_launch(config: TrainConfig, n: int, timeout_s: float) -> list[di
         return [json.loads(out.read_text()) for out in outs]
 
 
+PLAIN = "plain loop"  # the reference row: the loop everyone writes first, one process
+
+
+def plain_loop(config: TrainConfig) -> float:
+    """Samples per second of a plain PyTorch loop on ``config``'s model, data, batch, optimizer and
+    threads, in this process: each batch read as one worker reads it, forward, the loss, backward,
+    the optimizer's step, the loss read back (as the engine reads it every step)."""
+    import time
+
+    import torch
+
+    from ..data import ShardSampler, load_dataset
+    from ..engine import build_optimizer, task_loss
+    from ..models import build_model
+
+    torch.set_num_threads(config.system.threads or 1)
+    train = load_dataset(config.data.dataset, config.data.data_dir).train
+    torch.manual_seed(config.data.seed)
+    model = build_model(config.model, train.input_shape, train.num_classes)
+    optimizer = build_optimizer(config, model.parameters())
+    sampler = ShardSampler(len(train), config.data.batch_size, 0, 1, config.data.seed)
+    steps, warmup = config.length.steps, config.length.warmup_steps
+    start = 0.0
+    for step in range(steps):
+        if step == warmup:
+            start = time.perf_counter()
+        x, y = train.batch(sampler.indices(step)[1])
+        optimizer.zero_grad(set_to_none=True)
+        loss = task_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    return (steps - warmup) * config.data.batch_size / (time.perf_counter() - start)
+
+
+def plain_launch(config: TrainConfig, timeout_s: float) -> dict[str, Any]:
+    """``plain_loop`` in a fresh process, as each run is one (the same start, the same imports)."""
+    code = ("import json, sys; from downpour_lib.config import TrainConfig; "
+            "from downpour_lib.bench.train import plain_loop; "
+            "print(plain_loop(TrainConfig.from_dict(json.loads(sys.argv[1]))))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(config.to_dict(), default=str)],
+                          capture_output=True, text=True, timeout=timeout_s, env=env)
+    if proc.returncode != 0:
+        raise StudyError(f"the plain loop failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return {"samples_per_s": float(proc.stdout.split()[-1])}
+
+
 def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
     """Every run of the plan, ``repeats`` rounds of them: a round launches each run once, so a slow
     spell of a shared machine lands on every point alike instead of on one; each point reports the
     median of its rounds."""
     runs = plan(args)
     summaries: list[list[dict[str, Any]]] = [[] for _ in runs]
+    plain: list[float] = []
     for round_ in range(args.repeats):
+        if args.plain:
+            plain.append(plain_launch(runs[0].config, args.timeout)["samples_per_s"])
+            log(f"  [{round_ + 1}/{args.repeats}] {PLAIN:<11} 1 process: {plain[-1]:.1f} samples/s")
         for run, seen in zip(runs, summaries, strict=True):
             seen.append(run.launch(args.timeout))
             log(f"  [{round_ + 1}/{args.repeats}] {run.algorithm:<11} {run.backend:<5} {run.ranks} "
@@ -215,6 +269,19 @@ def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
             "repeats": args.repeats, "hosts": pick["hosts"],
             **{k: pick.get(k, v) for k, v in environment().items()},  # as the run saw it
         })
+    context = _tokens_per_sample(runs[0].config)
+    if plain:
+        rows.insert(0, {"algorithm": PLAIN, "backend": "none", "model": runs[0].config.model,
+                        "world_size": 1, "num_workers": 1, "samples_per_s": statistics.median(plain),
+                        "samples_per_s_runs": plain, "scaling_efficiency": 1.0,
+                        "exposed_comm_s": 0.0, "repeats": args.repeats, **environment()})
+    for row in rows:
+        # each worker's own rate against the plain loop's, round by round, then the median
+        row["per_worker_vs_plain"] = statistics.median(
+            a / row["num_workers"] / b for a, b in zip(row["samples_per_s_runs"], plain,
+                                                      strict=True)) if plain else None
+        if context:
+            row["tokens_per_s"] = row["samples_per_s"] * context
     reference = {(r["num_workers"]): r["samples_per_s"] for r in rows
                  if r["algorithm"] == "ddp" and r["backend"] == "gloo"}
     ceiling = {r["num_workers"]: r["samples_per_s_runs"] for r in rows
@@ -230,12 +297,23 @@ def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
     return rows
 
 
+def _tokens_per_sample(config: TrainConfig) -> int | None:
+    """A language model's context (its throughput is also told in tokens), else None."""
+    from ..data import DATASETS
+
+    spec = DATASETS.get(config.data.dataset)
+    return spec.input_shape[0] if spec is not None and spec.task == "lm" else None
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = ("algorithm", "backend", "ranks", "samples/s", "efficiency", "exposed comm s",
-              "vs ddp/gloo", "of ceiling")
+    tokens = bool(rows) and "tokens_per_s" in rows[0]
+    header = ("algorithm", "backend", "ranks", "samples/s", *(("tokens/s",) if tokens else ()),
+              "efficiency", "exposed comm s", "per worker vs plain", "vs ddp/gloo", "of ceiling")
     cells = [header] + [
         (r["algorithm"], r["backend"], str(r["world_size"]), f"{r['samples_per_s']:.1f}",
+         *((f"{r['tokens_per_s']:.0f}",) if tokens else ()),
          f"{r['scaling_efficiency']:.3f}", f"{r['exposed_comm_s']:.4f}",
+         "-" if r.get("per_worker_vs_plain") is None else f"{r['per_worker_vs_plain']:.3f}",
          "-" if r["vs_ddp_gloo"] is None else f"{r['vs_ddp_gloo']:.2f}x",
          "-" if r["vs_ceiling"] is None else f"{r['vs_ceiling']:.3f}") for r in rows]
     print_columns(cells)

@@ -74,15 +74,18 @@ def job_world(world_size: int, backend: str = "auto", device: str = "auto",
         sub.Free()
 
 
-def train(config: dict[str, Any], world_size: int, plan: Any = None):
+def train(config: dict[str, Any], world_size: int, plan: Any = None, user: bytes | None = None):
     """Train ``config`` on ranks 0..world_size-1; rank 0 returns the ``RunResult``, others None.
     ``plan``: the client's pre-flight (``engine.plan_run``), made here when not given; engines in
     a Slurm job resume on their own (``TrainConfig.slurm_resume``), so they re-read only where
-    the run starts (``engine.plan_resume``)."""
+    the run starts (``engine.plan_resume``). ``user``: the client's own model and data-set
+    functions, by value (``user_code.shipped``)."""
+    from .. import user_code
     from .._torch_import import import_torch
     from ..config import TrainConfig
     from ..engine import Trainer, plan_resume, quiet, warn
 
+    user_code.receive(user)  # before the config names them
     import_torch()  # the optimizer's first step imports torch._dynamo: here, with the GC paused
     given = TrainConfig.from_dict(config)
     cfg = given.slurm_resume()  # after a preemption and a restart, the same call resumes

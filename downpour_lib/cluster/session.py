@@ -37,6 +37,7 @@ from typing import Any
 
 import pandas as pd
 
+from .. import user_code
 from ..errors import ConfigError
 from . import remote
 from .failures import CONTINUE, ClusterError, ClusterPreempted, ClusterRunError, _preempted
@@ -186,6 +187,7 @@ class ClusterSession(Running):
                         load_dataset(config.data.dataset, config.data.data_dir).train)
         try:
             results = self.run(remote.train, config.to_dict(), world_size, plan,
+                               user_code.shipped(config.model, config.data.dataset),
                                timeout_s=timeout_s,
                                what=f"{config.algorithm} on {world_size} rank(s)",
                                silent_s=config.system.timeout_s)

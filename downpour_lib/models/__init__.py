@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from downpour_lib import user_code
 from downpour_lib.errors import ConfigError, unknown_name
 
 if TYPE_CHECKING:
@@ -164,9 +165,11 @@ def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Modu
     Raises ConfigError for an unknown name, images smaller than the model accepts, or fewer than
     two classes, before anything is allocated.
     """
+    if user_code.is_user_code("model", name):
+        return _build_users(name, input_shape, num_classes)
     spec = MODELS.get(name)
     if spec is None:
-        raise unknown_name("model", name, MODELS)
+        raise unknown_name("model", name, [*MODELS, "package.module:function"])
     lm = [n for n, s in MODELS.items() if s.task == "lm"]
     if spec.task == "lm":
         if len(input_shape) != 1:
@@ -197,6 +200,49 @@ def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Modu
     return spec.build(input_shape, num_classes)
 
 
+def register(name: str, build: Callable[[InputShape, int], nn.Module]) -> str:
+    """Give your model function (``(input_shape, num_classes) -> nn.Module``, e.g. defined in a
+    notebook cell) a name that ``TrainConfig(model=...)`` and a cluster's engines accept."""
+    return user_code.register("model", name, build, MODELS)
+
+
+def _build_users(name: str, input_shape: InputShape, num_classes: int) -> nn.Module:
+    from torch import nn
+
+    model = user_code.resolve("model", name)(tuple(input_shape), num_classes)
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model", name, f"it returned {type(model).__name__}, not a "
+                                         "torch.nn.Module; a model function takes (input_shape, "
+                                         "num_classes) and returns the module")
+    return model
+
+
+def check_fits(name: str, model: nn.Module, example, num_classes: int) -> None:
+    """Your model's forward on two samples of the data set (on the meta device where it was built
+    there: nothing is computed) gives logits of the data's shape: ``(2, classes)``, or
+    ``(2, T, vocabulary)`` for next-token targets ``(2, T)``. ConfigError names what came out and
+    what was expected."""
+    import torch
+
+    x, y = example
+    expected = (*y.shape, num_classes)
+    device = next(model.parameters(), torch.empty(0)).device  # meta, or the CPU where it was built
+    try:
+        with torch.no_grad():
+            out = model(x.to(device))
+    except NotImplementedError:  # an operation meta tensors cannot run: checked when it trains
+        return
+    except Exception as exc:  # noqa: BLE001 - the user's forward, in one line
+        raise ConfigError("model", name, f"its forward fails on the data set's samples of shape "
+                                         f"{tuple(x.shape[1:])} ({type(exc).__name__}: "
+                                         f"{str(exc).splitlines()[0]}); build it for that input "
+                                         "shape (the function's first argument)") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError("model", name, f"on 2 samples it returns {got}; the data set needs "
+                                         f"logits of shape {expected} ({num_classes} classes)")
+
+
 def parameter_count(model: nn.Module) -> int:
     """The number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -207,6 +253,8 @@ __all__ = [
     "InputShape",
     "ModelSpec",
     "build_model",
+    "check_fits",
     "model_names",
+    "register",
     "parameter_count",
 ]

@@ -1,7 +1,7 @@
 """Hardware as an input: a YAML file describing devices, nodes and links, read into a ``Calibration``.
 
-``downpour model predict --hardware FILE.yaml`` reads one; the presets are such files
-(``downpour_lib/perf/hardware/*.yaml``). Every number names its source. The fields::
+``model predict --hardware FILE.yaml`` reads one; the presets are such files (``hardware/*.yaml``);
+every number names its source (docs/perf_model.md, field by field). The fields::
 
     name: my-cluster                  # what prediction rows name as their calibration
     source: "where the description comes from"
@@ -9,11 +9,9 @@
     collective: auto                  # ring, tree, hierarchical, or auto (the faster per bucket)
     bucket_mb: 25                     # DDP's bucket_cap_mb (Horovod's fusion buffer: 64)
     bucketing: fixed                  # fixed (DDP's buckets) or ready (Horovod's Tensor Fusion)
-    overlap: null                     # share of the bucket pipeline achieved; null: not measured,
-                                      # a range (terms.OVERLAP_RANGE). Every range a file leaves
-                                      # makes a prediction a band, its point the band's middle
-    jitter: 0.0                       # coefficient of variation of a step (a run's steps.csv);
-                                      # omitted: not measured, a range (terms.JITTER_RANGE)
+    overlap: null                     # share of the bucket pipeline achieved; null: a range
+                                      # (terms.OVERLAP_RANGE): each range left makes a band
+    jitter: 0.0                       # a step's coefficient of variation; omitted: a range
     node_compute: fitted              # compute lost when a node's devices are all busy:
                                       # fitted (terms.fit_node_compute, on NVIDIA's DGX-1 table) or none
     host:                             # the CPUs that feed the devices (optional: without it the
@@ -32,14 +30,13 @@
     models:
       resnet50:
         batch: 256                    # samples per worker per step
-        images_per_s: 367             # one device alone; or step_s: seconds per step
+        images_per_s: 367             # samples/s of one device alone; or step_s: s per step
         parameters: 25557032          # what an allreduce carries: parameters x bytes_per_parameter
         bytes_per_parameter: 4
         devices_per_worker: 1         # >1: a worker is that many devices of one node (SGP's nodes)
         ready_at: [0.01, ..., 1.0]    # share of backward done as each tenth of the gradient is
                                       # ready (terms.gradient_ready_at); omitted: evenly spread
-        accumulation: 1               # forward+backward passes per allreduce (gradient
-                                      # accumulation; each pass is one batch)
+        accumulation: 1               # forward+backward passes (batches) per allreduce
         source: "..."
 """
 

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .. import provenance
+from .. import provenance, user_code
 from ..checkpoint import atomic_write_text
-from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, run_mpiexec
+from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env, run_mpiexec
 from ..errors import DownpourError
 from .load import LoadProbe, describe
 
@@ -354,11 +354,16 @@ def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> di
     with tempfile.TemporaryDirectory(prefix="downpour-run-") as tmp:
         cfg, out = Path(tmp) / "config.json", Path(tmp) / "summary.json"
         cfg.write_text(json.dumps(config.to_dict(), default=str))
+        env = mpi_env()
+        shipped = user_code.shipped(config.model, config.data.dataset)
+        if shipped is not None:  # your own functions, for ranks that cannot import them
+            (Path(tmp) / "user_code.pkl").write_bytes(shipped)
+            env[user_code.SHIPPED_ENV] = str(Path(tmp) / "user_code.pkl")
         cmd = [mpiexec, "-n", str(world_size), "--oversubscribe", "--bind-to", "none",
                sys.executable, "-m", "downpour_lib", "train", "--config", str(cfg),
                "--summary-json", str(out)]
         try:
-            proc = run_mpiexec(cmd, capture_output=True, text=True, timeout_s=timeout_s)
+            proc = run_mpiexec(cmd, capture_output=True, text=True, timeout_s=timeout_s, env=env)
         except subprocess.TimeoutExpired as exc:
             raise StudyError(f"{config.algorithm} on {world_size} rank(s) ran past {timeout_s} s")\
                 from exc

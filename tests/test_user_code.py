@@ -1,0 +1,215 @@
+"""Your own model and data set: by import path from a file outside the package, or defined in a
+notebook cell, through `downpour train`, `downpour study`, notebook 02 and a cluster's engines;
+bad input is one line naming the value and what would work, before any rank waits."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+from conftest import BIN, ROOT, explain, launch_env, mpiexec_path
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from downpour_lib import TrainConfig, Trainer
+from downpour_lib.cluster.mpiexec import run_mpiexec
+from downpour_lib.comm.runtime import DistContext
+from downpour_lib.data import load_dataset
+from downpour_lib.data import register as register_dataset
+from downpour_lib.errors import ConfigError
+from downpour_lib.models import register as register_model
+from downpour_lib.notebooks import run_notebook
+
+USERS_FILE = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+
+    class TwoLayer(nn.Module):
+        def __init__(self, features, classes):
+            super().__init__()
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(features, 32), nn.ReLU(),
+                                     nn.Linear(32, classes))
+
+        def forward(self, x):
+            return self.net(x)
+
+
+    def build(input_shape, num_classes):
+        return TwoLayer(int(torch.tensor(input_shape).prod()), num_classes)
+
+
+    def blobs(data_dir):
+        """Four well-separated clusters of 2x5x5 inputs: any working model learns them."""
+        g = torch.Generator().manual_seed(0)
+        centers = torch.randn(4, 2, 5, 5, generator=g) * 2
+
+        def make(n):
+            y = torch.randint(4, (n,), generator=g)
+            return TensorDataset(centers[y] + torch.randn(n, 2, 5, 5, generator=g), y)
+
+        return make(1024), make(256)
+
+
+    def too_narrow(input_shape, num_classes):
+        return TwoLayer(3, num_classes)
+
+
+    def no_module(input_shape, num_classes):
+        return 42
+
+
+    def not_pairs(data_dir):
+        return [1, 2, 3], [4]
+    ''')
+
+
+@pytest.fixture
+def users_dir(tmp_path, monkeypatch):
+    """A user's own file, outside the package, in the working directory."""
+    (tmp_path / "mymodels.py").write_text(USERS_FILE)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    import sys
+
+    sys.modules.pop("mymodels", None)
+    if str(tmp_path) in sys.path:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_model_and_data_set_by_import_path_train_and_are_recorded(users_dir):
+    config = TrainConfig(algorithm="local", model="mymodels:build", dataset="mymodels:blobs",
+                         epochs=2, batch_size=32, threads=1)
+    s = Trainer(config, DistContext.single()).run().summary
+    assert s["model"] == "mymodels:build" and s["test_accuracy"] > 0.9, s
+    source = (users_dir / "mymodels.py").read_text()
+    import hashlib
+
+    assert s["model_source_sha256"] == hashlib.sha256(source.encode()).hexdigest()[:12]
+    assert s["dataset_source_sha256"] == s["model_source_sha256"]  # the same module
+
+
+@pytest.mark.parametrize("model, dataset, says", [
+    ("nosuchmodule:build", "digits", "module 'nosuchmodule' does not import"),
+    ("mymodels:nothere", "digits", "module 'mymodels' has no 'nothere'"),
+    ("mymodels:", "digits", "an import path package.module:function"),
+    ("mymodels:no_module", "mymodels:blobs", "it returned int, not a torch.nn.Module"),
+    ("mymodels:too_narrow", "mymodels:blobs", "forward fails on the data set's samples of shape (2, 5, 5)"),
+    ("mymodels:build", "mymodels:not_pairs", "(x, y) pairs"),
+    ("mlp", "mymodels:nowhere", "module 'mymodels' has no 'nowhere'"),
+])
+def test_bad_user_code_is_one_line_naming_the_value(users_dir, model, dataset, says):
+    proc = __import__("subprocess").run(
+        [str(BIN / "downpour"), "train", "--model", model, "--dataset", dataset, "--steps", "5"],
+        env=launch_env(), capture_output=True, text=True, timeout=120, cwd=users_dir)
+    assert proc.returncode == 2, explain(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_model_whose_logits_do_not_fit_the_classes_is_refused_before_training():
+    register_model("three_out", lambda shape, classes: nn.Sequential(nn.Flatten(), nn.LazyLinear(3)))
+    with pytest.raises(ConfigError, match=r"returns \(2, 3\); the data set needs logits of shape \(2, 10\)"):
+        Trainer(TrainConfig(model="three_out", dataset="digits", steps=2, warmup_steps=1),
+                DistContext.single())
+
+
+def test_names_of_built_ins_are_refused_and_callables_are_registered():
+    with pytest.raises(ConfigError, match="'lenet' is a built-in model; give yours another name"):
+        register_model("lenet", lambda shape, classes: nn.Linear(1, 1))
+    with pytest.raises(ConfigError, match="'digits' is a built-in dataset"):
+        register_dataset("digits", lambda d: None)
+
+    def tiny_lm_data(data_dir):
+        tokens = torch.arange(4000) % 50
+        x = tokens[:-1].unfold(0, 16, 16)[:200]
+        y = tokens[1:].unfold(0, 16, 16)[:200]
+        train = TensorDataset(x, y)
+        train.vocabulary = 64
+        return train, TensorDataset(x[:20], y[:20])
+
+    config = TrainConfig(algorithm="local", model="gpt-nano", dataset=tiny_lm_data, steps=30,
+                         warmup_steps=1, batch_size=8, threads=1, optimizer="adam", lr=0.01)
+    assert config.data.dataset == "tiny_lm_data"  # registered under its name
+    train = load_dataset("tiny_lm_data").train
+    assert train.task == "lm" and train.input_shape == (16,) and train.num_classes == 64
+    s = Trainer(config, DistContext.single()).run().summary
+    assert s["test_perplexity"] < 3, s  # a counting sequence: the next token is all but certain
+    assert "dataset_source_sha256" in s
+
+
+def test_downpour_train_and_study_run_your_file_under_mpiexec(users_dir):
+    out = users_dir / "s.json"
+    proc = run_mpiexec([mpiexec_path(), "-n", "2", "--oversubscribe", "--bind-to", "none",
+                        str(BIN / "downpour"), "train", "--algorithm", "allreduce", "--model",
+                        "mymodels:build", "--dataset", "mymodels:blobs", "--epochs", "2",
+                        "--summary-json", str(out)], env=launch_env(), capture_output=True,
+                       text=True, timeout_s=300, cwd=users_dir)  # run where your file is
+    assert proc.returncode == 0, explain(proc)
+    s = json.loads(out.read_text())
+    assert s["world_size"] == 2 and s["test_accuracy"] > 0.9 and s["model_source_sha256"], s
+    proc = __import__("subprocess").run(
+        [str(BIN / "downpour"), "study", "--model", "mymodels:build", "--dataset",
+         "mymodels:blobs", "--algorithms", "allreduce", "--workers", "1,2", "--steps", "6",
+         "--repeats", "1", "--out", str(users_dir / "study")],
+        env=launch_env(), capture_output=True, text=True, timeout=600, cwd=users_dir)
+    assert proc.returncode == 0, explain(proc)
+    runs = pd.read_csv(users_dir / "study" / "runs.csv")
+    assert sorted(runs.world_size) == [1, 2] and (runs.model == "mymodels:build").all()
+    assert (runs.model_source_sha256 == s["model_source_sha256"]).all()
+
+
+def _cells(*sources: str):
+    """A notebook of these code cells, after an empty ``parameters`` cell."""
+    nb = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell("engines = 2")
+    parameters.metadata["tags"] = ["parameters"]
+    nb.cells = [parameters, *(nbformat.v4.new_code_cell(textwrap.dedent(s)) for s in sources)]
+    return nb
+
+
+def test_a_model_class_defined_in_a_notebook_cell_trains_on_the_engines(tmp_path):
+    path = tmp_path / "mine.ipynb"
+    nbformat.write(_cells(
+        """
+        from torch import nn
+        from downpour_lib import TrainConfig
+        from downpour_lib.cluster import start_cluster
+
+        class Wide(nn.Module):  # defined here: the engines have no module to import it from
+            def __init__(self, input_shape, num_classes):
+                super().__init__()
+                self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(),
+                                         nn.Linear(128, num_classes))
+            def forward(self, x):
+                return self.net(x)
+        """,
+        """
+        with start_cluster("local-mpi", n=engines) as cluster:
+            result = cluster.train(TrainConfig(algorithm="allreduce", model=Wide, dataset="digits",
+                                               epochs=3, threads=1))
+        print("RESULT", result.summary["model"], result.summary["world_size"],
+              result.summary["test_accuracy"])
+        """), path)
+    nb = run_notebook(path, timeout_s=600)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    _, name, world, accuracy = next(line for line in text.splitlines() if line.startswith("RESULT")).split()
+    assert name == "Wide" and world == "2" and float(accuracy) > 0.85, text
+
+
+def test_notebook_02_scales_a_model_from_your_file(users_dir):
+    params = {"algorithms": ["allreduce"], "engines": 2, "workers": [1, 2], "repeats": 1,
+              "out": str(users_dir / "scaling"),
+              "overrides": {"model": "mymodels:build", "dataset": "mymodels:blobs",
+                            "batch_size": 16, "steps": 6, "warmup_steps": 2},
+              "emulated_workers": []}
+    env = {**launch_env(), "PYTHONPATH": str(users_dir)}
+    run_notebook(ROOT / "notebooks" / "02_scaling_study.ipynb", params, env=env)
+    runs = pd.read_csv(users_dir / "scaling" / "runs.csv")
+    assert sorted(runs.world_size) == [1, 2] and (runs.model == "mymodels:build").all()
+    assert runs.model_source_sha256.notna().all() and (runs.samples_per_s > 0).all()
