@@ -11,7 +11,7 @@ project = "downpour"
 author = "the downpour authors"
 copyright = "the downpour authors"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.autosummary",
-              "sphinx.ext.mathjax", "results"]
+              "sphinx.ext.mathjax", "sphinx-mathjax-offline", "results"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}  # .rst: autosummary's stubs
 exclude_patterns = ["_build", "README.md"]
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
