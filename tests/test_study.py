@@ -436,6 +436,13 @@ def test_the_model_figure_names_its_machine_and_says_why_measurement_differs():
                                                                runs.samples_per_s * 1.8))
     assert not model_gaps(agree, predictions).differs.any()
     assert model_notes(agree, predictions) == []
+    assert not far.collections  # a measured calibration: points, no band
+    banded = predictions.assign(efficiency_low=predictions.efficiency - 0.05,
+                                efficiency_high=predictions.efficiency + 0.05)
+    far = scaling_model_figure(runs, banded).axes[1]
+    assert len(far.collections) == 2  # one band a drawn curve: "a", and "b, c" together
+    band = far.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(0.95 - 0.002 * 1024 ** 0.5)
 
 
 def test_the_study_says_which_algorithms_it_leaves_out_and_why():

@@ -482,7 +482,8 @@ def _merged_curves(predictions: pd.DataFrame, names: list[str]):
 def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
     """Left: at the worker counts measured here, each algorithm's measured efficiency (filled, error
     bars over repeats) beside the model's (hollow diamond), a thin line between them. Right: the
-    model's curves out to 1,024 workers, coinciding curves drawn once. The title names the machine
+    model's curves out to 1,024 workers, coinciding curves drawn once, each with its band where
+    the calibration leaves quantities unmeasured (a hardware file's ranges). The title names the machine
     and commit; the note under the axes says where and why the two differ (``model_gaps``)."""
     runs = real_only(runs)
     model = runs.model.iloc[0]  # a study trains one model; the figure shows the first
@@ -521,6 +522,10 @@ def scaling_model_figure(runs: pd.DataFrame, predictions: pd.DataFrame):
     near.set_title("measured here, beside the model", fontsize=9)
     for color, label, curve in _merged_curves(predictions, names):
         far.plot(curve.workers, curve.efficiency, "-", color=color, alpha=0.85, label=label)
+        if {"efficiency_low", "efficiency_high"} <= set(curve) and curve.efficiency_low.notna().all():
+            # what the model cannot know for hardware nobody measured (perf.terms' ranges)
+            far.fill_between(curve.workers, curve.efficiency_low, curve.efficiency_high,
+                             color=color, alpha=0.15, linewidth=0)
     far.set_xscale("log", base=2)
     far.set_xlabel("workers")
     far.set_ylim(0, 1.15)
