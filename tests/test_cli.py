@@ -53,7 +53,7 @@ BAD_INPUTS = [
      "parameter profile=\"'local-mpi\" is not valid", 2),
     (["notebook", "run", "{nb}", "-p", "stepz=3"],
      "parameter='stepz' is not valid: the notebook's parameters are algorithms, workers", 2),
-    (["notebook", "run", "{nb}", "-p", "algorithms=['nope']", "-p", "out={tmp}"],
+    (["notebook", "run", "{nb}", "-p", "algorithms=['nope']", "-p", "out={tmp}", "--no-save"],
      "downpour notebook: error: 02_scaling_study.ipynb: algorithms='nope' is not valid: choose "
      "from local, sync_ps", 2),
     (["model", "predict", "--model", "nope"], "model='nope' is not valid: choose one of ", 2),
