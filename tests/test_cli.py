@@ -212,10 +212,29 @@ def test_no_cuda_for_cuda_or_nccl_exits_2_with_one_message(monkeypatch, ranks, f
 
 
 def test_unknown_flag_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["train", "--learning-rate", "0.1"])
-    assert exit_.value.code == 2
+    assert main(["train", "--learning-rate", "0.1"]) == 2
     assert "unrecognized arguments: --learning-rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_misspelled_flag_is_said_once_with_the_flag_meant_and_the_commands_usage(ranks):
+    """Under mpiexec every rank printed it, under a usage line listing `{train}` alone of the
+    twelve commands, with no suggestion."""
+    args = ["train", "--compresion", "fp16"]
+    proc = downpour(*args) if ranks == 1 else mpiexec(ranks, str(BIN / "downpour"), *args)
+    assert proc.returncode == 2, explain(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("downpour train: error: unrecognized arguments: --compresion fp16; did you "
+                        "mean --compression?") == 1, explain(proc)
+    assert output.count("usage: downpour train [options] (`downpour train --help` lists them)") == 1
+    assert "{train}" not in output and "Traceback" not in output, explain(proc)
+
+
+def test_a_misspelled_command_names_the_command_meant(capsys):
+    assert main(["trian", "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'trian'" in err and err.rstrip().endswith("did you mean train?"), err
+    assert "{train,evaluate,models,datasets,study,plot,model,bench,profiles,notebook,lab,sandbox}" in err
 
 
 def test_console_script_exit_status_and_listing():
