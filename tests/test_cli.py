@@ -300,3 +300,16 @@ def test_model_predict_reads_the_calibration_make_study_wrote(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert f"({here}/scaling/calibration.json)" in out and out.count("allreduce") >= 2, out
 
+
+
+def test_adpsgd_on_an_odd_world_names_the_ranks_not_a_topology_never_set():
+    """It said `topology='bipartite_exponential' is not valid`, a value the user never gave: the
+    number of ranks is what to change, and the graph is named as adpsgd's default."""
+    proc = mpiexec(3, str(BIN / "downpour"), "train", "--algorithm", "adpsgd", "--model", "mlp",
+                   "--steps", "5", "--threads", "1")
+    assert proc.returncode == 2, explain(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("downpour train: error: world_size=3 is not valid: adpsgd's graph, "
+                        "topology='bipartite_exponential' (its default and only one), pairs odd "
+                        "(active) with even (passive) ranks") == 1, explain(proc)
+    assert "launch 2 or 4 ranks, or use sgp or dpsgd" in output, explain(proc)
