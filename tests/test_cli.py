@@ -313,3 +313,22 @@ def test_adpsgd_on_an_odd_world_names_the_ranks_not_a_topology_never_set():
                         "topology='bipartite_exponential' (its default and only one), pairs odd "
                         "(active) with even (passive) ranks") == 1, explain(proc)
     assert "launch 2 or 4 ranks, or use sgp or dpsgd" in output, explain(proc)
+
+
+def test_a_cluster_error_in_a_notebook_is_one_line_exit_2(tmp_path, capsys):
+    """A ClusterError in a cell (several running clusters, engines that did not start) was a
+    24-line traceback from `downpour notebook run`; it is its message, as a bad parameter's."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("profile = 'x'")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "from downpour_lib.cluster import ClusterError\n"
+        "raise ClusterError(f'profile {profile!r} runs 2 clusters; use_cluster does not start another')")]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    assert main(["notebook", "run", str(path), "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("downpour notebook: error: nb.ipynb: profile 'x' runs 2 clusters; use_cluster "
+                   "does not start another\n"), err
