@@ -350,15 +350,77 @@ COMMANDS = {
 }
 
 
+class UsageError(Exception):
+    """A command line argparse refused; ``main`` says it once (rank 0 under a launcher)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors come to ``main`` instead of being printed here and now: under
+    ``mpiexec -n 4`` every rank printed the same usage and error."""
+
+    def error(self, message: str):  # noqa: D102 -- argparse's hook
+        raise UsageError(self, message)
+
+
+#: a usage line longer than this many lines (train's, of every field) is named, not printed
+USAGE_LINES = 3
+
+
+def _usage_error(exc: UsageError, argv: Sequence[str]) -> int:
+    """argparse's refusal as one message: the usage of the command it is about (a long one
+    shortened to its help), the error, and for an unknown flag the closest known one (difflib).
+    Under a launcher only rank 0 says it; the others wait, as ``_refuse``'s do."""
+    import difflib
+
+    from .launch_env import discover
+
+    parser, message = exc.parser, str(exc)
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    unknown = [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0]
+               not in known] if message.startswith("unrecognized arguments") else []
+    hints = [(flag, close[0]) for flag in unknown
+             if (close := difflib.get_close_matches(flag, known, n=1, cutoff=0.6))]
+    command = _command(argv)
+    if "invalid choice" in message and command and command not in COMMANDS:
+        hints = [(command, close[0]) for close in [difflib.get_close_matches(command, COMMANDS, n=1)]
+                 if close]
+    if len(hints) == 1:
+        message += f"; did you mean {hints[0][1]}?"
+    elif hints:
+        message += "; did you mean " + ", ".join(f"{close} (for {flag})" for flag, close in hints) + "?"
+    usage = parser.format_usage().rstrip()
+    if usage.count("\n") >= USAGE_LINES:
+        usage = f"usage: {parser.prog} [options] (`{parser.prog} --help` lists them)"
+    return _refuse_usage(f"{usage}\n{parser.prog}: error: {message}",
+                         discover(os.environ).rank == 0)
+
+
+def _refuse_usage(text: str, speak: bool) -> int:
+    if speak:
+        print(text, file=sys.stderr, flush=True)
+    else:
+        time.sleep(QUIET_EXIT_DELAY_S)
+    return USAGE_ERROR
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or (``command``) of that one alone."""
-    parser = argparse.ArgumentParser(prog="downpour", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="downpour", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     adders = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
     for where in dict.fromkeys(adders):  # in order, each once (one adds two commands)
         module, name = where.split(":")
         getattr(importlib.import_module(module, __package__), name)(sub)
     return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
 
 
 def _command(argv: Sequence[str]) -> str | None:
@@ -377,10 +439,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    parser = build_parser(_command(sys.argv[1:] if argv is None else argv))
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "passes_unknown_args", False):
-        parser.error("unrecognized arguments: " + " ".join(unknown))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command(argv)
+    parser = build_parser(command)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and not getattr(args, "passes_unknown_args", False):
+            # the command's own parser says it: its usage, not the top level's (which, built for
+            # this one command alone, listed `{train}` of the twelve)
+            sub = _subparser(parser, args.command)
+            sub.error("unrecognized arguments: " + " ".join(unknown))
+    except UsageError as exc:
+        return _usage_error(exc, argv)
     args.unknown_args = unknown
     try:
         return args.func(args)

@@ -33,8 +33,10 @@ class NotebookError(DownpourError):
         self.bad_input = bad_input
 
 
-#: the exceptions a cell raises for bad input, which ``one_line_errors`` shows as one line
-BAD_INPUT = ("ConfigError", "DataError")
+#: the exceptions a cell raises for bad input, and a cluster it cannot use or start
+#: (``ClusterError``: the profile's running clusters, engines that did not start), which
+#: ``one_line_errors`` shows as their message alone: a traceback through the library adds nothing
+BAD_INPUT = ("ConfigError", "DataError", "ClusterError")
 
 
 def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
@@ -46,10 +48,12 @@ def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
 def one_line_errors(shell) -> None:
     """In an IPython ``shell``: bad input (``ConfigError``, ``DataError``) shows as the one line the
     command line gives (``algorithms='nope' is not valid: choose from ...``), not as a traceback
-    through the library: the cell still fails, and the line names the parameter and what works."""
+    through the library: the cell still fails, and the line names the parameter and what works.
+    So does a ``ClusterError`` (which cluster runs, what to change)."""
+    from .cluster.failures import ClusterError
     from .errors import DataError
 
-    shell.set_custom_exc((ConfigError, DataError), _one_line)
+    shell.set_custom_exc((ConfigError, DataError, ClusterError), _one_line)
 
 
 def show_errors_in_one_line() -> None:

@@ -146,12 +146,14 @@ class BipartiteExponential(Topology):
 
     def check(self) -> None:
         if self.world_size > 1 and self.world_size % 2:
+            # the number of ranks is what to change: the graph is adpsgd's default and only
+            # choice, a value the user may never have set
             raise ConfigError(
-                "topology", self.name,
-                f"the bipartite graph pairs odd (active) with even (passive) ranks, so it needs an "
-                f"even number of ranks, but this launch has {self.world_size}; launch "
-                f"{self.world_size - 1} or {self.world_size + 1} ranks, or use sgp or dpsgd, which "
-                "run on any number")
+                "world_size", self.world_size,
+                "adpsgd's graph, topology='bipartite_exponential' (its default and only one), "
+                "pairs odd (active) with even (passive) ranks, so it needs an even number of "
+                f"ranks; launch {self.world_size - 1} or {self.world_size + 1} ranks, or use sgp "
+                "or dpsgd, which run on any number")
         if self.peers_per_step != 1:
             raise ConfigError("peers_per_step", self.peers_per_step,
                               "the bipartite graph pairs each rank with exactly 1 peer per step; use 1")

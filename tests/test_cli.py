@@ -53,7 +53,7 @@ BAD_INPUTS = [
      "parameter profile=\"'local-mpi\" is not valid", 2),
     (["notebook", "run", "{nb}", "-p", "stepz=3"],
      "parameter='stepz' is not valid: the notebook's parameters are algorithms, workers", 2),
-    (["notebook", "run", "{nb}", "-p", "algorithms=['nope']", "-p", "out={tmp}"],
+    (["notebook", "run", "{nb}", "-p", "algorithms=['nope']", "-p", "out={tmp}", "--no-save"],
      "downpour notebook: error: 02_scaling_study.ipynb: algorithms='nope' is not valid: choose "
      "from local, sync_ps", 2),
     (["model", "predict", "--model", "nope"], "model='nope' is not valid: choose one of ", 2),
@@ -212,10 +212,29 @@ def test_no_cuda_for_cuda_or_nccl_exits_2_with_one_message(monkeypatch, ranks, f
 
 
 def test_unknown_flag_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["train", "--learning-rate", "0.1"])
-    assert exit_.value.code == 2
+    assert main(["train", "--learning-rate", "0.1"]) == 2
     assert "unrecognized arguments: --learning-rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_misspelled_flag_is_said_once_with_the_flag_meant_and_the_commands_usage(ranks):
+    """Under mpiexec every rank printed it, under a usage line listing `{train}` alone of the
+    twelve commands, with no suggestion."""
+    args = ["train", "--compresion", "fp16"]
+    proc = downpour(*args) if ranks == 1 else mpiexec(ranks, str(BIN / "downpour"), *args)
+    assert proc.returncode == 2, explain(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("downpour train: error: unrecognized arguments: --compresion fp16; did you "
+                        "mean --compression?") == 1, explain(proc)
+    assert output.count("usage: downpour train [options] (`downpour train --help` lists them)") == 1
+    assert "{train}" not in output and "Traceback" not in output, explain(proc)
+
+
+def test_a_misspelled_command_names_the_command_meant(capsys):
+    assert main(["trian", "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'trian'" in err and err.rstrip().endswith("did you mean train?"), err
+    assert "{train,evaluate,models,datasets,study,plot,model,bench,profiles,notebook,lab,sandbox}" in err
 
 
 def test_console_script_exit_status_and_listing():
@@ -281,3 +300,35 @@ def test_model_predict_reads_the_calibration_make_study_wrote(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert f"({here}/scaling/calibration.json)" in out and out.count("allreduce") >= 2, out
 
+
+
+def test_adpsgd_on_an_odd_world_names_the_ranks_not_a_topology_never_set():
+    """It said `topology='bipartite_exponential' is not valid`, a value the user never gave: the
+    number of ranks is what to change, and the graph is named as adpsgd's default."""
+    proc = mpiexec(3, str(BIN / "downpour"), "train", "--algorithm", "adpsgd", "--model", "mlp",
+                   "--steps", "5", "--threads", "1")
+    assert proc.returncode == 2, explain(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("downpour train: error: world_size=3 is not valid: adpsgd's graph, "
+                        "topology='bipartite_exponential' (its default and only one), pairs odd "
+                        "(active) with even (passive) ranks") == 1, explain(proc)
+    assert "launch 2 or 4 ranks, or use sgp or dpsgd" in output, explain(proc)
+
+
+def test_a_cluster_error_in_a_notebook_is_one_line_exit_2(tmp_path, capsys):
+    """A ClusterError in a cell (several running clusters, engines that did not start) was a
+    24-line traceback from `downpour notebook run`; it is its message, as a bad parameter's."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("profile = 'x'")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "from downpour_lib.cluster import ClusterError\n"
+        "raise ClusterError(f'profile {profile!r} runs 2 clusters; use_cluster does not start another')")]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    assert main(["notebook", "run", str(path), "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("downpour notebook: error: nb.ipynb: profile 'x' runs 2 clusters; use_cluster "
+                   "does not start another\n"), err

@@ -27,10 +27,11 @@ from downpour_lib.cluster import (
     running_clusters,
     start_cluster,
     stop_clusters,
+    use_cluster,
 )
 from downpour_lib.cluster.failures import EngineFailure, cause_first
 from downpour_lib.cluster.profiles import BUNDLED, install_profile
-from downpour_lib.cluster.session import rank_map
+from downpour_lib.cluster.session import ClusterSession, rank_map
 from downpour_lib.errors import ConfigError
 from downpour_lib.study.load import COLUMNS as LOAD_COLUMNS
 from downpour_lib.study.scaling import StudySpec
@@ -266,10 +267,74 @@ def test_a_study_on_a_profile_that_runs_a_cluster_uses_that_cluster_and_leaves_i
                            "warmup_steps": 1, "eval_every": 0, "threads": 1})
     log = []
     runs = run_study(Scaling(spec, profile="local-mpi"), log=log.append)
-    assert log[0].startswith(f"using the running local-mpi cluster (id "
-                             f"{local_cluster.cluster.cluster_id!r})"), log
+    assert log[0] == (f"using the running local-mpi cluster (id {local_cluster.cluster.cluster_id!r}"
+                      ", 2 engines) for 1 run(s); stop() leaves it running"), log
     assert runs.world_size.tolist() == [1]
     assert sorted(local_cluster.hello()) == [0, 1]  # not stopped by the study
+
+
+def test_use_cluster_takes_the_running_cluster_with_the_engines_asked_for_and_leaves_it(
+        local_cluster):
+    """What notebooks 00 and 01 call: the profile's running cluster (here the module's), never a
+    second one beside it; a count of engines it does not have is one line saying what it has."""
+    cluster_id = local_cluster.cluster.cluster_id
+    log = []
+    with use_cluster("local-mpi", 2, activate=False, log=log.append) as session:
+        assert not session.owned and session.ranks == local_cluster.ranks
+        assert session.hello()[1].startswith("hello from rank 1 of 2")
+    assert log == [f"using the running local-mpi cluster (id {cluster_id!r}, 2 engines); stop() "
+                   "leaves it running"]
+    assert [c.cluster_id for c in running_clusters("local-mpi")] == [cluster_id]
+    assert sorted(local_cluster.hello()) == [0, 1]  # left running
+    with pytest.raises(ConfigError) as more:
+        use_cluster("local-mpi", 3, activate=False)
+    assert str(more.value).startswith("engines=3 is not valid: profile 'local-mpi' runs a cluster "
+                                      f"of 2 engines (cluster id {cluster_id!r})"), more.value
+    assert "ask for 2 (engines=2), or stop it (`ipcluster stop --profile=local-mpi`)" in str(more.value)
+    with pytest.raises(ConfigError, match="engines=1 is not valid: .* ask for 2 "):
+        use_cluster("local-mpi", 1, activate=False)  # a notebook's ranks are all the engines
+    with use_cluster("local-mpi", 1, at_least=True, activate=False, log=None) as session:
+        assert session.size == 2  # a study's runs take the ranks they need
+    with use_cluster("local-mpi", 2, engines_per_node=2, activate=False, log=None) as session:
+        assert session.size == 2
+    with pytest.raises(ConfigError, match="engines_per_node=1 is not valid: the running local-mpi "
+                                          r"cluster .* has 2 on "):
+        use_cluster("local-mpi", 2, engines_per_node=1, activate=False)
+    assert sorted(local_cluster.hello()) == [0, 1]
+
+
+def test_use_cluster_starts_one_only_when_none_runs_and_stops_what_it_started():
+    install_profile("use-test", BUNDLED / "profile_local-mpi")
+    log = []
+    try:
+        with use_cluster("use-test", 1, activate=False, log=log.append, timeout_s=300) as session:
+            assert session.owned and session.size == 1
+            assert [c.cluster_id for c in running_clusters("use-test")] == [session.cluster.cluster_id]
+        assert log == ["starting a use-test cluster of 1 engine (none runs; stop() stops it)"]
+        assert running_clusters("use-test") == []
+    finally:
+        stop_clusters("use-test")
+
+
+def test_the_ranks_of_this_machine_are_known_by_machine_not_host_name():
+    """The Slurm sandbox's nodes are namespaces of this machine with host names of their own
+    (node1, node2): their engines' processes are this machine's, and their CPU time a study's
+    own (``study.load``), not other processes' load. An engine on another machine is not,
+    whatever its host name says."""
+    me = remote.machine_id()
+    seen = {0: {"rank": 0, "size": 3, "host": "node1", "pid": 101, "machine": me},
+            1: {"rank": 1, "size": 3, "host": "node2", "pid": 102, "machine": me},
+            2: {"rank": 2, "size": 3, "host": os.uname().nodename, "pid": 103, "machine": "elsewhere"}}
+    session = ClusterSession(None, None, owned=False)
+    session._map_ranks(seen)
+    assert session.local_ranks == {0, 1} and session.local_pids() == [101, 102]
+
+
+def test_a_real_clusters_engines_are_this_machines(local_cluster):
+    assert local_cluster.local_ranks == {0, 1}
+    engines = {e["pid"] for e in local_cluster.engines.values()}
+    controller = local_cluster.cluster.controller.process.pid  # this session started it
+    assert sorted(local_cluster.local_pids()) == sorted(engines | {controller})
 
 
 def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():

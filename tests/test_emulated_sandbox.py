@@ -121,3 +121,18 @@ def test_each_link_rate_of_an_algorithm_has_a_line_of_its_own():
                        "allreduce (emulated, 50 ms a step)", "allreduce"])
     styles = _link_styles(names)
     assert styles == {names[1]: "s-.", names[0]: "v:"}  # the local and real lines keep theirs
+
+
+def test_an_empty_sweep_runs_nothing_and_says_so_not_where_it_ran(tmp_path):
+    """emulated_workers=[]: notebook 02 said "the emulated points ran on this machine's ranks"."""
+    from downpour_lib.study.studies import emulated_where
+
+    csv = tmp_path / "runs.csv"
+    lines = []
+    ran_on = run_emulated_sweep(["allreduce"], [], [0.05], TINY, csv=csv, log=lines.append)
+    assert ran_on == "none" and not csv.exists() and lines == []
+    assert emulated_where(ran_on).startswith("no emulated points")
+    assert emulated_where("local") == ("the emulated points ran on this machine's ranks (the "
+                                       "CSV's `where`: local)")
+    assert "the engines of the slurm-mpi cluster" in emulated_where("local", profile="slurm-mpi")
+    assert emulated_where("sandbox", ["1gbit", "2mbit"]).endswith("sandbox, at 1gbit, 2mbit")

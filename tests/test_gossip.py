@@ -73,7 +73,8 @@ def test_world_checks_refuse_graphs_that_do_not_fit():
     adpsgd = TrainConfig(algorithm="adpsgd")
     with pytest.raises(ConfigError) as err:
         check_world(adpsgd, 3)
-    assert err.value.field == "topology" and "launch 2 or 4 ranks" in str(err.value)
+    assert (err.value.field, err.value.value) == ("world_size", 3) and "launch 2 or 4 ranks" in str(err.value)
+    assert "bipartite_exponential' (its default and only one)" in str(err.value)
     for ok in (1, 2, 4, 6):
         check_world(adpsgd, ok)
     sgp3 = TrainConfig(algorithm="sgp", options={"peers_per_step": 3})

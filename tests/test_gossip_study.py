@@ -171,7 +171,8 @@ def test_bad_requests_fail_before_any_run():
         s.algorithms(["sgp", "gossip"])
     assert recorder.calls == []
     s, recorder, _ = study(max_world_size=3)
-    with pytest.raises(ConfigError, match="topology='bipartite_exponential'.*even"):
+    with pytest.raises(ConfigError, match=r"world_size=3 is not valid: adpsgd's graph, "
+                                          r"topology='bipartite_exponential' \(its default.*even"):
         s.algorithms(["sgp", "adpsgd"])  # not skipped when asked for directly
     assert recorder.calls == []
 

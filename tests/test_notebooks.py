@@ -2,11 +2,14 @@
 headless on a 2-engine local-mpi cluster with tiny parameters, its results checked."""
 
 import ast
+import shutil
+import subprocess
+import time
 
 import nbformat
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import BIN, ROOT, downpour, explain, launch_env
 
 from downpour_lib.errors import ConfigError
 from downpour_lib.notebooks import NotebookError, inject_parameters, parameter_names, run_notebook
@@ -90,10 +93,74 @@ def images(nb) -> int:
 
 def test_00_cluster_quickstart():
     nb = run_notebook(ROOT / "notebooks" / "00_cluster_quickstart.ipynb", {"engines": 2})
+    assert "starting a local-mpi cluster of 2 engines" in outputs(nb, "cluster = use_cluster(")
     hello = outputs(nb, "remote.hello()")
     assert "hello from rank 0 of 2" in hello and "hello from rank 1 of 2" in hello
     allreduce = outputs(nb, "cluster.allreduce()")
     assert allreduce.count("3.0") == 2, allreduce  # 1 + 2 on both ranks
+
+
+def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
+    """The intended workflow: `ipcluster start --profile=local-mpi -n 2 --daemonize`, then the
+    notebook, from the command line. It uses that cluster (it refused it: ClusterError, 24 lines),
+    leaves it running, says what ran and keeps the executed notebook under
+    results/<host>/notebooks/ beside the notebook's results; a count of engines the cluster does
+    not have is one line, exit 2, saying what it has."""
+    from downpour_lib.cluster import ensure_profile, running_clusters, stop_clusters
+    from downpour_lib.study.core import host_dirname
+
+    notebook = tmp_path / "notebooks" / "00_cluster_quickstart.ipynb"
+    notebook.parent.mkdir()
+    shutil.copy(ROOT / "notebooks" / notebook.name, notebook)
+    ensure_profile("local-mpi")
+    ipcluster = [str(BIN / "ipcluster"), "--profile=local-mpi"]
+    try:
+        start = subprocess.run([ipcluster[0], "start", ipcluster[1], "-n", "2", "--daemonize"],
+                               env=launch_env(), capture_output=True, text=True, timeout=120)
+        assert start.returncode == 0, explain(start)
+        deadline = time.monotonic() + 60
+        while not running_clusters("local-mpi"):
+            assert time.monotonic() < deadline, "ipcluster start --daemonize started no controller"
+            time.sleep(0.5)
+        [started] = [c.cluster_id for c in running_clusters("local-mpi")]
+
+        proc = downpour("notebook", "run", str(notebook), "-p", "engines=2", timeout=600)
+        assert proc.returncode == 0, explain(proc)
+        saved = tmp_path / "results" / host_dirname() / "notebooks" / notebook.name
+        assert f"using the running local-mpi cluster (id {started!r}, 2 engines)" in proc.stdout
+        assert proc.stdout.startswith(f"downpour notebook: running {notebook} with engines=2\n")
+        assert f"executed notebook, with its outputs and figures: {saved}" in proc.stdout
+        executed = nbformat.read(saved, as_version=4)
+        assert "hello from rank 0 of 2" in outputs(executed, "remote.hello()")
+        assert [c.cluster_id for c in running_clusters("local-mpi")] == [started]  # left running
+
+        wrong = downpour("notebook", "run", str(notebook), "-p", "engines=3", "--no-save",
+                         timeout=600)
+        assert wrong.returncode == 2, explain(wrong)
+        [line] = wrong.stderr.strip().splitlines()
+        assert line.startswith("downpour notebook: error: 00_cluster_quickstart.ipynb: engines=3 is "
+                               "not valid: profile 'local-mpi' runs a cluster of 2 engines"), line
+        assert "ask for 2 (engines=2)" in line and "Traceback" not in wrong.stdout + wrong.stderr
+        assert [c.cluster_id for c in running_clusters("local-mpi")] == [started]
+    finally:
+        subprocess.run([ipcluster[0], "stop", ipcluster[1]], env=launch_env(), capture_output=True,
+                       text=True, timeout=120)
+        stop_clusters("local-mpi")
+
+
+def test_notebook_run_says_where_and_keeps_nothing_with_no_save(tmp_path):
+    """Notebook 00 with no cluster running: it starts one and stops it; --no-save keeps no
+    executed notebook, and says so."""
+    from downpour_lib.cluster import running_clusters
+
+    notebook = tmp_path / "notebooks" / "00_cluster_quickstart.ipynb"
+    notebook.parent.mkdir()
+    shutil.copy(ROOT / "notebooks" / notebook.name, notebook)
+    proc = downpour("notebook", "run", str(notebook), "-p", "engines=2", "--no-save", timeout=600)
+    assert proc.returncode == 0, explain(proc)
+    assert "starting a local-mpi cluster of 2 engines (none runs; stop() stops it)" in proc.stdout
+    assert "executed notebook not saved (--no-save)" in proc.stdout, explain(proc)
+    assert not (tmp_path / "results").exists() and running_clusters("local-mpi") == []
 
 
 def test_01_train_sync_ps():
@@ -249,3 +316,25 @@ def test_06_at_scale(tmp_path):
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
         "fastest.png", "scaling_model.png", "staleness_model.png"]
     assert images(nb) == 3
+
+
+def test_this_machines_results_are_git_ignored_and_the_committed_ones_are_not():
+    """What `make study` and `downpour notebook run` write under results/<host>/ stays out of
+    `git status`; every committed file under results/ (results/reference/) is not ignored."""
+    from downpour_lib.study.core import host_dirname
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(*paths: str) -> set[str]:
+        proc = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT,
+                              input="\n".join(paths), capture_output=True, text=True, timeout=60)
+        assert proc.returncode in (0, 1), explain(proc)
+        return set(proc.stdout.split())
+
+    mine = [f"results/{host_dirname()}/{p}" for p in ("scaling/runs.csv", "notebooks/01.ipynb",
+                                                      "model/figures/fastest.png")]
+    assert ignored(*mine) == set(mine)
+    committed = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=60).stdout.split()
+    assert committed and ignored(*committed) == set()

@@ -225,11 +225,17 @@ def test_job_ids_go_on_across_down_and_up(tmp_path):
 
     with running_sandbox(tmp_path / "slurm") as box:
         first = [submit(box), submit(box)]
+        assert box.dir.is_dir()
+    # down leaves nothing of it (the README says so) but its next job id, beside its directory
+    assert not (tmp_path / "slurm").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".slurm.next-job-id"]
     with running_sandbox(tmp_path / "slurm") as box:  # down, then up again
         again = submit(box)
-        box.down()
-        (box.dir / "next-job-id").unlink()  # as after a crash: the controller's log still tells
-    with running_sandbox(tmp_path / "slurm") as box:
+        box._slurm("scontrol", "shutdown")  # as after a crash: down saves no id, the log still tells
+        deadline = time.monotonic() + 30
+        while box.status().daemons["slurmctld"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        box.up()
         last = submit(box)
     assert first[1] == first[0] + 1 and again == first[1] + 1 and last == again + 1, \
         (first, again, last)

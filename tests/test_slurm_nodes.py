@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import BIN, ROOT, downpour, explain, launch_env
 from slurm_sandbox import (
@@ -189,6 +190,69 @@ def test_notebook_01_on_slurm_mpi_engines_across_both_nodes(env, tmp_path):
     summary = shown("result = cluster.train(config)")
     assert "node1,node2" in summary and "sync_ps" in summary, summary
     wait_until(lambda: not squeue(env, "%i"), 60, "the engine job gone (the notebook stops its cluster)")
+
+
+def test_notebook_01_uses_the_slurm_mpi_cluster_started_before_it_whose_ranks_are_no_load(
+        env, tmp_path, monkeypatch):
+    """The intended workflow: `ipcluster start --profile=slurm-mpi -n 2 --daemonize` (an engine on
+    each node), then notebook 01 with profile=slurm-mpi. It stopped with ClusterError (the profile
+    already runs a cluster); it now uses that cluster and leaves its job running. The engines on
+    node1 and node2 are this machine's processes: a study's load probe counts their CPU time as
+    the run's own (it counted it as other processes' load: every run "measured under load")."""
+    from downpour_lib import TrainConfig
+    from downpour_lib.cluster import running_clusters, stop_clusters, use_cluster
+    from downpour_lib.study.load import LoadProbe
+
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # this process's ipyparallel and scancel
+    install = subprocess.run([str(BIN / "downpour"), "profiles", "install"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert install.returncode == 0, explain(install)
+    ipcluster = [str(BIN / "ipcluster"), "--profile=slurm-mpi"]
+    try:
+        start = subprocess.run([ipcluster[0], "start", ipcluster[1], "-n", "2", "--daemonize",
+                                "--SlurmMPIEngineSetLauncher.tasks_per_node=1"], env=env,
+                               capture_output=True, text=True, timeout=180, cwd=ROOT)
+        assert start.returncode == 0, explain(start)
+        wait_until(lambda: running_clusters("slurm-mpi"), 60, "the controller of ipcluster start")
+        [started] = [c.cluster_id for c in running_clusters("slurm-mpi")]
+        wait_until(lambda: squeue(env, "%T") == ["RUNNING"], 120, "the engine job running")
+        [job] = squeue(env, "%i")
+        proc = subprocess.run([str(BIN / "downpour"), "notebook", "run",
+                               "notebooks/01_train_sync_ps.ipynb", "-p", "profile=slurm-mpi",
+                               "-p", "engines=2", "-p", "model=mlp", "-p", "steps=10",
+                               "-p", "eval_every=5", "--output", str(tmp_path / "01.ipynb"),
+                               "--timeout", "300"],
+                              env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert proc.returncode == 0, explain(proc)
+        assert f"using the running slurm-mpi cluster (id {started!r}, 2 engines)" in proc.stdout
+        cells = json.loads((tmp_path / "01.ipynb").read_text())["cells"]
+        summary = json.dumps(next(c for c in cells if "".join(c["source"]).startswith(
+            "result = cluster.train(config)"))["outputs"])
+        assert "node1,node2" in summary, summary
+        assert squeue(env, "%i") == [job]  # the notebook left the engines' job running
+
+        with use_cluster("slurm-mpi", 2, activate=False, log=None, timeout_s=300) as cluster:
+            assert sorted(e["host"] for e in cluster.engines.values()) == ["node1", "node2"]
+            assert cluster.local_ranks == {0, 1}  # this machine's processes, node names or not
+            engines = [psutil.Process(e["pid"]) for e in cluster.engines.values()]
+            before = sum(engine_cpu_s(p) for p in engines)
+            with LoadProbe(cluster.local_pids) as probe:
+                cluster.train(TrainConfig(algorithm="allreduce", model="lenet", dataset="digits",
+                                          steps=300, batch_size=32, threads=1, eval_every=0))
+            spent = sum(engine_cpu_s(p) for p in engines) - before
+        assert spent > 1.0, spent  # the ranks trained (2 x ~1-2 s here)
+        assert probe.own_cpu_s >= spent, (probe.own_cpu_s, spent)  # all of it the run's own
+        assert squeue(env, "%i") == [job]
+    finally:
+        subprocess.run([ipcluster[0], "stop", ipcluster[1]], env=env, capture_output=True,
+                       text=True, timeout=120)
+        stop_clusters("slurm-mpi")
+    wait_until(lambda: not squeue(env, "%i"), 60, "the engine job gone after ipcluster stop")
+
+
+def engine_cpu_s(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 # -- faults ------------------------------------------------------------------------------------

@@ -179,7 +179,7 @@ def test_a_model_class_defined_in_a_notebook_cell_trains_on_the_engines(tmp_path
         """
         from torch import nn
         from downpour_lib import TrainConfig
-        from downpour_lib.cluster import start_cluster
+        from downpour_lib.cluster import use_cluster
 
         class Wide(nn.Module):  # defined here: the engines have no module to import it from
             def __init__(self, input_shape, num_classes):
@@ -190,7 +190,7 @@ def test_a_model_class_defined_in_a_notebook_cell_trains_on_the_engines(tmp_path
                 return self.net(x)
         """,
         """
-        with start_cluster("local-mpi", n=engines) as cluster:
+        with use_cluster("local-mpi", n=engines) as cluster:
             result = cluster.train(TrainConfig(algorithm="allreduce", model=Wide, dataset="digits",
                                                epochs=3, threads=1))
         print("RESULT", result.summary["model"], result.summary["world_size"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from pathlib import Path
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,12 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
                    help="override a name of the notebook's `parameters` cell (a Python literal, "
                         "else a string); repeatable")
-    p.add_argument("--output", help="also save the executed notebook here")
+    saved = p.add_mutually_exclusive_group()
+    saved.add_argument("--output", help="save the executed notebook (its outputs and figures) here "
+                                        "(default: results/<host>/notebooks/NAME.ipynb, beside "
+                                        "the notebook's own results)")
+    saved.add_argument("--no-save", action="store_true",
+                       help="do not save the executed notebook")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per cell (default: 1800)")
     p.set_defaults(func=cmd_notebook)
 
@@ -64,7 +70,50 @@ def parse_parameter(text: str) -> tuple[str, object]:
         return name, value
 
 
+def saved_notebook(notebook: str, output: str | None, no_save: bool) -> Path | None:
+    """Where ``downpour notebook run`` keeps the executed notebook: ``output``, None with
+    ``no_save``, else ``results/<host>/notebooks/NAME.ipynb`` under the results directory the
+    notebooks write to (``../results`` from the notebook's directory)."""
+    if no_save:
+        return None
+    if output:
+        return Path(output)
+    from ..study.core import host_dirname
+
+    return results_root(notebook) / host_dirname() / "notebooks" / Path(notebook).name
+
+
+def results_root(notebook: str) -> Path:
+    return Path(notebook).resolve().parent.parent / "results"
+
+
+def written_since(root: Path, start: float, skip: Path | None) -> list[str]:
+    """The directories under ``root`` holding files written since ``start`` (a study's CSVs and
+    figures), each with how many: 'results/vm/scaling (3 files)'."""
+    counts: dict[Path, int] = {}
+    if root.is_dir():
+        for path in root.rglob("*"):
+            try:
+                fresh = path.is_file() and path.stat().st_mtime >= start
+            except OSError:
+                continue
+            if fresh and path != skip:
+                where = path.parent if path.parent.name != "figures" else path.parent.parent
+                counts[where] = counts.get(where, 0) + 1
+    return [f"{_shown(d)} ({n} file{'s' if n > 1 else ''})" for d, n in sorted(counts.items())]
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it is under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def cmd_notebook(args: argparse.Namespace) -> int:
+    import time
+
     from ..notebooks import NotebookError, run_notebook
 
     try:
@@ -72,14 +121,27 @@ def cmd_notebook(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"downpour notebook: error: {exc}", file=sys.stderr)
         return 2
+    output = saved_notebook(args.notebook, args.output, args.no_save)
+    given = ", ".join(f"{k}={v!r}" for k, v in params.items()) or "its defaults"
+    print(f"downpour notebook: running {args.notebook} with {given}", flush=True)
+    start = time.time()
     try:
-        run_notebook(args.notebook, params, output=args.output, timeout_s=args.timeout, echo=True)
+        run_notebook(args.notebook, params, output=output, timeout_s=args.timeout, echo=True)
     except NotebookError as exc:
+        kept = f" (the executed notebook, up to the failing cell: {_shown(output)})" if output else ""
         if exc.bad_input:  # a parameter the library refused: its one line, as a flag's would be
-            print(f"downpour notebook: error: {exc.bad_input}", file=sys.stderr)
+            print(f"downpour notebook: error: {exc.bad_input}{kept}", file=sys.stderr)
             return 2
-        print(f"downpour notebook: {exc}", file=sys.stderr)
+        print(f"downpour notebook: {exc}{kept}", file=sys.stderr)
         return 1
+    lines = [f"downpour notebook: {args.notebook} ran in {time.time() - start:.0f} s"]
+    if output:
+        lines.append(f"  executed notebook, with its outputs and figures: {_shown(output)}")
+    else:
+        lines.append("  executed notebook not saved (--no-save)")
+    lines += [f"  wrote {where}" for where in written_since(results_root(args.notebook), start,
+                                                             output and output.resolve())]
+    print("\n".join(lines), flush=True)
     return 0
 
 

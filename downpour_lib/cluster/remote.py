@@ -14,6 +14,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: the driver imports this module too, and needs no torch
@@ -28,11 +29,23 @@ def engine_mpi_world():
     return MPI.COMM_WORLD
 
 
+def machine_id() -> str:
+    """Which machine and process id space this process runs in: the kernel's boot id and its PID
+    namespace. A host name does not say it: the Slurm sandbox's nodes (node1, node2) are UTS
+    namespaces on this machine, whose processes are this machine's, with the same pids. Where
+    /proc cannot tell (not Linux), the host name."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return socket.gethostname()
+
+
 def whoami() -> dict[str, Any]:
-    """This engine's MPI rank, the MPI world's size, its host and process id."""
+    """This engine's MPI rank, the MPI world's size, its host, process id and ``machine_id``."""
     world = engine_mpi_world()
     return {"rank": world.Get_rank(), "size": world.Get_size(), "host": socket.gethostname(),
-            "pid": os.getpid()}
+            "pid": os.getpid(), "machine": machine_id()}
 
 
 def introduce() -> dict[str, Any]:

@@ -9,7 +9,6 @@ session's ``engines``, ``client``, ``grace_s`` and ``restart_engines``.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -142,7 +141,7 @@ class Running:
         import psutil
 
         engine = self.engines[rank]
-        if engine["host"] != socket.gethostname():
+        if rank not in self.local_ranks:
             return None
         try:
             status = psutil.Process(engine["pid"]).status()

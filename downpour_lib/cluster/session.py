@@ -71,6 +71,7 @@ class ClusterSession(Running):
         self.timeout_s, self.grace_s = timeout_s, grace_s
         self.size = 0
         self.engines: dict[int, dict[str, Any]] = {}  # rank -> {engine_id, host, pid}
+        self.local_ranks: set[int] = set()  # the ranks whose engines run on this machine
         self._view = None
         self._restarting: set[int] | None = None  # the old engines' pids, while a restart is pending
         # pid -> psutil.Process: this machine's processes of a cluster we started (controller,
@@ -86,6 +87,12 @@ class ClusterSession(Running):
     def _map_ranks(self, seen: dict[int, dict[str, Any]]) -> None:
         self.engines = rank_map(seen)
         self.size = len(seen)
+        here = remote.machine_id()
+        # the ranks whose processes are this machine's, whatever their host name (the sandbox's
+        # nodes are this machine's namespaces): their pids mean something here
+        self.local_ranks = {me["rank"] for me in seen.values()
+                            if (me["machine"] == here if "machine" in me
+                                else me["host"] == socket.gethostname())}
         if self.owned:
             self._record_processes()
 
@@ -111,10 +118,10 @@ class ClusterSession(Running):
                     self._processes.setdefault(p.pid, p)
 
     def local_pids(self) -> list[int]:
-        """The engines' process ids on this machine and the controller's, if this session
-        started it: whose CPU time is a job's own, not other work's (``study.load``)."""
-        here = socket.gethostname()
-        pids = [e["pid"] for e in self.engines.values() if e["host"] == here]
+        """The engines' process ids on this machine (the Slurm sandbox's nodes included, whose
+        host names are not this machine's) and the controller's, if this session started it:
+        whose CPU time is a job's own, not other work's (``study.load``)."""
+        pids = [e["pid"] for rank, e in self.engines.items() if rank in self.local_ranks]
         process = getattr(getattr(self.cluster, "controller", None), "process", None)
         return pids + ([process.pid] if getattr(process, "pid", None) else [])
 

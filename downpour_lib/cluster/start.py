@@ -1,14 +1,18 @@
 """Start, connect to, find and stop a profile's ipyparallel clusters (see ``session``).
 
-``start_cluster(profile, n)`` starts a controller and ``n`` engines with the profile's launcher
-and refuses while the profile already runs a cluster; ``connect(profile)`` attaches to one that
-``ipcluster start --profile=NAME`` (or another session) runs. Both return a ``ClusterSession``.
+``use_cluster(profile, n)`` is what a notebook calls: the profile's running cluster (``ipcluster
+start --profile=NAME``), checked to have the engines asked for, or else one it starts, which only
+it stops. Under it, ``start_cluster(profile, n)`` starts a controller and ``n`` engines with the
+profile's launcher and refuses while the profile already runs a cluster; ``connect(profile)``
+attaches to one that ``ipcluster start --profile=NAME`` (or another session) runs. All three
+return a ``ClusterSession``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 
 from ..errors import ConfigError
 from .failures import ClusterError
@@ -30,11 +34,16 @@ def running_clusters(profile: str, ipython: str | None = None) -> list:
     return [c for c in clusters.values() if c.controller is not None and c.controller.running]
 
 
-def _already_running(profile: str, clusters: list) -> str:
-    lines = [f"profile {profile!r} already runs {len(clusters)} cluster(s); start_cluster does not "
+def engine_count(cluster) -> int:
+    """How many engines a running ipyparallel cluster's launchers started (its cluster file's)."""
+    return sum(es.n or 0 for es in cluster.engines.values())
+
+
+def _already_running(profile: str, clusters: list, who: str = "start_cluster") -> str:
+    lines = [f"profile {profile!r} already runs {len(clusters)} cluster(s); {who} does not "
              "start another beside it, whose engines would compete with its engines:"]
     for c in clusters:
-        engines = sum(es.n or 0 for es in c.engines.values())
+        engines = engine_count(c)
         pid = getattr(getattr(c.controller, "process", None), "pid", "?")
         cid = f", cluster_id={c.cluster_id!r}" if c.cluster_id else ""
         stop = f" --cluster-id={c.cluster_id}" if c.cluster_id else ""
@@ -154,3 +163,56 @@ def stop_clusters(profile: str, ipython: str | None = None) -> int:
         cluster.stop_cluster_sync()
         stopped += 1
     return stopped
+
+
+def use_cluster(profile: str = "local-mpi", n: int = 2, *, at_least: bool = False,
+                engines_per_node: int = 0, timeout_s: float = 120.0, activate: bool = True,
+                purpose: str = "", log: Callable[[str], None] | None = print,
+                **start_kwargs) -> ClusterSession:
+    """The cluster a notebook (or a study) works on: the one the profile runs, if it runs one
+    (``ipcluster start --profile=NAME -n N --daemonize``, or an earlier session), else a cluster of
+    ``n`` engines started here (``start_cluster``). ``cluster.stop()``, or the end of a ``with``
+    block, stops only a cluster started here; a running one is left running for the next notebook.
+
+    A running cluster must have ``n`` engines (``at_least``: ``n`` or more, as a study whose runs
+    take what they need), and with ``engines_per_node`` that many on each host: otherwise
+    ``ConfigError`` says how many it has and what to change, before any engine works. ``log``
+    (None: quiet) says which it did, with ``purpose`` after it (e.g. " for 3 run(s)")."""
+    from ..notebooks import show_errors_in_one_line
+
+    show_errors_in_one_line()  # the first helper a notebook calls
+    say = log or (lambda _line: None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError("engines", n, "ask for a whole number of engines, 1 or more")
+    ensure_profile(profile)
+    running = running_clusters(profile)
+    if len(running) > 1:
+        raise ClusterError(_already_running(profile, running, "use_cluster"))
+    if not running:
+        say(f"starting a {profile} cluster of {n} engine{'s' if n > 1 else ''}{purpose} (none runs; "
+            "stop() stops it)")
+        return start_cluster(profile, n, engines_per_node=engines_per_node, timeout_s=timeout_s,
+                             activate=activate, **start_kwargs)
+    found = running[0]
+    has, cid = engine_count(found), found.cluster_id
+    if has < n or (has > n and not at_least):
+        fewer = f"ask for {has}" + (" or fewer" if at_least else "")
+        raise ConfigError("engines", n, f"profile {profile!r} runs a cluster of {has} engines "
+                          f"(cluster id {cid!r}), which this uses rather than start another "
+                          f"beside it: {fewer} (engines={has}), or stop it (`ipcluster stop "
+                          f"--profile={profile}`) and run again to start {n}, or start it with "
+                          f"`ipcluster start --profile={profile} -n {n} --daemonize`")
+    session = connect(profile, cid, n=has, timeout_s=timeout_s, activate=False)
+    per_host = Counter(e["host"] for e in session.engines.values())
+    if engines_per_node and set(per_host.values()) != {engines_per_node}:
+        session.stop()  # not ours: a disconnect
+        placed = ", ".join(f"{count} on {host}" for host, count in sorted(per_host.items()))
+        raise ConfigError("engines_per_node", engines_per_node,
+                          f"the running {profile} cluster (id {cid!r}) has {placed}: use "
+                          f"engines_per_node=0 (as it is placed), or restart it with that many "
+                          f"on each node")
+    if activate:
+        session.activate()
+    say(f"using the running {profile} cluster (id {cid!r}, {has} engines){purpose}; stop() "
+        "leaves it running")
+    return session

@@ -10,7 +10,9 @@ cgroups (proctrack/linuxproc, task/none, no accounting). The node advertises at 
 2-core machine: the sandbox oversubscribes the real cores on purpose, it tests launching, not speed.
 
 ``down`` cancels every job, stops the daemons and then kills, by process id, whatever is left of
-their process trees (slurmstepd and job processes), so nothing keeps running. Both are idempotent.
+their process trees (slurmstepd and job processes), so nothing keeps running, and removes the
+directory (keeping only the next job id, in ``.<dir>.next-job-id`` beside it, so that job ids go
+on). Both are idempotent.
 
 Slurm's client commands (sbatch, srun, squeue) read ``SLURM_CONF``; so that a plain
 ``ipcluster start --profile=slurm-mpi`` finds the sandbox too, ``up`` links
@@ -75,7 +77,8 @@ class SlurmSandbox:
         self.link_system_conf = link_system_conf
         self.conf = self.dir / "slurm.conf"
         self.layout = self.dir / "nodes"  # how many nodes the sandbox in this directory was made with
-        self.next_job_file = self.dir / "next-job-id"  # job ids go on across down and up
+        # job ids go on across down and up: the one thing down leaves, one line beside the directory
+        self.next_job_file = self.dir.parent / f".{self.dir.name}.next-job-id"
         self.nodes = nodes if nodes is not None else (self._made_with() or 1)
         # links and namespaces named after the directory, so that they are this sandbox's alone
         self.network = Network(hashlib.sha1(str(self.dir).encode()).hexdigest()[:5])
@@ -365,7 +368,25 @@ class SlurmSandbox:
         if self._linked():
             SYSTEM_CONF.unlink()
         self._remove_network()
+        self._remove_files()
         return self.status()
+
+    def _remove_files(self) -> None:
+        """What ``up`` made in the sandbox's directory, then the directory if nothing else is
+        there (a --dir that held the user's own files keeps them). The next job id stays, beside
+        it, also after a crash (no controller to ask: its log tells)."""
+        next_id = self._next_job_id()
+        if next_id > 1:
+            atomic_write_text(self.next_job_file, f"{next_id}\n")
+        for path in (self.munge_dir, self.run_dir, self.log_dir, self.state_dir, self.spool_dir,
+                     self.dir / "tmp"):
+            shutil.rmtree(path, ignore_errors=True)
+        for path in (self.conf, self.layout, self.dir / "made-etc-netns"):
+            path.unlink(missing_ok=True)
+        try:
+            self.dir.rmdir()
+        except OSError:  # missing, or holding what is not ours
+            pass
 
     def _remove_network(self) -> None:
         """The namespaces, links and hosts files of the nodes, whatever node count made them."""

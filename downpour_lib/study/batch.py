@@ -63,13 +63,13 @@ def read_batch(directory: Path, names) -> dict[str, dict]:
 
 
 def _bench_args(flags: list[str]):
-    from ..cli import build_parser
+    from ..cli import UsageError, build_parser
 
     try:
         return build_parser().parse_args(["bench", "collectives", *flags])
-    except SystemExit:  # argparse said what is wrong on stderr
+    except UsageError as exc:
         raise ConfigError("bench", " ".join(flags), "flags that `downpour bench collectives` takes "
-                          "(argparse said which above)") from None
+                          f"({exc})") from None
 
 
 def _session(config: TrainConfig) -> tuple:

@@ -322,24 +322,19 @@ def cluster_for(plan: Sequence[PlannedRun], store: StudyStore, *, profile: str =
                 log: Callable[[str], None] = print) -> Iterator[Any]:
     """An ipyparallel cluster of the profile for the runs of ``plan`` still missing from ``store``,
     sized to the largest of them (or ``engines``); None when every run is already there (nothing
-    is started). If the profile already runs one cluster (``ipcluster start --profile=NAME``), the
-    runs use it and leave it running; a cluster started here is stopped on the way out."""
+    is started). As ``cluster.use_cluster``: if the profile already runs one cluster (``ipcluster
+    start --profile=NAME``) with enough engines, the runs use it and leave it running; a cluster
+    started here is stopped on the way out."""
     todo = pending(plan, store, fresh)
     if not todo:
         log(f"all {len(plan)} runs are already in {store}; nothing to run (fresh=True starts over)")
         yield None
         return
-    from ..cluster import connect, running_clusters, start_cluster
+    from ..cluster import use_cluster
 
-    running = running_clusters(profile)
-    if len(running) == 1:
-        log(f"using the running {profile} cluster (id {running[0].cluster_id!r}) for "
-            f"{len(todo)} run(s)")
-        session = connect(profile, running[0].cluster_id, activate=False)
-    else:  # none (or several: start_cluster says which)
-        n = engines or max(run.world_size for run in todo)
-        log(f"starting a {profile} cluster of {n} engines for {len(todo)} run(s)")
-        session = start_cluster(profile, n=n, activate=False)
+    n = engines or max(run.world_size for run in todo)
+    session = use_cluster(profile, n, at_least=True, activate=False, log=log,
+                          purpose=f" for {len(todo)} run(s)")
     with session as cluster:  # stops only a cluster it started
         yield cluster
 

@@ -95,12 +95,16 @@ def planned_run(config: TrainConfig, world_size: int) -> PlannedRun:
 Planned = list[tuple[TrainConfig, int]]
 
 
-def _check(base: Mapping[str, Any], algorithm: str, topology_: str, world_size: int,
-           max_world_size: int) -> TrainConfig:
+def _check_size(world_size: int, max_world_size: int) -> None:
     if not 1 <= world_size <= max_world_size:
         raise ConfigError("world_size", world_size,
                           f"this cluster has {max_world_size} engines: use 1 to "
                           f"{max_world_size}, or start the cluster with more")
+
+
+def _check(base: Mapping[str, Any], algorithm: str, topology_: str, world_size: int,
+           max_world_size: int) -> TrainConfig:
+    _check_size(world_size, max_world_size)
     config = run_config(base, algorithm, topology_)
     config.options.roles(world_size)  # a graph that does not fit this world: ConfigError now
     return config
@@ -126,11 +130,10 @@ def plan_world_sizes(base: Mapping[str, Any], algorithms: Sequence[str], world_s
     for algorithm in algorithms:
         run_config(base, algorithm)  # a bad name or base fails here, not skipped
         for n in world_sizes:
+            _check_size(n, max_world_size)  # past the cluster: an error, not a skip
             try:
                 planned.append((_check(base, algorithm, NO_TOPOLOGY, n, max_world_size), n))
-            except ConfigError as exc:
-                if exc.field == "world_size":
-                    raise
+            except ConfigError as exc:  # a world the algorithm cannot run in
                 skipped.append(f"{algorithm} on {n} rank(s): {exc}")
     return planned, skipped
 

@@ -9,7 +9,8 @@ point spread 7-36% against 0.1-8% on a quiet one. ``LoadProbe`` wraps one run an
 - ``load_others_cpu_s``: CPU seconds the machine spent on anything but the run while it ran: busy
   time of every core (``/proc/stat``: user, nice, system, irq, softirq and steal, which is time a
   hypervisor gave other guests) minus the CPU time of the run's own processes (this process, its
-  descendants, and the ``pids`` a launcher names, e.g. a cluster's engines);
+  descendants, and the ``pids`` a launcher names, e.g. a cluster's engines on this machine, the
+  Slurm sandbox's nodes included: ``ClusterSession.local_pids``);
 - ``load_others_share``: that as a share of the machine's cores over the run, and ``under_load``:
   True where it reached ``LOADED_SHARE``. The figures mark such points and ``make study`` says so.
 
@@ -94,6 +95,7 @@ class LoadProbe:
         self.cores = cores or os.cpu_count() or 1  # /proc/stat counts every core of the machine
         self._start: tuple[float, float | None, float, dict[int, float]] | None = None
         self._columns: dict[str, Any] = {}
+        self.own_cpu_s = float("nan")
 
     def __enter__(self) -> LoadProbe:
         own = own_cpu_s(self._pids())
@@ -106,6 +108,7 @@ class LoadProbe:
         busy1, window = machine_busy_s(), time.monotonic() - t0
         # a process there at the start counts from then; one born during the run, all of it
         own = sum(max(0.0, cpu - own0.get(pid, 0.0)) for pid, cpu in own1.items())
+        self.own_cpu_s = own  # the run's own processes' CPU seconds (not a column: a check's)
         others = share = float("nan")
         if busy0 is not None and busy1 is not None and window >= MIN_WINDOW_S:
             others = max(0.0, busy1 - busy0 - own)

@@ -196,8 +196,9 @@ def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
     (``sandbox 1gbit``); otherwise, or without ``links``, on this machine's ranks (``where``:
     ``local``): all on one cluster of ``profile`` (its engines import torch once for the whole
     sweep), or each under mpiexec when ``profile`` is None. Returns where it ran (``sandbox`` or
-    ``local``), and logs why. Nothing runs when ``workers`` is empty. ``options`` may name more
-    algorithms (the real sweep's)."""
+    ``local``; ``none`` when ``workers`` or ``step_s`` is empty, and nothing ran), and logs why
+    (``emulated_where`` says it in a sentence). ``options`` may name more algorithms (the real
+    sweep's)."""
     from . import emulated_sandbox
 
     links = emulated_sandbox.check_links(links)
@@ -219,7 +220,7 @@ def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
                     repeats=repeats, columns={"where": place}))
     planned = [run for group in specs.values() for spec in group for run in spec.planned()]
     if not planned:  # every check before any run
-        return "local"
+        return "none"
     store = StudyStore.of_csv(csv)
     if places != ["local"]:
         return _sweep_on_sandbox(specs, planned, store, sandbox_dir, log)
@@ -239,6 +240,17 @@ def run_emulated_sweep(algorithms: Sequence[str], workers: Sequence[int],
         for spec in specs["local"]:
             scaling.measure_spec(spec, log=log, launch=cluster.launch, own_pids=cluster.local_pids)
     return "local"
+
+
+def emulated_where(ran_on: str, links: Sequence[str] = (), profile: str | None = "local-mpi") -> str:
+    """Where ``run_emulated_sweep``'s points ran (its answer, ``ran_on``), in a sentence."""
+    if ran_on == "none":
+        return "no emulated points: the sweep's workers or step times are empty (emulated_workers=[])"
+    if ran_on == "sandbox":
+        return "the emulated points ran on the multi-node sandbox, at " + ", ".join(links)
+    ranks = ("this machine's ranks" if profile in (None, "local-mpi")
+             else f"the engines of the {profile} cluster")
+    return f"the emulated points ran on {ranks} (the CSV's `where`: local)"
 
 
 def _sweep_on_sandbox(specs: dict[str, list[scaling.StudySpec]], planned: Sequence[PlannedRun],
