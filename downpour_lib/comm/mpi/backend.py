@@ -13,7 +13,10 @@ How ``"mpi"`` comes to mean this backend
     devices=["cpu", "cuda"])``, before that first use: the name then resolves to our creator and the
     entry point is never consulted. Nothing in torch is patched. Where torch was built with MPI,
     ``register()`` does nothing, so the native backend is never replaced. Importing this module
-    registers (``import downpour_lib`` does, through ``comm.runtime``); ``register()`` is idempotent.
+    registers (``import downpour_lib.comm`` does, through ``comm.runtime``); ``register()`` is
+    idempotent. Before that, ``import torch`` itself registers a creator that imports this module on
+    first use (``downpour_lib/torch_backends.py``, a ``torch.backends`` entry point), so a script
+    that imports nothing of ours can ``init_process_group("mpi")``.
     ``dist.is_mpi_available()`` keeps reporting torch's own build.
 
 Rendezvous
