@@ -346,3 +346,26 @@ def test_a_rank_stopped_during_start_up_ends_the_job_naming_it(phase, culprit):
     assert "\0" not in stderr, stderr[-4000:]
     assert elapsed < timeout_s + 90, f"the job ended {elapsed:.0f} s after the stop"
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_stopped_store_host_is_named_at_the_timeout_and_the_others_sleep(n):
+    """The rendezvous store's host (rank 0, a gloo group under MPI) stops once it has told the
+    others where the store is (tests/mpi/stopped_store_host.py). The kernel still accepts their
+    connections, and torch's connect waited for the server's answer past any timeout; now each
+    gives up at the timeout, asleep meanwhile, naming the store's host and where it listens."""
+    timeout_s = 8
+    proc = mpi_python(n, "stopped_store_host.py", str(timeout_s), timeout=180)
+    assert "rank 0 stops" in proc.stdout, explain(proc)
+    assert proc.returncode != 0, explain(proc)
+    waits = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert waits, explain(proc)  # the first to give up ends the job; another may not get to say
+    for wait in waits:
+        assert wait["rank"] != 0, wait
+        assert re.fullmatch(rf"rank {wait['rank']} of {n} on {re.escape(socket.gethostname())} "
+                            rf"waited {timeout_s} s for the rendezvous store of rank 0 on "
+                            rf"{re.escape(socket.gethostname())} at 127\.0\.0\.1:\d+: it took the "
+                            r"connection but never answered \(stopped, hung or overloaded\)",
+                            wait["error"]), wait
+        assert wait["wall_s"] >= timeout_s - 1, wait
+        assert wait["cpu_share"] < 0.2, wait
