@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, explain, launch_env, mpi_python, mpiexec, read_json
+from conftest import BIN, ONE_LINER, explain, launch_env, mpi_python, mpiexec, read_json
 
 from downpour_lib.bench import collectives as bench
 from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
@@ -505,11 +505,6 @@ def test_importing_registers_without_initializing_mpi():
             "print(dist.Backend._plugins['MPI'].creator_fn.__module__, 'mpi4py.MPI' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["downpour_lib.comm.mpi.backend", "False"], explain(proc)
-
-
-# PyTorch's own check of an MPI setup, character for character: nothing of ours is imported by it
-ONE_LINER = ('import torch.distributed as dist; dist.init_process_group(backend="mpi"); '
-             'print("hello", dist.get_rank())')
 
 
 def test_the_one_line_mpi_check_prints_four_hellos_as_written(tmp_path):
