@@ -14,8 +14,9 @@ operation of the size from which each path wins, one row per number of ranks. Th
   (3-rank allreduce training, a rank stopped once it had checkpointed: the others spun at 99% of a
   core in three runs of three on a quiet machine), so an allreduce of up to 256 KB is, behind the
   gate, MPI's nonblocking call waited on with a spin of 5 ms and then naps (``data_phase``: as
-  fast here, and the others sleep). Larger allreduces, and broadcast, allgather and
-  reduce_scatter, keep the blocking call.
+  fast here, and the others sleep). Larger allreduces, and broadcast and allgather, keep the
+  blocking call; a reduce_scatter above 256 KB is its nonblocking call spun for about its data
+  time, then napping (``data_phase``: as fast, issue 61).
 
 Groups across nodes, and dtypes or reductions shared memory does not take, keep the paths they
 had (``process_group``). Measured (issue 36): each path's p50 over Open MPI's own call in the same
