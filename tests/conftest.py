@@ -20,6 +20,9 @@ from downpour_lib.cluster.mpiexec import run_mpiexec
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MPI_SCRIPTS = Path(__file__).parent / "mpi"
+# PyTorch's own check of an MPI setup, character for character: nothing of ours is imported by it
+ONE_LINER = ('import torch.distributed as dist; dist.init_process_group(backend="mpi"); '
+             'print("hello", dist.get_rank())')
 
 
 def launch_env() -> dict[str, str]:

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, explain, launch_env, mpi_python, mpiexec, read_json
+from conftest import BIN, ONE_LINER, explain, launch_env, mpi_python, mpiexec, read_json
 
 from downpour_lib.bench import collectives as bench
 from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
 from downpour_lib.cli import build_parser
+from downpour_lib.cluster.mpiexec import run_mpiexec
 from downpour_lib.comm.mpi import backend as mpi_backend
 from downpour_lib.comm.mpi import paths, tuning
 from downpour_lib.comm.mpi import types as mpi_types
@@ -504,3 +505,41 @@ def test_importing_registers_without_initializing_mpi():
             "print(dist.Backend._plugins['MPI'].creator_fn.__module__, 'mpi4py.MPI' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["downpour_lib.comm.mpi.backend", "False"], explain(proc)
+
+
+def test_the_one_line_mpi_check_prints_four_hellos_as_written(tmp_path):
+    """``import torch`` calls our ``torch.backends`` entry point (downpour_lib/torch_backends.py),
+    so "mpi" is ours before the script names it; from a directory where downpour_lib is not on
+    the path, as a user's would be."""
+    if not mpi_backend.usable():
+        pytest.skip(f"torch {torch.__version__} keeps the name 'mpi' for its own build")
+    env = launch_env()
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    cmd = [shutil.which("mpiexec", path=str(BIN)) or "mpiexec", "-n", "4", "--oversubscribe",
+           "--bind-to", "none", sys.executable, "-c", ONE_LINER]
+    proc = run_mpiexec(cmd, env=env, capture_output=True, text=True, timeout_s=240, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert sorted(proc.stdout.splitlines()) == [f"hello {rank}" for rank in range(4)], explain(proc)
+
+
+def test_import_torch_registers_mpi_lazily_and_autoload_0_turns_it_off():
+    """The entry point loads no MPI: a process that makes only a gloo group never imports mpi4py
+    (so never initializes MPI), and TORCH_DEVICE_BACKEND_AUTOLOAD=0 leaves "mpi" torch's own."""
+    if not mpi_backend.usable():
+        pytest.skip(f"torch {torch.__version__} keeps the name 'mpi' for its own build")
+    code = ("import sys, torch, torch.distributed as dist\n"
+            "plugin = dist.Backend._plugins.get('MPI')\n"
+            "print(plugin.creator_fn.__module__ if plugin else None)\n"
+            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+            "dist.all_reduce(torch.ones(3))\n"
+            "dist.destroy_process_group()\n"
+            "print('mpi4py' in sys.modules, sorted(m for m in sys.modules if m.startswith('downpour')))\n")
+    env = {k: v for k, v in launch_env().items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    for autoload, creator, ours in [(None, "downpour_lib.torch_backends",
+                                     "['downpour_lib', 'downpour_lib.torch_backends']"),
+                                    ("0", "None", "[]")]:
+        run_env = env if autoload is None else dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
+        proc = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True,
+                              text=True, timeout=120, cwd="/")
+        assert proc.returncode == 0, explain(proc)
+        assert proc.stdout.splitlines() == [creator, f"False {ours}"], explain(proc)

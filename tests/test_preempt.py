@@ -19,6 +19,7 @@ Slurm, below, under mpiexec.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,9 @@ from downpour_lib import TrainConfig, checkpoint, preempt
 from downpour_lib.errors import ConfigError
 from downpour_lib.sandbox import slurm_conf
 
-SYNC_STEPS = 800  # signalled at the first checkpoint (100): 700 steps later, seconds even under load
+# signalled at the first checkpoint (100), where the rank that wrote it waits for the signal
+# (``held_downpour``): a fast machine ran the 700 steps after it in under a second
+SYNC_STEPS = 800
 SYNC = ["--model=mlp", "--dataset=digits", f"--steps={SYNC_STEPS}", "--batch-size=16", "--threads=1",
         "--checkpoint-every=100", "--final-eval=false", "--backend=gloo"]
 JOBS = {  # name: (ranks, flags)
@@ -106,6 +109,25 @@ def cpus_for(ranks: int):
         yield
 
 
+def held_downpour(directory: Path) -> Path:
+    """A directory whose ``downpour`` is tests/scripts/held_at_checkpoint.py: the console script,
+    whose rank that writes the checkpoint named by DOWNPOUR_TEST_HOLD_AT waits there for the
+    preemption signal. The synchronous jobs' 700 steps after their first checkpoint took under a
+    second on a fast day, and a job could end before the signal the fixture sent on seeing that
+    checkpoint reached it (one round of ``scontrol`` is a second or more under load)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "downpour"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).parent}/scripts/'
+                      'held_at_checkpoint.py" "$@"\n')
+    script.chmod(0o755)
+    return directory
+
+
+def held_at(held: Path, env: dict[str, str], step: int) -> dict[str, str]:
+    """The job variables that run ``held_downpour``'s ``downpour``, held at checkpoint ``step``."""
+    return {"PATH": f"{held}{os.pathsep}{env['PATH']}", "DOWNPOUR_TEST_HOLD_AT": str(step)}
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     """Submit the four jobs, signal each at its moment, let each requeued one start at once;
@@ -117,12 +139,14 @@ def jobs(tmp_path_factory):
          "train", *JOBS[name][1], "--checkpoint-dir", str(ckpt_dir(root / "reference", name))],
         env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for name in REFERENCES}
+    held = held_downpour(root / "held")
     with cpus_for(sum(ranks for ranks, _ in JOBS.values())), running_sandbox(root / "slurm") as box:
         env = box.env(launch_env())
         ids = {name: submit_batch(env, root / f"{name}.out", 1, ranks,
                                   DOWNPOUR_ARGS=" ".join(flags),
                                   DOWNPOUR_CHECKPOINTS=str(ckpt_dir(root, name)),
-                                  DOWNPOUR_SUMMARY=str(root / f"{name}.json"))
+                                  DOWNPOUR_SUMMARY=str(root / f"{name}.json"),
+                                  **(held_at(held, env, 100) if name in REFERENCES else {}))
                for name, (ranks, flags) in JOBS.items()}
         signalled: set[str] = set()
         hurried: set[str] = set()
@@ -237,6 +261,7 @@ def test_a_requeued_synchronous_run_ends_with_the_uninterrupted_parameters(jobs,
     state, log, root = jobs[name]
     completed = assert_requeued_and_resumed(name, state, log)
     assert 100 <= completed < SYNC_STEPS  # signalled after its first periodic checkpoint
+    assert re.search(r"held at checkpoint 100 for [\d.]+ s, until the preemption signal", log), log
     resumed, reference = final_model(ckpt_dir(root, name), SYNC_STEPS), \
         final_model(ckpt_dir(root / "reference", name), SYNC_STEPS)
     diff = max((resumed[k] - reference[k]).abs().max().item() for k in reference)

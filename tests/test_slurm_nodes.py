@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BIN, ROOT, downpour, explain, launch_env
+from conftest import BIN, ONE_LINER, ROOT, downpour, explain, launch_env
 from slurm_sandbox import (
     FLAGS,
     job_processes,
@@ -124,6 +124,43 @@ def test_every_algorithm_across_nodes_through_the_batch_script_with_every_launch
             assert case["every_worker_exchanged"], (launcher, name, case)
             assert isinstance(case["final_train_loss"], float) and case["final_train_loss"] < 2.4, \
                 (launcher, name, case)
+
+
+def test_the_one_line_mpi_check_prints_a_hello_a_rank_under_srun_pmix(env, tmp_path):
+    """PyTorch's check of an MPI setup, as written (conftest.ONE_LINER), on 2
+    nodes x 2 ranks through Slurm's PMIx: "mpi" is ours from ``import torch`` on (the
+    ``torch.backends`` entry point, downpour_lib/torch_backends.py), and MPI spans the nodes."""
+    if not pmix_available():
+        unavailable("Slurm's mpi/pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
+    proc = subprocess.run(["srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=2",
+                           "--kill-on-bad-exit=1", str(BIN / "python"), "-c", ONE_LINER],
+                          env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert sorted(proc.stdout.splitlines()) == [f"hello {rank}" for rank in range(4)], explain(proc)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "all_gather_uneven"])
+def test_ranks_waiting_in_an_allgather_across_nodes_sleep_and_name_the_stopped_rank(env, op):
+    """A 4 MB allgather between the nodes (one rank on each, through PMIx) was MPI's blocking call
+    behind the gate: with the peer stopped inside it (past its part of the gate), the other spun at
+    100% of a core until the watchdog ended the job. Now it is the nonblocking call spun for about
+    its data time, then napping (``comm/mpi/data_phase.py``): the waiting rank sleeps and names
+    the stopped one and its node (tests/mpi/stopped_in_large_data.py, as on one node)."""
+    if not pmix_available():
+        unavailable("Slurm's mpi/pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
+    timeout_s = 8
+    proc = subprocess.run(["srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=1",
+                           "--kill-on-bad-exit=1", str(BIN / "python"),
+                           str(ROOT / "tests" / "mpi" / "start.py"),
+                           str(ROOT / "tests" / "mpi" / "stopped_in_large_data.py"), str(timeout_s),
+                           op, "1", str(4 << 20), "after-gate"],
+                          env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert "rank 1 stops" in proc.stdout and proc.returncode != 0, explain(proc)
+    (wait,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert wait["rank"] == 0, wait
+    assert re.search(r"rank 0 of 2 waited \d+ s in all_gather[\w ]* \(default group\): rank 1 on "
+                     r"node2 went silent", wait["error"]), wait
+    assert wait["wall_s"] >= timeout_s - 2 and wait["cpu_share"] < 0.2, wait
 
 
 def allreduce_rate(env, tmp_path: Path) -> float:

@@ -21,6 +21,7 @@ import datetime
 import os
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -202,8 +203,39 @@ def _rendezvous_store(placement: Placement, comm, timeout: datetime.timedelta) -
                 f"store of rank 0 on {hosts[0]} at any of its addresses {offer} (port {port}); "
                 f"name the interface the nodes share with {addresses.IFNAME_VARIABLE}=<name> "
                 "(e.g. ib0 or eth0), or set MASTER_ADDR to an address of that host")
-        store = dist.TCPStore(addr, port, placement.world_size, False, timeout=timeout)
+        store = _connect(addr, port, placement, timeout, f"rank 0 on {hosts[0]}",
+                         hosts[placement.rank])
     return store
+
+
+def _connect(addr: str, port: int, placement: Placement, timeout: datetime.timedelta,
+             server: str, host: str) -> dist.Store:
+    """A client of the store at ``addr:port``, or, once ``timeout`` has passed, an error naming
+    its ``server``. torch's connect waits for the server's first answer without a deadline, and
+    the kernel accepts the connection for a server process that is stopped (SIGSTOP) or hung, so
+    the ranks waited there for ever; the connect runs on a thread of its own (it releases the GIL)
+    while this one sleeps until the timeout, and is left there if it never ends (the job is
+    ending)."""
+    made: list = []
+
+    def connect() -> None:
+        try:
+            made.append(dist.TCPStore(addr, port, placement.world_size, False, timeout=timeout))
+        except Exception as exc:  # noqa: BLE001 -- raised on the calling thread below
+            made.append(exc)
+
+    thread = threading.Thread(target=connect, name="downpour-store-connect", daemon=True)
+    thread.start()
+    thread.join(timeout.total_seconds())
+    if not made:
+        raise RuntimeError(
+            f"rank {placement.rank} of {placement.world_size} on {host} waited "
+            f"{timeout.total_seconds():.0f} s for the rendezvous store of {server} at "
+            f"{addr}:{port}: it took the connection but never answered (stopped, hung or "
+            "overloaded)")
+    if isinstance(made[0], Exception):
+        raise made[0]
+    return made[0]
 
 
 def placement_of(comm) -> Placement:

@@ -2,15 +2,16 @@
 
 sync_ps's shape: a reduce to rank 0 and a broadcast from it, here of ``argv[4]`` bytes (above the
 256 KB where the backend used to call MPI's blocking, spinning forms); or an allgather, or an
-allreduce, or a reduce_scatter. After one such operation in step (which also sets up what it
-needs), rank ``argv[3]`` stops itself (SIGSTOP) and the others issue the next. With ``argv[5]``
+allreduce, or a reduce_scatter, or an allgather of uneven sizes. After one such operation in step
+(which also sets up what it needs), rank ``argv[3]`` stops itself (SIGSTOP) and the others issue
+the next. With ``argv[5]``
 ``after-gate``, it first takes its part in the others' gate (``comm/mpi/liveness.gate``: the
 ``MPI_Ibarrier`` before the data phase of the paths that have one), so that they find it missing
 inside the data phase itself. Each waiting rank prints one JSON line when its wait ends: its
 process's CPU seconds per wall second over the wait, and the error it got; then it re-raises,
-ending the job. A waiting rank inside MPI's blocking call (a 4 MB reduce_scatter at 2 ranks, after
-the gate, or a MAX allreduce, whose second call is the short path's) prints none: its watchdog ends
-the job, naming the stopped rank on stderr.
+ending the job. A waiting rank inside MPI's blocking call (a 4 MB MAX allreduce at 2 ranks, after
+the gate, whose second call is the short path's) prints none: its watchdog ends the job, naming the
+stopped rank on stderr.
 """
 
 import json
@@ -41,6 +42,11 @@ def operate(t: torch.Tensor) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     elif OP == "reduce_scatter":
         dist.reduce_scatter_tensor(torch.empty(t.numel() // dist.get_world_size()), t)
+    elif OP == "all_gather_uneven":  # rank r gives 1024 r elements fewer: MPI's allgatherv
+        sizes = [t.numel() - 1024 * r for r in range(dist.get_world_size())]
+        outputs = [torch.empty(size) for size in sizes]
+        dist.all_gather(outputs, t[:sizes[dist.get_rank()]])
+        assert all(torch.equal(o, torch.full_like(o, r + 1.0)) for r, o in enumerate(outputs))
     else:
         out = torch.empty(t.numel() * dist.get_world_size())
         dist.all_gather_into_tensor(out, t)

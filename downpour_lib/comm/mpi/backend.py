@@ -8,7 +8,9 @@ How ``"mpi"`` comes to mean this backend: ``register()`` calls torch's public ex
 ``Backend.register_backend("mpi", creator, extended_api=True, devices=["cpu", "cuda"])``, before the
 name's first use, so torch's own entry point (whose creator raises) is never consulted. Nothing in
 torch is patched; where torch was built with MPI, ``register()`` does nothing. Importing this module
-registers; ``register()`` is idempotent.
+registers; ``register()`` is idempotent. Before that, ``import torch`` itself registers a creator
+that imports this module on first use (``downpour_lib/torch_backends.py``, a ``torch.backends``
+entry point), so a script that imports nothing of ours can ``init_process_group("mpi")``.
 
 Rendezvous: rank and world size come from MPI, with no store and no MASTER_ADDR. The default group
 duplicates ``MPI_COMM_WORLD`` (or the communicator given to ``use_world``); ``new_group(...,

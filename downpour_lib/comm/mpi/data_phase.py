@@ -46,6 +46,18 @@ _WINDOW = 4
 _SPUN_BEHIND_GATE = frozenset({"Allreduce"})
 _INT_MAX = (1 << 31) - 1
 AFTER_GATE_SPIN_S = 5e-3
+# Above SLEEPY_DATA_BYTES, what neither pieces nor shared memory take (reduce_scatter, an uneven
+# allgather, an allgather across nodes) is, behind the gate, MPI's nonblocking call spun for about
+# its data time and then waited on with naps (issue 61): MPI's blocking call had the others spin
+# at 100% of a core for the whole timeout when a member stopped inside it. The spin keeps libnbc's
+# rounds moving as the blocking call would (naps alone stretched a 1 MB reduce_scatter 9x: the
+# table in ``paths``); measured against the blocking call, 2 ranks on one node of the loaded 2-core
+# VM, best of 4 medians: reduce_scatter 0.88-1.00x at 0.5-8 MB, allgatherv 0.98-1.00x at 2-8 MB.
+# Blocking, only reduce_scatter takes it: a one-node allgather's blocking path cost 2x at 512 KB.
+_SPUN_LARGE = frozenset({"Reduce_scatter_block", "Reduce_scatter", "Allgather", "Allgatherv"})
+_SPUN_LARGE_BLOCKING = frozenset({"Reduce_scatter_block"})
+SPIN_BYTES_PER_S = 50e6  # the spin lasts this rate's time for the largest buffer (4 MB: 85 ms) ...
+SPIN_SHARE = 1 / 20  # ... and at most this share of the timeout: the CPU a stopped member costs
 # the collective's name in a timeout's message, where it is not the MPI call's in lower case
 _NAMES = {"Bcast": "broadcast", "Allgather": "all_gather", "Allgatherv": "all_gather",
           "Gatherv": "gather", "Scatterv": "scatter", "Alltoallv": "all_to_all",
@@ -74,11 +86,21 @@ def _form(op: str, nbytes: int, blocking: bool) -> int:
     """How MPI's ``op`` moves a largest buffer of ``nbytes`` (``DataPhase.__call__`` says why):
     ``native``'s NB, GATED or GATED_SPUN, or ``_PIECES``."""
     if blocking:
-        spun = op in _SPUN_BEHIND_GATE and nbytes <= SLEEPY_DATA_BYTES
+        spun = op in _SPUN_BEHIND_GATE if nbytes <= SLEEPY_DATA_BYTES else op in _SPUN_LARGE_BLOCKING
         return native.GATED_SPUN if spun else native.GATED
     if nbytes <= SLEEPY_DATA_BYTES:
         return native.NB
-    return _PIECES if op in _SEGMENTED else native.GATED  # a blocking call only after the gate
+    if op in _SEGMENTED:
+        return _PIECES
+    return native.GATED_SPUN if op in _SPUN_LARGE else native.GATED  # only after the gate
+
+
+def _spin_s(nbytes: int, timeout_s: float) -> float:
+    """How long a ``GATED_SPUN`` wait spins for a largest buffer of ``nbytes`` before its naps."""
+    if nbytes <= SLEEPY_DATA_BYTES:
+        return AFTER_GATE_SPIN_S
+    return max(AFTER_GATE_SPIN_S, min(AFTER_GATE_SPIN_S + nbytes / SPIN_BYTES_PER_S,
+                                      timeout_s * SPIN_SHARE))
 
 
 class DataPhase:
@@ -105,7 +127,8 @@ class DataPhase:
             return None
         return (_IN_C[op], mode, self._handle, recv.numel() if count is None else count,
                 MOVE_TYPE[recv.dtype].handle, 0 if reduce is None else reduce.handle, root,
-                self._timeout_s, AFTER_GATE_SPIN_S, _NAMES.get(op) or op.lower(), self._group)
+                self._timeout_s, _spin_s(nbytes, self._timeout_s), _NAMES.get(op) or op.lower(),
+                self._group)
 
     def in_c(self, op: str, recv: torch.Tensor, send: torch.Tensor | None = None,
              count: int | None = None, reduce: MPI.Op | None = None, root: int = 0,
@@ -135,14 +158,15 @@ class DataPhase:
         (``shm_data``, before they get here) and allreduce too (``shm``), or MPI's blocking call
         after the gate where ``paths`` measured it faster (``blocking``); what is left here is cut
         into nonblocking pieces of ``SLEEPY_DATA_BYTES`` where the operation is elementwise
-        (``_segmented``), and only the rest (reduce_scatter, allgatherv, across nodes) is MPI's
-        blocking call after the gate, where a stop is ended by the watchdog at the timeout, naming
-        the rank, but the waiting ranks spin. ``blocking``: the gate, then MPI's blocking call
-        (``paths.choose`` found it faster there), or for an allreduce of up to
-        ``SLEEPY_DATA_BYTES`` its nonblocking call waited on with a spin of ``AFTER_GATE_SPIN_S``
-        before the naps (as fast, and the waiting ranks sleep)."""
+        (``_segmented``), and the rest (reduce_scatter, allgatherv, allgather across nodes) is,
+        after the gate, MPI's nonblocking call spun for about its data time (``_spin_s``), then
+        waited on with naps. ``blocking``: the gate, then MPI's blocking call (``paths.choose``
+        found it faster there), or for an allreduce of up to ``SLEEPY_DATA_BYTES`` its nonblocking
+        call waited on with a spin of ``AFTER_GATE_SPIN_S`` before the naps (as fast, and the
+        waiting ranks sleep), and for a reduce_scatter above it with ``_spin_s``'s."""
         what = _NAMES.get(op) or op.lower()
-        form = _form(op, _largest(op, args), blocking)
+        nbytes = _largest(op, args)
+        form = _form(op, nbytes, blocking)
         if form == native.NB:
             wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what)
         elif form == _PIECES:
@@ -151,7 +175,7 @@ class DataPhase:
             gate(self._comm, self._timeout_s, what)
             if form == native.GATED_SPUN:
                 wait_request(getattr(self._comm, "I" + op.lower())(*args), self._timeout_s, what,
-                             spin_s=AFTER_GATE_SPIN_S)
+                             spin_s=_spin_s(nbytes, self._timeout_s))
             else:
                 getattr(self._comm, op)(*args)
 

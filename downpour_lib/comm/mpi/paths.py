@@ -9,7 +9,10 @@ operation of the size from which each path wins, one row per number of ranks. Th
 * ``"mpi"``: MPI's blocking call after the gate (``liveness.gate``). It wins where Open MPI moves a
   buffer with one copy (CMA) and shared memory takes two. A peer stopped inside the blocking call
   leaves the others spinning until the watchdog's timeout, so an allreduce of up to 256 KB is,
-  behind the gate, MPI's nonblocking call waited on with a spin and then naps (``data_phase``).
+  behind the gate, MPI's nonblocking call waited on with a spin and then naps (``data_phase``). A
+  reduce_scatter above 256 KB, an uneven allgather and an allgather across nodes are their
+  nonblocking calls spun for about their data time, then napping: as fast, and a stopped peer is
+  named.
 
 The rule: each cell takes the path with the lowest p50 over Open MPI's own call, measured on a quiet
 machine by ``downpour bench collectives --backends mpi --paths`` in two sittings; where they tie, the

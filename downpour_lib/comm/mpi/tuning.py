@@ -64,9 +64,9 @@ def tunes(op: str, nbytes: int, n: int) -> bool:
 
 
 def candidates(names: tuple[str, ...], nbytes: int) -> tuple[str, ...]:
-    """The paths worth timing for ``nbytes``: above ``SLEEPY_DATA_BYTES`` the nonblocking call is MPI's
-    blocking one behind the gate (allgather), or pieces of it (broadcast, allreduce) that lost by
-    1.2-4x at every size measured (``paths``), so it is not timed there."""
+    """The paths worth timing for ``nbytes``: above ``SLEEPY_DATA_BYTES`` the nonblocking call is
+    spun behind the gate (allgather: ``data_phase``), or pieces of it (broadcast, allreduce) that
+    lost by 1.2-4x at every size measured (``paths``), so it is not timed there."""
     return names if nbytes <= SLEEPY_DATA_BYTES else tuple(p for p in names if p != "nb")
 
 
