@@ -15,7 +15,7 @@ import cluster_jobs
 import pandas as pd
 import psutil
 import pytest
-from conftest import BIN, alive, explain, launch_env, mpiexec, read_json
+from conftest import BIN, alive, explain, ipcluster_daemon, launch_env, mpiexec, read_json
 
 from downpour_lib import TrainConfig
 from downpour_lib.cluster import (
@@ -341,13 +341,7 @@ def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():
     install_profile("daemon-test", BUNDLED / "profile_local-mpi")
     ipcluster = [str(BIN / "ipcluster")]
     try:
-        proc = subprocess.run([*ipcluster, "start", "--profile=daemon-test", "-n", "1", "--daemonize"],
-                              env=launch_env(), capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, explain(proc)
-        deadline = time.monotonic() + 60
-        while not running_clusters("daemon-test"):
-            assert time.monotonic() < deadline, "ipcluster start --daemonize started no controller"
-            time.sleep(0.5)
+        ipcluster_daemon("daemon-test", 1)
         with pytest.raises(ClusterError) as caught:
             start_cluster("daemon-test", n=1, activate=False)
         message = str(caught.value)

@@ -4,12 +4,11 @@ headless on a 2-engine local-mpi cluster with tiny parameters, its results check
 import ast
 import shutil
 import subprocess
-import time
 
 import nbformat
 import pandas as pd
 import pytest
-from conftest import BIN, ROOT, downpour, explain, launch_env
+from conftest import BIN, ROOT, downpour, explain, ipcluster_daemon, launch_env
 
 from downpour_lib.errors import ConfigError
 from downpour_lib.notebooks import NotebookError, inject_parameters, parameter_names, run_notebook
@@ -115,13 +114,7 @@ def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
     ensure_profile("local-mpi")
     ipcluster = [str(BIN / "ipcluster"), "--profile=local-mpi"]
     try:
-        start = subprocess.run([ipcluster[0], "start", ipcluster[1], "-n", "2", "--daemonize"],
-                               env=launch_env(), capture_output=True, text=True, timeout=120)
-        assert start.returncode == 0, explain(start)
-        deadline = time.monotonic() + 60
-        while not running_clusters("local-mpi"):
-            assert time.monotonic() < deadline, "ipcluster start --daemonize started no controller"
-            time.sleep(0.5)
+        ipcluster_daemon("local-mpi", 2)
         [started] = [c.cluster_id for c in running_clusters("local-mpi")]
 
         proc = downpour("notebook", "run", str(notebook), "-p", "engines=2", timeout=600)
