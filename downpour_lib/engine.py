@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -405,11 +406,10 @@ class Trainer:
             "emulated_forward_s": self.compute.forward_s,
             "emulated_backward_s": self.compute.backward_s,
             "emulated_compute": self.compute.source}
-        result = self.life.gather(wall_s, self.step_records, self.eval_records, extra)
-        if result is not None and is_language_model(self.splits.train):
-            result.summary.update(language_model_summary(result.summary,
-                                                         self.splits.train.input_shape[0]))
-        return result
+        context = self.splits.train.input_shape[0] if is_language_model(self.splits.train) else None
+        return self.life.gather(wall_s, self.step_records, self.eval_records, extra,
+                                derived=None if context is None else
+                                functools.partial(language_model_summary, context=context))
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y
