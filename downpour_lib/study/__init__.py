@@ -9,7 +9,7 @@ scaling        ``scaling`` (``StudySpec``)  ``scaling_plots``         02
 staleness      ``staleness``                ``staleness_plots``       03
 gossip         ``gossip``                   ``gossip_plots``          04
 accuracy       ``accuracy``                 ``accuracy_plots``        05
-lm             ``accuracy`` (a loss target) ``accuracy_plots``        07
+lm             ``accuracy`` (loss target)   ``accuracy_plots``        07
 =============  ===========================  ========================  ============
 
 Each is a ``protocol.Study`` (plan, measure, tables, figures; ``studies.Scaling``, ``Staleness``,
