@@ -22,15 +22,17 @@ unexport PYTHONDONTWRITEBYTECODE
 study: $(STAMP)  ## the main job: notebook 02 headless -> results/<host>/scaling/{runs.csv,figures/*.png}
 	$(BIN)/downpour notebook run notebooks/02_scaling_study.ipynb
 
-# Every study, each by its notebook, into results/<host>/{scaling,staleness,gossip,accuracy,model}/;
+# Every study, each by its notebook, into results/<host>/{scaling,staleness,gossip,accuracy,model,lm}/;
 # each resumes (runs already in this machine's CSVs at this commit are skipped) and redraws its
 # figures. Notebook 05 runs on the multi-node Slurm sandbox as root, on local ranks otherwise;
-# notebook 06 calibrates the performance model here and checks it against the references.
-studies: study   ## every study: notebooks 02 to 06 headless
+# notebook 06 calibrates the performance model here and checks it against the references;
+# notebook 07 is notebook 05's study on the language model, to a validation loss.
+studies: study   ## every study: notebooks 02 to 07 headless
 	$(BIN)/downpour notebook run notebooks/03_downpour_staleness.ipynb
 	$(BIN)/downpour notebook run notebooks/04_gossip_consensus.ipynb
 	$(BIN)/downpour notebook run notebooks/05_time_to_accuracy.ipynb
 	$(BIN)/downpour notebook run notebooks/06_at_scale.ipynb
+	$(BIN)/downpour notebook run notebooks/07_lm_time_to_loss.ipynb
 
 # On TEST_WORKERS pytest-xdist workers (0: all in this process): the Slurm tests, the notebooks and
 # each shared setup keep to one worker apiece (tests/conftest.py), the other tests share the rest.

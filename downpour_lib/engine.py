@@ -415,13 +415,18 @@ class Trainer:
             "emulated_forward_s": self.compute.forward_s,
             "emulated_backward_s": self.compute.backward_s,
             "emulated_compute": self.compute.source}
-        result = self.life.gather(wall_s, self.step_records, self.eval_records, extra)
-        if result is not None:
-            result.summary.update(user_code.provenance(self.config.model, self.config.data.dataset))
-        if result is not None and is_language_model(self.splits.train):
-            result.summary.update(language_model_summary(result.summary,
-                                                         self.splits.train.input_shape[0]))
-        return result
+        context = self.splits.train.input_shape[0] if is_language_model(self.splits.train) else None
+        config = self.config
+
+        def derived(summary: dict) -> dict:
+            """What the summary (and its summary.json) says beyond the records: your code's source
+            hash, a language model's tokens/s and perplexity."""
+            extra = user_code.provenance(config.model, config.data.dataset)
+            if context is not None:
+                extra.update(language_model_summary(summary, context))
+            return extra
+
+        return self.life.gather(wall_s, self.step_records, self.eval_records, extra, derived=derived)
 
     def batches(self, steps: range) -> TrainBatches:
         """This worker's training batches for ``steps``: (epoch, sample indices, x, y), x and y

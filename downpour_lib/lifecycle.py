@@ -160,9 +160,12 @@ class Lifecycle:
     # -- results -----------------------------------------------------------------------------
 
     def gather(self, wall_s: float, step_records: list[StepRecord],
-               eval_records: list[EvalRecord], extra: dict[str, Any] | None = None) -> RunResult | None:
+               eval_records: list[EvalRecord], extra: dict[str, Any] | None = None,
+               derived: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> RunResult | None:
         """Every rank's records (and trace) on rank 0, which returns the run's result and writes
-        its files; None elsewhere. ``extra``: more of the summary (emulated compute's times)."""
+        its files; None elsewhere. ``extra``: more of the summary (emulated compute's times);
+        ``derived``: fields computed from the summary (a language model's perplexity), added
+        before ``summary.json`` is written."""
         events = self.tracer.export() if self.tracer is not None else None
         gathered = self.comm.gather_object((step_records, eval_records, events), root=0)
         if gathered is None:
@@ -193,6 +196,8 @@ class Lifecycle:
             **provenance.environment(),
             **(extra or {}),
         }
+        if derived is not None:
+            summary.update(derived(summary))
         result = RunResult(config, steps, evals, summary)
         if outputs.output_dir:
             out = Path(outputs.output_dir)

@@ -1,6 +1,7 @@
-"""MNIST-1D (made offline), its 1-D CNN, and the time-and-bytes-to-accuracy study: its plan checked
-before anything runs, its bytes and time to target read from the records. The study itself runs in
-test_notebooks.py (notebook 05, local ranks) and test_slurm_nodes.py (across the sandbox's nodes)."""
+"""MNIST-1D (made offline), its 1-D CNN, and the time-and-bytes-to-target study: its plan checked
+before anything runs (to an accuracy, or to a language model's validation loss), its bytes and time
+to target read from the records. The study itself runs in test_notebooks.py (notebooks 05 and 07,
+local ranks) and test_slurm_nodes.py (across the sandbox's nodes)."""
 
 import numpy as np
 import pandas as pd
@@ -12,11 +13,13 @@ from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model, parameter_count
 from downpour_lib.study.accuracy import (
     COMPARED_ALGORITHMS,
+    Target,
     bytes_by_eval,
     first_reaching,
     plan_study,
     plan_table,
     settings,
+    train_seconds_through,
 )
 
 
@@ -82,7 +85,14 @@ def test_the_plan_is_every_algorithm_in_every_setting_checked_first(cache):
     ({"network": "sandbox", "links": ["1gbit", "fast"]}, "links", "fast"),
     ({"stragglers": [4]}, "stragglers", "0 to 3"),
     ({"slowdown": 0.5}, "slowdown", ">= 1"),
-    ({"target": 1.5}, "target", "between 0 and 1"),
+    ({"target": 1.5}, "target", "an accuracy in (0, 1]"),
+    ({"target": 0, "metric": "accuracy"}, "target", "an accuracy in (0, 1]"),
+    ({"target": 0, "metric": "loss"}, "target", "a validation loss per token > 0"),
+    ({"target": -2.5, "metric": "loss"}, "target", "> 0, e.g. 2.5"),
+    ({"target": float("inf"), "metric": "loss"}, "target", "> 0"),
+    ({"target": True, "metric": "loss"}, "target", "> 0"),
+    ({"target": 3.0, "metric": "perplexity"}, "metric", "accuracy (reached at or above"),
+    ({"target": Target(3.0, "loss"), "metric": "accuracy"}, "metric", "the Target's own, loss"),
     ({"base": {"algorithm": "sgp"}}, "algorithm", "sets it per run"),
     ({"options": {"localsgd": {"period": 0}}}, "period", "0"),
 ])
@@ -100,3 +110,51 @@ def test_bytes_and_time_to_target_come_from_every_ranks_records():
     evals = evals.assign(bytes_sent=bytes_by_eval(steps, evals))
     assert first_reaching(evals, 0.8, "time_s") == 2.1 and first_reaching(evals, 0.8, "bytes_sent") == 40
     assert np.isnan(first_reaching(evals, 0.95, "time_s"))
+
+
+LM = {"model": "gpt-nano", "dataset": "stdlib-text", "steps": 40, "epochs": None, "batch_size": 8}
+LM_ALGORITHMS = ("allreduce", "ddp", "localsgd", "diloco", "slowmo", "downpour", "sgp")
+
+
+def test_a_loss_target_plans_the_language_model_study_naming_its_target():
+    """Notebook 07's plan: every algorithm on gpt-nano / stdlib-text, each row's target a loss
+    (``target_loss``, no accuracy column), checked in full before anything runs."""
+    plan = plan_study(LM, LM_ALGORITHMS, network="sandbox", links=["1gbit", "50mbit"], workers=2,
+                      stragglers=[0], target=3.3, metric="loss")
+    table = plan_table(plan)
+    assert len(plan) == 14 and set(table.link) == {"1gbit", "50mbit"}
+    assert "target_loss" in table and "target_accuracy" not in table
+    assert (table.target_loss == 3.3).all()
+    assert dict(zip(table.algorithm, table.world_size, strict=False))["downpour"] == 3
+    assert all(run.config.model == "gpt-nano" and run.config.steps == 40 for run in plan)
+    # the target is part of a run's identity: the same run to another loss is another row
+    other = plan_study(LM, ["allreduce"], network="local", workers=2, stragglers=[0], target=3.0,
+                       metric="loss")
+    same = plan_study(LM, ["allreduce"], network="local", workers=2, stragglers=[0],
+                      target=Target(3.3, "loss"))
+    assert other[0].run_id != same[0].run_id
+    assert same[0].columns["target_loss"] == 3.3
+
+
+def test_a_loss_target_is_reached_at_or_below_it_an_accuracy_at_or_above():
+    evals = pd.DataFrame({"time_s": [1.0, 2.0, 3.0, 4.0], "step": [9, 19, 29, 39],
+                          "loss": [4.0, 3.4, 3.3, 3.5], "accuracy": [0.1, 0.3, 0.25, 0.4],
+                          "bytes_sent": [10, 20, 30, 40]})
+    loss = Target(3.3, "loss")
+    assert first_reaching(evals, loss, "time_s") == 3.0 and first_reaching(evals, loss, "step") == 29
+    assert first_reaching(evals, Target(3.4, "loss"), "bytes_sent") == 20
+    assert np.isnan(first_reaching(evals, Target(3.2, "loss"), "time_s"))
+    assert first_reaching(evals, Target(0.3), "time_s") == 2.0  # an accuracy: at or above
+    assert Target.of_columns({"target_loss": 3.3}) == loss
+    assert Target.of_columns({"target_accuracy": 0.8, "target_loss": float("nan")}) == Target(0.8)
+    assert (loss.column, Target(0.8).column) == ("target_loss", "target_accuracy")
+
+
+def test_the_seconds_to_a_target_without_evaluations_are_the_workers_steps():
+    """``train_s_to_target``: each worker's step seconds through the target's step, averaged over
+    the workers; a server's records and later steps do not count."""
+    steps = pd.DataFrame({"rank": [0, 1, 0, 1, 2, 0, 1], "role": ["worker"] * 4 + ["server"]
+                          + ["worker"] * 2, "step": [0, 0, 1, 1, 1, 2, 2],
+                          "step_s": [1.0, 2.0, 1.0, 2.0, 9.0, 5.0, 5.0]})
+    assert train_seconds_through(steps, 1) == pytest.approx(3.0)  # (1 + 1 + 2 + 2) / 2
+    assert np.isnan(train_seconds_through(steps, float("nan")))

@@ -2,6 +2,7 @@
 headless on a 2-engine local-mpi cluster with tiny parameters, its results checked."""
 
 import ast
+import math
 import shutil
 import subprocess
 
@@ -22,7 +23,8 @@ def test_the_suite_is_there():
     assert [nb.name for nb in NOTEBOOKS] == ["00_cluster_quickstart.ipynb", "01_train_sync_ps.ipynb",
                                              "02_scaling_study.ipynb", "03_downpour_staleness.ipynb",
                                              "04_gossip_consensus.ipynb",
-                                             "05_time_to_accuracy.ipynb", "06_at_scale.ipynb"]
+                                             "05_time_to_accuracy.ipynb", "06_at_scale.ipynb",
+                                             "07_lm_time_to_loss.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -55,6 +57,8 @@ def test_parameters_are_injected_after_the_parameters_cell_and_checked():
      "ConfigError: algorithms='nope' is not valid: choose from local, sync_ps", "study_spec("),
     ("06_at_scale", {"preset": "nope"},
      "ConfigError: preset='nope' is not valid: choose one of dgx-a100, dgx-h100-ib400", "map_preset("),
+    ("07_lm_time_to_loss", {"target": 0, "network": "local"},
+     "ConfigError: target=0 is not valid: a validation loss per token > 0", "plan_study("),
 ])
 def test_a_bad_parameter_fails_the_first_cell_that_uses_it_with_one_line(tmp_path, notebook,
                                                                          parameters, message, cell):
@@ -288,6 +292,38 @@ def test_05_time_to_accuracy(tmp_path):
     again = run_notebook(ROOT / "notebooks" / "05_time_to_accuracy.ipynb", params)
     assert "all 4 runs are already in" in outputs(again, "measured = run_study")
     assert (tmp_path / "runs.csv").read_text() == before
+
+
+def test_07_lm_time_to_loss(tmp_path):
+    """The language model's time-to-loss study on local ranks (the sandbox's runs are notebook
+    05's code path, tested in test_slurm_nodes.py): allreduce and localsgd (period 4) at 2 workers,
+    8 steps of gpt-nano, to a validation loss of 5.0 (uniform over the 256 bytes is 5.55). Both
+    reach it at the first evaluation; local SGD sends a quarter of allreduce's bytes; the model's
+    prediction beside each run; the loss figures and the table."""
+    params = {"algorithms": ["allreduce", "localsgd"], "workers": 2, "network": "local",
+              "steps": 8, "eval_every": 4, "target": 5.0, "out": str(tmp_path)}
+    nb = run_notebook(ROOT / "notebooks" / "07_lm_time_to_loss.ipynb", params)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert len(runs) == 2 and (runs.network == "local").all() and (runs.model == "gpt-nano").all()
+    assert (runs.target_loss == 5.0).all() and "target_accuracy" not in runs
+    assert (runs.test_loss < math.log(256)).all()  # below a uniform guess over the bytes
+    assert list(runs.test_perplexity) == pytest.approx([math.exp(v) for v in runs.test_loss])
+    assert (runs.steps_to_target == 4).all()  # the first evaluation, after step 3
+    assert (runs.time_to_target_s > 0).all() and (runs.bytes_to_target > 0).all()
+    assert (runs.train_s_to_target < runs.time_to_target_s).all()  # no evaluation in it
+    sent = runs.set_index("algorithm").bytes_sent_total
+    assert sent["localsgd"] / sent["allreduce"] == pytest.approx(0.25, abs=0.03)
+    evals = pd.read_csv(tmp_path / "evals.csv").groupby("run_id")
+    assert (evals.size() == 2).all()  # after steps 3 and 7
+    predictions = pd.read_csv(tmp_path / "predictions.csv").set_index("algorithm")
+    assert set(predictions.run_id) == set(runs.run_id)
+    assert (predictions.predicted_time_to_target_s > 0).all()
+    assert predictions.predicted_comm_s["localsgd"] < predictions.predicted_comm_s["allreduce"]
+    table = outputs(nb, "study.table()")
+    assert "predicted_time_to_target_s" in table and "test_loss" in table
+    assert images(nb) == 4  # loss against time and bytes, time and bytes to the target
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
+        "bytes_to_target.png", "loss_vs_bytes.png", "loss_vs_time.png", "time_to_target.png"]
 
 
 def test_06_at_scale(tmp_path):

@@ -22,7 +22,8 @@ from downpour_lib.study.core import (
 )
 
 FIGURES = {"scaling": scaling_plots.FIGURES, "staleness": staleness_plots.FIGURES,
-           "gossip": gossip_plots.FIGURES, "accuracy": accuracy_plots.FIGURES}
+           "gossip": gossip_plots.FIGURES, "accuracy": accuracy_plots.FIGURES,
+           "lm": accuracy_plots.LOSS_FIGURES}
 
 
 def figures(study: str, directory) -> list[str]:
@@ -116,7 +117,7 @@ def test_a_store_writes_companions_before_the_row_that_marks_a_run_done(tmp_path
 
 
 def test_every_study_is_one_protocol_that_run_study_runs(tmp_path):
-    """The four studies are ``Study``s (plan, measure, tables, figures) named as their result
+    """The studies are ``Study``s (plan, measure, tables, figures) named as their result
     directories; ``run_study`` plans first (bad input fails before anything is measured), then
     measures, draws from the CSVs when asked, and returns the tables."""
     from downpour_lib.study.gossip import GossipPlan
@@ -128,12 +129,14 @@ def test_every_study_is_one_protocol_that_run_study_runs(tmp_path):
         Scaling,
         Staleness,
         Study,
+        TimeToLoss,
         run_study,
     )
 
     assert tuple(STUDY_CLASSES) == STUDIES
     studies = [Scaling(study_spec(["ddp"], [1], csv=tmp_path / "runs.csv")), Staleness([], tmp_path),
-               Gossip(GossipPlan({}, 1, ()), tmp_path), Accuracy([], tmp_path)]
+               Gossip(GossipPlan({}, 1, ()), tmp_path), Accuracy([], tmp_path),
+               TimeToLoss([], tmp_path)]
     assert [s.name for s in studies] == list(STUDIES)
     assert all(isinstance(s, Study) for s in studies)
     with pytest.raises(TypeError, match="run_study takes a Study"):

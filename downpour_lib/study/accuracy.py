@@ -1,5 +1,10 @@
-"""Time and bytes to accuracy: Downpour's low-communication descendants beside allreduce, SGP and
-Downpour itself (what notebook 05 shows).
+"""Time and bytes to a target: Downpour's low-communication descendants beside allreduce, SGP and
+Downpour itself, to a test accuracy (an image classifier, notebook 05) or to a validation loss (a
+language model, notebook 07).
+
+The target is one ``Target``: a ``metric`` and a value, reached at the first evaluation whose test
+accuracy is at or above it (``accuracy``) or whose test loss per token is at or below it (``loss``);
+the rows name it ``target_accuracy`` or ``target_loss``.
 
 Every run trains the same model on the same data from the same seed with the same number of workers;
 what changes is the algorithm and the *setting*: where the ranks run and how fast the links between
@@ -16,10 +21,11 @@ last worker takes F times its compute time). Two kinds of setting:
 It has the shape of every study (``core``): the plan (``plan_study``) is checked in full before the
 first run; runs missing from ``results/<host>/accuracy/`` are measured one after the other into
 ``runs.csv`` (one row per run: every config field and summary metric, its provenance, the
-setting, seconds and bytes to the target accuracy) and ``evals.csv`` (every evaluation: step,
+setting, seconds, steps and bytes to the target) and ``evals.csv`` (every evaluation: step,
 seconds since the start, accuracy, loss, and the bytes every rank had sent by then). A run already
 there (same config and setting, this host, this commit) is skipped. ``accuracy_plots`` draws the
-figures from those CSVs alone.
+figures from those CSVs alone; ``predict_to_target`` puts the performance model's step time, times
+the steps each run took to its target, beside them (``predictions.csv``).
 """
 
 from __future__ import annotations
@@ -64,11 +70,55 @@ OPTIONS: dict[str, dict[str, Any]] = {
 LINKS = ("1gbit", "50mbit")
 #: The study's default target accuracy (MNIST-1D's CNN reaches about 0.94 in its paper).
 TARGET = 0.80
-#: The columns a setting adds to each run's row (and to its identity, with the target accuracy,
+#: What a target can be: the evaluation's column it reads, and how it is reached.
+METRICS = ("accuracy", "loss")
+#: The columns a setting adds to each run's row (and to its identity, with the target,
 #: which the row's seconds and bytes to target depend on).
 SETTING_COLUMNS = ("label", "network", "link", "slow_workers", "slowdown")
 EVAL_COLUMNS = (*SETTING_COLUMNS, "algorithm", "step", "time_s", "loss", "accuracy", "bytes_sent")
 TABLES = ("evals",)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a run must reach: a test ``accuracy`` at or above ``value`` (a share in (0, 1]), or a
+    test ``loss`` (per token, for a language model) at or below it (> 0)."""
+
+    value: float
+    metric: str = "accuracy"  # "accuracy" or "loss"
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ConfigError("metric", self.metric, "accuracy (reached at or above the target) "
+                              "or loss (reached at or below it)")
+        v = self.value
+        number = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        if self.metric == "accuracy" and not (number and 0 < v <= 1):
+            raise ConfigError("target", v, "an accuracy in (0, 1], e.g. 0.8")
+        if self.metric == "loss" and not (number and v > 0):
+            raise ConfigError("target", v, "a validation loss per token > 0, e.g. 2.5 (perplexity "
+                              "12.2)")
+        object.__setattr__(self, "value", float(v))
+
+    @property
+    def column(self) -> str:
+        """The rows' column that holds it: ``target_accuracy`` or ``target_loss``."""
+        return f"target_{self.metric}"
+
+    def reached(self, evals: pd.DataFrame) -> pd.Series:
+        """Which evaluations reached it."""
+        if self.metric == "loss":
+            return evals.loss <= self.value
+        return evals.accuracy >= self.value
+
+    @classmethod
+    def of_columns(cls, columns: Mapping[str, Any]) -> Target:
+        """The target a run's columns (or a study's row) name."""
+        for metric in METRICS:
+            value = columns.get(f"target_{metric}")
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                return cls(float(value), metric)
+        raise ConfigError("columns", sorted(columns), "target_accuracy or target_loss")
 
 
 @dataclass(frozen=True)
@@ -126,10 +176,11 @@ def plan_study(base: Mapping[str, Any] | None = None,
                links: Sequence[str] = LINKS, workers: int = 4,
                slowdown: float = 2.0, stragglers: Sequence[int] = (0, 1),
                options: Mapping[str, Mapping[str, Any]] | None = None,
-               target: float = TARGET) -> list[PlannedRun]:
+               target: float | Target = TARGET, metric: str | None = None) -> list[PlannedRun]:
     """Every algorithm in every setting, ``workers`` workers each (servers added as the algorithm
     needs), on ``base``'s model, data and seed (BASE under it); each row will say when the run
-    first reached ``target`` test accuracy. Every config is checked here."""
+    first reached ``target``: a test accuracy (``metric="accuracy"``, the default) or a test loss
+    (``metric="loss"``), or a ``Target``. Every config is checked here."""
     from ..data import load_dataset
     from ..engine import plan_run
     from ..errors import unknown_name
@@ -148,8 +199,11 @@ def plan_study(base: Mapping[str, Any] | None = None,
     for k in stragglers:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < workers:
             raise ConfigError("stragglers", k, f"each a number of slow workers from 0 to {workers - 1}")
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
-        raise ConfigError("target", target, "an accuracy between 0 and 1, e.g. 0.8")
+    if isinstance(target, Target):
+        if metric is not None and metric != target.metric:
+            raise ConfigError("metric", metric, f"the Target's own, {target.metric}, or None")
+    else:
+        target = Target(target, metric or "accuracy")
     network = network or default_network()
     train = None
     plan = []
@@ -162,7 +216,7 @@ def plan_study(base: Mapping[str, Any] | None = None,
             plan_run(config, world_size, train)  # servers, shards, stragglers, refusals: now
             columns = {"label": algorithm, "network": setting.network, "link": setting.link,
                        "slow_workers": setting.slow_workers, "slowdown": setting.slowdown,
-                       "target_accuracy": float(target)}
+                       target.column: target.value}
             plan.append(PlannedRun(config, world_size, columns=columns,
                                    label=f"{algorithm} [{setting.name}]"))
     return plan
@@ -267,16 +321,27 @@ def bytes_by_eval(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.Series:
                      dtype="int64")
 
 
-def first_reaching(evals: pd.DataFrame, target: float, column: str) -> float:
-    """``column`` (time_s or bytes_sent) at the first evaluation at or above ``target``; NaN if none."""
-    reached = evals[evals.accuracy >= target].sort_values("time_s")
+def first_reaching(evals: pd.DataFrame, target: Target | float, column: str) -> float:
+    """``column`` (time_s, step or bytes_sent) at the first evaluation that reached ``target`` (a
+    number: an accuracy); NaN if none."""
+    target = target if isinstance(target, Target) else Target(target)
+    reached = evals[target.reached(evals)].sort_values("time_s")
     return float(reached[column].iloc[0]) if len(reached) else math.nan
+
+
+def train_seconds_through(steps: pd.DataFrame, step: float) -> float:
+    """The workers' mean seconds of steps 0 to ``step`` (their ``step_s``: training alone, without
+    the evaluations between them); NaN for a NaN step."""
+    if not math.isfinite(step):
+        return math.nan
+    workers = steps[(steps.role == "worker") & (steps.step <= step)] if "role" in steps else steps
+    return float(workers.groupby("rank").step_s.sum().mean()) if len(workers) else math.nan
 
 
 def outcome(run: PlannedRun, summary: Mapping[str, Any], steps: pd.DataFrame,
             evals: pd.DataFrame) -> Outcome:
     """The run's row (its setting, time and bytes to its target, then its summary) and its evals."""
-    target = run.columns["target_accuracy"]
+    target = Target.of_columns(run.columns)
     evals = evals.sort_values(["time_s", "step"]).reset_index(drop=True)
     evals = evals.assign(bytes_sent=bytes_by_eval(steps, evals), algorithm=run.algorithm,
                          **run.columns)
@@ -285,12 +350,18 @@ def outcome(run: PlannedRun, summary: Mapping[str, Any], steps: pd.DataFrame,
         "world_size": run.world_size,
         "time_to_target_s": first_reaching(evals, target, "time_s"),
         "bytes_to_target": first_reaching(evals, target, "bytes_sent"),
+        "steps_to_target": first_reaching(evals, target, "step") + 1,
         "bytes_sent_total": int(steps.bytes_sent.sum()),
         "best_accuracy": float(evals.accuracy.max()) if len(evals) else math.nan,
+        "best_loss": float(evals.loss.min()) if len(evals) else math.nan,
     }
+    row["train_s_to_target"] = train_seconds_through(steps, row["steps_to_target"] - 1)
     row.update({k: v for k, v in scalar_fields(summary).items() if k not in row})
-    note = (f"test accuracy {summary['test_accuracy']:.3f} in {summary['wall_s']:.1f} s, "
-            f"{row['bytes_sent_total'] / 1e6:.1f} MB sent")
+    reached = (f"{target.metric} {target.value:g} at {row['time_to_target_s']:.1f} s"
+               if math.isfinite(row["time_to_target_s"]) else f"{target.metric} {target.value:g} "
+               "not reached")
+    note = (f"test loss {summary['test_loss']:.3f}, accuracy {summary['test_accuracy']:.3f} in "
+            f"{summary['wall_s']:.1f} s, {row['bytes_sent_total'] / 1e6:.1f} MB sent; {reached}")
     return Outcome(row, {"evals": evals[list(EVAL_COLUMNS)]}, note)
 
 
@@ -318,3 +389,82 @@ def measure_plan(plan: Sequence[PlannedRun], out: str | os.PathLike, *, fresh: b
 
     with where:
         return run_plan(plan, store, measure, fresh=fresh, log=log)
+
+
+# -- the performance model beside the measured points ---------------------------------------------
+
+#: the file ``predict_to_target`` writes beside ``runs.csv`` (``accuracy_plots`` reads it)
+PREDICTIONS = "predictions.csv"
+#: the calibration ``predict_to_target`` starts from: this repository's committed one (notebook 06)
+CALIBRATION = Path(__file__).resolve().parents[2] / "results" / "reference" / "model" / "calibration.json"
+#: a sandbox's nodes (``SandboxNodes``: two, ranks placed cyclically)
+SANDBOX_NODES = 2
+
+
+def run_calibration(base: Any, row: Mapping[str, Any]) -> Any:
+    """``base`` (a ``perf.Calibration``) for one measured run: its workload is the run's own
+    (compute, data and update per step as measured, the model's parameter bytes), and its network
+    the run's: on the sandbox, a node card shaped to the run's link (at the sandbox's fitted
+    ``LINK_EFFICIENCY``) shared by the ranks on each of the two nodes, ``base``'s link inside a
+    node; on local ranks, ``base``'s link (this machine's) between all of them."""
+    from dataclasses import replace
+
+    from ..perf.calibrate import parameter_bytes
+    from ..perf.netmodel import Link
+    from ..perf.perfmodel import Workload
+    from ..perf.terms import LINK_EFFICIENCY
+    from ..sandbox.netns import parse_rate
+
+    compute = float(row["data_s"]) + float(row["compute_s"]) + float(row["update_s"])
+    w = Workload(str(row["model"]), int(row["batch_size"]), compute,
+                 parameter_bytes(str(row["model"]), str(row["dataset"]), str(row["data_dir"])),
+                 source=f"the run's own compute per step ({row['algorithm']}, {row['link']})")
+    world = int(row["world_size"])
+    if row["network"] == "sandbox":
+        rate = parse_rate(str(row["link"])) / 8 * LINK_EFFICIENCY
+        net = replace(base.network, inter=Link(base.network.inter.alpha_s, rate),
+                      per_node=max(1, math.ceil(world / SANDBOX_NODES)))
+        where = f"{row['link']} x {LINK_EFFICIENCY} between {SANDBOX_NODES} nodes"
+    else:
+        net = replace(base.network, inter=base.network.intra, per_node=world)
+        where = "this machine's link between all ranks"
+    return replace(base, name=f"{base.name}, {row['link']}", network=net, workloads={w.model: w},
+                   source=f"{where}; inside a node: {base.name}; compute: {w.source}")
+
+
+def predict_to_target(directory: str | os.PathLike,
+                      calibration: str | os.PathLike | None = None) -> pd.DataFrame:
+    """The performance model beside each run of the study in ``directory``: its step time
+    (``perf.predict``, from ``run_calibration``), times the steps the run took to its target
+    (the model predicts time per step, not steps to a target: those are measured), against the
+    seconds the run's workers spent in those steps (``train_s_to_target``: training alone; the
+    measured ``time_to_target_s`` also holds the evaluations). Written to ``predictions.csv``
+    beside ``runs.csv`` and returned; ``calibration`` defaults to the committed ``CALIBRATION``."""
+    from ..perf import calibrate
+    from ..perf.perfmodel import modelled_options, predict
+
+    store = StudyStore(directory, TABLES)
+    if not store.path("runs").is_file():
+        raise ConfigError("directory", str(directory), "no runs.csv there: measure the study first")
+    path = Path(calibration) if calibration is not None else CALIBRATION
+    if not path.is_file():
+        raise ConfigError("calibration", str(path), "a calibration.json (notebook 06 or `downpour "
+                          "model calibrate` writes one)")
+    base = calibrate.load(path)
+    rows = []
+    for row in store.read()["runs"].to_dict("records"):
+        cal = run_calibration(base, row)
+        p = predict(cal, row["algorithm"], int(row["workers"]), str(row["model"]),
+                    modelled_options(row))
+        steps = float(row.get("steps_to_target", math.nan))
+        rows.append({"run_id": row["run_id"], "algorithm": row["algorithm"],
+                     "network": row["network"], "link": row["link"],
+                     "measured_step_s": float(row["step_s"]), "predicted_step_s": p.step_s,
+                     "predicted_comm_s": p.comm_s, "steps_to_target": steps,
+                     "train_s_to_target": float(row.get("train_s_to_target", math.nan)),
+                     "predicted_time_to_target_s": steps * p.step_s,
+                     "calibration": cal.name, "calibration_source": cal.source})
+    table = pd.DataFrame(rows)
+    table["error"] = table.predicted_time_to_target_s / table.train_s_to_target - 1
+    table.to_csv(Path(directory) / PREDICTIONS, index=False)
+    return table

@@ -138,7 +138,8 @@ def figure_makers() -> dict:
     from . import accuracy_plots, gossip_plots, scaling_plots, staleness_plots
 
     return {"scaling": scaling_plots.make_figures, "staleness": staleness_plots.make_figures,
-            "gossip": gossip_plots.make_figures, "accuracy": accuracy_plots.make_figures}
+            "gossip": gossip_plots.make_figures, "accuracy": accuracy_plots.make_figures,
+            "lm": accuracy_plots.make_figures}
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

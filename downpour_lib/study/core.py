@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # annotations only: `downpour model` and `plot` read this mod
     from ..config import TrainConfig
 
 #: The studies, each a directory of results/<host>/ and of results/reference/.
-STUDIES = ("scaling", "staleness", "gossip", "accuracy")
+STUDIES = ("scaling", "staleness", "gossip", "accuracy", "lm")
 #: The committed references, one directory per study, measured on the machine their rows name;
 #: a study run never writes here.
 REFERENCE_ROOT = "results/reference"

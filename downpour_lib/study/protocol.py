@@ -10,8 +10,8 @@ stages every study goes through:
 - ``tables()``: the plan's runs as its CSVs hold them (a frame, or the study's results object);
 - ``figures()``: its figures, from the CSVs alone, saved as PNGs; returns their paths.
 
-``studies`` has the four (``Scaling``, ``Staleness``, ``Gossip``, ``Accuracy``); ``downpour study``
-and the notebooks call ``run_study`` on one of them.
+``studies`` has them all (``Scaling``, ``Staleness``, ``Gossip``, ``Accuracy``, ``TimeToLoss``);
+``downpour study`` and the notebooks call ``run_study`` on one of them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .core import PlannedRun
 
 @runtime_checkable
 class Study(Protocol):
-    name: str  # "scaling", "staleness", "gossip" or "accuracy": its directory under results/<host>/
+    name: str  # "scaling", "staleness", "gossip", "accuracy" or "lm": its directory under results/<host>/
 
     def plan(self) -> Sequence[PlannedRun]: ...
 
@@ -44,8 +44,8 @@ def run_study(study: Study, *, fresh: bool = False, figures: bool = False,
 
     show_errors_in_one_line()  # the helper a study notebook calls first
     if not isinstance(study, Study):
-        raise TypeError(f"run_study takes a Study (studies.Scaling, Staleness, Gossip, Accuracy), "
-                        f"not {type(study).__name__}")
+        raise TypeError(f"run_study takes a Study (studies.Scaling, Staleness, Gossip, Accuracy, "
+                        f"TimeToLoss), not {type(study).__name__}")
     study.plan()
     study.measure(fresh=fresh, log=log)
     if figures:

@@ -1,4 +1,4 @@
-"""The four studies as ``protocol.Study``: what ``downpour study`` and notebooks 02 to 05 hand to
+"""The studies as ``protocol.Study``: what ``downpour study`` and notebooks 02 to 05 and 07 hand to
 ``run_study``. Each wraps its module's plan and measurement (``scaling``, ``staleness``, ``gossip``,
 ``accuracy``) and its figures (``*_plots``); it lives here, not in its module, because the figures
 import the study's module (a study module importing its figures would close a circle).
@@ -33,7 +33,7 @@ from . import (
 from .core import PlannedRun, StudyStore, cluster_for, mpiexec_launch, read_runs_csv
 from .protocol import Study, run_study
 
-__all__ = ["Accuracy", "Gossip", "Scaling", "Staleness", "Study", "run_study"]
+__all__ = ["Accuracy", "Gossip", "Scaling", "Staleness", "Study", "TimeToLoss", "run_study"]
 
 
 @dataclass
@@ -154,8 +154,17 @@ class Accuracy:
         return accuracy_plots.make_figures(self.out)
 
 
+@dataclass
+class TimeToLoss(Accuracy):
+    """The same study to a language model's validation loss (``accuracy.plan_study(...,
+    metric="loss")``, notebook 07): its own directory, ``results/<host>/lm/``."""
+
+    name: ClassVar[str] = "lm"
+
+
 #: study name -> its class (the names ``core.STUDIES`` lists)
-STUDY_CLASSES: dict[str, type] = {cls.name: cls for cls in (Scaling, Staleness, Gossip, Accuracy)}
+STUDY_CLASSES: dict[str, type] = {cls.name: cls for cls in (Scaling, Staleness, Gossip, Accuracy,
+                                                            TimeToLoss)}
 
 
 def emulated_variant(entry: str) -> tuple[str, dict[str, Any]]:
