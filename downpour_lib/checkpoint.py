@@ -39,18 +39,6 @@ FORMAT = "downpour-checkpoint-1"
 NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 #: The temporary name atomic_write_bytes gives a checkpoint while writing it (mkstemp's letters).
 TEMP = re.compile(r"^\.ckpt-\d+\.pt\.[a-z0-9_]+\.tmp$")
-#: Fields a resumed run must share with the run that wrote the checkpoint.
-SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer",
-            "lr_schedule", "lr_warmup_epochs", "lr_milestones", "lr_decay", "lr_scaling",
-            "precision", "augment")
-
-#: Fields that do not make another run (``resume=auto`` looks for a checkpoint equal in every
-#: other field): how long, where things go, how the ranks run and wait.
-NOT_THE_RUN = ("steps", "epochs", "eval_every", "eval_batch_size", "final_eval", "threads",
-               "data_workers", "warmup_steps", "timeout_s", "output_dir", "checkpoint_dir",
-               "checkpoint_every", "resume", "preempt_signal", "requeue", "trace", "data_dir", "backend",
-               "device", "keep_checkpoints")
-
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
@@ -155,7 +143,7 @@ def prune(directory: str | os.PathLike, keep: int, config: dict[str, Any], world
     ``evaluate --watch``) finds a whole file or none, and one that has it open keeps reading it."""
     kept, doomed = 0, []
     spared = {Path(p).resolve() for p in protect}
-    fields = [k for k in config if k not in NOT_THE_RUN]
+    fields = _held_to("match")
     for _, path in reversed(scan(directory)):
         try:
             state = load(path, mmap=True)
@@ -244,7 +232,7 @@ def find_resumable(directory: str | os.PathLike, config: dict[str, Any], world_s
         except CheckpointError as exc:
             report(f"resume auto: skipping {exc}")
             continue
-        different = _difference(state, config, [k for k in config if k not in NOT_THE_RUN])
+        different = _difference(state, config, _held_to("match"))
         if different is None and state["world_size"] != world_size:
             different = f"world_size={state['world_size']}, this launch has {world_size}"
         if different is None:
@@ -253,10 +241,17 @@ def find_resumable(directory: str | os.PathLike, config: dict[str, Any], world_s
     return None
 
 
+def _held_to(rule: str) -> tuple[str, ...]:
+    """The config fields ``rule`` holds, as each declares it (``config.IDENTITY_RULES``): keep,
+    what a resumed run must keep; match, what ``resume auto`` and pruning tell runs apart by."""
+    from .config import held_to  # config's registries import this module (atomic writes)
+
+    return held_to(rule)
+
+
 def _difference(state: dict[str, Any], config: dict[str, Any],
-                fields: Sequence[str] = SAME_RUN) -> str | None:
-    """The first of ``fields`` (by default those a resumed run must keep) that ``config``
-    changes, as name=written value."""
+                fields: Sequence[str]) -> str | None:
+    """The first of ``fields`` that ``config`` changes, as name=written value."""
     written = state["config"]
     for name in fields:
         if name in written and written[name] != config.get(name):  # older checkpoints lack some
@@ -267,7 +262,7 @@ def _difference(state: dict[str, Any], config: dict[str, Any],
 def check_resume(state: dict[str, Any], path: Path, config: dict[str, Any], world_size: int,
                  total_steps: int) -> int:
     """Refuse to continue a different run; the step to continue from."""
-    different = _difference(state, config)
+    different = _difference(state, config, _held_to("keep"))
     if different is not None:
         name = different.split("=", 1)[0]
         raise ConfigError(name, config.get(name), f"the checkpoint {path} was written with "

@@ -80,8 +80,8 @@ def run_id(config: TrainConfig, world_size: int, repeat: int,
            extra: Mapping[str, Any] | None = None) -> str:
     """The run's identity: its config, world size, repeat (and the study's own columns, ``extra``),
     on this host at this commit (a run measured elsewhere, or with other code, is not this run).
-    The config's part is ``TrainConfig.identity()``: every section but outputs and runtime (where
-    the run writes, how it is stopped), so a new field is part of it unless its section is not."""
+    The config's part is ``TrainConfig.identity()``: every field but those whose declared rule
+    is ``free`` (where the run writes, how it is stopped; ``config.IDENTITY_RULES``)."""
     values = config.identity()
     here = [provenance.machine()["host"], provenance.git_sha()]
     key: list[Any] = [values, world_size, repeat, here]
