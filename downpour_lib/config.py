@@ -21,8 +21,8 @@ runtime    how a launcher stops and restarts it (preemption signal, requeue)
 What makes two runs the same run is declared by each field where it is defined
 (``_help(..., identity=...)``, one of ``IDENTITY_RULES``): ``keep`` (a resumed run must keep it),
 ``match`` (``resume auto`` matches on it), ``measure`` (a study's ``run_id`` keys on it) or
-``free``. Checkpoints (``held_to("keep")``, ``held_to("match")``) and studies (``identity()``)
-read these declarations; a field without one fails at import (``identity_rules``).
+``free``. Checkpoints (``held("keep")``, ``held("match")``) and studies (``identity()``) read
+these declarations; a field without one fails at import (``identity_rules``).
 
 Library code reads a field through its section (``config.data.batch_size``): engine, lifecycle,
 cli and cluster do; modules not yet moved read the flat aliases, which ``rename_script`` rewrites.
@@ -463,11 +463,16 @@ class TrainConfig:
         out["lr_milestones"] = list(self.optim.lr_milestones)  # plain data, as a file holds it
         return out
 
+    def held(self, rule: Identity) -> dict[str, Any]:
+        """The flat fields (``to_dict``'s values) that ``rule`` holds (``held_to``): keep, what a
+        resumed run must keep; match, what ``resume auto`` and pruning compare."""
+        names = set(held_to(rule))
+        return {k: v for k, v in self.to_dict().items() if k in names}
+
     def identity(self) -> dict[str, Any]:
         """The flat fields that make the run, for a study's ``run_id``: ``to_dict``'s, less those
         whose rule is ``free`` (where the run writes, how it is stopped)."""
-        measured = set(held_to("measure"))
-        return {k: v for k, v in self.to_dict().items() if k in measured}
+        return self.held("measure")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
