@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 from . import user_code
 from .data import DATASETS
+from .defaults import TIMEOUT_S
 from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
 from .options import OPTIONS, build_options, coerce
@@ -253,7 +254,7 @@ class System:
     threads: int = _help("torch threads per rank; 0 = the node's cores divided by its ranks",
                          identity="measure", default=0)
     timeout_s: float = _help("process-group timeout: how long a rank waits for a dead peer",
-                             identity="measure", default=300.0)
+                             identity="measure", default=TIMEOUT_S)
     channels_last: bool = _help("keep the model and its inputs in channels-last memory format "
                                 "(faster convolutions on GPUs with tensor cores)",
                                 identity="match", default=False)
@@ -263,7 +264,7 @@ class System:
         _at_least("threads", self.threads, 0)
         if not (_finite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("timeout_s", self.timeout_s,
-                              "must be a finite number of seconds > 0, e.g. 300")
+                              f"must be a finite number of seconds > 0, e.g. {TIMEOUT_S:g}")
 
 
 @dataclass(frozen=True)

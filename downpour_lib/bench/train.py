@@ -39,11 +39,11 @@ from typing import Any
 
 from ..algorithms import ALGORITHMS
 from ..comm.runtime import backend_usable
-from ..config import TrainConfig
+from ..config import Data, TrainConfig
 from ..errors import ConfigError
 from ..provenance import environment
 from ..study.core import StudyError, mpiexec_launch
-from .report import print_columns, run_command
+from .report import DATASET, RUN_TIMEOUT_S, THREADS, WARMUP_STEPS, print_columns, run_command
 
 INDEPENDENT = "independent"  # the ceiling's rows: N copies of `local` that never communicate
 
@@ -66,8 +66,9 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="throughput and scaling efficiency of algorithms x backends")
     p.add_argument("--model", default="resnet18", help="(default: resnet18)")
-    p.add_argument("--dataset", default="synthetic-cifar", help="(default: synthetic-cifar)")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker (default: 32)")
+    p.add_argument("--dataset", default=DATASET, help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=Data.batch_size,
+                   help="per worker (default: %(default)s)")
     p.add_argument("--algorithms", type=_names, default=("allreduce", "ddp"),
                    help="comma-separated (default: allreduce,ddp)")
     p.add_argument("--backends", type=_names, default=("gloo",),
@@ -75,16 +76,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=_ints, default=(2,),
                    help="worker counts to compare with 1 worker (default: 2)")
     p.add_argument("--steps", type=int, default=40, help="steps per run (default: 40)")
-    p.add_argument("--warmup-steps", type=int, default=10,
-                   help="first steps left out of throughput (default: 10)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS,
+                   help="first steps left out of throughput (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=THREADS,
+                   help="torch threads per rank (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds of every run; each point reports its median throughput (default: 3)")
     p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                    help="leave out the independent-processes rows (the machine's ceiling)")
     p.add_argument("--no-plain", dest="plain", action="store_false",
                    help="leave out the plain PyTorch loop's row (one process, no downpour)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default: 900)")
+    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
+                   help="seconds per run (default: %(default)g)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
     p.set_defaults(func=cmd_bench_train)
 

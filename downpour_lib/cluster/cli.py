@@ -6,6 +6,8 @@ import argparse
 import ast
 import sys
 
+from ..notebooks import CELL_TIMEOUT_S
+
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profiles", help="install the ipyparallel profiles (local-mpi, slurm-mpi)")
@@ -23,7 +25,8 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
                    help="override a name of the notebook's `parameters` cell (a Python literal, "
                         "else a string); repeatable")
     p.add_argument("--output", help="also save the executed notebook here")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per cell (default: 1800)")
+    p.add_argument("--timeout", type=float, default=CELL_TIMEOUT_S,
+                   help="seconds per cell (default: %(default)g)")
     p.set_defaults(func=cmd_notebook)
 
 
