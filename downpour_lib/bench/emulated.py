@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import trace
+from ..cluster.mpiexec import mpiexec_launch
 from ..config import Data, TrainConfig
 from ..errors import ConfigError
 from ..provenance import environment
-from ..study.core import mpiexec_launch
 from .report import DATASET, RUN_TIMEOUT_S, THREADS, WARMUP_STEPS, print_columns, run_command
 
 #: the algorithms whose buckets are traced from their launch

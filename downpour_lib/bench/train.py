@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from ..algorithms import ALGORITHMS
+from ..cluster.mpiexec import RunFailed, mpiexec_launch
 from ..comm.runtime import backend_usable
 from ..config import Data, TrainConfig
 from ..errors import ConfigError
 from ..provenance import environment
-from ..study.core import StudyError, mpiexec_launch
 from .report import DATASET, RUN_TIMEOUT_S, THREADS, WARMUP_STEPS, print_columns, run_command
 
 INDEPENDENT = "independent"  # the ceiling's rows: N copies of `local` that never communicate
@@ -183,7 +183,7 @@ def independent_launch(config: TrainConfig, n: int, timeout_s: float) -> list[di
             if proc.returncode != 0:
                 failed.append(f"exit {proc.returncode}: " + "\n".join(err.splitlines()[-10:]))
         if failed:
-            raise StudyError(f"{n} independent run(s) of local failed: {failed[0]}")
+            raise RunFailed(f"{n} independent run(s) of local failed: {failed[0]}")
         return [json.loads(out.read_text()) for out in outs]
 
 
@@ -231,7 +231,7 @@ def plain_launch(config: TrainConfig, timeout_s: float) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(config.to_dict(), default=str)],
                           capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
-        raise StudyError(f"the plain loop failed: {proc.stderr.strip().splitlines()[-1:]}")
+        raise RunFailed(f"the plain loop failed: {proc.stderr.strip().splitlines()[-1:]}")
     return {"samples_per_s": float(proc.stdout.split()[-1])}
 
 
