@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..perf.netmodel import COLLECTIVES
-from ..perf.perfmodel import ALGORITHMS, MODELLED_OPTIONS, Calibration
+from ..perf.perfmodel import MODELLED_ALGORITHMS, MODELLED_OPTIONS, Calibration
 from .core import host_dirname
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
@@ -53,10 +53,10 @@ def check_names(model: str, algorithms: list[str], any_model: bool = False) -> N
     if model not in models and not any_model:
         raise unknown_name("model", model, models)
     if not algorithms:
-        raise ConfigError("algorithm", "", "give one or more of " + ", ".join(ALGORITHMS))
+        raise ConfigError("algorithm", "", "give one or more of " + ", ".join(MODELLED_ALGORITHMS))
     for name in algorithms:
-        if name not in ALGORITHMS:
-            raise unknown_name("algorithm", name, ALGORITHMS)
+        if name not in MODELLED_ALGORITHMS:
+            raise unknown_name("algorithm", name, MODELLED_ALGORITHMS)
 
 
 def no_compute(cal: Calibration, model: str, path: Path | None) -> ConfigError:
@@ -161,7 +161,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                             "`downpour model calibrate` writes)")
     p.add_argument("--model", required=True, help="a model the calibration has compute for")
     p.add_argument("--algorithm", default="allreduce",
-                   help=f"comma-separated, of {', '.join(ALGORITHMS)}")
+                   help=f"comma-separated, of {', '.join(MODELLED_ALGORITHMS)}")
     p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
     p.add_argument("--collective", choices=COLLECTIVES, default=None,
                    help="the allreduce algorithm (default: the calibration's; auto: the faster of "

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 LINKS = ("200mbit", "100mbit")
 #: the algorithms with one worker per node and no server rank (a server would share a node with a
 #: worker, and the model's server card is a node of its own)
-ALGORITHMS = ("allreduce", "ddp", "sgp", "dpsgd", "localsgd", "diloco")
+SANDBOX_ALGORITHMS = ("allreduce", "ddp", "sgp", "dpsgd", "localsgd", "diloco")
 #: what ``validate_on_sandbox`` runs unless told: one of each way of communicating (bucketed
 #: allreduce every step, gossip to a peer, an average every 4 steps, DiLoCo's every 20)
 DEFAULT_ALGORITHMS = ("allreduce", "sgp", "localsgd", "diloco")
@@ -210,9 +210,9 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
     for rate in links:
         parse_rate(rate)
     for name in algorithms:
-        if name not in ALGORITHMS:
+        if name not in SANDBOX_ALGORITHMS:
             raise ConfigError("algorithms", name, "one worker per node and no server rank: "
-                              + ", ".join(ALGORITHMS))
+                              + ", ".join(SANDBOX_ALGORITHMS))
     base = {**BASE, **(base or {})}
     configs = {name: _config(base, name) for name in algorithms}  # bad names: before any sandbox
     out = Path(out)
