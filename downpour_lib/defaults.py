@@ -7,3 +7,5 @@ below the config (comm/, the cluster's engines) needs the same value.
 #: process group downpour creates (``System.timeout_s``, ``runtime.init``, a cluster job's world).
 #: Minutes, not torch's 30: a dead rank should end a run while someone is still watching.
 TIMEOUT_S = 300.0
+#: Seconds ``downpour evaluate --watch`` (``evaluator.run``) waits between looks for a new checkpoint.
+EVAL_POLL_S = 2.0

@@ -197,13 +197,16 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=2,
                    help="workers, one per sandbox node (2 or more; a running sandbox of more nodes "
                         "lends that many)")
-    p.add_argument("--model", default=None, help="any registered model (default: mlp, whose step "
-                                                 "is mostly communication on these links)")
-    p.add_argument("--dataset", default=None, help="its data set (default: synthetic-cifar)")
-    p.add_argument("--batch-size", type=int, default=None, help="per worker (default: 32)")
-    p.add_argument("--links", default="200mbit,100mbit", help="link rates, comma-separated")
+    from .model_validate import BASE, DEFAULT_ALGORITHMS, LINKS  # their one home
+
+    p.add_argument("--model", default=None, help=f"any registered model (default: {BASE['model']}, "
+                                                 "whose step is mostly communication on these links)")
+    p.add_argument("--dataset", default=None, help=f"its data set (default: {BASE['dataset']})")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"per worker (default: {BASE['batch_size']})")
+    p.add_argument("--links", default=",".join(LINKS), help="link rates, comma-separated")
     p.add_argument("--algorithms", default=None,
-                   help="comma-separated (default: allreduce,sgp,localsgd,diloco)")
+                   help=f"comma-separated (default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--out", default=None,
                    help="where validation.csv goes (default: results/<host>/model/sandbox-<N>nodes)")
     p.add_argument("--sandbox-dir", default=None,
