@@ -267,8 +267,9 @@ def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
             "scaling_efficiency": rate / (workers * base[(run.algorithm, run.backend)]),
             "exposed_comm_s": pick["comm_s"] + pick["wait_s"] if communicates else 0.0,
             "step_s": pick["step_s"], "compute_s": pick["compute_s"],
-            "bytes_sent_per_step": pick["bytes_sent_per_step"], "batch_size": config.batch_size,
-            "steps": config.steps, "warmup_steps": config.warmup_steps, "threads": config.threads,
+            "bytes_sent_per_step": pick["bytes_sent_per_step"],
+            "batch_size": config.data.batch_size, "steps": config.length.steps,
+            "warmup_steps": config.length.warmup_steps, "threads": config.system.threads,
             "repeats": args.repeats, "hosts": pick["hosts"],
             **{k: pick.get(k, v) for k, v in environment().items()},  # as the run saw it
         })

@@ -98,9 +98,9 @@ def _config(base: dict[str, Any], algorithm: str, longer: int = 1) -> TrainConfi
     ``longer`` times that."""
     config = TrainConfig.from_dict({**base, "algorithm": algorithm})
     period = getattr(config.options, "period", 1)
-    measured = max(config.steps - config.warmup_steps, MEETINGS * period) * longer
+    measured = max(config.length.steps - config.length.warmup_steps, MEETINGS * period) * longer
     return TrainConfig.from_dict({**base, "algorithm": algorithm,
-                                  "steps": config.warmup_steps + measured})
+                                  "steps": config.length.warmup_steps + measured})
 
 
 def _srun(nodes: int, tasks: int, command: list[str], env: dict[str, str],
@@ -138,7 +138,7 @@ def _measure(configs: dict[str, TrainConfig], path: Path, nodes: int, env: dict[
             summary = summaries[name]
             summary["mean_step_s"] = summary["step_s"]
             summary["step_s"] = typical_step_s(pd.read_csv(Path(tmp) / name / "steps.csv"),
-                                               config.warmup_steps, _period(config))
+                                               config.length.warmup_steps, _period(config))
     return fit_link(read_collectives(path), "gloo"), summaries
 
 
