@@ -39,18 +39,6 @@ FORMAT = "downpour-checkpoint-1"
 NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 #: The temporary name atomic_write_bytes gives a checkpoint while writing it (mkstemp's letters).
 TEMP = re.compile(r"^\.ckpt-\d+\.pt\.[a-z0-9_]+\.tmp$")
-#: Fields a resumed run must share with the run that wrote the checkpoint.
-SAME_RUN = ("algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer",
-            "lr_schedule", "lr_warmup_epochs", "lr_milestones", "lr_decay", "lr_scaling",
-            "precision", "augment")
-
-#: Fields that do not make another run (``resume=auto`` looks for a checkpoint equal in every
-#: other field): how long, where things go, how the ranks run and wait.
-NOT_THE_RUN = ("steps", "epochs", "eval_every", "eval_batch_size", "final_eval", "threads",
-               "data_workers", "warmup_steps", "timeout_s", "output_dir", "checkpoint_dir",
-               "checkpoint_every", "resume", "preempt_signal", "requeue", "trace", "data_dir", "backend",
-               "device", "keep_checkpoints")
-
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
@@ -145,24 +133,24 @@ def save(directory: str | os.PathLike, state: dict[str, Any]) -> Path:
     return path
 
 
-def prune(directory: str | os.PathLike, keep: int, config: dict[str, Any], world_size: int,
+def prune(directory: str | os.PathLike, keep: int, same: dict[str, Any], world_size: int,
           protect: Sequence[str | os.PathLike] = ()) -> list[Path]:
     """Delete this configuration's periodic checkpoints in ``directory`` but its newest ``keep``;
-    the deleted paths, oldest first. Left alone: final checkpoints, other configurations' (as
-    ``find_resumable`` tells them apart), files that do not load, temporary files and ``protect``
-    (the checkpoint a run resumed from). Called once a new checkpoint is in place, so the newest
+    the deleted paths, oldest first. Left alone: final checkpoints, other configurations' (those
+    that differ in ``same``, ``TrainConfig.held("match")``, as ``find_resumable`` tells them
+    apart), files that do not load, temporary files and ``protect`` (the checkpoint a run resumed
+    from). Called once a new checkpoint is in place, so the newest
     is whole before an older one goes; each deletion is one unlink, so a reader (``resume``,
     ``evaluate --watch``) finds a whole file or none, and one that has it open keeps reading it."""
     kept, doomed = 0, []
     spared = {Path(p).resolve() for p in protect}
-    fields = [k for k in config if k not in NOT_THE_RUN]
     for _, path in reversed(scan(directory)):
         try:
             state = load(path, mmap=True)
         except CheckpointError:
             continue
         if state["final"] or state["world_size"] != world_size \
-                or _difference(state, config, fields) is not None:
+                or _difference(state, same) is not None:
             continue
         kept += 1
         if kept > keep and path.resolve() not in spared:
@@ -233,18 +221,18 @@ def resolve(resume: str, report: Callable[[str], None]) -> Path:
                                         "earlier run or one of its ckpt-<step>.pt files")
 
 
-def find_resumable(directory: str | os.PathLike, config: dict[str, Any], world_size: int,
+def find_resumable(directory: str | os.PathLike, same: dict[str, Any], world_size: int,
                    report: Callable[[str], None]) -> Path | None:
     """``resume=auto``: the newest checkpoint in ``directory`` that loads and was written by this
-    configuration on as many ranks, or None (the run starts from scratch). What is passed over, and
-    why, is reported."""
+    configuration (equal in ``same``: ``TrainConfig.held("match")``) on as many ranks, or None
+    (the run starts from scratch). What is passed over, and why, is reported."""
     for _, path in reversed(scan(directory)):
         try:
             state = load(path, mmap=True)
         except CheckpointError as exc:
             report(f"resume auto: skipping {exc}")
             continue
-        different = _difference(state, config, [k for k in config if k not in NOT_THE_RUN])
+        different = _difference(state, same)
         if different is None and state["world_size"] != world_size:
             different = f"world_size={state['world_size']}, this launch has {world_size}"
         if different is None:
@@ -253,24 +241,25 @@ def find_resumable(directory: str | os.PathLike, config: dict[str, Any], world_s
     return None
 
 
-def _difference(state: dict[str, Any], config: dict[str, Any],
-                fields: Sequence[str] = SAME_RUN) -> str | None:
-    """The first of ``fields`` (by default those a resumed run must keep) that ``config``
-    changes, as name=written value."""
+def _difference(state: dict[str, Any], same: dict[str, Any]) -> str | None:
+    """The first field of ``same`` whose value differs from the checkpoint's, as name=written
+    value. ``same`` holds the fields a rule holds, as the config's fields declare them
+    (``TrainConfig.held``): this module compares, the config says what."""
     written = state["config"]
-    for name in fields:
-        if name in written and written[name] != config.get(name):  # older checkpoints lack some
+    for name, value in same.items():
+        if name in written and written[name] != value:  # older checkpoints lack some
             return f"{name}={written[name]!r}"
     return None
 
 
-def check_resume(state: dict[str, Any], path: Path, config: dict[str, Any], world_size: int,
+def check_resume(state: dict[str, Any], path: Path, keep: dict[str, Any], world_size: int,
                  total_steps: int) -> int:
-    """Refuse to continue a different run; the step to continue from."""
-    different = _difference(state, config)
+    """Refuse to continue a different run (one that changes a field of ``keep``:
+    ``TrainConfig.held("keep")``); the step to continue from."""
+    different = _difference(state, keep)
     if different is not None:
         name = different.split("=", 1)[0]
-        raise ConfigError(name, config.get(name), f"the checkpoint {path} was written with "
+        raise ConfigError(name, keep[name], f"the checkpoint {path} was written with "
                                                   f"{different}; a resumed run must keep it")
     if state["world_size"] != world_size:
         raise ConfigError("resume", str(path),

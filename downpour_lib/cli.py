@@ -238,18 +238,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
+    from .config import Length  # no torch
+    from .defaults import EVAL_POLL_S
+
     p = sub.add_parser("evaluate", help="score a run's checkpoints on the test split into a CSV, "
                                         "once or watching while it trains")
     p.add_argument("--checkpoint-dir", required=True, help="the run's checkpoint_dir")
     p.add_argument("--csv", help="append one row per checkpoint here (default: DIR/evals.csv)")
     p.add_argument("--watch", action="store_true",
                    help="keep polling until the run's final checkpoint is scored")
-    p.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls (default: 2)")
+    p.add_argument("--poll-s", type=float, default=EVAL_POLL_S,
+                   help="seconds between polls (default: %(default)g)")
     p.add_argument("--until-step", type=int, help="with --watch: stop once a checkpoint of this "
                                                    "step or later is scored")
     p.add_argument("--timeout-s", type=float, help="with --watch: stop after this many seconds")
     p.add_argument("--device", default="cpu", help="device to evaluate on (default: cpu)")
-    p.add_argument("--batch-size", type=int, default=512, help="(default: 512)")
+    p.add_argument("--batch-size", type=int, default=Length.eval_batch_size,
+                   help="(default: %(default)s, a run's eval_batch_size)")
     p.add_argument("--data-dir", help="where the data set's files are (default: the run's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     p.set_defaults(func=cmd_evaluate)

@@ -4,24 +4,25 @@ A ``TrainConfig`` is the algorithm (with its options) and the model, plus seven 
 frozen dataclass that validates its own fields on construction (naming the field, the value and
 what would work, so a bad run fails before any process blocks):
 
-========== ============================================================== ===========
-section    holds                                                          identity
-========== ============================================================== ===========
-data       data set, its files, the batch, augmentation, loader workers,  yes
-           seed
-optim      the update rule, learning rate and its schedule, precision     yes
-length     how long it trains and how it is measured (steps or epochs,    yes
+========== ==============================================================
+section    holds
+========== ==============================================================
+data       data set, its files, the batch, augmentation, loader workers, seed
+optim      the update rule, learning rate and its schedule, precision
+length     how long it trains and how it is measured (steps or epochs,
            throughput warm-up, evaluation cadence)
-system     backend, device, threads, timeout, memory format               yes
-emulation  emulated slow workers and emulated compute                        yes
-outputs    where the run writes (records, trace, checkpoints) and the     no
+system     backend, device, threads, timeout, memory format
+emulation  emulated slow workers and emulated compute
+outputs    where the run writes (records, trace, checkpoints) and the
            checkpoint it continues
-runtime    how a launcher stops and restarts it (preemption signal,       no
-           requeue)
-========== ============================================================== ===========
+runtime    how a launcher stops and restarts it (preemption signal, requeue)
+========== ==============================================================
 
-A run's identity (``identity()``: what makes two runs the same run, for a study's resumable CSV)
-is every section marked ``identity``, so a new field joins it unless its section says otherwise.
+What makes two runs the same run is declared by each field where it is defined
+(``_help(..., identity=...)``, one of ``IDENTITY_RULES``): ``keep`` (a resumed run must keep it),
+``match`` (``resume auto`` matches on it), ``measure`` (a study's ``run_id`` keys on it) or
+``free``. Checkpoints (``held("keep")``, ``held("match")``) and studies (``identity()``) read
+these declarations; a field without one fails at import (``identity_rules``).
 
 Library code reads a field through its section (``config.data.batch_size``): engine, lifecycle,
 cli and cluster do; modules not yet moved read the flat aliases, which ``rename_script`` rewrites.
@@ -44,13 +45,14 @@ import math
 import re
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from . import user_code
 from .data import DATASETS
+from .defaults import TIMEOUT_S
 from .errors import ConfigError, check_choices, unknown_name
 from .models import MODELS
 from .options import OPTIONS, build_options, coerce
@@ -66,8 +68,22 @@ Backend = Literal["auto", "gloo", "nccl", "mpi"]
 Device = Literal["auto", "cpu", "cuda"]
 
 
-def _help(text: str, **kw: Any) -> Any:
-    return field(metadata={"help": text}, **kw)
+#: What a field declares about what makes two runs the same run, strictest first; each rule holds
+#: a field to what every later rule asks too (a ``keep`` field is also matched and measured).
+#: keep: a resumed run must keep it (``checkpoint.check_resume`` refuses a change), as the model or
+#: the batch. match: ``resume auto`` continues only a checkpoint equal in it, and pruning counts
+#: only those; a resume that names its checkpoint may change it (a lower lr to continue with).
+#: measure: free to change on resume, but it changes what the run measures, so a study's
+#: ``run_id`` keys on it (steps, backend, threads). free: where the run writes and how it is
+#: stopped, in nothing.
+IDENTITY_RULES = ("keep", "match", "measure", "free")
+Identity = Literal["keep", "match", "measure", "free"]
+
+
+def _help(text: str, identity: Identity | None = None, **kw: Any) -> Any:
+    """A field with its help text and its ``identity`` rule (``IDENTITY_RULES``)."""
+    metadata = {"help": text} if identity is None else {"help": text, "identity": identity}
+    return field(metadata=metadata, **kw)
 
 
 def _at_least(name: str, value: int | None, low: int, example: str = "") -> None:
@@ -84,20 +100,20 @@ class Data:
     """What a worker reads: two runs with the same seed, model, data and global batch see the same
     samples in the same order, whatever the algorithm."""
 
-    identity: ClassVar[bool] = True
-    dataset: str = _help("data set name (see `downpour datasets`)", default="digits")
-    data_dir: str = _help("directory holding the real data sets' files", default="data")
+    dataset: str = _help("data set name (see `downpour datasets`)", identity="keep", default="digits")
+    data_dir: str = _help("directory holding the real data sets' files", identity="measure", default="data")
     batch_size: int = _help("samples per worker per step; the global batch is this times the "
-                            "number of workers", default=32)
+                            "number of workers", identity="keep", default=32)
     augment: Augment | None = _help("training-set augmentation, drawn from (seed, epoch, sample): "
                                     "standard = pad-4 random crop + flip (32x32; MNIST: pad-2 crop, "
                                     "no flip), random-resized-crop 224 + flip (ImageFolder); none = "
                                     "standard for real data sets, none for synthetic and digits",
-                                    default=None)
+                                    identity="keep", default=None)
     data_workers: int | None = _help("DataLoader worker processes per rank for the real data sets "
                                      "(mnist, cifar, imagefolder); 0 reads in the training process; "
-                                     "none = the rank's share of the node's cores", default=None)
-    seed: int = _help("seed for model initialization and data order", default=0)
+                                     "none = the rank's share of the node's cores",
+                                     identity="measure", default=None)
+    seed: int = _help("seed for model initialization and data order", identity="keep", default=0)
 
     def __post_init__(self) -> None:
         if callable(self.dataset):  # a function of yours, e.g. from a notebook cell
@@ -125,32 +141,32 @@ class Optim:
     """The update rule and its learning rate over the run. ``lr``, ``optimizer`` and ``momentum``
     left as None take the algorithm's recipe (``Optim.of``), so a built section holds no None."""
 
-    identity: ClassVar[bool] = True
     optimizer: Optimizer | None = _help("the update rule (the servers' rule for sync_ps and "
                                         "downpour); none = the algorithm's default: adagrad for "
                                         "downpour, as in Dean et al. 2012, sgd otherwise",
-                                        default=None)
+                                        identity="keep", default=None)
     lr: float | None = _help("learning rate; none = the algorithm's default recipe: 0.003 for "
-                             "diloco's AdamW inner steps, 0.05 otherwise", default=None)
+                             "diloco's AdamW inner steps, 0.05 otherwise", identity="match", default=None)
     momentum: float | None = _help("SGD momentum (sgd only); none = 0.9 for sgd, 0 otherwise",
-                                   default=None)
-    weight_decay: float = _help("L2 weight decay", default=0.0)
+                                   identity="match", default=None)
+    weight_decay: float = _help("L2 weight decay", identity="match", default=0.0)
     lr_schedule: Schedule = _help("learning rate after warm-up: constant, step (times lr_decay at "
                                   "each of lr_milestones) or cosine (to 0 at the last step)",
-                                  default="constant")
+                                  identity="keep", default="constant")
     lr_warmup_epochs: float = _help("linear warm-up over this many epochs (may be fractional; "
-                                    "Goyal et al. 2017: 5)", default=0.0)
+                                    "Goyal et al. 2017: 5)", identity="keep", default=0.0)
     lr_milestones: tuple[float, ...] = _help("epochs at which a step schedule multiplies the "
                                              "learning rate by lr_decay, e.g. 30,60,80",
-                                             default=())
-    lr_decay: float = _help("the step schedule's factor at each milestone", default=0.1)
+                                             identity="keep", default=())
+    lr_decay: float = _help("the step schedule's factor at each milestone", identity="keep", default=0.1)
     lr_scaling: Literal["none", "linear"] = _help(
-        "linear: the linear scaling rule, lr x global batch / lr_reference_batch", default="none")
+        "linear: the linear scaling rule, lr x global batch / lr_reference_batch",
+        identity="keep", default="none")
     lr_reference_batch: int = _help("the global batch lr is given for, under lr_scaling=linear",
-                                    default=256)
+                                    identity="match", default=256)
     precision: Precision = _help("fp32, or mixed precision through torch.autocast: bf16, or fp16 "
                                  "with a dynamic loss scale every algorithm agrees on",
-                                 default="fp32")
+                                 identity="keep", default="fp32")
 
     @classmethod
     def of(cls, options: Any, **values: Any) -> Optim:
@@ -199,16 +215,15 @@ class Optim:
 class Length:
     """How long the run trains, and how it is measured on the way."""
 
-    identity: ClassVar[bool] = True
-    steps: int | None = _help("steps to train (give this or epochs)", default=None)
+    steps: int | None = _help("steps to train (give this or epochs)", identity="measure", default=None)
     epochs: float | None = _help("epochs to train, may be fractional (give this or steps); "
-                                 "1 epoch when neither is given", default=None)
-    warmup_steps: int = _help("first steps left out of throughput", default=2)
+                                 "1 epoch when neither is given", identity="measure", default=None)
+    warmup_steps: int = _help("first steps left out of throughput", identity="measure", default=2)
     eval_every: int = _help("evaluate every this many steps; 0 evaluates only at the end",
-                            default=0)
-    eval_batch_size: int = _help("batch size for evaluation", default=512)
+                            identity="measure", default=0)
+    eval_batch_size: int = _help("batch size for evaluation", identity="measure", default=512)
     final_eval: bool = _help("evaluate after the last step; false leaves it out (a throughput "
-                             "study, whose test accuracy nobody reads)", default=True)
+                             "study, whose test accuracy nobody reads)", identity="measure", default=True)
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -231,24 +246,25 @@ class Length:
 class System:
     """Where and how the ranks compute and talk. Part of the identity: it changes throughput."""
 
-    identity: ClassVar[bool] = True
     backend: Backend = _help("torch.distributed backend; auto = nccl on CUDA, else mpi under an "
-                             "MPI launch (mpiexec, srun --mpi=pmix), else gloo", default="auto")
+                             "MPI launch (mpiexec, srun --mpi=pmix), else gloo",
+                             identity="measure", default="auto")
     device: Device = _help("device; auto = cuda:<local rank> when CUDA is there, else cpu",
-                           default="auto")
+                           identity="measure", default="auto")
     threads: int = _help("torch threads per rank; 0 = the node's cores divided by its ranks",
-                         default=0)
+                         identity="measure", default=0)
     timeout_s: float = _help("process-group timeout: how long a rank waits for a dead peer",
-                             default=300.0)
+                             identity="measure", default=TIMEOUT_S)
     channels_last: bool = _help("keep the model and its inputs in channels-last memory format "
-                                "(faster convolutions on GPUs with tensor cores)", default=False)
+                                "(faster convolutions on GPUs with tensor cores)",
+                                identity="match", default=False)
 
     def __post_init__(self) -> None:
         check_choices(self)
         _at_least("threads", self.threads, 0)
         if not (_finite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("timeout_s", self.timeout_s,
-                              "must be a finite number of seconds > 0, e.g. 300")
+                              f"must be a finite number of seconds > 0, e.g. {TIMEOUT_S:g}")
 
 
 @dataclass(frozen=True)
@@ -258,18 +274,20 @@ class Emulation:
     the real step's length while real-sized gradients appear when the real backward makes them,
     ``emulate.py``), so communication can be measured at more ranks than the machine has cores."""
 
-    identity: ClassVar[bool] = True
     slow_workers: int = _help("stragglers: this many workers (the last ones) take slowdown times "
-                              "their compute time every step, sleeping the difference", default=0)
-    slowdown: float = _help("the stragglers' factor on their compute time (>= 1)", default=1.0)
+                              "their compute time every step, sleeping the difference",
+                              identity="match", default=0)
+    slowdown: float = _help("the stragglers' factor on their compute time (>= 1)",
+                            identity="match", default=1.0)
     compute: Literal["real", "emulated"] = _help(
         "real: forward and backward computed; emulated: each worker sleeps their time "
         "(emulated_step_s) while its real-sized gradients become ready at the real backward's "
         "moments, so communication is real and loss and accuracy are absent (named apart from "
-        "the records' compute_s, the compute each step took)", default="real")
+        "the records' compute_s, the compute each step took)", identity="match", default="real")
     emulated_step_s: float | None = _help(
         "emulated compute: seconds of forward+backward per step (e.g. 0.05 for a GPU's step); "
-        "none = auto, timed on this machine on the same model and batch first", default=None)
+        "none = auto, timed on this machine on the same model and batch first",
+        identity="match", default=None)
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -290,22 +308,22 @@ class Emulation:
 class Outputs:
     """Where the run writes, and the checkpoint it continues: not what it computes."""
 
-    identity: ClassVar[bool] = False
-    output_dir: str | None = _help("write steps.csv, evals.csv and summary.json here", default=None)
+    output_dir: str | None = _help("write steps.csv, evals.csv and summary.json here",
+                                   identity="free", default=None)
     trace: str | None = _help("write a timeline of every rank's steps here (trace.json: data, "
                               "forward and backward, each bucket's allreduce, waits, updates, "
                               "server updates, gossip; open it at https://ui.perfetto.dev)",
-                              default=None)
+                              identity="free", default=None)
     checkpoint_dir: str | None = _help("write checkpoints here (ckpt-<step>.pt, atomically) at the "
                                        "end of the run and every checkpoint_every steps",
-                                       default=None)
+                                       identity="free", default=None)
     checkpoint_every: int | None = _help("also checkpoint every this many steps; 0 = only at the "
                                          "end; none = 0, or when resuming, the cadence of the run "
-                                         "it continues", default=None)
+                                         "it continues", identity="free", default=None)
     keep_checkpoints: int = _help("keep this configuration's newest this many periodic (and "
                                   "preemption) checkpoints in checkpoint_dir, deleting older ones "
                                   "once a newer one is written; the final checkpoint and the one "
-                                  "a run resumed from are always kept", default=3)
+                                  "a run resumed from are always kept", identity="free", default=3)
     resume: str | None = _help("continue the run whose checkpoints are in this directory (from its "
                                "latest complete checkpoint) or in this checkpoint file; "
                                "checkpoint_dir defaults to that directory; auto = the newest "
@@ -313,7 +331,7 @@ class Outputs:
                                "scratch (the default of `downpour train` in a Slurm job); "
                                "never = from scratch even in a Slurm job, its checkpoints "
                                "replacing those of the same steps in checkpoint_dir",
-                               default=None)
+                               identity="free", default=None)
 
     def __post_init__(self) -> None:
         if self.resume == "auto" and self.checkpoint_dir is None:
@@ -336,14 +354,13 @@ class Outputs:
 class Runtime:
     """How a launcher stops and restarts the run: not what it computes."""
 
-    identity: ClassVar[bool] = False
     preempt_signal: str = _help("this signal stops the run at the next step: the ranks agree, write "
                                 "one checkpoint and exit with status 75 (Slurm: sbatch "
                                 "--signal=USR2@120); USR2, USR1, TERM, INT, HUP, or none",
-                                default="USR2")
+                                identity="free", default="USR2")
     requeue: bool | None = _help("after a preemption checkpoint, rank 0 runs `scontrol requeue "
                                  "$SLURM_JOB_ID`; none = yes inside a Slurm batch job",
-                                 default=None)
+                                 identity="free", default=None)
 
     def __post_init__(self) -> None:
         check_signal(self.preempt_signal)
@@ -364,10 +381,10 @@ class TrainConfig:
     docstring). Built from flat names (``TrainConfig(algorithm="ddp", batch_size=64)``), from
     whole sections (``data=Data(...)``), or both: flat names win over a section's values."""
 
-    algorithm: str = _help("training algorithm", default="sync_ps")
+    algorithm: str = _help("training algorithm", identity="keep", default="sync_ps")
     options: Any = _help("the algorithm's own options (a mapping or its options dataclass)",
-                         default=None)
-    model: str = _help("model name (see `downpour models`)", default="mlp")
+                         identity="keep", default=None)
+    model: str = _help("model name (see `downpour models`)", identity="keep", default="mlp")
     data: Data = _help("the data set, batch and seed", default=None)
     optim: Optim = _help("the update rule and its learning rate", default=None)
     length: Length = _help("how long it trains and how it is measured", default=None)
@@ -447,12 +464,16 @@ class TrainConfig:
         out["lr_milestones"] = list(self.optim.lr_milestones)  # plain data, as a file holds it
         return out
 
+    def held(self, rule: Identity) -> dict[str, Any]:
+        """The flat fields (``to_dict``'s values) that ``rule`` holds (``held_to``): keep, what a
+        resumed run must keep; match, what ``resume auto`` and pruning compare."""
+        names = set(held_to(rule))
+        return {k: v for k, v in self.to_dict().items() if k in names}
+
     def identity(self) -> dict[str, Any]:
-        """The flat fields that make the run (``to_dict``'s, less those of the sections that are
-        not part of its identity: outputs and runtime)."""
-        out = self.to_dict()
-        return {k: v for k, v in out.items()
-                if k in TOP or SECTIONS[SECTION_OF[k]].identity}
+        """The flat fields that make the run, for a study's ``run_id``: ``to_dict``'s, less those
+        whose rule is ``free`` (where the run writes, how it is stopped)."""
+        return self.held("measure")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
@@ -510,6 +531,31 @@ def _flat(name: str, section: str) -> property:
 
 for _name, _section in SECTION_OF.items():  # config.batch_size reads config.data.batch_size
     setattr(TrainConfig, _name, _flat(_name, _section))
+
+
+def identity_rules(fields: Iterable[dataclasses.Field]) -> dict[str, str]:
+    """Each field's identity rule (``IDENTITY_RULES``), by name. A field that declares none, or
+    another word, is a TypeError naming it: every field says what it does to a run's identity."""
+    out = {}
+    for f in fields:
+        rule = f.metadata.get("identity")
+        if rule not in IDENTITY_RULES:
+            raise TypeError(f"config field {f.name!r} declares identity={rule!r}: give it one of "
+                            f"{', '.join(IDENTITY_RULES)} (_help(..., identity=...))")
+        out[f.name] = rule
+    return out
+
+
+#: flat field name -> its identity rule, as each field declares it
+IDENTITY = identity_rules(TrainConfig.flat_fields().values())
+
+
+def held_to(rule: Identity) -> tuple[str, ...]:
+    """The flat fields ``rule`` holds, in flat order: those that declare it or a stricter rule.
+    ``keep``: what a resumed run must keep; ``match``: what ``resume auto`` matches on;
+    ``measure``: what a study's run identity keys on."""
+    stricter = IDENTITY_RULES[:IDENTITY_RULES.index(rule) + 1]
+    return tuple(name for name, declared in IDENTITY.items() if declared in stricter)
 def _milestones(value: Any) -> tuple[float, ...]:
     """Epochs from a list of numbers, or from text such as "30,60,80" (a flag's)."""
     items = value.replace(",", " ").split() if isinstance(value, str) else value

@@ -156,7 +156,7 @@ def plan_resume(config: TrainConfig, plan: RunPlan, world_size: int,
         return fresh
     total = plan.total_steps
     if outputs.resume == "auto":  # a requeued job: its own newest checkpoint, if it wrote one
-        path = checkpoint.find_resumable(outputs.checkpoint_dir, config.to_dict(), world_size,
+        path = checkpoint.find_resumable(outputs.checkpoint_dir, config.held("match"), world_size,
                                          report)
         if path is None:
             report(f"resume auto: no checkpoint of this configuration in {outputs.checkpoint_dir}: "
@@ -175,7 +175,7 @@ def plan_resume(config: TrainConfig, plan: RunPlan, world_size: int,
                           "to train it again, give another checkpoint_dir (sbatch: another "
                           "--job-name or DOWNPOUR_CHECKPOINTS), or resume=never (--resume never) "
                           "to start from scratch in this one")
-    start = checkpoint.check_resume(state, path, config.to_dict(), world_size, total)
+    start = checkpoint.check_resume(state, path, config.held("keep"), world_size, total)
     every_ = outputs.checkpoint_every
     if every_ is None:  # not given: keep the cadence of the run this one continues
         every_ = (state["config"].get("checkpoint_every") or 0) if outputs.checkpoint_dir else 0

@@ -26,7 +26,9 @@ import torch
 
 from . import checkpoint
 from .checkpoint import atomic_write_text
+from .config import Length
 from .data import Splits, load_dataset
+from .defaults import EVAL_POLL_S
 from .engine import evaluate
 from .errors import CheckpointError, DownpourError
 from .models import build_model
@@ -46,7 +48,7 @@ class Evaluator:
     directory: Path
     csv: Path
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    batch_size: int = 512
+    batch_size: int = Length.eval_batch_size
     data_dir: str | None = None  # None: the one the run was configured with
     log: Callable[[str], None] = print
     report: Callable[[str], None] = _stderr
@@ -106,7 +108,7 @@ class Evaluator:
                 "evaluated_at": time.time(), "loss": loss, "accuracy": accuracy,
                 "samples": len(splits.test), "file": path.name}
 
-    def watch(self, poll_s: float = 2.0, until_step: int | None = None,
+    def watch(self, poll_s: float = EVAL_POLL_S, until_step: int | None = None,
               timeout_s: float | None = None) -> str:
         """Poll until the final checkpoint (or ``until_step``) is scored, or ``timeout_s`` passes;
         why it stopped: "final", "until_step" or "timeout"."""
@@ -122,9 +124,9 @@ class Evaluator:
             time.sleep(poll_s)
 
 
-def run(directory: str, csv: str | None = None, watch: bool = False, poll_s: float = 2.0,
+def run(directory: str, csv: str | None = None, watch: bool = False, poll_s: float = EVAL_POLL_S,
         until_step: int | None = None, timeout_s: float | None = None, device: str = "cpu",
-        batch_size: int = 512, data_dir: str | None = None) -> str:
+        batch_size: int = Length.eval_batch_size, data_dir: str | None = None) -> str:
     """Score ``directory``'s checkpoints into ``csv`` (default: DIR/evals.csv), once or watching.
     Once: "once" if it scored any; if none, "scored before" if some are in the CSV already (the
     others, if any, were reported unreadable), "unreadable" if none is."""

@@ -152,8 +152,8 @@ class Lifecycle:
             completed, final, time.perf_counter() - self.t_start, config,
             self.ctx.world_size, model, ranks))
         resumed = [self.plan.resume_path] if self.plan.resume_path else []
-        checkpoint.prune(outputs.checkpoint_dir, outputs.keep_checkpoints, config,
-                         self.ctx.world_size, resumed)
+        checkpoint.prune(outputs.checkpoint_dir, outputs.keep_checkpoints,
+                         self.config.held("match"), self.ctx.world_size, resumed)
         if self.tracer is not None:
             self.tracer.span(f"checkpoint {completed}", start, time.perf_counter())
 

@@ -37,6 +37,8 @@ class NotebookError(DownpourError):
 #: (``ClusterError``: the profile's running clusters, engines that did not start), which
 #: ``one_line_errors`` shows as their message alone: a traceback through the library adds nothing
 BAD_INPUT = ("ConfigError", "DataError", "ClusterError")
+#: Seconds one cell of a headless notebook may run (``run_notebook``, ``downpour notebook run``).
+CELL_TIMEOUT_S = 1800.0
 
 
 def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
@@ -122,7 +124,7 @@ def _client_class(echo: bool):
 
 
 def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None = None, *,
-                 output: str | os.PathLike | None = None, timeout_s: float = 1800.0,
+                 output: str | os.PathLike | None = None, timeout_s: float = CELL_TIMEOUT_S,
                  echo: bool = False, env: Mapping[str, str] | None = None):
     """Execute the notebook at ``path`` with ``parameters``; returns the executed notebook."""
     import nbformat

@@ -34,12 +34,13 @@ class LRSchedule:
     def of(cls, config, steps_per_epoch: int, total_steps: int, workers: int) -> LRSchedule:
         """The schedule ``config`` (a TrainConfig) asks for, in a run of ``total_steps`` steps of
         ``steps_per_epoch`` each, with ``workers`` workers (for the linear scaling rule)."""
-        peak = config.lr
-        if config.lr_scaling == "linear":
-            peak *= config.batch_size * workers / config.lr_reference_batch
-        return cls(peak, config.lr_schedule, round(config.lr_warmup_epochs * steps_per_epoch),
-                   tuple(round(m * steps_per_epoch) for m in config.lr_milestones),
-                   config.lr_decay, total_steps)
+        optim = config.optim
+        peak = optim.lr
+        if optim.lr_scaling == "linear":
+            peak *= config.data.batch_size * workers / optim.lr_reference_batch
+        return cls(peak, optim.lr_schedule, round(optim.lr_warmup_epochs * steps_per_epoch),
+                   tuple(round(m * steps_per_epoch) for m in optim.lr_milestones),
+                   optim.lr_decay, total_steps)
 
     def __call__(self, step: int) -> float:
         """The learning rate of step ``step`` (counted from 0 over the whole run, resumes

@@ -123,6 +123,21 @@ def test_resume_refuses_another_run_or_world(tmp_path):
         TrainConfig(checkpoint_every=5)
 
 
+def test_resume_keeps_what_fields_declare_keep_and_auto_matches_on_match(tmp_path, capsys):
+    """lr declares ``match``: a resume that names the checkpoint may lower it, resume auto does
+    not take another lr's checkpoint; threads declares ``measure``: auto resumes across it."""
+    train(algorithm="local", steps=6, lr=0.1, checkpoint_dir=str(tmp_path))
+    digits = load_dataset("digits").train
+    named = TrainConfig(**{**FAST, "algorithm": "local", "steps": 9, "lr": 0.02,
+                           "resume": str(tmp_path)})
+    assert plan_run(named, 1, digits).start_step == 6
+    seen = []
+    auto = dict(FAST, algorithm="local", steps=9, checkpoint_dir=str(tmp_path), resume="auto")
+    assert plan_run(TrainConfig(**{**auto, "lr": 0.02}), 1, digits, seen.append).start_step == 0
+    assert any("another configuration (lr=0.1)" in line for line in seen), seen
+    assert plan_run(TrainConfig(**{**auto, "lr": 0.1, "threads": 2}), 1, digits).start_step == 6
+
+
 @contextmanager
 def stalled_writer(directory):
     """A real run whose checkpoint at step 10 stops halfway through its write; yields the process

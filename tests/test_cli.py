@@ -276,9 +276,9 @@ def test_models_and_datasets_listings(capsys):
     assert all(n in out for n in ("digits", "mnist1d", "synthetic-cifar", "imagefolder", "cifar100"))
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    # inception_small, torchvision resnet18, cnn1d
-    assert "1,649,402" in out and "11,689,512" in out and "5,210" in out
-    assert len(out.strip().splitlines()) == 14  # header + 13 models
+    # inception_small, torchvision resnet18, cnn1d, GPT-2 small
+    assert "1,649,402" in out and "11,689,512" in out and "5,210" in out and "124,439,808" in out
+    assert len(out.strip().splitlines()) == 17  # header + 13 classifiers + 3 language models
 
 
 def test_model_predict_reads_the_calibration_make_study_wrote(tmp_path, monkeypatch, capsys):

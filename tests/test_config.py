@@ -267,6 +267,58 @@ def test_identity_is_every_section_but_outputs_and_runtime():
         assert run_id(base.replace(**changes), 2, 0) != run_id(base, 2, 0), changes
 
 
+#: The hand-kept lists checkpoint.py held before each field declared its rule (SAME_RUN, NOT_THE_RUN).
+OLD_KEEP = {"algorithm", "options", "model", "dataset", "batch_size", "seed", "optimizer",
+            "lr_schedule", "lr_warmup_epochs", "lr_milestones", "lr_decay", "lr_scaling",
+            "precision", "augment"}
+OLD_NOT_THE_RUN = {"steps", "epochs", "eval_every", "eval_batch_size", "final_eval", "threads",
+                   "data_workers", "warmup_steps", "timeout_s", "output_dir", "checkpoint_dir",
+                   "checkpoint_every", "resume", "preempt_signal", "requeue", "trace", "data_dir",
+                   "backend", "device", "keep_checkpoints"}
+
+
+def test_every_config_field_declares_its_identity_rule():
+    """A field added without saying whether it makes a run the same run is refused (by name),
+    and every field has one of the four rules."""
+    import dataclasses
+
+    from downpour_lib.config import IDENTITY, IDENTITY_RULES, _help, identity_rules
+
+    fields = TrainConfig.flat_fields()
+    assert set(IDENTITY) == set(fields) and len(fields) == 43
+    for name, f in fields.items():
+        assert f.metadata.get("identity") in IDENTITY_RULES, name
+
+    @dataclasses.dataclass(frozen=True)
+    class New:
+        ruled: int = _help("declares one", identity="match", default=0)
+        unruled: int = _help("declares none", default=0)
+        misspelt: int = _help("declares a word no rule is", identity="same", default=0)
+
+    for name in ("unruled", "misspelt"):
+        with pytest.raises(TypeError, match=f"config field {name!r} declares identity="):
+            identity_rules(f for f in dataclasses.fields(New) if f.name in ("ruled", name))
+    assert identity_rules(f for f in dataclasses.fields(New) if f.name == "ruled") == {"ruled": "match"}
+
+
+def test_declared_rules_give_what_the_hand_kept_lists_did():
+    """keep = checkpoint's old SAME_RUN; match = every field but its old NOT_THE_RUN (what resume
+    auto and pruning compared); measure = a study's identity, every section but outputs and
+    runtime; each rule's fields are held by every looser one."""
+    from downpour_lib.config import IDENTITY, SECTION_OF, held_to
+
+    keep, match, measure = (set(held_to(rule)) for rule in ("keep", "match", "measure"))
+    assert keep == OLD_KEEP
+    assert match == set(IDENTITY) - OLD_NOT_THE_RUN
+    assert match - keep == {"lr", "momentum", "weight_decay", "lr_reference_batch", "channels_last",
+                            "slow_workers", "slowdown", "compute", "emulated_step_s"}
+    assert measure == {k for k in IDENTITY if SECTION_OF.get(k) not in ("outputs", "runtime")}
+    assert keep < match < measure < set(IDENTITY)
+    assert set(held_to("free")) == set(IDENTITY)
+    config = TrainConfig(algorithm="allreduce", steps=10)
+    assert set(config.identity()) == measure
+
+
 def test_slurm_resume_is_one_rule(monkeypatch):
     config = TrainConfig(checkpoint_dir="ck")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)

@@ -91,7 +91,7 @@ class Downpour(Algorithm):
         self.finished = False
         self.signal: StopSignal | None = None  # set by the lifecycle's stopper (points)
         self.points = _ByMessages(self)
-        return model if self.is_worker else DedicatedServer(self)
+        return model if self.is_worker else DownpourServer(self)
 
     def start(self, steps: range) -> None:
         if not self.is_worker:
@@ -236,7 +236,7 @@ class Downpour(Algorithm):
         self.thread = None
 
 
-class DedicatedServer(Server):
+class DownpourServer(Server):
     """A rank that only serves: its shard's loop, in the rank's main thread."""
 
     def __init__(self, algorithm: Downpour) -> None:

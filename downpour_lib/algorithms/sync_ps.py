@@ -50,7 +50,7 @@ class SyncPS(Algorithm):
                 p.grad = torch.zeros_like(p)
         # Everyone starts from the servers' parameters, whatever their own initialization was.
         self._pull(account="comm")
-        return model if self.rank in self.roles.workers else DedicatedServer(self)
+        return model if self.rank in self.roles.workers else SyncPSServer(self)
 
     def _members(self, shard: int) -> tuple[list[int], list[int]]:
         return self.layout.params(shard), self.layout.buffers(shard)
@@ -94,7 +94,7 @@ class SyncPS(Algorithm):
         self._pull(account="comm" if self.shard is not None else "wait")
 
 
-class DedicatedServer(Server):
+class SyncPSServer(Server):
     """A server that only serves: each workers' step, its shard's half of the push and pull the
     workers make in ``after_backward`` and ``step``, and its shard's update between them."""
 

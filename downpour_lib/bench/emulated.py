@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import trace
-from ..config import TrainConfig
+from ..cluster.mpiexec import mpiexec_launch
+from ..config import Data, TrainConfig
 from ..errors import ConfigError
 from ..provenance import environment
-from ..study.core import mpiexec_launch
-from .report import print_columns, run_command
+from .report import DATASET, RUN_TIMEOUT_S, THREADS, WARMUP_STEPS, print_columns, run_command
 
 #: the algorithms whose buckets are traced from their launch
 BUCKETED = ("allreduce", "ddp")
@@ -48,23 +48,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("emulated", help="emulated vs real compute: bucket launch moments and "
                                         "throughput at 1 and 2 workers")
     p.add_argument("--model", default="resnet20", help="(default: resnet20)")
-    p.add_argument("--dataset", default="synthetic-cifar", help="(default: synthetic-cifar)")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker (default: 32)")
+    p.add_argument("--dataset", default=DATASET, help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=Data.batch_size,
+                   help="per worker (default: %(default)s)")
     p.add_argument("--bucket-cap-mb", type=float, default=0.25,
                    help="bucket size, small enough for several buckets (default: 0.25)")
     p.add_argument("--algorithms", type=_names, default=BUCKETED,
                    help="comma-separated, of " + ", ".join(BUCKETED) + " (default: both)")
     p.add_argument("--backend", default="gloo", help="(default: gloo)")
     p.add_argument("--steps", type=int, default=30, help="steps per run (default: 30)")
-    p.add_argument("--warmup-steps", type=int, default=10,
-                   help="first steps left out of throughput and fractions (default: 10)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS,
+                   help="first steps left out of throughput and fractions (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=THREADS,
+                   help="torch threads per rank (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every run; throughput is their median (default: 1)")
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="agreement asked for: fraction of backward, and throughput ratio - 1 "
                         "(default: 0.10)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default: 900)")
+    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
+                   help="seconds per run (default: %(default)g)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
     p.set_defaults(func=cmd_bench_emulated)
 

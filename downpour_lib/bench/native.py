@@ -61,7 +61,8 @@ def load():
                  extra_ldflags=link_flags, verbose=False)
 
 
-def native_group(comm, world_rank: int, gated: bool = False, timeout_s: float = 1800.0):
+def native_group(comm, world_rank: int, gated: bool = False,
+                 timeout_s: float = dist.default_pg_timeout.total_seconds()):
     """A torch group of every rank on the native floor backend (``gated``: behind the gate, whose
     wait fails after ``timeout_s``), over a duplicate of ``comm`` (an mpi4py communicator of the
     world's ranks), or None and why not. Collective: rank 0 builds first (torch's builder waits

@@ -175,5 +175,5 @@ c10::intrusive_ptr<c10d::Backend> create(py::object comm, bool gated, double tim
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   if (import_mpi4py() < 0) throw py::error_already_set();
   m.def("create", &create, "A native-floor backend on a duplicate of an mpi4py communicator",
-        py::arg("comm"), py::arg("gated") = false, py::arg("timeout_s") = 1800.0);
+        py::arg("comm"), py::arg("gated") = false, py::arg("timeout_s"));
 }

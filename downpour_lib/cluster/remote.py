@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..defaults import TIMEOUT_S
+
 if TYPE_CHECKING:  # imported where used: the driver imports this module too, and needs no torch
     from ..comm import runtime
 
@@ -67,7 +69,7 @@ def hello() -> str:
 
 @contextmanager
 def job_world(world_size: int, backend: str = "auto", device: str = "auto",
-              timeout_s: float = 300.0) -> Iterator[runtime.DistContext | None]:
+              timeout_s: float = TIMEOUT_S) -> Iterator[runtime.DistContext | None]:
     """The process group of a job on MPI ranks 0..world_size-1; None on the ranks outside it."""
     from mpi4py import MPI
 

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _startup
+from ..defaults import TIMEOUT_S
 from ..errors import ConfigError
 from ..launch_env import Placement, discover, slurm_rendezvous
 from . import addresses, job_end, mpi, peers
@@ -52,7 +53,7 @@ class DistContext:
     backend: str | None  # None when there is no process group (world size 1)
     launcher: str
     hosts: tuple[str, ...] = field(default=())  # host name of every rank, by rank
-    timeout_s: float = 300.0  # the default group's timeout; runtime.new_group gives later groups the same
+    timeout_s: float = TIMEOUT_S  # the default group's timeout; runtime.new_group gives later groups the same
 
     @property
     def distributed(self) -> bool:
@@ -253,7 +254,7 @@ _CONTEXT: DistContext | None = None
 
 
 def init(backend: Backend = "auto", device: DeviceChoice = "auto",
-         timeout_s: float = 300.0, comm=None) -> DistContext:
+         timeout_s: float = TIMEOUT_S, comm=None) -> DistContext:
     """Create the default process group for this launch (idempotent) and return the context.
 
     ``comm``: an mpi4py communicator that defines the world (rank, size, local rank and the
@@ -341,7 +342,7 @@ def new_group(ranks=None, backend: str | None = None) -> dist.ProcessGroup:
 
 @contextmanager
 def session(backend: Backend = "auto", device: DeviceChoice = "auto",
-            timeout_s: float = 300.0, comm=None) -> Iterator[DistContext]:
+            timeout_s: float = TIMEOUT_S, comm=None) -> Iterator[DistContext]:
     """``with runtime.session() as ctx:`` — init on entry, shutdown on exit."""
     ctx = init(backend, device, timeout_s, comm)
     try:

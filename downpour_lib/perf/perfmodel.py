@@ -64,7 +64,7 @@ BUCKETING = ("fixed", "ready")
 
 #: algorithm name -> its options class: every algorithm but ``local`` (one process: nothing to
 #: predict at N workers)
-ALGORITHMS: dict[str, type[AlgorithmOptions]] = {name: cls for name, cls in OPTIONS.items()
+MODELLED_ALGORITHMS: dict[str, type[AlgorithmOptions]] = {name: cls for name, cls in OPTIONS.items()
                                                  if name != "local"}
 
 
@@ -248,7 +248,7 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
     so that a prediction models what runs."""
     import dataclasses
 
-    registry = ALGORITHMS
+    registry = MODELLED_ALGORITHMS
     if algorithm not in registry:
         raise ConfigError("algorithm", algorithm, "choose from " + ", ".join(registry))
     fields = {f.name: f.default for f in dataclasses.fields(registry[algorithm])
@@ -259,7 +259,7 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
 def traffic(algorithm: str, opts: Mapping[str, Any]) -> str:
     """What ``algorithm`` with ``opts`` sends a step: its options class's ``traffic`` (one of
     ``TRAFFIC``), or, where an option picks another variant (easgd's mode), ``traffic_variants``'."""
-    cls = ALGORITHMS[algorithm]
+    cls = MODELLED_ALGORITHMS[algorithm]
     variants = getattr(cls, "traffic_variants", {})
     for value in opts.values():
         if isinstance(value, str) and value in variants:

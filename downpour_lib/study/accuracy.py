@@ -212,7 +212,7 @@ def plan_study(base: Mapping[str, Any] | None = None,
             config = run_config(base, algorithm, setting, options)
             world_size = config.options.roles_for(workers).world_size
             if train is None:
-                train = load_dataset(config.dataset, config.data_dir).train
+                train = load_dataset(config.data.dataset, config.data.data_dir).train
             plan_run(config, world_size, train)  # servers, shards, stragglers, refusals: now
             columns = {"label": algorithm, "network": setting.network, "link": setting.link,
                        "slow_workers": setting.slow_workers, "slowdown": setting.slowdown,

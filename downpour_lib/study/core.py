@@ -25,9 +25,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,9 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .. import provenance, user_code
+from .. import provenance
 from ..checkpoint import atomic_write_text
-from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, mpi_env, run_mpiexec
 from ..errors import DownpourError
 from .load import LoadProbe, describe
 
@@ -80,8 +76,8 @@ def run_id(config: TrainConfig, world_size: int, repeat: int,
            extra: Mapping[str, Any] | None = None) -> str:
     """The run's identity: its config, world size, repeat (and the study's own columns, ``extra``),
     on this host at this commit (a run measured elsewhere, or with other code, is not this run).
-    The config's part is ``TrainConfig.identity()``: every section but outputs and runtime (where
-    the run writes, how it is stopped), so a new field is part of it unless its section is not."""
+    The config's part is ``TrainConfig.identity()``: every field but those whose declared rule
+    is ``free`` (where the run writes, how it is stopped; ``config.IDENTITY_RULES``)."""
     values = config.identity()
     here = [provenance.machine()["host"], provenance.git_sha()]
     key: list[Any] = [values, world_size, repeat, here]
@@ -337,38 +333,6 @@ def cluster_for(plan: Sequence[PlannedRun], store: StudyStore, *, profile: str =
                           purpose=f" for {len(todo)} run(s)")
     with session as cluster:  # stops only a cluster it started
         yield cluster
-
-
-def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> dict[str, Any]:
-    """Run one configuration under ``mpiexec -n world_size``; return its summary row, exactly as
-    ``downpour train --summary-json`` writes it."""
-    try:
-        mpiexec = find_mpiexec()
-    except MPIExecNotFound as exc:
-        raise StudyError(str(exc)) from None
-    with tempfile.TemporaryDirectory(prefix="downpour-run-") as tmp:
-        cfg, out = Path(tmp) / "config.json", Path(tmp) / "summary.json"
-        cfg.write_text(json.dumps(config.to_dict(), default=str))
-        env = mpi_env()
-        shipped = user_code.shipped(config.model, config.data.dataset)
-        if shipped is not None:  # your own functions, for ranks that cannot import them
-            (Path(tmp) / "user_code.pkl").write_bytes(shipped)
-            env[user_code.SHIPPED_ENV] = str(Path(tmp) / "user_code.pkl")
-        cmd = [mpiexec, "-n", str(world_size), "--oversubscribe", "--bind-to", "none",
-               sys.executable, "-m", "downpour_lib", "train", "--config", str(cfg),
-               "--summary-json", str(out)]
-        try:
-            proc = run_mpiexec(cmd, capture_output=True, text=True, timeout_s=timeout_s, env=env)
-        except subprocess.TimeoutExpired as exc:
-            raise StudyError(f"{config.algorithm} on {world_size} rank(s) ran past {timeout_s} s")\
-                from exc
-        if proc.returncode != 0 or not out.exists():
-            tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
-            raise StudyError(f"{config.algorithm} on {world_size} rank(s) failed "
-                             f"(exit {proc.returncode}):\n{tail}")
-        summary = json.loads(out.read_text())
-    summary.pop("config", None)
-    return summary
 
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..perf.netmodel import COLLECTIVES
-from ..perf.perfmodel import ALGORITHMS, MODELLED_OPTIONS, Calibration
+from ..perf.perfmodel import MODELLED_ALGORITHMS, MODELLED_OPTIONS, Calibration
 from .core import host_dirname
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
@@ -53,10 +53,10 @@ def check_names(model: str, algorithms: list[str], any_model: bool = False) -> N
     if model not in models and not any_model:
         raise unknown_name("model", model, models)
     if not algorithms:
-        raise ConfigError("algorithm", "", "give one or more of " + ", ".join(ALGORITHMS))
+        raise ConfigError("algorithm", "", "give one or more of " + ", ".join(MODELLED_ALGORITHMS))
     for name in algorithms:
-        if name not in ALGORITHMS:
-            raise unknown_name("algorithm", name, ALGORITHMS)
+        if name not in MODELLED_ALGORITHMS:
+            raise unknown_name("algorithm", name, MODELLED_ALGORITHMS)
 
 
 def no_compute(cal: Calibration, model: str, path: Path | None) -> ConfigError:
@@ -161,7 +161,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                             "`downpour model calibrate` writes)")
     p.add_argument("--model", required=True, help="a model the calibration has compute for")
     p.add_argument("--algorithm", default="allreduce",
-                   help=f"comma-separated, of {', '.join(ALGORITHMS)}")
+                   help=f"comma-separated, of {', '.join(MODELLED_ALGORITHMS)}")
     p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
     p.add_argument("--collective", choices=COLLECTIVES, default=None,
                    help="the allreduce algorithm (default: the calibration's; auto: the faster of "
@@ -197,13 +197,16 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=2,
                    help="workers, one per sandbox node (2 or more; a running sandbox of more nodes "
                         "lends that many)")
-    p.add_argument("--model", default=None, help="any registered model (default: mlp, whose step "
-                                                 "is mostly communication on these links)")
-    p.add_argument("--dataset", default=None, help="its data set (default: synthetic-cifar)")
-    p.add_argument("--batch-size", type=int, default=None, help="per worker (default: 32)")
-    p.add_argument("--links", default="200mbit,100mbit", help="link rates, comma-separated")
+    from .model_validate import BASE, DEFAULT_ALGORITHMS, LINKS  # their one home
+
+    p.add_argument("--model", default=None, help=f"any registered model (default: {BASE['model']}, "
+                                                 "whose step is mostly communication on these links)")
+    p.add_argument("--dataset", default=None, help=f"its data set (default: {BASE['dataset']})")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"per worker (default: {BASE['batch_size']})")
+    p.add_argument("--links", default=",".join(LINKS), help="link rates, comma-separated")
     p.add_argument("--algorithms", default=None,
-                   help="comma-separated (default: allreduce,sgp,localsgd,diloco)")
+                   help=f"comma-separated (default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--out", default=None,
                    help="where validation.csv goes (default: results/<host>/model/sandbox-<N>nodes)")
     p.add_argument("--sandbox-dir", default=None,

@@ -107,7 +107,7 @@ def map_preset(preset: str, model: str, algorithms, gbits) -> Calibration:
     """The preset a fastest-algorithm map is drawn on, with the map's settings checked up front (a
     notebook's parameters: ``preset``, ``preset_model``, ``map_algorithms``, ``gbits``)."""
     from ..errors import ConfigError, unknown_name
-    from ..perf.perfmodel import ALGORITHMS
+    from ..perf.perfmodel import MODELLED_ALGORITHMS
     from ..perf.presets import PRESETS
 
     if preset not in PRESETS:
@@ -120,8 +120,8 @@ def map_preset(preset: str, model: str, algorithms, gbits) -> Calibration:
         raise ConfigError("map_algorithms", algorithms, "a list of algorithms, e.g. "
                           '["allreduce", "sgp", "localsgd"]')
     for name in algorithms:
-        if name not in ALGORITHMS:
-            raise unknown_name("map_algorithms", name, ALGORITHMS)
+        if name not in MODELLED_ALGORITHMS:
+            raise unknown_name("map_algorithms", name, MODELLED_ALGORITHMS)
     if isinstance(gbits, str) or not gbits or not all(
             isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0 for g in gbits):
         raise ConfigError("gbits", gbits, "a list of link rates in Gbit/s > 0, e.g. [1, 10, 100]")

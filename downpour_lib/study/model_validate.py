@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 LINKS = ("200mbit", "100mbit")
 #: the algorithms with one worker per node and no server rank (a server would share a node with a
 #: worker, and the model's server card is a node of its own)
-ALGORITHMS = ("allreduce", "ddp", "sgp", "dpsgd", "localsgd", "diloco")
+SANDBOX_ALGORITHMS = ("allreduce", "ddp", "sgp", "dpsgd", "localsgd", "diloco")
 #: what ``validate_on_sandbox`` runs unless told: one of each way of communicating (bucketed
 #: allreduce every step, gossip to a peer, an average every 4 steps, DiLoCo's every 20)
 DEFAULT_ALGORITHMS = ("allreduce", "sgp", "localsgd", "diloco")
@@ -103,9 +103,9 @@ def _config(base: dict[str, Any], algorithm: str, longer: int = 1) -> TrainConfi
     ``longer`` times that."""
     config = TrainConfig.from_dict({**base, "algorithm": algorithm})
     period = getattr(config.options, "period", 1)
-    measured = max(config.steps - config.warmup_steps, MEETINGS * period) * longer
+    measured = max(config.length.steps - config.length.warmup_steps, MEETINGS * period) * longer
     return TrainConfig.from_dict({**base, "algorithm": algorithm,
-                                  "steps": config.warmup_steps + measured})
+                                  "steps": config.length.warmup_steps + measured})
 
 
 def _srun(nodes: int, tasks: int, command: list[str], env: dict[str, str],
@@ -143,7 +143,7 @@ def _measure(configs: dict[str, TrainConfig], path: Path, nodes: int, env: dict[
             summary = summaries[name]
             summary["mean_step_s"] = summary["step_s"]
             summary["step_s"] = typical_step_s(pd.read_csv(Path(tmp) / name / "steps.csv"),
-                                               config.warmup_steps, _period(config))
+                                               config.length.warmup_steps, _period(config))
     return fit_link(read_collectives(path), "gloo"), summaries
 
 
@@ -215,9 +215,9 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
     for rate in links:
         parse_rate(rate)
     for name in algorithms:
-        if name not in ALGORITHMS:
+        if name not in SANDBOX_ALGORITHMS:
             raise ConfigError("algorithms", name, "one worker per node and no server rank: "
-                              + ", ".join(ALGORITHMS))
+                              + ", ".join(SANDBOX_ALGORITHMS))
     base = {**BASE, **(base or {})}
     configs = {name: _config(base, name) for name in algorithms}  # bad names: before any sandbox
     out = Path(out)

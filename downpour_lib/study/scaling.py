@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..cluster.mpiexec import mpiexec_launch
 from ..config import TrainConfig
 from ..errors import ConfigError
 from ..options import OPTIONS
@@ -32,7 +33,6 @@ from .core import (
     StudyError,
     StudyStore,
     cluster_for,
-    mpiexec_launch,
     read_runs_csv,
     reference_dir,
     results_dir,

@@ -84,7 +84,7 @@ def _variant(base: Mapping[str, Any], algorithm: str, options: Mapping[str, Any]
     config = TrainConfig.from_dict({**base, "algorithm": algorithm, "options": dict(options)})
     world_size = config.options.roles_for(workers).world_size
     # servers, shards and the data set checked now, not when this run's turn comes
-    plan_run(config, world_size, load_dataset(config.dataset, config.data_dir).train)
+    plan_run(config, world_size, load_dataset(config.data.dataset, config.data.data_dir).train)
     return Variant(label or variant_label(algorithm, options), config, workers, world_size)
 
 
@@ -235,9 +235,10 @@ def _run_row(v: Variant, result: RunResult, target: float) -> dict[str, Any]:
     s, c, options = result.summary, v.config, v.config.options
     roles = options.roles(v.world_size)
     row = {
-        "label": v.label, "algorithm": v.algorithm, "model": c.model, "dataset": c.dataset,
-        "batch_size": c.batch_size, "seed": c.seed, "optimizer": c.optimizer, "lr": c.lr,
-        "steps": int(s.get("total_steps", c.steps or 0)), "workers": v.workers,
+        "label": v.label, "algorithm": v.algorithm, "model": c.model, "dataset": c.data.dataset,
+        "batch_size": c.data.batch_size, "seed": c.data.seed, "optimizer": c.optim.optimizer,
+        "lr": c.optim.lr, "steps": int(s.get("total_steps", c.length.steps or 0)),
+        "workers": v.workers,
         "servers": len(roles.servers), "placement": _placement(roles.servers, roles.workers),
         "world_size": v.world_size,
         # sync_ps exchanges every step: n_fetch = n_push = 1, with a barrier

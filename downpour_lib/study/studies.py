@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from ..cluster.mpiexec import mpiexec_launch
 from ..errors import ConfigError
 from ..options import coerce
 from . import (
@@ -30,7 +31,7 @@ from . import (
     staleness,
     staleness_plots,
 )
-from .core import PlannedRun, StudyStore, cluster_for, mpiexec_launch, read_runs_csv
+from .core import PlannedRun, StudyStore, cluster_for, read_runs_csv
 from .protocol import Study, run_study
 
 __all__ = ["Accuracy", "Gossip", "Scaling", "Staleness", "Study", "TimeToLoss", "run_study"]

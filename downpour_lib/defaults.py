@@ -1,0 +1,11 @@
+"""Defaults that layers with no common config need, each written once (a default written twice
+drifts). A config field's default lives on its field; it is read from here only where a layer
+below the config (comm/, the cluster's engines) needs the same value.
+"""
+
+#: Seconds a rank waits for a silent peer before its collective fails: the timeout of every
+#: process group downpour creates (``System.timeout_s``, ``runtime.init``, a cluster job's world).
+#: Minutes, not torch's 30: a dead rank should end a run while someone is still watching.
+TIMEOUT_S = 300.0
+#: Seconds ``downpour evaluate --watch`` (``evaluator.run``) waits between looks for a new checkpoint.
+EVAL_POLL_S = 2.0
