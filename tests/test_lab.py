@@ -310,7 +310,7 @@ def test_00_runs_all_in_the_browser_and_shows_the_engine_table(lab):
     done = run_all(lab, "00_cluster_quickstart")
     table = lab.page.locator(f"{NOTEBOOK} .jp-OutputArea-output table.dataframe").first
     assert table.is_visible()
-    rows = cell(done, "start_cluster(")["tables"][0]
+    rows = cell(done, "use_cluster(")["tables"][0]
     assert [list(r)[1:] for r in rows] == [["rank", "engine_id", "host", "pid"]] * 2, rows
     assert [r["rank"] for r in rows] == ["0", "1"]
     # each engine's stdout is a stream of its own: ipyparallel's %px stopped showing it 2 s after
@@ -334,14 +334,14 @@ def test_01_runs_all_shows_figures_and_recovers_from_an_interrupt(lab):
     figures = lab.page.locator(f"{NOTEBOOK} .jp-OutputArea-output img[src^='data:image/png']")
     assert figures.count() == 2  # the curves and the breakdown, drawn
     assert figures.first.evaluate("img => img.naturalWidth > 100 && img.complete")
-    assert len(engine_pids(cell(done, "start_cluster("))) == 2
+    assert len(engine_pids(cell(done, "use_cluster("))) == 2
 
     # Run All ended with cluster.stop(): the start cell run again starts a new cluster; below the
     # training cell, a long training and a table of the engines are typed in, and the long one is
     # run and interrupted from the Kernel menu as it trains.
     page = lab.page
-    start = page.locator(f"{NOTEBOOK} .jp-CodeCell", has_text="start_cluster(")
-    ran = cell(cells(lab), "start_cluster(")["prompt"]  # "[4]:"
+    start = page.locator(f"{NOTEBOOK} .jp-CodeCell", has_text="use_cluster(")
+    ran = cell(cells(lab), "use_cluster(")["prompt"]  # "[4]:"
     start.locator(".jp-InputPrompt").click()
     page.keyboard.press("Escape")
     page.keyboard.press("Shift+Enter")  # the training cell is selected next
@@ -356,11 +356,11 @@ def test_01_runs_all_shows_figures_and_recovers_from_an_interrupt(lab):
     page.keyboard.press("k")  # back up to the long cell
     page.keyboard.press("Shift+Enter")  # run it; the table's cell is selected next
     deadline = time.monotonic() + CELL_TIMEOUT_MS / 1000
-    while (now := cell(cells(lab), "start_cluster(")["prompt"]) == ran or "*" in now:
+    while (now := cell(cells(lab), "use_cluster(")["prompt"]) == ran or "*" in now:
         if time.monotonic() > deadline:
             pytest.fail(f"the cluster did not start again (see {screenshot(lab, 'start')}): {cells(lab)}")
         time.sleep(0.5)
-    before = engine_pids(cell(cells(lab), "start_cluster("))
+    before = engine_pids(cell(cells(lab), "use_cluster("))
     lab.remember_processes()
     long = page.locator(f"{NOTEBOOK} .jp-CodeCell", has_text="steps=1_000_000")
     time.sleep(4.0)  # into the training on the engines

@@ -105,7 +105,9 @@ def test_bipartite_graph_is_a_perfect_matching_across_the_two_sides(n):
 def test_graphs_that_do_not_fit_the_world_say_why_and_what_to_do():
     with pytest.raises(ConfigError) as err:
         make_topology("bipartite_exponential", 5)
-    assert err.value.field == "topology" and "even number of ranks" in str(err.value)
+    # the number of ranks is what to change: the graph is adpsgd's default, maybe never set
+    assert err.value.field == "world_size" and "even number of ranks" in str(err.value)
+    assert "its default and only one" in str(err.value)
     assert "launch 4 or 6 ranks" in str(err.value)
     with pytest.raises(ConfigError) as err:
         make_topology("exponential", 4, peers_per_step=3)
