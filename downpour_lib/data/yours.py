@@ -41,7 +41,7 @@ class DatasetSource:
             pairs = [self.dataset[int(i)] for i in indices]
             x = torch.stack([torch.as_tensor(p[0]) for p in pairs])
             y = torch.stack([torch.as_tensor(p[1]) for p in pairs])
-        return (x.float() if not self.task == "lm" and not x.is_floating_point() else x), y.long()
+        return (x if self.task == "lm" or x.is_floating_point() else x.float()), y.long()
 
     def sample(self, index: int, epoch: int, augment: bool, seed: int):
         x, y = self.batch(torch.tensor([index]))

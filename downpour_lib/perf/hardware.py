@@ -14,10 +14,9 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
     node_compute: fitted              # compute lost when a node's devices are all busy:
                                       # fitted (terms.fit_node_compute, on NVIDIA's DGX-1 table) or none
-    host:                             # the CPUs that feed the devices (optional: without it the
-      cores: 128                      # node-compute loss is the fitted DGX-1 host's); physical
-      source: "..."                   # cores of the node, all sockets (also the network's cores:
-                                      # ranks beyond them time-share, netmodel.Network.crowding)
+    host:                             # the CPUs that feed the devices (optional: else the fitted
+      cores: 128                      # DGX-1 host's); physical cores, all sockets (ranks beyond
+      source: "..."                   # them time-share, netmodel.Network.crowding)
     links:
       intra:                          # between devices of one node
         gbit_per_s: 1200              # line rate, per direction

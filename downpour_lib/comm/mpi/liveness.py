@@ -30,11 +30,9 @@ ends within the timeout and a few seconds whatever its ranks were doing. The rin
 at one small message per rank and beat, at any scale.
 
 A peer stopped after its part of a gate (it may be napping in its own wait when the others'
-gate completes) leaves the others in a blocking call. What makes one after a gate (the
-shared-memory set-up, data phases that neither nonblocking pieces nor shared memory take) is
-covered by the watchdog: ``gate`` marks the thread as
-*committed* to a blocking call,
-and once the heartbeat finds a rank silent, a committed thread still inside its operation
+gate completes) leaves the others in a blocking call. The watchdog covers what makes one after a
+gate: ``gate`` marks the thread as *committed* to a blocking call, and once the heartbeat finds a
+rank silent, a committed thread still inside its operation
 ``GRACE_S`` later ends the job (``job_end``) with the same message a wait gives (the operation,
 its group, the silent rank). Whatever is left (a thread inside one operation ``BACKSTOP_S`` after
 the group's timeout, every rank answering) ends the job the same way, naming what it can.
