@@ -103,7 +103,7 @@ def test_bench_gpu_measures_each_algorithm_against_the_plain_loop_and_the_pipeli
 def test_bench_timing_writes_the_buffers_before_every_call_only_when_written(written):
     """``--written``: every call the benchmark makes, warm-ups and untimed ones included, finds the
     buffers written since its last call, as training writes its gradients; a group whose path
-    depends on whether its second call sends an unchanged buffer (``routes.Undecided``) decided
+    depends on whether its second call sends an unchanged buffer (``routing.Undecided``) decided
     "reused" on two warm-up calls without a write between them. Without it, nothing is written."""
     from downpour_lib.bench.timing import Sync, measure_paired
     from downpour_lib.comm import Communicator

@@ -118,7 +118,7 @@ def test_ranks_that_do_not_all_have_the_c_steps_agree_on_the_python_ones():
 def test_synchronous_collectives_on_the_short_path_equal_the_reference():
     """After one synchronous allreduce, broadcast or all_gather_into_tensor, the next ones of its kind
     skip ``_issue`` where their steps are in C: shared memory's, or the C data phase's MPI call
-    (``routes.Routes``; tests/mpi/short_path.py): every result is exact for SUM, AVG, PRODUCT and
+    (``routing.Route.short``; tests/mpi/short_path.py): every result is exact for SUM, AVG, PRODUCT and
     MAX (MPI's path) of the four C dtypes, for broadcast from each root and for
     all_gather_into_tensor; the second and third calls take the short path, and a non-contiguous
     tensor, an all_gather_into_tensor whose input is its output's block, an asynchronous call and a
@@ -134,11 +134,9 @@ def test_synchronous_collectives_on_the_short_path_equal_the_reference():
         assert case["right"] and case["shm_in_c"], case
         op = case["case"].split()[0]
         if op in ("broadcast", "all_gather_into_tensor"):
-            # broadcast from 1 already knows its size's shared memory from root 0 (MPI's call is
-            # made for each root)
-            first = 1 if case["case"].startswith("broadcast from 1") and case["path"] == "shm" else 0
-            # a class whose written and reused paths differ keeps its path at its second call
-            assert case["short"] == 2 + first - (not case["kept"]), case
+            # a route is a kind of call's, its root included; a class whose written and reused
+            # paths differ keeps its route at its second call
+            assert case["short"] == 2 - (not case["kept"]), case
         elif op in ("direct", "waited"):  # one call each, of a learnt size
             assert case["short"] == 1, case
         elif op in ("sum", "avg", "product"):  # shared memory's C steps, or the C data phase

@@ -233,7 +233,7 @@ def test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank(op,
     allreduce of the default model's 128 KB takes the gate too, and the stopped rank passes it
     first (``after-gate``): the others wait inside the data phase, where MPI's blocking call had
     them spin at 99% (``comm/mpi/data_phase.py``). A 2-rank 4 KB allreduce, the second of its
-    kind, takes the short path (``comm/mpi/routes.Routes``), which must wait the same
+    kind, takes the short path (``comm/mpi/routing.Route.short``), which must wait the same
     way. A reduce_scatter above 256 KB (MPI's blocking call behind the gate at 2 ranks, the path
     measured fastest) and an allgather of uneven sizes (MPI's allgatherv) are, behind the gate, the
     nonblocking call spun for about its data time and then waited on with naps (issue 61: the
@@ -262,7 +262,7 @@ def test_a_rank_stopped_inside_a_blocking_call_is_named_by_the_watchdog_at_the_t
     """At 2 ranks a 4 MB MAX allreduce is MPI's blocking call behind the gate (shared memory's C
     steps take sum and product; ``comm/mpi/paths.py``), which the data phase makes in C
     (``comm/mpi/native_calls.c``) where it could be built; its second call takes the short path,
-    outside the watchdog's table (``comm/mpi/routes.Routes``). (A 4 MB reduce_scatter was one too;
+    outside the watchdog's table (``comm/mpi/routing.Route.short``). (A 4 MB reduce_scatter was one too;
     it now waits asleep: ``test_ranks_waiting_in_a_large_collective_sleep_and_name_the_stopped_rank``.)
     Rank 1 takes its part of the gate and stops, so rank 0 is inside the blocking call, which only
     its watchdog can end: it must know the thread is there (the C data phase marks it committed,

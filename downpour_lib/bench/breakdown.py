@@ -180,8 +180,8 @@ def _taken(op: str, pg, x: torch.Tensor, nbytes: int) -> str:
     timed at the size class's first call (``comm/mpi/tuning.py``), here if not before (collective,
     as that call is)."""
     if op == "allreduce":
-        return pg._allreduce_path(x, reduction(dist.AllreduceOptions().reduceOp, x.dtype))
-    return pg._path(op, x, nbytes)
+        return pg._router.allreduce_path(x, reduction(dist.AllreduceOptions().reduceOp, x.dtype))
+    return pg._router.path(op, x, nbytes)
 
 
 def print_breakdown(rows: list[dict]) -> None:

@@ -62,7 +62,7 @@ def measure_paired(runs: list[Callable[[], object]], sync: Sync, args: argparse.
     (in turns of one repetition the other call had swept them out: at 16 MB both ran about twice
     as long as alone). With ``args.written``, ``touch`` (which writes every buffer the calls
     send) runs before every call, timed or not (``--written``): a group that chooses its path by
-    whether its second call sends the buffer unchanged (``comm/mpi/routes.Undecided``) saw two
+    whether its second call sends the buffer unchanged (``comm/mpi/routing.Undecided``) saw two
     warm-up calls without a write between them, and took the reused buffers' path for every
     written repetition after (1 MB broadcast 1.14x Open MPI's own against 0.90 written). Times per
     call."""

@@ -41,7 +41,8 @@ def main() -> int:
     pg = dist.distributed_c10d._get_default_group()
     print(json.dumps({"rank": rank, "has_c": native.load() is not None,
                       "shm_set_up": pg._shm._ready is True, "shm_in_c": pg._shm.in_c,
-                      "paths": sorted(set(pg._paths.values())), "right": right}), flush=True)
+                      "paths": sorted({route.path for route in pg._router.routes.values()}),
+                      "right": right}), flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -2,7 +2,7 @@
 
 After one synchronous allreduce of a contiguous CPU tensor, ``MPIProcessGroup`` remembers whether
 its path was the C steps over shared memory; the next ones of the same size, dtype and op skip
-``_issue`` (the short paths, ``comm/mpi/routes.Routes``). Broadcast and all_gather_into_tensor skip
+``_issue`` (the short paths: ``comm/mpi/routing.Route.short``). Broadcast and all_gather_into_tensor skip
 it where the last call of their size went to shared memory (which, from 16 KB, the group timed:
 ``tuning``, as it times a 2-rank allreduce's; each case says which path its size took). Here every
 case is called three times with new values each time, and each result is checked exactly (small
@@ -27,7 +27,7 @@ from torch.profiler import profile
 from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
 from downpour_lib.comm.mpi import native
 from downpour_lib.comm.mpi.liveness import WATCHDOG
-from downpour_lib.comm.mpi.types import reduction
+from downpour_lib.comm.mpi.types import kind
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
        "max": dist.ReduceOp.MAX}
@@ -72,9 +72,9 @@ def main() -> int:
                     t = every[rank].clone()
                     dist.all_reduce(t, op=OPS[op])
                     right &= torch.equal(t, expected(op, every))
-                key = ("allreduce", t.nbytes, True, reduction(OPS[op], dtype))
+                key = ("allreduce", t.nbytes, dtype, kind(OPS[op]), True)
                 cases.append({"case": f"{op} {dtype} {numel}", "right": right,
-                              "short": 3 - issued[0], "path": pg._paths[key]})
+                              "short": 3 - issued[0], "path": pg._router.routes[key].path})
 
     for numel in (1 << 10, 1 << 18):
         for root in range(n):
@@ -84,20 +84,22 @@ def main() -> int:
                 t = every[rank].clone()
                 dist.broadcast(t, src=root)
                 right &= torch.equal(t, every[root])
-                if call == 0:  # an undecided class (``routes.Undecided``) keeps its path at call 2
-                    kept = ("broadcast", t.nbytes, True) in pg._paths
+                key = ("broadcast", t.nbytes, t.dtype, root, True)
+                if call == 0:  # an undecided class (``routing.Undecided``) keeps its route at call 2
+                    kept = key in pg._router.routes
             cases.append({"case": f"broadcast from {root} {numel}", "right": right, "kept": kept,
-                          "short": 3 - issued[0], "path": pg._paths[("broadcast", t.nbytes, True)]})
+                          "short": 3 - issued[0], "path": pg._router.routes[key].path})
         right, issued[0] = True, 0
         for call in range(3):
             every = values(numel, torch.int32, call)
             out = torch.full((n * numel,), -1, dtype=torch.int32)
             dist.all_gather_into_tensor(out, every[rank])
             right &= torch.equal(out, torch.cat(every))
+            key = ("allgather", out.nbytes, out.dtype, every[rank].nbytes, True)
             if call == 0:
-                kept = ("allgather", out.nbytes, True) in pg._paths
+                kept = key in pg._router.routes
         cases.append({"case": f"all_gather_into_tensor {numel}", "right": right, "kept": kept,
-                      "short": 3 - issued[0], "path": pg._paths[("allgather", out.nbytes, True)]})
+                      "short": 3 - issued[0], "path": pg._router.routes[key].path})
 
     # a learnt size and dtype whose input is this rank's block of the output (an in-place gather,
     # as FSDP makes): the buffers overlap, so the long path, which copies the input first

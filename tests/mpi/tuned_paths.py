@@ -20,7 +20,13 @@ import torch.distributed as dist
 
 from downpour_lib.comm import mpi  # noqa: F401 -- registers "mpi"
 from downpour_lib.comm.mpi import tuning
-from downpour_lib.comm.mpi.routes import Undecided
+from downpour_lib.comm.mpi.routing import Undecided
+
+
+def kept(pg, op: str, nbytes: int) -> str | None:
+    """The path of the route the group keeps for ``op`` on ``nbytes`` (the whole buffer), if any."""
+    return next((route.path for key, route in pg._router.routes.items()
+                 if key[0] == op and key[1] == nbytes), None)
 
 
 def main() -> int:
@@ -52,7 +58,7 @@ def main() -> int:
                 first.setdefault(f"allreduce {t.nbytes}", time.perf_counter() - start)
                 want = every[0] + every[1]
                 right &= torch.equal(t, want if op == dist.ReduceOp.SUM else want / 2)
-    tuned = {f"{op} {cls}": path for (op, cls), path in pg._tuned.items()}
+    tuned = {f"{op} {cls}": path for (op, cls), path in pg._router.trials.items()}
     # classes whose written and reused paths differ (made so here, for classes not called above):
     # the second call takes the reused one only where every rank sends the first call's buffer
     # untouched; (op, numel, the two paths, which ranks write their buffer in place between calls,
@@ -66,7 +72,7 @@ def main() -> int:
         dtype = torch.float32 if op == "broadcast" else torch.int64
         nbytes = numel * (4 if op == "broadcast" else 8 * n)
         cls = (op, tuning.size_class(nbytes))
-        pg._tuned[cls] = Undecided(written, reused)
+        pg._router.trials[cls] = Undecided(written, reused)
         t = torch.arange(numel, dtype=dtype) + rank
         out = torch.full((n * numel,), -1, dtype=dtype)
         for call in range(3):
@@ -81,9 +87,10 @@ def main() -> int:
                 t.add_(0)  # written in place: the same values, a new version
             if new:
                 t = torch.arange(numel, dtype=dtype) + rank + call + 1
-        decided[f"{op} {numel}"] = [pg._tuned[cls], pg._paths.get((op, nbytes, True))]
+        decided[f"{op} {numel}"] = [pg._router.trials[cls], kept(pg, op, nbytes)]
     print(json.dumps({"rank": rank, "right": right, "in_c": pg._shm.in_c, "tuned": tuned,
-                      "paths": {f"{key[0]} {key[1]}": path for key, path in pg._paths.items()
+                      "paths": {f"{key[0]} {key[1]}": route.path
+                                for key, route in pg._router.routes.items()
                                 if f"{key[0]} {tuning.size_class(key[1])}" in tuned},
                       "decided": decided, "first_s": first}), flush=True)
     dist.destroy_process_group()

@@ -230,8 +230,8 @@ class Watchdog:
         busy = set(self._busy)
         doing = [f"in {what} for {in_s:.0f} s" for what, _, in_s, _, _ in self._in_operations()]
         # the short paths' C steps are not in the table: besides their blocking calls
-        # (``_in_operations``), their waits note themselves once they spin out (``native_shm.c``,
-        # ``native_calls.c``), on time.monotonic()'s clock
+        # (``_in_operations``), their waits note themselves once they spin out (``native_common.c``'s
+        # notes), on time.monotonic()'s clock
         doing += [f"in {what} for {time.monotonic() - since:.0f} s"
                   for thread, what, since in native.waiting() if thread not in busy]
         state = "; ".join(doing) or "alive, in no operation of the mpi backend"

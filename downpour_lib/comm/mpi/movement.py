@@ -1,10 +1,10 @@
 """``MPIProcessGroup``'s data movement: broadcast, allgather, gather, scatter and all-to-all.
 
-A mixin of the group (``process_group``), whose state and machinery it uses: ``_issue``, the
-path choice and the short paths' checks (``routes``: ``_path``, ``_learn_move``, ``_data_in_c``), the
-shared memory (``_shm``) and MPI's data phase (``_data``). Broadcast and allgather on one node take
-shared memory or Open MPI's calls, whichever the group timed fastest for the size (``tuning``);
-the others are MPI's v-variants on flat buffers (``lists``).
+A mixin of the group (``process_group``), whose state and machinery it uses: ``_issue``, its
+``Router`` and the routes it keeps (``routing``), the shared memory (``_shm``) and MPI's data phase
+(``_data``). Broadcast and allgather on one node take shared memory or Open MPI's calls, whichever
+the group timed fastest for the size (``tuning``); the others are MPI's v-variants on flat buffers
+(``lists``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import torch.distributed as dist
 
 from . import lists, profiling
 from .liveness import PeerTimeout
+from .routing import Route
 from .types import Operand, check_dtype, scratch, spec, vspec
 from .work import EXECUTOR
-
-_BCAST, _ALLGATHER = range(2)  # the kinds of the short paths' keys (``_moves_in_c``)
 
 
 def asynchronous(opts) -> bool:
@@ -34,16 +33,13 @@ class DataMovement:
         opts = opts or dist.BroadcastOptions()
         if not opts.asyncOp and len(tensors) == 1:  # the short path, once a call of its kind took it
             t = tensors[0]
-            key = (_BCAST, t.nbytes, t.dtype, opts.rootRank)
-            steps = self._moves_in_c.get(key)
-            if steps is None and t.is_cpu:
-                steps = self._learn_move(key, "broadcast", t, t.nbytes, opts.rootRank)
-            # the short path's checks (``routes.Routes``), inlined
-            if steps and t.is_cpu and t.is_contiguous() and self._open and EXECUTOR.idle() \
-                    and not profiling.active():
+            route = self._routes.get(("broadcast", t.nbytes, t.dtype, opts.rootRank, True))
+            # the short path's checks (``routing.Route``), inlined
+            if route is not None and route.short and t.is_cpu and t.is_contiguous() and self._open \
+                    and EXECUTOR.idle() and not profiling.active():
                 try:
-                    if steps[0]:
-                        self._data.collective(*steps[0], 0, t.data_ptr())
+                    if route.c_call is not None:
+                        self._data.collective(*route.c_call, 0, t.data_ptr())
                     else:
                         self._shm.broadcast(t, opts.rootRank)
                 except PeerTimeout as exc:
@@ -63,14 +59,15 @@ class DataMovement:
         return self._issue("broadcast", run, tensors, opts.asyncOp, inputs=tensors)
 
     def _broadcast(self, local: torch.Tensor, root: int) -> None:
-        self._broadcast_by(self._path("broadcast", local, local.nbytes), local, root)
+        self._broadcast_by(self._router.broadcast(local, root), local, root)
 
-    def _broadcast_by(self, path: str, local: torch.Tensor, root: int) -> None:
-        if path == "shm":
+    def _broadcast_by(self, route: Route, local: torch.Tensor, root: int) -> None:
+        if route.path == "shm":
             self._shm.broadcast(local, root)
-        elif not self._data_in_c(("broadcast", local.nbytes, local.dtype, root, path), "Bcast",
-                                 local, root=root, blocking=path == "mpi"):
-            self._data("Bcast", spec(local), root, blocking=path == "mpi")
+        elif route.c_call is not None:
+            self._data.collective(*route.c_call, 0, local.data_ptr())
+        else:
+            self._data("Bcast", spec(local), root, blocking=route.path == "mpi")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = lists.one(input_tensors, "all_gather")
@@ -86,11 +83,10 @@ class DataMovement:
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            path = self._path("allgather", x.local, flat.nbytes) if len(set(counts)) == 1 else ""
-            if not path:
-                self._data("Allgatherv", x.spec(), vspec(flat, counts))
+            if len(set(counts)) == 1:
+                self._allgather_by(self._router.allgather(x.local, flat), x.local, flat)
             else:
-                self._allgather_by(path, x.local, flat)
+                self._data("Allgatherv", x.spec(), vspec(flat, counts))
             if tiled is None:
                 lists.split_into(flat, counts, outputs)
 
@@ -99,20 +95,16 @@ class DataMovement:
 
     def all_gather_single(self, output, input, opts=None):
         if opts is not None and not opts.asyncOp:  # the short path, once a call of its kind took it
-            key = (_ALLGATHER, output.nbytes, input.nbytes, output.dtype, input.dtype)
-            steps = self._moves_in_c.get(key)
-            if steps is None and input.is_cpu and output.is_cpu and input.dtype == output.dtype \
-                    and 0 < input.nbytes and output.numel() == self._n * input.numel():
-                steps = self._learn_move(key, "allgather", output, output.nbytes)
-            # the short path's checks (``routes.Routes``), inlined; the buffers must not overlap
-            if steps and input.is_cpu and output.is_cpu and input.is_contiguous() \
-                    and output.is_contiguous() and self._open and EXECUTOR.idle() \
-                    and not profiling.active():
+            route = self._routes.get(("allgather", output.nbytes, output.dtype, input.nbytes, True))
+            # the short path's checks (``routing.Route``), inlined; the buffers must not overlap
+            if route is not None and route.short and input.dtype is output.dtype and input.is_cpu \
+                    and output.is_cpu and input.is_contiguous() and output.is_contiguous() \
+                    and self._open and EXECUTOR.idle() and not profiling.active():
                 send, recv = input.data_ptr(), output.data_ptr()
-                if not lists.spans_overlap(send, key[2], recv, key[1]):
+                if not lists.spans_overlap(send, input.nbytes, recv, output.nbytes):
                     try:
-                        if steps[0]:
-                            self._data.collective(*steps[0], send, recv)
+                        if route.c_call is not None:
+                            self._data.collective(*route.c_call, send, recv)
                         else:
                             self._shm.allgather(input, output)
                     except PeerTimeout as exc:
@@ -142,17 +134,19 @@ class DataMovement:
             x = Operand(x.local.clone(), False, direct)
 
         def run() -> None:
-            self._allgather_by(self._path("allgather", x.local, y.local.nbytes), x.local, y.local)
+            self._allgather_by(self._router.allgather(x.local, y.local), x.local, y.local)
             y.finish()
 
         return run
 
-    def _allgather_by(self, path: str, local: torch.Tensor, flat: torch.Tensor) -> None:
-        if path == "shm":
+    def _allgather_by(self, route: Route, local: torch.Tensor, flat: torch.Tensor) -> None:
+        if route.path == "shm":
             self._shm.allgather(local, flat)
-        elif not self._data_in_c(("allgather", flat.nbytes, flat.dtype, path), "Allgather", flat,
-                                 local, count=local.numel(), blocking=path == "mpi"):
-            self._data("Allgather", spec(local), spec(flat, local.numel()), blocking=path == "mpi")
+        elif route.c_call is not None:
+            self._data.collective(*route.c_call, local.data_ptr(), flat.data_ptr())
+        else:
+            self._data("Allgather", spec(local), spec(flat, local.numel()),
+                       blocking=route.path == "mpi")
 
     def gather(self, output_tensors, input_tensors, opts):
         t = lists.one(input_tensors, "gather")

@@ -14,8 +14,8 @@ allreduce (``shm``, ``shm_data``) are made in C in the same module (``native_shm
 steps and barriers, the same waits), where every rank of the group has it. Everything else keeps
 the Python path.
 
-``load()`` compiles ``native_calls.c`` and ``native_shm.c`` with ``mpicc`` (mpi4py's, else one on
-PATH or beside this Python) into ``$XDG_CACHE_HOME/downpour/mpi-native`` (else
+``load()`` compiles the C files (``SOURCES``; ``native.h`` says what each gives the others) with
+``mpicc`` (mpi4py's, else one on PATH or beside this Python) into ``$XDG_CACHE_HOME/downpour/mpi-native`` (else
 ``~/.cache/downpour/mpi-native``), once per source, Python and MPI library (about 1.5 s); ranks
 that start together wait on one build (a lock file). Where it cannot be built (no C compiler, no
 ``mpicc``, no Python headers), or with ``DOWNPOUR_MPI_NATIVE=0``, the backend keeps the data phase
@@ -35,9 +35,11 @@ import sysconfig
 from functools import cache
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("native_calls.c")  # MPI's calls, and the module's methods
-SHM_SOURCE = SOURCE.with_name("native_shm.c")  # the shared-memory paths
-HEADER = SOURCE.with_name("native.h")  # what the two share
+SOURCE = Path(__file__).with_name("native_calls.c")  # MPI's calls
+# the whole module: MPI's calls, the shared-memory paths, what both use, the module itself
+SOURCES = (SOURCE, SOURCE.with_name("native_shm.c"), SOURCE.with_name("native_common.c"),
+           SOURCE.with_name("native_module.c"))
+HEADER = SOURCE.with_name("native.h")  # what each part gives the others
 NAME = "downpour_mpi_native"
 # native_calls.c's operations and modes
 ALLREDUCE, BCAST, ALLGATHER, REDUCE_SCATTER_BLOCK = range(4)
@@ -128,7 +130,7 @@ def _build_and_import():
     wrapper = mpi_wrapper("mpicc")
     if wrapper is None:
         raise RuntimeError(f"no mpicc on PATH or in {Path(sys.executable).parent}")
-    sources = (SOURCE, SHM_SOURCE, HEADER)
+    sources = (SOURCE, *SOURCES[1:], HEADER)
     key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in sources), " ".join(FLAGS).encode(),
                                      sys.version.encode(), wrapper.encode(),
                                      MPI.Get_library_version().encode()]))
@@ -148,11 +150,11 @@ def _build_and_import():
 
 
 def _compile(wrapper: str, built: Path) -> None:
-    """``native_calls.c`` and ``native_shm.c`` into ``built``, whole or not at all (a file of its
-    own, then renamed)."""
+    """The C sources (``SOURCE`` and the rest of ``SOURCES``) into ``built``, whole or not at all
+    (a file of its own, then renamed)."""
     partial = built.with_name(f"{built.name}.{os.getpid()}.tmp")
     command = [wrapper, *FLAGS, f"-I{sysconfig.get_paths()['include']}",
-               f"-I{HEADER.parent}", str(SOURCE), str(SHM_SOURCE), "-o", str(partial)]
+               f"-I{HEADER.parent}", str(SOURCE), *map(str, SOURCES[1:]), "-o", str(partial)]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:

@@ -33,9 +33,6 @@ enum { NB, GATED, GATED_SPUN };
 
 #define FROM_HANDLE(type, value) ((type)(intptr_t)(value)) /* pointers (Open MPI) or ints (MPICH) */
 
-PyObject *dp_peer_timeout;      /* liveness.PeerTimeout */
-static PyObject *mpi_exception; /* mpi4py's MPI.Exception */
-atomic_int dp_silent;           /* the watchdog heard that a rank went silent */
 
 /* The threads inside a blocking MPI call now, with what the call is, its group, since when and its
    timeout, for the watchdog (liveness.Watchdog._check_committed: once a rank is silent, such a
@@ -70,29 +67,9 @@ static void uncommit(int slot) {
   if (slot >= 0) atomic_store(&committed[slot].thread, 0);
 }
 
-double dp_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-PyObject *dp_timeout(PyObject *what, double waited) {
-  PyObject *error = PyObject_CallFunction(dp_peer_timeout, "Od", what, waited);
-  if (error != NULL) {
-    PyErr_SetObject(dp_peer_timeout, error);
-    Py_DECREF(error);
-  }
-  return NULL;
-}
-
-static void nap(double seconds) {
-  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-  nanosleep(&ts, NULL);
-}
-
 /* Wait for `request`: MPI's return code; `*waited` 0 once done, else the seconds waited when it
    gave up (the request stays active: the job is ending). A wait that spins out notes itself as
-   `what` until it ends (``waiting()``, native_shm.c's notes), for the watchdog's probe answers. */
+   `what` until it ends (``waiting()``, native_common.c's notes), for the watchdog's probe answers. */
 static int wait_request(MPI_Request *request, double timeout, double spin, const char *what,
                         double *waited) {
   int done = 0, rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
@@ -116,7 +93,7 @@ static int wait_request(MPI_Request *request, double timeout, double spin, const
     }
     double sleep = (t - start) / 32;
     sleep = sleep < SPIN_S ? SPIN_S : sleep > NAP_S ? NAP_S : sleep;
-    nap(sleep < deadline - t ? sleep : deadline - t);
+    dp_nap(sleep < deadline - t ? sleep : deadline - t);
     if ((rc = MPI_Test(request, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || done) break;
   }
   dp_note_leave(note);
@@ -186,7 +163,7 @@ static int run(const Call *c, double *waited) {
 /* collective(op, mode, comm, count, datatype, reduce, root, timeout, spin, what, group, send,
    recv): handles and addresses as ints (mpi4py's .handle, tensor.data_ptr()), send 0 for in
    place; the buffers last, so that a caller can keep the rest for its next call of the kind. */
-static PyObject *collective(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+PyObject *dp_collective(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   (void)self;
   if (nargs != 13) {
     PyErr_Format(PyExc_TypeError, "collective takes 13 arguments, not %zd", nargs);
@@ -217,9 +194,9 @@ static PyObject *collective(PyObject *self, PyObject *const *args, Py_ssize_t na
   rc = run(&c, &waited);
   Py_END_ALLOW_THREADS
   if (rc != MPI_SUCCESS) {
-    PyObject *error = PyObject_CallFunction(mpi_exception, "i", rc);
+    PyObject *error = PyObject_CallFunction(dp_mpi_exception, "i", rc);
     if (error != NULL) {
-      PyErr_SetObject(mpi_exception, error);
+      PyErr_SetObject(dp_mpi_exception, error);
       Py_DECREF(error);
     }
     return NULL;
@@ -228,24 +205,7 @@ static PyObject *collective(PyObject *self, PyObject *const *args, Py_ssize_t na
   Py_RETURN_NONE;
 }
 
-static PyObject *init(PyObject *self, PyObject *args) {
-  (void)self;
-  PyObject *timeout_type, *mpi_type;
-  if (!PyArg_ParseTuple(args, "OO", &timeout_type, &mpi_type)) return NULL;
-  Py_XSETREF(dp_peer_timeout, Py_NewRef(timeout_type));
-  Py_XSETREF(mpi_exception, Py_NewRef(mpi_type));
-  Py_RETURN_NONE;
-}
-
-static PyObject *set_silent(PyObject *self, PyObject *flag) {
-  (void)self;
-  int on = PyObject_IsTrue(flag);
-  if (on < 0) return NULL;
-  atomic_store(&dp_silent, on);
-  Py_RETURN_NONE;
-}
-
-static PyObject *committed_threads(PyObject *self, PyObject *unused) {
+PyObject *dp_committed(PyObject *self, PyObject *unused) {
   (void)self;
   (void)unused;
   PyObject *out = PyList_New(0);
@@ -265,22 +225,3 @@ static PyObject *committed_threads(PyObject *self, PyObject *unused) {
   return out;
 }
 
-static PyMethodDef methods[] = {
-    {"collective", (PyCFunction)(void (*)(void))collective, METH_FASTCALL,
-     "One collective's data phase (see the module's source)."},
-    {"init", init, METH_VARARGS, "init(PeerTimeout, MPI.Exception): the errors it raises."},
-    {"set_silent", set_silent, METH_O, "Whether the watchdog heard that a rank went silent."},
-    {"committed", committed_threads, METH_NOARGS,
-     "(ident, what, group, since, timeout) of each thread inside a blocking MPI call now."},
-    {"waiting", dp_shm_waiting, METH_NOARGS,
-     "(ident, what, since) of each thread whose wait in C spun out (native_shm.c's notes)."},
-    {NULL, NULL, 0, NULL}};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "downpour_mpi_native", NULL, -1,
-                                    methods};
-
-PyMODINIT_FUNC PyInit_downpour_mpi_native(void) {
-  PyObject *m = PyModule_Create(&module);
-  if (m != NULL && dp_shm_add_types(m) < 0) Py_CLEAR(m);
-  return m;
-}

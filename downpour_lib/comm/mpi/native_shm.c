@@ -59,38 +59,6 @@ typedef struct {
   int error;        /* errno of a failed sem_timedwait */
 } Shm;
 
-/* The threads whose wait spun out, in what and since when (``waiting()``). Only such waits take
-   the lock, so a call that meets its peers within the spin never does. */
-#define NOTES 64
-static struct {
-  unsigned long thread; /* pthread_self(), which is Python's threading.get_ident(); 0: free */
-  double since;
-  char what[48];
-} notes[NOTES];
-static pthread_mutex_t notes_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Note the calling thread; its slot, or -1 where every slot is taken (the note is lost). */
-int dp_note_enter(const char *what, double since) {
-  int slot = -1;
-  pthread_mutex_lock(&notes_lock);
-  for (int i = 0; i < NOTES && slot < 0; i++)
-    if (notes[i].thread == 0) slot = i;
-  if (slot >= 0) {
-    notes[slot].thread = (unsigned long)pthread_self();
-    notes[slot].since = since;
-    snprintf(notes[slot].what, sizeof notes[slot].what, "%s", what);
-  }
-  pthread_mutex_unlock(&notes_lock);
-  return slot;
-}
-
-void dp_note_leave(int slot) {
-  if (slot < 0) return;
-  pthread_mutex_lock(&notes_lock);
-  notes[slot].thread = 0;
-  pthread_mutex_unlock(&notes_lock);
-}
-
 static sem_t *sem_of(const Shm *s, int rank) {
   return (sem_t *)(s->sems + (long long)rank * SEM_STRIDE);
 }
@@ -440,19 +408,4 @@ int dp_shm_add_types(PyObject *module) {
     return -1;
   }
   return 0;
-}
-
-PyObject *dp_shm_waiting(PyObject *self, PyObject *unused) {
-  (void)self;
-  (void)unused;
-  PyObject *out = PyList_New(0);
-  pthread_mutex_lock(&notes_lock);
-  for (int i = 0; out != NULL && i < NOTES; i++) {
-    if (notes[i].thread == 0) continue;
-    PyObject *note = Py_BuildValue("(ksd)", notes[i].thread, notes[i].what, notes[i].since);
-    if (note == NULL || PyList_Append(out, note) < 0) Py_CLEAR(out);
-    Py_XDECREF(note);
-  }
-  pthread_mutex_unlock(&notes_lock);
-  return out;
 }

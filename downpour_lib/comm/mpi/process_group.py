@@ -7,11 +7,11 @@ calling thread (so errors surface where the user called), builds a closure of bl
 and hands it to ``work.EXECUTOR`` (at once for synchronous calls, queued for ``async_op=True``).
 A synchronous allreduce, broadcast or all_gather_into_tensor of contiguous CPU tensors whose kind
 already went to C steps (shared memory's, or the C data phase's MPI call) takes a short path
-instead (``routes.Routes``): the same C steps and guarantees, without the closure, the queue's checks,
-the watchdog's table or a work to return, which were most of our Python at 4 KB.
-Ranks are group ranks, as torch passes them. Buffers and dtypes: ``types``. Broadcast, allgather,
-gather, scatter and all-to-all are ``movement``'s, the path choice and the short paths' learning
-``routes``' (mixins of the class).
+instead (a route's ``short``: ``routing``): the same C steps and guarantees, without the closure, the queue's
+checks, the watchdog's table or a work to return, which were most of our Python at 4 KB. Which way
+each kind of call goes is the group's ``Router``'s (``routing``). Ranks are group ranks, as torch
+passes them. Buffers and dtypes: ``types``. Broadcast, allgather, gather, scatter and all-to-all are
+``movement``'s (a mixin of the class).
 
 One communicator per group: the default group duplicates ``MPI_COMM_WORLD`` (so our traffic never
 matches the user's); a ``new_group`` is ``MPI_Comm_create_group`` over its members, which only they
@@ -31,7 +31,7 @@ from . import lists, monitored, profiling
 from .data_phase import SHM_DATA_BYTES, DataPhase
 from .liveness import WATCHDOG, CommTimeout, PeerTimeout, explain, gate
 from .movement import DataMovement, asynchronous
-from .routes import Routes, Undecided
+from .routing import Route, Router
 from .shm_data import ShmCollectives
 from .types import Operand, check_dtype, kind, reduction, spec
 from .work import EXECUTOR, RequestWork, _seconds, done
@@ -46,7 +46,7 @@ def _nothing() -> None:
     pass
 
 
-class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
+class MPIProcessGroup(DataMovement, dist.ProcessGroup):
     """All ranks of one MPI communicator, as a torch process group."""
 
     # allreduce_coalesced takes the tensors where they lie (no flat copy): Communicator.allreduce
@@ -62,24 +62,9 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._shm = ShmCollectives(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
         self._data = DataPhase(comm, timeout_s, name)  # MPI's part of each collective: ``data_phase``
-        # (op, bytes, on the CPU[, what the reduction needs]) -> the path ``_path`` or
-        # ``_allreduce_in_place`` chose: the same on every call once the shared memory is set up
-        # (2 of a 64 KB broadcast's 16 us, called directly, went to choosing it again)
-        self._paths: dict[tuple, str] = {}
-        # (op, ``tuning.size_class``) -> the path timed fastest, or ``routes.Undecided`` until the
-        # class's second call where its written and reused buffers' paths differ
-        self._tuned: dict[tuple, str | Undecided] = {}
-        # (bytes, dtype, op's ``kind``) -> how a synchronous allreduce of a contiguous CPU tensor
-        # takes the short path: (``ShmAllreduce.c_codes``, None, 0) where its path is the C steps
-        # over shared memory, (None, ``_c_calls``' arguments, n or 0 to average) where it is the C
-        # data phase; else False
-        self._in_c: dict[tuple, tuple | bool] = {}
-        # (op, bytes, dtype, what else decides the call, path) -> ``DataPhase.prepared``'s arguments
-        # of its C data phase, or False: kept for every later call of the kind (``_data_in_c``)
-        self._c_calls: dict[tuple, tuple | bool] = {}
-        # (the kind, bytes, dtype(s), root) -> how a synchronous broadcast or all_gather_into_tensor
-        # takes the short path: ``routes.Routes._learn_move``'s
-        self._moves_in_c: dict[tuple, tuple | bool] = {}
+        # which way each kind of call goes (``routing``); the short paths read its routes directly
+        self._router = Router(comm, timeout_s, self._shm, self._data, self._run_by)
+        self._routes = self._router.routes
         self._open = True
         self._group_name = ""
 
@@ -147,6 +132,11 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
 
+    def _run_by(self, op: str, route: Route, *args) -> None:
+        """One call of ``op`` (allreduce, broadcast or allgather) on ``route``: the timing trial's."""
+        {"allreduce": self._allreduce_by, "broadcast": self._broadcast_by,
+         "allgather": self._allgather_by}[op](route, *args)
+
     def _direct(self, python_kernel: bool = False) -> bool:
         """May CUDA memory go to MPI as is? (A Python reduction kernel reads host memory.)"""
         return self._cuda_aware and not python_kernel
@@ -154,36 +144,32 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
     # -- reductions ---------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        sync, codes = not opts.asyncOp, None
-        if sync and len(tensors) == 1:  # the shortest path, once a call of this kind has taken it
+        k = kind(opts.reduceOp)
+        if not opts.asyncOp and len(tensors) == 1:  # the short path, once a call of its kind took it
             t = tensors[0]
-            codes = self._in_c.get((t.nbytes, t.dtype, kind(opts.reduceOp)))
-            # the short path's checks (``routes.Routes``), inlined (``codes`` are there only where the
-            # steps are in C)
-            if codes and t.is_cpu and t.is_contiguous() and self._open and EXECUTOR.idle() \
-                    and not profiling.active():
+            route = self._routes.get(("allreduce", t.nbytes, t.dtype, k, True))
+            # the short path's checks (``routing.Route``), inlined
+            if route is not None and route.short and t.is_cpu and t.is_contiguous() and self._open \
+                    and EXECUTOR.idle() and not profiling.active():
                 try:
-                    if codes[0]:
-                        self._shm.allreduce_in_c(t, *codes[0])
+                    if route.shm_c is not None:
+                        self._shm.allreduce_in_c(t, *route.shm_c)
                     else:
-                        self._data.collective(*codes[1], 0, t.data_ptr())
-                        if codes[2]:
-                            t.div_(codes[2])
+                        self._data.collective(*route.c_call, 0, t.data_ptr())
+                        if route.divide:
+                            t.div_(route.divide)
                 except PeerTimeout as exc:
                     raise self.explain(exc) from None
                 return None  # done: no work to wait for
         t = lists.one(tensors, "allreduce")
         red = reduction(opts.reduceOp, t.dtype)
         if t.is_cpu and t.is_contiguous():  # the common case, kept short: MPI works on t itself
-            work = self._issue("allreduce", partial(self._allreduce_in_place, t, red), tensors,
+            return self._issue("allreduce", partial(self._allreduce_in_place, t, red, k), tensors,
                                opts.asyncOp, inputs=tensors)
-            if sync and codes is None:
-                self._learn_in_c(t, red, opts.reduceOp)
-            return work
         x = Operand(t, True, self._direct(red.python))
 
         def run() -> None:
-            self._allreduce_in_place(x.local, red)
+            self._allreduce_in_place(x.local, red, k)
             x.finish()
 
         return self._issue("allreduce", run, tensors, opts.asyncOp, inputs=tensors)
@@ -193,7 +179,7 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
         for t in tensors:
             if t.dtype != tensors[0].dtype:
                 raise TypeError("mpi backend: allreduce_coalesced needs tensors of one dtype")
-        red = reduction(opts.reduceOp, tensors[0].dtype)
+        red, k = reduction(opts.reduceOp, tensors[0].dtype), kind(opts.reduceOp)
         if self._shm.takes_many(tensors, red.kernel):  # no packing: the slots are the buffer
             local = [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
@@ -209,27 +195,24 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
         flat = lists.concat(tensors, counts, self._direct(red.python))
 
         def run() -> None:
-            self._allreduce_in_place(flat, red)
+            self._allreduce_in_place(flat, red, k)
             lists.split_into(flat, counts, tensors)
 
         return self._issue("allreduce_coalesced", run, tensors, opts.asyncOp,
                            inputs=tensors)
 
-    def _allreduce_in_place(self, local: torch.Tensor, red) -> None:
-        """On the executing thread: large single-node buffers through shared memory (whose barrier
-        has a deadline), else MPI behind the gate."""
-        key = ("allreduce", local.nbytes, local.is_cpu, red)  # one Reduction per dtype and op
-        path = self._paths.get(key) or self._remember(key, self._allreduce_path(local, red))
-        self._allreduce_by(path, local, red)
+    def _allreduce_in_place(self, local: torch.Tensor, red, k: int) -> None:
+        """On the executing thread: the route of its kind (``k``: the reduction's ``kind``)."""
+        self._allreduce_by(self._router.allreduce(local, red, k), local, red)
 
-    def _allreduce_by(self, path: str, local: torch.Tensor, red) -> None:
-        if path == "shm":
+    def _allreduce_by(self, route: Route, local: torch.Tensor, red) -> None:
+        if route.path == "shm":
             self._shm.allreduce(local, red.kernel, red.average, red.op)
             return
-        blocking = path == "mpi"
-        if red.python or not self._data_in_c(("allreduce", local.nbytes, local.dtype, red, path),
-                                              "Allreduce", local, reduce=red.op, blocking=blocking):
-            self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=blocking)
+        if route.c_call is not None:
+            self._data.collective(*route.c_call, 0, local.data_ptr())
+        else:
+            self._data("Allreduce", MPI.IN_PLACE, spec(local), red.op, blocking=route.path == "mpi")
         if red.average:
             local.div_(self._n)
 
@@ -298,11 +281,12 @@ class MPIProcessGroup(Routes, DataMovement, dist.ProcessGroup):
 
         def run() -> None:
             if len(set(counts)) == 1:
-                blocking = not red.python and self._path("reduce_scatter", flat, flat.nbytes) == "mpi"
-                if red.python or not self._data.in_c("Reduce_scatter_block", out.local, flat,
-                                                     reduce=red.op, blocking=blocking):
+                route = self._router.reduce_scatter(flat, out.local, red)
+                if route.c_call is not None:
+                    self._data.collective(*route.c_call, flat.data_ptr(), out.local.data_ptr())
+                else:
                     self._data("Reduce_scatter_block", spec(flat, counts[0]), out.spec(), red.op,
-                               blocking=blocking)
+                               blocking=route.path == "mpi")
             else:
                 self._data("Reduce_scatter", spec(flat), out.spec(), counts, red.op)
             if red.average:

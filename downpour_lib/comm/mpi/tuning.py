@@ -33,7 +33,7 @@ reduce_scatter does everywhere.
 Which path wins at 64 KB-1 MB depends on whether the buffers were written since they were last sent
 (the table above), and a group cannot know that from one call. So below ``REUSED_BELOW`` broadcast
 and allgather are timed both ways; where the two winners differ, the class's first call takes the
-written buffers' and its second call decides (``routes.Undecided``): the reused buffers' where every
+written buffers' and its second call decides (``routing.Undecided``): the reused buffers' where every
 rank sends the tensor it sent at the first call with the same version (torch counts every in-place
 write, as training's gradients and parameters get), else the written buffers'. The decision costs
 one 8-byte allreduce, once per class; results are the same bits whichever path is taken.
