@@ -369,3 +369,58 @@ def test_a_stopped_store_host_is_named_at_the_timeout_and_the_others_sleep(n):
                             wait["error"]), wait
         assert wait["wall_s"] >= timeout_s - 1, wait
         assert wait["cpu_share"] < 0.2, wait
+
+
+_STORE_HOST = """
+import os, signal, sys, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, int(sys.argv[1]), True, wait_for_workers=False)
+print(store.port, flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+_CLIENT = """
+import json, sys, time
+from downpour_lib.comm import runtime
+cpu, wall = time.process_time(), time.perf_counter()
+try:
+    runtime.init(backend="gloo", device="cpu", timeout_s=float(sys.argv[1]))
+except RuntimeError as exc:
+    wall = time.perf_counter() - wall
+    print(json.dumps({"cpu_share": (time.process_time() - cpu) / wall, "wall_s": wall,
+                      "error": str(exc)}), flush=True)
+    sys.stdout.flush()
+    import os
+    os._exit(1)  # the connect's thread is still inside torch
+"""
+
+
+@pytest.mark.parametrize("agent", [False, True], ids=["rank-0-hosts", "torchrun-agent-hosts"])
+def test_a_stopped_store_host_of_a_torchrun_launch_is_named_at_the_timeout(agent):
+    """Under torchrun (its agent hosts the store: ``TORCHELASTIC_USE_AGENT_STORE``) or a
+    RANK/WORLD_SIZE/MASTER_ADDR launch (rank 0 hosts it), a store host that is stopped once it
+    listens left the other ranks inside torch's connect past any timeout; now rank 1 gives up at
+    the timeout, asleep meanwhile, naming the store's host and where it listens. The host here is
+    a process that opens the store and stops itself, as a hung agent or rank 0 would be."""
+    timeout_s = 6
+    host = subprocess.Popen([sys.executable, "-c", _STORE_HOST, "2"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        port = int(host.stdout.readline())
+        env = {**launch_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        if agent:
+            env.update(TORCHELASTIC_RUN_ID="test", TORCHELASTIC_USE_AGENT_STORE="True")
+        proc = subprocess.run([sys.executable, "-c", _CLIENT, str(timeout_s)], env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        host.kill()
+        host.wait()
+    assert proc.returncode == 1, explain(proc)
+    wait = json.loads(proc.stdout.splitlines()[-1])
+    server = "torchrun's agent" if agent else "rank 0"
+    assert re.fullmatch(rf"rank 1 of 2 on {re.escape(socket.gethostname())} waited {timeout_s} s "
+                        rf"for the rendezvous store of {server} on 127\.0\.0\.1 at "
+                        rf"127\.0\.0\.1:{port}: it took the connection but never answered "
+                        r"\(stopped, hung or overloaded\)", wait["error"]), wait
+    assert wait["wall_s"] >= timeout_s - 1, wait
+    assert wait["cpu_share"] < 0.2, wait

@@ -209,6 +209,19 @@ def _rendezvous_store(placement: Placement, comm, timeout: datetime.timedelta) -
     return store
 
 
+def _launcher_store(placement: Placement, addr: str, port: int,
+                    timeout: datetime.timedelta) -> dist.Store:
+    """The store at ``addr:port`` that the launcher named, as torch's ``env://`` and ``tcp://``
+    make it (rank 0 hosts it, unless torchrun's agent does: ``TORCHELASTIC_USE_AGENT_STORE``),
+    with a deadline on the clients' connect (``_connect``), which torch's has not."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if placement.rank == 0 and not agent:
+        return dist.TCPStore(addr, port, placement.world_size, True, timeout=timeout,
+                             multi_tenant=True)
+    server = f"torchrun's agent on {addr}" if agent else f"rank 0 on {addr}"
+    return _connect(addr, port, placement, timeout, server, socket.gethostname())
+
+
 def _connect(addr: str, port: int, placement: Placement, timeout: datetime.timedelta,
              server: str, host: str) -> dist.Store:
     """A client of the store at ``addr:port``, or, once ``timeout`` has passed, an error naming
@@ -299,10 +312,13 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         kwargs["store"] = _rendezvous_store(placement, comm, timeout)
     elif placement.launcher in ("mpi", "slurm"):
         # srun without a usable MPI: the first node of the step hosts the store.
-        addr, port = slurm_rendezvous(os.environ)
-        kwargs["init_method"] = f"tcp://{addr}:{port}"
+        kwargs["store"] = _launcher_store(placement, *slurm_rendezvous(os.environ), timeout)
+    elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT", "").isdigit():
+        # torchrun (its agent hosts the store) and RANK/WORLD_SIZE/MASTER_ADDR launches
+        kwargs["store"] = _launcher_store(placement, os.environ["MASTER_ADDR"],
+                                          int(os.environ["MASTER_PORT"]), timeout)
     else:
-        kwargs["init_method"] = "env://"  # torchrun and RANK/WORLD_SIZE/MASTER_ADDR launches
+        kwargs["init_method"] = "env://"  # torch says which variable is missing
     dist.init_process_group(**kwargs)
     if dist.get_rank() != placement.rank:
         raise RuntimeError(f"backend {name} made this process rank {dist.get_rank()}, but the "
