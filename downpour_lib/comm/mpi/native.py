@@ -15,8 +15,9 @@ steps and barriers, the same waits), where every rank of the group has it. Every
 the Python path.
 
 ``load()`` compiles the C files (``SOURCES``; ``native.h`` says what each gives the others) with
-``mpicc`` (mpi4py's, else one on PATH or beside this Python) into ``$XDG_CACHE_HOME/downpour/mpi-native`` (else
-``~/.cache/downpour/mpi-native``), once per source, Python and MPI library (about 1.5 s); ranks
+``mpicc`` (mpi4py's, else one on PATH or beside this Python) into
+``$XDG_CACHE_HOME/downpour/mpi-native`` (else ``~/.cache/downpour/mpi-native``), once per source,
+Python and MPI library (about 1.5 s); ranks
 that start together wait on one build (a lock file). Where it cannot be built (no C compiler, no
 ``mpicc``, no Python headers), or with ``DOWNPOUR_MPI_NATIVE=0``, the backend keeps the data phase
 in Python, which keeps every guarantee too, more slowly; ``why_not()`` says why.
