@@ -24,13 +24,13 @@ What makes two runs the same run is declared by each field where it is defined
 ``free``. Checkpoints (``held("keep")``, ``held("match")``) and studies (``identity()``) read
 these declarations; a field without one fails at import (``identity_rules``).
 
-Library code reads a field through its section (``config.data.batch_size``): engine, lifecycle,
-cli and cluster do; modules not yet moved read the flat aliases, which ``rename_script`` rewrites.
-Each field also reads flat (``config.batch_size``), and the constructor, ``replace``,
-``from_dict``, the CLI flags and YAML/JSON files take flat names (``TrainConfig(algorithm="ddp",
-batch_size=64)``), so notebooks, files and scripts written for the flat config keep working;
-``to_dict()`` is flat, with the same keys as before (a study's CSV columns). Field names are
-unique across sections.
+A field is read through its section (``config.data.batch_size``): the library, its tests and
+the notebooks all do. A flat read (``config.batch_size``) still works but is deprecated: it warns
+(``DeprecationWarning``, naming the line), the test suite makes that warning an error, and
+``rename_script`` rewrites code written for the flat config. Writing stays flat: the
+constructor, ``replace``, ``from_dict``, the CLI flags and YAML/JSON files take flat names
+(``TrainConfig(algorithm="ddp", batch_size=64)``), and ``to_dict()`` is flat, with the same keys
+as before (a study's CSV columns). Field names are unique across sections.
 
 Checks that need the world size (an algorithm that needs more ranks than it has) are the options'
 ``roles(world_size)``, which the pre-flight (``engine.plan_run``) calls after reading the
@@ -525,8 +525,16 @@ def _values(section: Any) -> dict[str, Any]:
 
 
 def _flat(name: str, section: str) -> property:
-    return property(lambda self: getattr(getattr(self, section), name),
-                    doc=f"``{section}.{name}``, read flat")
+    """``config.<name>``: reads ``config.<section>.<name>`` and says so (a DeprecationWarning
+    naming the reader's line), so code written for the flat config keeps working and learns the
+    dotted read. The test suite makes the warning an error (pyproject's filterwarnings)."""
+    message = f"config.{name} is config.{section}.{name}; read it through its section"
+
+    def read(self: TrainConfig) -> Any:
+        warnings.warn(message, DeprecationWarning, stacklevel=2)  # 2: the line that read it
+        return getattr(getattr(self, section), name)
+
+    return property(read, doc=f"``{section}.{name}``, read flat (deprecated)")
 
 
 for _name, _section in SECTION_OF.items():  # config.batch_size reads config.data.batch_size

@@ -310,7 +310,16 @@ HEADER = """\
 """
 
 
+#: A flat config read is an error in every process the tests start (mpiexec ranks, the console
+#: script, engines, notebook kernels), as pyproject's filterwarnings makes it one here. -W takes
+#: a message's literal start: every flat read's warning starts "config.".
+FLAT_READ = "error:config.:DeprecationWarning"
+
+
 def pytest_configure(config):
+    given = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
+    if FLAT_READ not in given:
+        os.environ["PYTHONWARNINGS"] = ",".join([*given, FLAT_READ])
     # A process that runs tests trains too (the unit tests): torch imported as `downpour train`
     # imports it, so that the collections of the whole session skip torch's half a million
     # objects. Not in pytest-xdist's controller, which runs none and needs no torch.

@@ -73,7 +73,7 @@ def test_the_plan_is_every_algorithm_in_every_setting_checked_first(cache):
         ("1gbit", 0, 1.0), ("1gbit", 1, 2.0), ("50mbit", 0, 1.0), ("50mbit", 1, 2.0)}
     sizes = dict(zip(table.algorithm, table.world_size, strict=False))
     assert sizes["downpour"] == 5 and sizes["allreduce"] == 4  # downpour's server on a rank of its own
-    assert all(run.config.model == "cnn1d" and run.config.dataset == "mnist1d" for run in plan)
+    assert all(run.config.model == "cnn1d" and run.config.data.dataset == "mnist1d" for run in plan)
     assert len({run.run_id for run in plan}) == len(plan)
     assert [s.name for s in settings("local")] == ["local", "local, 1 slow x2"]
 
@@ -126,7 +126,7 @@ def test_a_loss_target_plans_the_language_model_study_naming_its_target():
     assert "target_loss" in table and "target_accuracy" not in table
     assert (table.target_loss == 3.3).all()
     assert dict(zip(table.algorithm, table.world_size, strict=False))["downpour"] == 3
-    assert all(run.config.model == "gpt-nano" and run.config.steps == 40 for run in plan)
+    assert all(run.config.model == "gpt-nano" and run.config.length.steps == 40 for run in plan)
     # the target is part of a run's identity: the same run to another loss is another row
     other = plan_study(LM, ["allreduce"], network="local", workers=2, stragglers=[0], target=3.0,
                        metric="loss")

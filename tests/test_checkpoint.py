@@ -87,7 +87,7 @@ def test_resumed_run_keeps_the_checkpoint_cadence(tmp_path):
         assert [s for s, _ in checkpoint.scan(out)] == expected, every
     # a resumed run that writes no checkpoints has no cadence to keep
     trainer, _ = train(algorithm="local", steps=20, resume=ten)
-    assert trainer.config.checkpoint_every == 0
+    assert trainer.config.outputs.checkpoint_every == 0
 
 
 def test_checkpoint_contents_load_with_weights_only(tmp_path):

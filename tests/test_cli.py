@@ -152,13 +152,14 @@ def test_flags_text_is_parsed_into_each_fields_type(tmp_path):
         ["train", "--algorithm", "sync_ps", "--batch-size", "64", "--lr", "0.1", "--steps", "7",
          "--epochs", "none", "--momentum", "0", "--servers", "1", "--server", "colocated"])
     config = config_from_args(args)
-    assert (config.batch_size, config.lr, config.steps, config.epochs) == (64, 0.1, 7, None)
-    assert (config.momentum, config.options.servers, config.options.server) == (0.0, 1, "colocated")
+    assert (config.data.batch_size, config.optim.lr) == (64, 0.1)
+    assert (config.length.steps, config.length.epochs) == (7, None)
+    assert (config.optim.momentum, config.options.servers, config.options.server) == (0.0, 1, "colocated")
     # and win over a config file's values
     (tmp_path / "run.json").write_text('{"algorithm": "sync_ps", "steps": 50, "lr": 0.5}')
     config = config_from_args(build_parser().parse_args(
         ["train", "--config", str(tmp_path / "run.json"), "--steps", "3"]))
-    assert (config.steps, config.lr) == (3, 0.5)
+    assert (config.length.steps, config.optim.lr) == (3, 0.5)
     study = build_parser().parse_args(["study", "--steps", "7", "--batch-size", "16"])
     assert (study.steps, study.batch_size) == (7, 16)
 

@@ -58,17 +58,22 @@ def test_invalid_values_name_field_value_and_fix(changes, field, hint):
 
 
 def test_defaults_are_valid_and_frozen():
+    import dataclasses
+
     config = TrainConfig()
-    with pytest.raises(AttributeError):
-        config.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.optim.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.model = "lenet"  # type: ignore[misc]
     assert config.options.server == "auto"
 
 
 def test_from_dict_converts_only_what_loses_nothing():
     config = TrainConfig.from_dict({"algorithm": "sync_ps", "batch_size": 64.0, "lr": 1,
                                     "steps": 7, "epochs": None, "options": {"servers": 1.0}})
-    assert (config.batch_size, config.lr, config.steps, config.epochs) == (64, 1.0, 7, None)
-    assert type(config.batch_size) is int and type(config.lr) is float
+    assert (config.data.batch_size, config.optim.lr) == (64, 1.0)
+    assert (config.length.steps, config.length.epochs) == (7, None)
+    assert type(config.data.batch_size) is int and type(config.optim.lr) is float
     assert config.options.servers == 1 and type(config.options.servers) is int
 
 
@@ -100,7 +105,7 @@ def test_config_files_give_numbers_not_strings(tmp_path, values, message):
 def test_yaml_reads_exponents_as_numbers(tmp_path):
     (tmp_path / "c.yaml").write_text("lr: 1e-3\nweight_decay: 5E-4\nsteps: 1e2\n")
     config = TrainConfig.from_file(tmp_path / "c.yaml")  # PyYAML alone reads 1e-3 as a string
-    assert (config.lr, config.weight_decay, config.steps) == (0.001, 0.0005, 100)
+    assert (config.optim.lr, config.optim.weight_decay, config.length.steps) == (0.001, 0.0005, 100)
     (tmp_path / "d.yaml").write_text("steps: '10'\n")
     with pytest.raises(ConfigError, match="steps='10' is not valid: must be an integer, not a str"):
         TrainConfig.from_file(tmp_path / "d.yaml")
@@ -114,7 +119,7 @@ def test_round_trip_through_yaml_and_json(tmp_path):
                                      "options: {server: dedicated}\n")
     assert TrainConfig.from_file(tmp_path / "c.yaml") == config
     # flags given on top of a file win
-    assert TrainConfig.from_file(tmp_path / "c.yaml", steps=3).steps == 3
+    assert TrainConfig.from_file(tmp_path / "c.yaml", steps=3).length.steps == 3
 
 
 def test_files_cannot_give_non_finite_numbers(tmp_path):
@@ -198,7 +203,7 @@ def test_pointless_momentum_warns():
 
 # -- sections ---------------------------------------------------------------------------------
 
-def test_sections_hold_every_field_once_and_read_flat_and_dotted():
+def test_sections_hold_every_field_once_and_write_flat():
     from downpour_lib.config import SECTION_OF, SECTIONS, TOP
 
     config = TrainConfig(algorithm="ddp", batch_size=64, lr=0.1, steps=9, threads=1,
@@ -207,7 +212,6 @@ def test_sections_hold_every_field_once_and_read_flat_and_dotted():
     assert len(flat) == 43 and set(flat) == set(TOP) | set(SECTION_OF)
     for name, section in SECTION_OF.items():
         dotted = getattr(getattr(config, section), name)
-        assert getattr(config, name) == dotted  # the flat alias reads the section
         assert flat[name] == (list(dotted) if isinstance(dotted, tuple) else dotted)
     assert (config.data.batch_size, config.optim.lr, config.length.steps) == (64, 0.1, 9)
     assert config.system.threads == 1 and config.outputs.checkpoint_dir == "ck"
@@ -349,3 +353,143 @@ def test_rename_map_turns_flat_reads_into_dotted_ones(tmp_path):
     assert lines[0] == "a = config.data.batch_size + cfg.optim.lr + self.config.optim.lr_schedule"
     assert lines[1] == "b = config.data.batch_size, replace(config, steps=3)"
     assert lines[2:] == [f"z = config.{s}.{n}" for n, s in SECTION_OF.items()]
+
+
+# -- flat reads: deprecated, and none left in the library, its tests or the notebooks ---------
+
+def test_a_flat_read_warns_naming_its_line_and_reads_the_section():
+    from downpour_lib.config import SECTION_OF
+
+    config = TrainConfig(algorithm="ddp", batch_size=64, lr=0.1, steps=9, checkpoint_dir="ck",
+                         slowdown=2.0, slow_workers=1)
+    with pytest.warns(DeprecationWarning, match=r"^config\.batch_size is config\.data\.batch_size; "
+                                                r"read it through its section$") as seen:
+        assert config.batch_size == 64  # flat, on purpose
+    assert [(w.filename, w.lineno) for w in seen] == [(__file__, seen[0].lineno)]  # the reader's
+    for name, section in SECTION_OF.items():
+        with pytest.warns(DeprecationWarning, match=rf"^config\.{name} is config\.{section}\.{name};"):
+            assert getattr(config, name) == getattr(getattr(config, section), name)
+
+
+def test_the_suite_fails_a_flat_read():
+    """pyproject's filterwarnings: a flat read the library or a test makes is an error here."""
+    with pytest.raises(DeprecationWarning, match="config.lr is config.optim.lr"):
+        _ = TrainConfig().lr  # flat, on purpose
+
+
+#: A TrainConfig reached by a name: these names and attributes, a name annotated TrainConfig
+#: (or TrainConfig | None), or one assigned a TrainConfig(...), TrainConfig.from_dict/from_file
+#: (...) or another's .replace/.slurm_resume(...) in the same function.
+CONFIG_NAMES = {"config", "cfg"}
+CONFIG_ATTRIBUTES = {"config", "_config", "cfg"}
+CONFIG_HINTS = {"TrainConfig", "TrainConfig | None", "Optional[TrainConfig]"}
+ON_PURPOSE = "# flat, on purpose"  # a line that reads flat to test the flat read
+
+
+def _is_config(node, names: set[str]) -> bool:
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id in names
+    if isinstance(node, ast.Attribute):
+        return node.attr in CONFIG_ATTRIBUTES
+    if isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Name):
+            return f.id == "TrainConfig"
+        if isinstance(f, ast.Attribute):
+            return (f.attr in ("from_dict", "from_file") and ast.unparse(f.value) == "TrainConfig"
+                    or f.attr in ("replace", "slurm_resume") and _is_config(f.value, names))
+    return False
+
+
+def _scope(node):
+    """The nodes of a module or function, a function's nested ones included (they see its
+    names), a module's functions left out (each is its own scope)."""
+    import ast
+
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not (isinstance(node, ast.Module) and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            yield from _scope(child)
+
+
+def _config_names(scope: list) -> set[str]:
+    import ast
+
+    names = set(CONFIG_NAMES)
+    for node in scope:
+        if isinstance(node, ast.arg) and node.annotation is not None \
+                and ast.unparse(node.annotation).strip("'\"") in CONFIG_HINTS:
+            names.add(node.arg)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and ast.unparse(node.annotation).strip("'\"") in CONFIG_HINTS:
+            names.add(node.target.id)
+    for _ in range(3):  # a name assigned from a name assigned a config
+        for node in scope:
+            if isinstance(node, ast.Assign) and _is_config(node.value, names):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def flat_reads(source: str) -> list[str]:
+    """Each ``line: expression`` in ``source`` that reads a config field flat: an attribute load,
+    or getattr/hasattr with the field's name written out, on a TrainConfig (``_is_config``)."""
+    import ast
+
+    from downpour_lib.config import SECTION_OF
+
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    found = set()
+    for top in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        scope = list(_scope(top))
+        names = _config_names(scope)
+        for node in scope:
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                hit = node.attr in SECTION_OF and _is_config(node.value, names)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                args = node.args
+                hit = (node.func.id in ("getattr", "hasattr") and len(args) >= 2
+                       and isinstance(args[1], ast.Constant) and args[1].value in SECTION_OF
+                       and _is_config(args[0], names))
+            else:
+                continue
+            if hit and not lines[node.lineno - 1].endswith(ON_PURPOSE):
+                found.add((node.lineno, ast.unparse(node)))
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def test_the_walk_finds_flat_reads_where_they_are():
+    source = """
+def f(config, plan, c: TrainConfig, d: "TrainConfig | None", run):
+    a = config.data.batch_size + config.batch_size
+    b = plan.config.steps, c.lr, d.seed, run.config.length.steps, getattr(config, "device")
+    e = TrainConfig(steps=3).steps
+    g = c.replace(steps=4)
+    h = g.steps, c.options.period, c.model
+    i = config.lr  # flat, on purpose
+    config.steps = 3
+
+def other(c, rows):
+    return c.lr, rows.steps  # an unknown c and rows: not a config
+"""
+    assert flat_reads(source) == [
+        "3: config.batch_size", "4: c.lr", "4: d.seed", "4: getattr(config, 'device')",
+        "4: plan.config.steps", "5: TrainConfig(steps=3).steps", "7: g.steps"]
+
+
+def test_no_flat_read_is_left_in_the_library_its_tests_or_the_notebooks():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted([*(root / "downpour_lib").rglob("*.py"), *(root / "tests").rglob("*.py")]):
+        found += [f"{path.relative_to(root)}:{hit}" for hit in flat_reads(path.read_text())]
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "code":  # IPython's magics and shell lines are not Python
+                code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                                 for line in "".join(cell["source"]).splitlines())
+                found += [f"{path.name} cell {i}:{hit}" for hit in flat_reads(code)]
+    assert not found, "read these through their section (config.data.batch_size):\n" + "\n".join(found)

@@ -33,9 +33,9 @@ def test_one_worker_fetching_and_pushing_every_step_is_sequential_training(optim
 
 
 def test_adagrad_is_downpours_default_and_sgd_everyone_elses():
-    assert TrainConfig(algorithm="downpour").optimizer == "adagrad"
-    assert TrainConfig(algorithm="downpour").momentum == 0.0
-    assert (TrainConfig().optimizer, TrainConfig().momentum) == ("sgd", 0.9)
+    assert TrainConfig(algorithm="downpour").optim.optimizer == "adagrad"
+    assert TrainConfig(algorithm="downpour").optim.momentum == 0.0
+    assert (TrainConfig().optim.optimizer, TrainConfig().optim.momentum) == ("sgd", 0.9)
 
 
 def test_n_push_accumulates_and_the_last_partial_push_is_not_lost():

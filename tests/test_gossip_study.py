@@ -48,7 +48,8 @@ def synthetic_result(config, world_size: int) -> RunResult:
     peers = {"complete": world_size - 1, "ring": min(2, world_size - 1)}.get(topology, min(1, world_size - 1))
     sent = 2 * (world_size - 1) * MODEL // world_size if topology is None else peers * MODEL
     summary = {"algorithm": config.algorithm, "world_size": world_size, "model": config.model,
-               "dataset": config.dataset, "batch_size": config.batch_size, "steps": config.steps,
+               "dataset": config.data.dataset, "batch_size": config.data.batch_size,
+               "steps": config.length.steps,
                "samples_per_s": 100.0 * world_size, "test_accuracy": 0.9,
                "bytes_sent_per_step": float(sent), "bytes_received_per_step": float(sent)}
     evals = pd.DataFrame({"rank": 0, "step": [19, 9], "time_s": [2.0, 1.0], "loss": [0.5, 1.0],
@@ -91,7 +92,8 @@ def test_the_graphs_each_algorithm_accepts():
 def test_run_config_puts_the_graph_in_the_options_and_keeps_the_base():
     config = run_config(BASE, "sgp", "ring")
     assert config.options.topology == "ring" and config.algorithm == "sgp"
-    assert (config.model, config.dataset, config.steps, config.batch_size) == ("mlp", "digits", 20, 16)
+    assert (config.model, config.data.dataset, config.data.batch_size) == ("mlp", "digits", 16)
+    assert config.length.steps == 20
     assert run_config(BASE, "osgp").options.topology == "exponential"
     assert not hasattr(run_config(BASE, "allreduce").options, "topology")
     with pytest.raises(ConfigError, match="topology='exponential'.*dpsgd gossips over ring, complete"):
@@ -145,8 +147,9 @@ def test_the_warm_up_takes_the_base_but_trains_a_few_steps_and_writes_nothing(tm
 
     GossipStudy(train, base, 2, log=[].append).algorithms(["allreduce"])
     warm, run = configs
-    assert (warm.steps, warm.epochs, warm.output_dir, warm.model) == (5, None, None, "mlp")
-    assert (run.steps, run.epochs, run.output_dir) == (None, 2.0, str(tmp_path))
+    assert (warm.length.steps, warm.length.epochs, warm.model) == (5, None, "mlp")
+    assert warm.outputs.output_dir is None
+    assert (run.length.steps, run.length.epochs, run.outputs.output_dir) == (None, 2.0, str(tmp_path))
     configs.clear()
     GossipStudy(train, base, 2, log=[].append, warm_up=False).algorithms(["allreduce"])
     assert len(configs) == 1

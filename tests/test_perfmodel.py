@@ -430,7 +430,7 @@ def test_validate_takes_any_model_and_borrows_a_larger_sandbox(tmp_path):
     from downpour_lib.study.model_validate import BASE, _config, sandbox_size
 
     config = _config({**BASE, "model": "resnet20", "batch_size": 16}, "localsgd")
-    assert config.model == "resnet20" and config.batch_size == 16
+    assert config.model == "resnet20" and config.data.batch_size == 16
     (tmp_path / "nodes").write_text("3\n")  # made with 3 nodes, not running
     assert sandbox_size(tmp_path, 2) == 2 and sandbox_size(tmp_path, 4) == 4
     assert sandbox_size(tmp_path / "none", 3) == 3

@@ -104,10 +104,10 @@ def test_imagefolder_jpegs_through_workers_equal_reading_inline(tmp_path):
 
 
 def test_real_data_sets_default_to_standard_augmentation_and_others_to_none(tmp_path):
-    assert TrainConfig(dataset="cifar10").augment == "standard"
-    assert TrainConfig(dataset="imagefolder").augment == "standard"
-    assert TrainConfig(dataset="digits").augment == "none"
-    assert TrainConfig(dataset="synthetic-cifar").augment == "none"
+    assert TrainConfig(dataset="cifar10").data.augment == "standard"
+    assert TrainConfig(dataset="imagefolder").data.augment == "standard"
+    assert TrainConfig(dataset="digits").data.augment == "none"
+    assert TrainConfig(dataset="synthetic-cifar").data.augment == "none"
     config = TrainConfig(dataset="digits", augment="standard", steps=3, warmup_steps=0)
     with pytest.raises(ConfigError, match="augment='standard'.*'digits' has no standard"):
         Trainer(config, DistContext.single())

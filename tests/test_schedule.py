@@ -69,7 +69,7 @@ def test_bad_schedule_precision_and_data_settings_are_refused(kw, match):
 
 
 def test_milestones_from_a_flag_or_a_file_are_epochs():
-    assert TrainConfig(lr_schedule="step", lr_milestones="30, 60,80").lr_milestones == (30, 60, 80)
+    assert TrainConfig(lr_schedule="step", lr_milestones="30, 60,80").optim.lr_milestones == (30, 60, 80)
     config = TrainConfig.from_dict({"lr_schedule": "step", "lr_milestones": [30, 60.5]})
-    assert config.lr_milestones == (30.0, 60.5)
+    assert config.optim.lr_milestones == (30.0, 60.5)
     assert config.to_dict()["lr_milestones"] == [30.0, 60.5]  # plain data for JSON and YAML

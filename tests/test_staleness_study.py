@@ -42,8 +42,8 @@ def test_every_run_has_the_same_workers_and_the_ranks_its_servers_need():
     assert list(table.world_size) == [3, 3, 4, 2]
     assert list(table.placement) == ["dedicated", "dedicated", "dedicated", "colocated"]
     assert list(table.servers) == [1, 1, 2, 2]
-    assert plan[2].config.options.n_push == 4 and plan[2].config.optimizer == "adagrad"
-    assert plan[0].config.optimizer == "sgd"  # each algorithm's own default unless given
+    assert plan[2].config.options.n_push == 4 and plan[2].config.optim.optimizer == "adagrad"
+    assert plan[0].config.optim.optimizer == "sgd"  # each algorithm's own default unless given
     assert cluster_size(plan) == 4 and cluster_size(plan, 6) == 6
     with pytest.raises(ConfigError, match=r"engines=3 .*'downpour S=2 fetch=4 push=4' runs on 4 ranks"):
         cluster_size(plan, 3)

@@ -52,13 +52,14 @@ def averager_loop(ctx, period: int):
     """PyTorch's periodic model averaging after every optimizer step, on the engine's data."""
     config = TrainConfig(**BASE)
     train_split = load_dataset("digits").train
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.data.seed)
     model = build_model("mlp", train_split.input_shape, train_split.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                          weight_decay=config.weight_decay)
-    sampler = ShardSampler(len(train_split), config.batch_size, ctx.rank, ctx.world_size, config.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=config.optim.lr, momentum=config.optim.momentum,
+                          weight_decay=config.optim.weight_decay)
+    sampler = ShardSampler(len(train_split), config.data.batch_size, ctx.rank, ctx.world_size,
+                           config.data.seed)
     averager = PeriodicModelAverager(period=period, warmup_steps=0)
-    for step in range(config.steps):
+    for step in range(config.length.steps):
         _, idx = sampler.indices(step)
         x, y = train_split.batch(idx)
         opt.zero_grad()

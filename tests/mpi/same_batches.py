@@ -29,14 +29,14 @@ def main() -> int:
                              model="mlp", batch_size=16, steps=6, warmup_steps=1, threads=1,
                              data_workers=1, seed=4, eval_every=0)
         trainer = Trainer(config, ctx)
-        stream = trainer.batches(range(config.steps))
+        stream = trainer.batches(range(config.length.steps))
         try:
             seen[name] = digest(stream)
         finally:
             stream.close()
         result = trainer.run()
         if ctx.rank == 0:
-            assert len(result.steps) == 3 * config.steps, result.steps
+            assert len(result.steps) == 3 * config.length.steps, result.steps
     everyone = [None] * ctx.world_size
     torch.distributed.all_gather_object(everyone, seen)
     runtime.shutdown()

@@ -35,7 +35,7 @@ def run(ctx, name, algorithm, steps, slow, options):
     if result is None:
         return
     workers = result.steps[result.steps.role == "worker"]
-    first = config.warmup_steps - 1
+    first = config.length.warmup_steps - 1
     out = {"case": name, "rates": {}}
     for rank, own in workers.groupby("rank"):
         last = min(steps, SLOW_STEPS) - 1 if slow and rank == SLOW_RANK else steps - 1
