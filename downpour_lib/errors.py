@@ -6,6 +6,7 @@ before any process blocks and the user can fix it without reading the source.
 
 from __future__ import annotations
 
+import argparse
 import typing
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -39,6 +40,23 @@ class Diverged(DownpourError, FloatingPointError):
         self.step, self.rank = step, rank
         super().__init__(f"training diverged at step {step} on rank {rank}: {why}; lower the "
                          "learning rate (lr) or warm it up (lr_warmup_epochs)")
+
+
+class UsageError(Exception):
+    """A command line argparse refused; ``downpour``'s ``main`` says it once (rank 0 under a
+    launcher), a study's batch as a ``ConfigError``."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class UsageErrorParser(argparse.ArgumentParser):
+    """argparse, whose errors come to its caller (``UsageError``) instead of being printed here and
+    now: under ``mpiexec -n 4`` every rank printed the same usage and error."""
+
+    def error(self, message: str):  # noqa: D102 -- argparse's hook
+        raise UsageError(self, message)
 
 
 def unknown_name(field: str, value: Any, choices: Iterable[str]) -> ConfigError:

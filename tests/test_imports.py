@@ -113,8 +113,8 @@ def test_the_circle_finder_finds_a_circle_through_a_function_local_import():
 
 def test_the_library_has_no_import_circle():
     graph = import_graph()
-    assert len(graph) > 50 and "downpour_lib.engine" in graph["downpour_lib.cli"] | {
-        t for v in graph["downpour_lib.cli"] for t in graph[v]}, "the graph was not read"
+    assert len(graph) > 50 and "downpour_lib.engine" in graph["downpour_lib.cli.train"] | {
+        t for v in graph["downpour_lib.cli.train"] for t in graph[v]}, "the graph was not read"
     assert circles(graph) == [], "modules that import each other (directly or around a circle)"
 
 

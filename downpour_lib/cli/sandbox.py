@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .slurm import DEFAULT_DIR
+from ..sandbox.slurm import DEFAULT_DIR
 
 
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +30,8 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from .slurm import SlurmSandbox
-    from .status import SandboxError
+    from ..sandbox.slurm import SlurmSandbox
+    from ..sandbox.status import SandboxError
 
     try:
         if args.action != "up" and (args.nodes is not None or args.bandwidth is not None):
