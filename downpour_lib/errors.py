@@ -28,6 +28,11 @@ class DataError(DownpourError, FileNotFoundError):
     """A data set's files are missing or unreadable."""
 
 
+class ClusterError(DownpourError):
+    """The cluster did not start, or its engines are not one MPI world (``downpour_lib.cluster``;
+    here, below it, so that a notebook's one-line errors name it without importing the cluster)."""
+
+
 class CheckpointError(DownpourError):
     """A checkpoint file is unreadable, incomplete, or not a downpour checkpoint."""
 

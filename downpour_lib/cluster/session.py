@@ -38,9 +38,9 @@ from typing import Any
 import pandas as pd
 
 from .. import user_code
-from ..errors import ConfigError
+from ..errors import ClusterError, ConfigError
 from . import remote
-from .failures import CONTINUE, ClusterError, ClusterPreempted, ClusterRunError, _preempted
+from .failures import CONTINUE, ClusterPreempted, ClusterRunError, _preempted
 from .mpiexec import clear_stale_sessions
 from .running import Running, wait_gone
 

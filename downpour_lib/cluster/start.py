@@ -14,8 +14,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from ..errors import ConfigError
-from .failures import ClusterError
+from ..errors import ClusterError, ConfigError
 from .mpiexec import clear_stale_sessions
 from .profiles import ensure_profile, profile_dir
 from .session import ClusterSession
