@@ -388,7 +388,7 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
 
 def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(tmp_path):
     """--breakdown: every part of our call, and a C++ backend of MPI's blocking calls alone
-    (bench/native.py, built here), without and with our gate, in turns with ours and MPI's own;
+    (comm/floor/native_floor.py, built here), without and with our gate, in turns with ours and MPI's own;
     the native backend's five operations were checked against the sums and copies they must make
     (each way), or it has no column. With ``--written`` (the buffers written before each
     repetition, as training writes them), which every row says, as it says the path each call took."""

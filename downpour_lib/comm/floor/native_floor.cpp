@@ -2,7 +2,7 @@
 // no liveness gate, no timeout, no watchdog, no staging, no profiler events, no async work. It is
 // not for training (a rank that goes silent hangs it forever); `downpour bench collectives
 // --breakdown` times it beside the `mpi` backend to show what a native backend gains over ours,
-// and what torch.distributed's dispatch costs even then (bench/native.py builds and loads it).
+// and what torch.distributed's dispatch costs even then (comm/floor/native_floor.py builds and loads it).
 // Made `gated`, each collective first waits for every rank at the `mpi` backend's liveness gate,
 // in C++: MPI_Ibarrier, tested spinning for 50 us, then with naps growing to 1 ms, given up at a
 // deadline (liveness.gate and wait_request, less the watchdog): what the one guarantee that costs

@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..comm.mpi.native import mpi_wrapper
+from ..mpi.native import mpi_wrapper
 
 NAME = "downpour_native_floor"
 GATED = "downpour_native_gated"  # the same, behind the gate
+DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)  # the ones native_floor.cpp takes
 SOURCE = Path(__file__).with_name("native_floor.cpp")
 
 
