@@ -416,6 +416,17 @@ def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(
     assert ("native floor" in proc.stdout) == (parts[0]["native_s"] is not None), proc.stdout
 
 
+def test_the_default_timeout_where_torch_gives_none_is_torchs():
+    """Where torch hands the ``mpi`` backend (or the bench's yardstick backends) no timeout, it
+    waits as long as torch's own backends would (``defaults.TORCH_TIMEOUT_S``, their one home), not
+    downpour's shorter ``TIMEOUT_S``, which every group downpour makes is given."""
+    import torch.distributed as dist
+
+    from downpour_lib import defaults
+
+    assert defaults.TORCH_TIMEOUT_S == dist.default_pg_timeout.total_seconds()
+
+
 def test_bench_collectives_refuses_bad_input_before_starting():
     import subprocess
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ...defaults import TORCH_TIMEOUT_S
 from ..mpi.native import mpi_wrapper
 
 NAME = "downpour_native_floor"
@@ -63,7 +64,7 @@ def load():
 
 
 def native_group(comm, world_rank: int, gated: bool = False,
-                 timeout_s: float = dist.default_pg_timeout.total_seconds()):
+                 timeout_s: float = TORCH_TIMEOUT_S):
     """A torch group of every rank on the native floor backend (``gated``: behind the gate, whose
     wait fails after ``timeout_s``), over a duplicate of ``comm`` (an mpi4py communicator of the
     world's ranks), or None and why not. Collective: rank 0 builds first (torch's builder waits
