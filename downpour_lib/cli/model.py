@@ -13,20 +13,21 @@ import pandas as pd
 from ..errors import ConfigError
 from ..perf.netmodel import COLLECTIVES
 from ..perf.perfmodel import MODELLED_ALGORITHMS, MODELLED_OPTIONS, Calibration
-from ..study.core import host_dirname
+from ..study.core import reference_dir, results_dir
+from ..study.model_plots import model_dir
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
-REFERENCE_STUDY = "results/reference/scaling/runs.csv"
+REFERENCE_STUDY = str(reference_dir("scaling") / "runs.csv")
 
 
 def default_calibration() -> Path:
     """Where ``downpour model calibrate`` (and notebook 06) write this machine's calibration."""
-    return Path("results") / host_dirname() / "model" / "calibration.json"
+    return model_dir() / "calibration.json"
 
 
 def study_calibration() -> Path:
     """Where ``make study`` (notebook 02, ``model_plots.model_for_study``) writes it."""
-    return Path("results") / host_dirname() / "scaling" / "calibration.json"
+    return results_dir("scaling") / "calibration.json"
 
 
 def find_calibration() -> Path:

@@ -38,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from .. import user_code
+from ..defaults import ENGINES_TIMEOUT_S
 from ..errors import ClusterError, ConfigError
 from . import remote
 from .failures import CONTINUE, ClusterPreempted, ClusterRunError, _preempted
@@ -65,7 +66,7 @@ def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]
 class ClusterSession(Running):
     """A connected ipyparallel cluster whose engines form one MPI world (see the module docstring)."""
 
-    def __init__(self, cluster, client, owned: bool, timeout_s: float = 120.0,
+    def __init__(self, cluster, client, owned: bool, timeout_s: float = ENGINES_TIMEOUT_S,
                  grace_s: float = 10.0) -> None:
         self.cluster, self.client, self.owned = cluster, client, owned
         self.timeout_s, self.grace_s = timeout_s, grace_s
