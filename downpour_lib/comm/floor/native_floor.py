@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ...defaults import TORCH_TIMEOUT_S
+from ..mpi.liveness import NAP_S, SPIN_S
 from ..mpi.native import mpi_wrapper
 
 NAME = "downpour_native_floor"
@@ -84,7 +85,7 @@ def native_group(comm, world_rank: int, gated: bool = False,
     name = GATED if gated else NAME
     if name not in dist.Backend.backend_list:
         dist.Backend.register_backend(
-            name, lambda _opts, _backend_opts: module.create(comm, gated, timeout_s),
+            name, lambda _opts, _backend_opts: module.create(comm, gated, timeout_s, SPIN_S, NAP_S),
             extended_api=True, devices=["cpu"])
     group = dist.new_group(backend=name)
     wrong = comm.allgather(_wrong(group))
