@@ -6,6 +6,7 @@ before any process blocks and the user can fix it without reading the source.
 
 from __future__ import annotations
 
+import argparse
 import typing
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -27,6 +28,11 @@ class DataError(DownpourError, FileNotFoundError):
     """A data set's files are missing or unreadable."""
 
 
+class ClusterError(DownpourError):
+    """The cluster did not start, or its engines are not one MPI world (``downpour_lib.cluster``;
+    here, below it, so that a notebook's one-line errors name it without importing the cluster)."""
+
+
 class CheckpointError(DownpourError):
     """A checkpoint file is unreadable, incomplete, or not a downpour checkpoint."""
 
@@ -39,6 +45,23 @@ class Diverged(DownpourError, FloatingPointError):
         self.step, self.rank = step, rank
         super().__init__(f"training diverged at step {step} on rank {rank}: {why}; lower the "
                          "learning rate (lr) or warm it up (lr_warmup_epochs)")
+
+
+class UsageError(Exception):
+    """A command line argparse refused; ``downpour``'s ``main`` says it once (rank 0 under a
+    launcher), a study's batch as a ``ConfigError``."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class UsageErrorParser(argparse.ArgumentParser):
+    """argparse, whose errors come to its caller (``UsageError``) instead of being printed here and
+    now: under ``mpiexec -n 4`` every rank printed the same usage and error."""
+
+    def error(self, message: str):  # noqa: D102 -- argparse's hook
+        raise UsageError(self, message)
 
 
 def unknown_name(field: str, value: Any, choices: Iterable[str]) -> ConfigError:

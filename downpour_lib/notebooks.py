@@ -52,8 +52,7 @@ def one_line_errors(shell) -> None:
     command line gives (``algorithms='nope' is not valid: choose from ...``), not as a traceback
     through the library: the cell still fails, and the line names the parameter and what works.
     So does a ``ClusterError`` (which cluster runs, what to change)."""
-    from .cluster.failures import ClusterError
-    from .errors import DataError
+    from .errors import ClusterError, DataError
 
     shell.set_custom_exc((ConfigError, DataError, ClusterError), _one_line)
 

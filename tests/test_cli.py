@@ -9,7 +9,8 @@ import pytest
 from conftest import BIN, ROOT, downpour, explain, launch_env, mpiexec, read_json
 
 from downpour_lib.algorithms import ALGORITHMS
-from downpour_lib.cli import build_parser, config_from_args, main
+from downpour_lib.cli import build_parser, main
+from downpour_lib.cli.train import config_from_args
 
 ALGORITHM_NAMES = ", ".join(sorted(ALGORITHMS))  # every registered one, as the error lists them
 
@@ -165,7 +166,7 @@ def test_flags_text_is_parsed_into_each_fields_type(tmp_path):
 
 
 def test_an_emulated_study_runs_as_many_steps_as_notebook_02s_sweep_unless_told():
-    from downpour_lib.study.cli import study_base
+    from downpour_lib.cli.study import study_base
     from downpour_lib.study.scaling import EMULATED_STEPS, SCALING_BASE
 
     def steps(*flags: str) -> int:

@@ -386,7 +386,7 @@ def test_bench_collectives_writes_rows_with_nccl_tests_bandwidths(tmp_path):
 
 def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(tmp_path):
     """--breakdown: every part of our call, and a C++ backend of MPI's blocking calls alone
-    (bench/native.py, built here), without and with our gate, in turns with ours and MPI's own;
+    (comm/floor/native_floor.py, built here), without and with our gate, in turns with ours and MPI's own;
     the native backend's five operations were checked against the sums and copies they must make
     (each way), or it has no column. With ``--written`` (the buffers written before each
     repetition, as training writes them), which every row says, as it says the path each call took."""
@@ -412,6 +412,17 @@ def test_bench_breakdown_times_each_part_and_a_native_floor_that_moves_the_data(
             assert "no native floor column" in proc.stderr, explain(proc)
     assert "where the time goes" in proc.stdout
     assert ("native floor" in proc.stdout) == (parts[0]["native_s"] is not None), proc.stdout
+
+
+def test_the_default_timeout_where_torch_gives_none_is_torchs():
+    """Where torch hands the ``mpi`` backend (or the bench's yardstick backends) no timeout, it
+    waits as long as torch's own backends would (``defaults.TORCH_TIMEOUT_S``, their one home), not
+    downpour's shorter ``TIMEOUT_S``, which every group downpour makes is given."""
+    import torch.distributed as dist
+
+    from downpour_lib import defaults
+
+    assert defaults.TORCH_TIMEOUT_S == dist.default_pg_timeout.total_seconds()
 
 
 def test_bench_collectives_refuses_bad_input_before_starting():

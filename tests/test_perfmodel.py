@@ -340,7 +340,7 @@ def test_simulated_staleness_matches_the_measured_study_on_average():
 
 def test_validate_exits_non_zero_when_a_prediction_is_outside_the_tolerance(capsys):
     """`downpour model validate` printed "worst error 49.0% (tolerance 15%)" and exited 0."""
-    from downpour_lib.study.model_cli import verdict
+    from downpour_lib.cli.model import verdict
 
     rows = [{"link": "100mbit", "algorithm": "allreduce", "error": 0.05},
             {"link": "100mbit", "algorithm": "diloco", "error": -0.49}]

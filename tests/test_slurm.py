@@ -21,8 +21,9 @@ from slurm_sandbox import FLAGS, TINY, running_sandbox, squeue, submit_batch, un
 
 from downpour_lib import TrainConfig, train
 from downpour_lib.cluster import connect, stop_clusters
-from downpour_lib.cluster.failures import ClusterError, ClusterPreempted
+from downpour_lib.cluster.failures import ClusterPreempted
 from downpour_lib.cluster.profiles import profile_dir
+from downpour_lib.errors import ClusterError
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ The parts are timed in turns with each other (``timing.measure_paired``: a tenth
 repetitions at a time, so that each sees the machine as the others do), in the same processes and
 on the same buffers, p50 of the slowest rank as every row of the bench:
 
-* ``noop``: torch.distributed's call into a process group that does nothing (``NoopGroup``): the
-  floor of torch's dispatch, which no backend of this kind can go under;
+* ``noop``: torch.distributed's call into a process group that does nothing (``comm/floor/noop.py``):
+  the floor of torch's dispatch, which no backend of this kind can go under;
 * ``torch``: the ``mpi`` backend through ``torch.distributed`` (what users and DDP call);
 * ``direct``: the backend's own method called without torch (our argument checks, staging, path
   choice, the waits and MPI): ``torch - direct`` is torch's dispatch into a Python backend;
@@ -15,8 +15,9 @@ on the same buffers, p50 of the slowest rank as every row of the bench:
   costs where one is still made (before MPI's blocking calls: see ``comm/mpi/process_group.py``);
 * ``mpi4py``: MPI itself, Open MPI's own call through mpi4py on the same tensors (``_reference``);
 * ``native``: torch.distributed into a C++ backend whose calls are MPI's blocking ones and nothing
-  else (``native.py``): what a native backend with none of our guarantees takes, built on the spot
-  where a compiler and ``mpicxx`` are at hand (the column is left out, with the reason, where not);
+  else (``comm/floor/native_floor.py``): what a native backend with none of our guarantees takes,
+  built on the spot where a compiler and ``mpicxx`` are at hand (the column is left out, with the
+  reason, where not);
 * ``gated``: the same native backend with our liveness gate before each collective, in C++: what
   that guarantee would cost a native backend (``gated - native``; ``gate`` is what it costs ours).
 
@@ -33,46 +34,16 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
+from ..comm.floor import native_floor
+from ..comm.floor.noop import noop_group
 from ..comm.mpi.liveness import gate
 from ..comm.mpi.paths import PATHS
 from ..comm.mpi.types import reduction, spec
 from ..errors import ConfigError
-from .native import native_group
 from .timing import buffer_size, measure_paired
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce")
 PARTS = ("noop", "torch", "direct", "async", "gate", "mpi4py")
-NATIVE_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)  # native_floor.cpp's
-
-
-class NoopGroup(dist.ProcessGroup):
-    """A process group whose collectives do nothing and complete at once, returning no work: the
-    least a backend can return (torch's synchronous collectives take None, from backends that
-    synchronize in C++; the ``mpi`` backend's short paths return it too)."""
-
-    def __init__(self, rank: int, size: int) -> None:
-        super().__init__(rank, size)
-
-    def getBackendName(self) -> str:
-        return "noop"
-
-    def _done(self, *_args, **_kwargs) -> None:
-        return None
-
-    allreduce = broadcast = reduce = _done
-    allgather = all_gather_single = _allgather_base = _done
-    reduce_scatter = reduce_scatter_single = _reduce_scatter_base = _done
-
-
-def noop_group() -> dist.ProcessGroup:
-    """A ``NoopGroup`` over every rank, made the way torch makes any group of a registered backend
-    (torch refuses a group object it did not make). Collective: every rank calls it."""
-    name = "downpour_noop"
-    if name not in dist.Backend.backend_list:
-        dist.Backend.register_backend(
-            name, lambda opts, _: NoopGroup(opts.group_rank, opts.group_size), extended_api=True,
-            devices=["cpu"])
-    return dist.new_group(backend=name)
 
 
 def _torch_call(op: str, group, x: torch.Tensor, out: torch.Tensor | None, async_op: bool):
@@ -136,15 +107,16 @@ def _p50(times: list[float]) -> float:
 
 def breakdown_rows(ops: list[str], sizes: list[int], dtype: torch.dtype, pg, sync, args) -> list[dict]:
     """One row per (op, size): the p50 of each part (``PARTS``) in seconds, measured in turns;
-    ``native_s`` and ``gated_s``, the native floor's without and with the gate (``native.py``), in
+    ``native_s`` and ``gated_s``, the native floor's without and with the gate (``comm/floor/``), in
     the same turns where it was built, else None."""
     n = pg.size()
     noop = noop_group()
-    native, why_not = native_group(pg._comm, pg.rank()) if dtype in NATIVE_DTYPES else \
-        (None, f"it takes {', '.join(map(str, NATIVE_DTYPES))}, not {dtype}")
+    native, why_not = native_floor.native_group(pg._comm, pg.rank()) \
+        if dtype in native_floor.DTYPES else \
+        (None, f"it takes {', '.join(map(str, native_floor.DTYPES))}, not {dtype}")
     if why_not and pg.rank() == 0:
         print(f"bench: no native floor column: {why_not}", file=sys.stderr, flush=True)
-    gated = native_group(pg._comm, pg.rank(), gated=True, timeout_s=pg._timeout_s)[0] \
+    gated = native_floor.native_group(pg._comm, pg.rank(), gated=True, timeout_s=pg._timeout_s)[0] \
         if native is not None else None
     ref = pg._comm.Dup()
     rows = []

@@ -32,9 +32,10 @@ from typing import Any
 from .. import trace
 from ..cluster.mpiexec import mpiexec_launch
 from ..config import Data, TrainConfig
+from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..provenance import environment
-from .report import DATASET, RUN_TIMEOUT_S, THREADS, WARMUP_STEPS, print_columns, run_command
+from .report import DATASET, THREADS, WARMUP_STEPS, print_columns, run_command
 
 #: the algorithms whose buckets are traced from their launch
 BUCKETED = ("allreduce", "ddp")

@@ -19,8 +19,6 @@ DATASET = "synthetic-cifar"
 WARMUP_STEPS = 10
 #: torch threads per rank: one, so ranks on one machine do not fight for its cores
 THREADS = 1
-#: seconds one run may take before the bench gives up on it
-RUN_TIMEOUT_S = 900.0
 
 Rows = list[dict[str, Any]]
 

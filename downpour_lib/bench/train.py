@@ -41,9 +41,10 @@ from ..algorithms import ALGORITHMS
 from ..cluster.mpiexec import RunFailed, mpiexec_launch
 from ..comm.runtime import backend_usable
 from ..config import Data, TrainConfig
+from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..provenance import environment
-from .report import DATASET, RUN_TIMEOUT_S, THREADS, WARMUP_STEPS, print_columns, run_command
+from .report import DATASET, THREADS, WARMUP_STEPS, print_columns, run_command
 
 INDEPENDENT = "independent"  # the ceiling's rows: N copies of `local` that never communicate
 

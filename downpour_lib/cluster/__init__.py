@@ -7,7 +7,8 @@ For example::
         result = cluster.train(TrainConfig(algorithm="sync_ps", steps=50))   # rank 0's RunResult
 """
 
-from .failures import ClusterError, ClusterRunError, ClusterTimeout, EngineFailure
+from ..errors import ClusterError
+from .failures import ClusterRunError, ClusterTimeout, EngineFailure
 from .profiles import ensure_profile, install_profiles
 from .session import ClusterSession
 from .start import connect, running_clusters, start_cluster, stop_clusters, use_cluster

@@ -31,10 +31,6 @@ def cause_first(failures: list[EngineFailure]) -> list[EngineFailure]:
     return sorted(failures, key=lambda f: PEER_LOST.search(f.error) is not None)
 
 
-class ClusterError(DownpourError):
-    """The cluster did not start, or its engines are not one MPI world."""
-
-
 @dataclass(frozen=True)
 class EngineFailure:
     rank: int

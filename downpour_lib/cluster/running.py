@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ClusterError
 from .failures import (
     LOST,
     SILENT_REPORT_S,
-    ClusterError,
     ClusterRunError,
     ClusterTimeout,
     EngineFailure,

@@ -38,9 +38,10 @@ from typing import Any
 import pandas as pd
 
 from .. import user_code
-from ..errors import ConfigError
+from ..defaults import ENGINES_TIMEOUT_S
+from ..errors import ClusterError, ConfigError
 from . import remote
-from .failures import CONTINUE, ClusterError, ClusterPreempted, ClusterRunError, _preempted
+from .failures import CONTINUE, ClusterPreempted, ClusterRunError, _preempted
 from .mpiexec import clear_stale_sessions
 from .running import Running, wait_gone
 
@@ -65,7 +66,7 @@ def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]
 class ClusterSession(Running):
     """A connected ipyparallel cluster whose engines form one MPI world (see the module docstring)."""
 
-    def __init__(self, cluster, client, owned: bool, timeout_s: float = 120.0,
+    def __init__(self, cluster, client, owned: bool, timeout_s: float = ENGINES_TIMEOUT_S,
                  grace_s: float = 10.0) -> None:
         self.cluster, self.client, self.owned = cluster, client, owned
         self.timeout_s, self.grace_s = timeout_s, grace_s

@@ -14,8 +14,8 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from ..errors import ConfigError
-from .failures import ClusterError
+from ..defaults import ENGINES_TIMEOUT_S
+from ..errors import ClusterError, ConfigError
 from .mpiexec import clear_stale_sessions
 from .profiles import ensure_profile, profile_dir
 from .session import ClusterSession
@@ -56,7 +56,7 @@ def _already_running(profile: str, clusters: list, who: str = "start_cluster") -
 
 
 def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping[str, str] = (),
-                  engines_per_node: int = 0, timeout_s: float = 120.0, activate: bool = True,
+                  engines_per_node: int = 0, timeout_s: float = ENGINES_TIMEOUT_S, activate: bool = True,
                   **cluster_kwargs) -> ClusterSession:
     """Start a controller and ``n`` engines from the profile (installing a bundled profile first
     if needed); use as ``with start_cluster(...) as cluster:`` or call ``cluster.stop()``.
@@ -128,7 +128,7 @@ def _stop_after_failed_start(cluster, exc: BaseException) -> None:
 
 
 def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None = None,
-            timeout_s: float = 120.0, activate: bool = True) -> ClusterSession:
+            timeout_s: float = ENGINES_TIMEOUT_S, activate: bool = True) -> ClusterSession:
     """Attach to the cluster that ``ipcluster start --profile=NAME`` runs, waiting for its engines
     (a Slurm job may sit in the queue for a while: raise ``timeout_s``)."""
     import ipyparallel as ipp
@@ -166,7 +166,7 @@ def stop_clusters(profile: str, ipython: str | None = None) -> int:
 
 
 def use_cluster(profile: str = "local-mpi", n: int = 2, *, at_least: bool = False,
-                engines_per_node: int = 0, timeout_s: float = 120.0, activate: bool = True,
+                engines_per_node: int = 0, timeout_s: float = ENGINES_TIMEOUT_S, activate: bool = True,
                 purpose: str = "", log: Callable[[str], None] | None = print,
                 **start_kwargs) -> ClusterSession:
     """The cluster a notebook (or a study) works on: the one the profile runs, if it runs one

@@ -1,4 +1,5 @@
 """Every torch.distributed call lives here: the runtime, the ``mpi`` backend (``comm.mpi``), the
+bench's two yardstick backends (``comm.floor``: a do-nothing one and a native C++ floor), the
 collectives API (``allreduce``, ``broadcast``, ``reduce``, ``allgather``, ``reduce_scatter``, sync or
 async with a ``Handle``) on communicators and groups, metered (``Comm``, what algorithms use) or not,
 the DDP wrapper, gossip and point-to-point messages, and the model helpers.

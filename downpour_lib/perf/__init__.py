@@ -14,6 +14,6 @@ module         what it holds
 ``calibrate``  a ``Calibration`` fitted to this machine's measurements, and compared with them
 =============  ==============================================================================
 
-``downpour model ...`` (``study.model_cli``) is its command line; ``study.model_plots`` and
+``downpour model ...`` (``cli.model``) is its command line; ``study.model_plots`` and
 ``study.model_validate`` set it beside the studies.
 """

@@ -59,6 +59,7 @@ from .status import (  # noqa: F401 -- missing_requirements and pmix_available: 
 )
 
 DEFAULT_DIR = Path(os.environ.get("DOWNPOUR_SLURM_DIR", "/tmp/downpour-slurm"))
+UP_TIMEOUT_S = 60.0  # how long ``up`` waits for the daemons and nodes (``downpour sandbox slurm``'s too)
 NETNS_ETC = Path("/etc/netns")  # ip netns exec shows /etc/netns/<ns>/<file> as /etc/<file>
 READY_STATES = ("idle", "mixed", "allocated", "completing")
 _JOB_ID = re.compile(r"\bJobId=(\d+)")
@@ -172,7 +173,7 @@ class SlurmSandbox:
 
     # -- up --------------------------------------------------------------------------------------
 
-    def up(self, timeout_s: float = 60.0, bandwidth: str | None = None) -> SandboxStatus:
+    def up(self, timeout_s: float = UP_TIMEOUT_S, bandwidth: str | None = None) -> SandboxStatus:
         """Start the sandbox and wait until every node is idle; a running one is left running (and
         only re-shaped when ``bandwidth`` is given: e.g. ``100mbit``, ``none`` for unshaped)."""
         missing = missing_requirements()

@@ -45,8 +45,17 @@ import pandas as pd
 
 from ..cluster.mpiexec import MPIExecNotFound, find_mpiexec, run_mpiexec
 from ..config import TrainConfig
+from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
-from .core import Outcome, PlannedRun, StudyError, StudyStore, run_plan, scalar_fields
+from .core import (
+    REFERENCE_ROOT,
+    Outcome,
+    PlannedRun,
+    StudyError,
+    StudyStore,
+    run_plan,
+    scalar_fields,
+)
 from .on_sandbox import SandboxUse
 
 #: The algorithms compared: the synchronous, gossip and asynchronous baselines, then the four
@@ -254,7 +263,7 @@ class LocalRanks:
 
     network = "local"
 
-    def __init__(self, timeout_s: float = 900.0) -> None:
+    def __init__(self, timeout_s: float = RUN_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
 
     def __enter__(self) -> LocalRanks:
@@ -289,7 +298,7 @@ class SandboxNodes(SandboxUse):
     network = "sandbox"
 
     def __init__(self, directory: str | os.PathLike | None = None, nodes: int = 2,
-                 timeout_s: float = 900.0, log: Callable[[str], None] = print) -> None:
+                 timeout_s: float = RUN_TIMEOUT_S, log: Callable[[str], None] = print) -> None:
         super().__init__(directory, nodes, log)
         self.timeout_s = timeout_s
 
@@ -366,7 +375,7 @@ def outcome(run: PlannedRun, summary: Mapping[str, Any], steps: pd.DataFrame,
 
 
 def measure_plan(plan: Sequence[PlannedRun], out: str | os.PathLike, *, fresh: bool = False,
-                 sandbox_dir: str | os.PathLike | None = None, timeout_s: float = 900.0,
+                 sandbox_dir: str | os.PathLike | None = None, timeout_s: float = RUN_TIMEOUT_S,
                  log: Callable[[str], None] = print) -> list[str]:
     """Measure the runs of ``plan`` missing from the study in ``out`` (all of them if ``fresh``),
     each where its setting says; returns the plan's run ids (``AccuracyStudy.load`` reads them)."""
@@ -396,7 +405,7 @@ def measure_plan(plan: Sequence[PlannedRun], out: str | os.PathLike, *, fresh: b
 #: the file ``predict_to_target`` writes beside ``runs.csv`` (``accuracy_plots`` reads it)
 PREDICTIONS = "predictions.csv"
 #: the calibration ``predict_to_target`` starts from: this repository's committed one (notebook 06)
-CALIBRATION = Path(__file__).resolve().parents[2] / "results" / "reference" / "model" / "calibration.json"
+CALIBRATION = Path(__file__).resolve().parents[2] / REFERENCE_ROOT / "model" / "calibration.json"
 #: a sandbox's nodes (``SandboxNodes``: two, ranks placed cyclically)
 SANDBOX_NODES = 2
 

@@ -63,10 +63,15 @@ def read_batch(directory: Path, names) -> dict[str, dict]:
 
 
 def _bench_args(flags: list[str]):
-    from ..cli import UsageError, build_parser
+    """``flags`` parsed as ``downpour bench collectives`` parses them (its own parser: the command
+    line is above the studies)."""
+    from ..bench import collectives
+    from ..errors import UsageError, UsageErrorParser
 
+    parser = UsageErrorParser(prog="downpour bench")
+    collectives.add_parser(parser.add_subparsers(dest="benchmark", required=True))
     try:
-        return build_parser().parse_args(["bench", "collectives", *flags])
+        return parser.parse_args(["collectives", *flags])
     except UsageError as exc:
         raise ConfigError("bench", " ".join(flags), "flags that `downpour bench collectives` takes "
                           f"({exc})") from None

@@ -43,9 +43,11 @@ if TYPE_CHECKING:  # annotations only: `downpour model` and `plot` read this mod
 
 #: The studies, each a directory of results/<host>/ and of results/reference/.
 STUDIES = ("scaling", "staleness", "gossip", "accuracy", "lm")
+#: Where this machine's results go (``<root>/<host>/<study>/``), relative to the working directory.
+RESULTS_ROOT = "results"
 #: The committed references, one directory per study, measured on the machine their rows name;
 #: a study run never writes here.
-REFERENCE_ROOT = "results/reference"
+REFERENCE_ROOT = f"{RESULTS_ROOT}/reference"
 
 
 class StudyError(DownpourError):
@@ -58,7 +60,7 @@ def host_dirname() -> str:
 
 
 def results_dir(study: str, out: str | os.PathLike | None = None,
-                root: str | os.PathLike = "results") -> Path:
+                root: str | os.PathLike = RESULTS_ROOT) -> Path:
     """Where this machine's ``study`` goes: ``out`` if given, else ``<root>/<host>/<study>/``."""
     if study not in STUDIES:
         raise ValueError(f"study={study!r}: choose one of {', '.join(STUDIES)}")

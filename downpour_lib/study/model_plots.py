@@ -24,16 +24,15 @@ import pandas as pd
 from ..perf.netmodel import GBIT, Link
 from ..perf.perfmodel import Calibration, predict_rows
 from ..perf.terms import LINK_EFFICIENCY
+from .core import RESULTS_ROOT, host_dirname
 from .figures import figure_row
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def model_dir(out: str | Path | None = None, root: str | Path = "results") -> Path:
+def model_dir(out: str | Path | None = None, root: str | Path = RESULTS_ROOT) -> Path:
     """Where this machine's calibration, predictions and model figures go: ``out`` if given, else
     ``<root>/<host>/model/``."""
-    from .core import host_dirname
-
     return Path(out) if out else Path(root) / host_dirname() / "model"
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 
 from ..cluster.mpiexec import mpiexec_launch
 from ..config import TrainConfig
+from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..options import OPTIONS
 from .core import (
@@ -136,7 +137,7 @@ class StudySpec:
     base: dict[str, Any] = field(default_factory=lambda: dict(SCALING_BASE))
     csv: str = field(default_factory=lambda: str(study_dir() / "runs.csv"))
     repeats: int = DEFAULT_REPEATS  # runs per point: their spread is the error bar
-    timeout_s: float = 900.0  # per run
+    timeout_s: float = RUN_TIMEOUT_S  # per run
     #: per-algorithm options, e.g. {"sync_ps": {"server": "colocated"}}, over SCALING_OPTIONS
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: columns every run's row starts with, part of its identity: where an emulated sweep's runs

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from ..cluster.mpiexec import mpiexec_launch
+from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..options import coerce
 from . import (
@@ -138,7 +139,7 @@ class Accuracy:
     runs: Sequence[PlannedRun]
     out: str | os.PathLike
     sandbox_dir: str | os.PathLike | None = None
-    timeout_s: float = 900.0
+    timeout_s: float = RUN_TIMEOUT_S
     name: ClassVar[str] = "accuracy"
 
     def plan(self) -> list[PlannedRun]:

@@ -35,6 +35,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from ...defaults import TORCH_TIMEOUT_S
 from ...launch_env import discover
 from .. import job_end
 
@@ -105,7 +106,7 @@ def _create_group(opts: dist.distributed_c10d._DistributedBackendOptions,
     from .work import EXECUTOR
 
     timeout_s = opts.timeout.total_seconds() if isinstance(opts.timeout, datetime.timedelta) \
-        else 1800.0
+        else TORCH_TIMEOUT_S
     world = _world if _world is not None else MPI.COMM_WORLD
     ranks = list(opts.global_ranks_in_group)
     EXECUTOR.drain(timeout_s)  # creating a communicator is collective: after the queued work

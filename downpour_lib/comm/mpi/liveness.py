@@ -49,6 +49,7 @@ from collections.abc import Iterable
 
 from mpi4py import MPI
 
+from ...defaults import TORCH_TIMEOUT_S
 from .. import job_end
 from . import native
 
@@ -145,7 +146,7 @@ class Watchdog:
         self._busy: dict[int, tuple[str, str, float, float, bool]] = {}
         self._paused_s = 0.0  # how long this process did not run (``PAUSED_S``): ``_clock`` skips it
         self._pause: tuple[float, float] | None = None  # the last pause: (when it ended, seconds)
-        self._timeout_s = 1800.0
+        self._timeout_s = TORCH_TIMEOUT_S  # until ``start`` gives the world's
         self._exit_hook = False
         # world rank -> how long it had been silent when the heartbeat gave up on it. Read by every
         # wait of the backend (``wait_request``): once it is not empty, they all give up.

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ...defaults import TORCH_TIMEOUT_S
 from . import native
 from .liveness import WATCHDOG, PeerTimeout, gate, wait_request
 from .types import MOVE_TYPE
@@ -147,7 +148,7 @@ class NodeBarrier:
 class ShmAllreduce:
     """The shared-memory allreduce of one process group (set up lazily, collectively)."""
 
-    def __init__(self, comm: MPI.Intracomm, timeout_s: float = 1800.0) -> None:
+    def __init__(self, comm: MPI.Intracomm, timeout_s: float = TORCH_TIMEOUT_S) -> None:
         self._comm, self._timeout_s = comm, timeout_s
         self._ready: bool | None = None if ENABLED and _LIBC and comm.Get_size() > 1 else False
         self._node: MPI.Intracomm | None = None

@@ -1,6 +1,7 @@
 """``downpour bench <name>``: one subcommand per benchmark module, registered in ``BENCHMARKS``.
 
-A benchmark module exposes ``add_parser(sub)`` which adds its subcommand and sets ``func``.
+A benchmark module (``downpour_lib/bench/NAME.py``) exposes ``add_parser(sub)``, which adds its
+subcommand and sets ``func``.
 """
 
 from __future__ import annotations
@@ -21,4 +22,4 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks: print a table, write JSON rows")
     bench = p.add_subparsers(dest="benchmark", required=True)
     for name in BENCHMARKS:
-        importlib.import_module(f"{__package__}.{name}").add_parser(bench)
+        importlib.import_module(f"downpour_lib.bench.{name}").add_parser(bench)

@@ -37,7 +37,7 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from .profiles import bundled_profiles, install_profiles, profile_dir
+    from ..cluster.profiles import bundled_profiles, install_profiles, profile_dir
 
     if args.action == "list":
         for name, source in bundled_profiles().items():

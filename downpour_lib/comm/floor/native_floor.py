@@ -22,10 +22,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..comm.mpi.native import mpi_wrapper
+from ...defaults import TORCH_TIMEOUT_S
+from ..mpi.liveness import NAP_S, SPIN_S
+from ..mpi.native import mpi_wrapper
 
 NAME = "downpour_native_floor"
 GATED = "downpour_native_gated"  # the same, behind the gate
+DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)  # the ones native_floor.cpp takes
 SOURCE = Path(__file__).with_name("native_floor.cpp")
 
 
@@ -62,7 +65,7 @@ def load():
 
 
 def native_group(comm, world_rank: int, gated: bool = False,
-                 timeout_s: float = dist.default_pg_timeout.total_seconds()):
+                 timeout_s: float = TORCH_TIMEOUT_S):
     """A torch group of every rank on the native floor backend (``gated``: behind the gate, whose
     wait fails after ``timeout_s``), over a duplicate of ``comm`` (an mpi4py communicator of the
     world's ranks), or None and why not. Collective: rank 0 builds first (torch's builder waits
@@ -82,7 +85,7 @@ def native_group(comm, world_rank: int, gated: bool = False,
     name = GATED if gated else NAME
     if name not in dist.Backend.backend_list:
         dist.Backend.register_backend(
-            name, lambda _opts, _backend_opts: module.create(comm, gated, timeout_s),
+            name, lambda _opts, _backend_opts: module.create(comm, gated, timeout_s, SPIN_S, NAP_S),
             extended_api=True, devices=["cpu"])
     group = dist.new_group(backend=name)
     wrong = comm.allgather(_wrong(group))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .slurm import DEFAULT_DIR
+from ..sandbox.slurm import DEFAULT_DIR, UP_TIMEOUT_S
 
 
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,14 +24,15 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     slurm.add_argument("--bandwidth", default=None, metavar="RATE",
                        help="up: every node's link at RATE both ways, e.g. 10gbit, 1gbit, 100mbit, or none; "
                             "on a running sandbox this changes the rate")
-    slurm.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default: 60)")
+    slurm.add_argument("--timeout", type=float, default=UP_TIMEOUT_S,
+                       help="seconds to wait (default: %(default)g)")
     slurm.set_defaults(func=cmd_slurm)
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from .slurm import SlurmSandbox
-    from .status import SandboxError
+    from ..sandbox.slurm import SlurmSandbox
+    from ..sandbox.status import SandboxError
 
     try:
         if args.action != "up" and (args.nodes is not None or args.bandwidth is not None):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .core import REFERENCE_ROOT, STUDIES, reference_dir, results_dir
-from .scaling import (
+from ..study.core import REFERENCE_ROOT, STUDIES, reference_dir, results_dir
+from ..study.scaling import (
     DEFAULT_ALGORITHMS,
     DEFAULT_REPEATS,
     EMULATED_STEPS,
@@ -96,8 +96,8 @@ def study_base(args: argparse.Namespace) -> dict:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from .scaling_plots import load_runs, make_figures, scaling_table
-    from .studies import Scaling, run_study
+    from ..study.scaling_plots import load_runs, make_figures, scaling_table
+    from ..study.studies import Scaling, run_study
 
     base = study_base(args)
     out = study_dir(args.out)
@@ -121,7 +121,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 def _sandbox_sweep(args: argparse.Namespace, base: dict, out: Path) -> None:
     """``--links``: notebook 02's emulated sweep, on the sandbox's hosts once per rate."""
     from ..errors import ConfigError
-    from .studies import run_emulated_sweep
+    from ..study.studies import run_emulated_sweep
 
     if args.compute != "emulated":
         raise ConfigError("links", ",".join(args.links), "sandbox links go with --compute emulated")
@@ -135,7 +135,7 @@ def _sandbox_sweep(args: argparse.Namespace, base: dict, out: Path) -> None:
 
 def figure_makers() -> dict:
     """study name -> its ``make_figures(directory, out_dir=None)``."""
-    from . import accuracy_plots, gossip_plots, scaling_plots, staleness_plots
+    from ..study import accuracy_plots, gossip_plots, scaling_plots, staleness_plots
 
     return {"scaling": scaling_plots.make_figures, "staleness": staleness_plots.make_figures,
             "gossip": gossip_plots.make_figures, "accuracy": accuracy_plots.make_figures,

@@ -13,20 +13,21 @@ import pandas as pd
 from ..errors import ConfigError
 from ..perf.netmodel import COLLECTIVES
 from ..perf.perfmodel import MODELLED_ALGORITHMS, MODELLED_OPTIONS, Calibration
-from .core import host_dirname
+from ..study.core import reference_dir, results_dir
+from ..study.model_plots import model_dir
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
-REFERENCE_STUDY = "results/reference/scaling/runs.csv"
+REFERENCE_STUDY = str(reference_dir("scaling") / "runs.csv")
 
 
 def default_calibration() -> Path:
     """Where ``downpour model calibrate`` (and notebook 06) write this machine's calibration."""
-    return Path("results") / host_dirname() / "model" / "calibration.json"
+    return model_dir() / "calibration.json"
 
 
 def study_calibration() -> Path:
     """Where ``make study`` (notebook 02, ``model_plots.model_for_study``) writes it."""
-    return Path("results") / host_dirname() / "scaling" / "calibration.json"
+    return results_dir("scaling") / "calibration.json"
 
 
 def find_calibration() -> Path:
@@ -197,7 +198,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=2,
                    help="workers, one per sandbox node (2 or more; a running sandbox of more nodes "
                         "lends that many)")
-    from .model_validate import BASE, DEFAULT_ALGORITHMS, LINKS  # their one home
+    from ..study.model_validate import BASE, DEFAULT_ALGORITHMS, LINKS  # their one home
 
     p.add_argument("--model", default=None, help=f"any registered model (default: {BASE['model']}, "
                                                  "whose step is mostly communication on these links)")
@@ -343,8 +344,8 @@ def unmeasured(cal: Calibration) -> list[str]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..sandbox.status import SandboxError
-    from .core import StudyError
-    from .model_validate import DEFAULT_ALGORITHMS, TOLERANCE, validate_on_sandbox
+    from ..study.core import StudyError
+    from ..study.model_validate import DEFAULT_ALGORITHMS, TOLERANCE, validate_on_sandbox
 
     algorithms = (tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
                   if args.algorithms else DEFAULT_ALGORITHMS)

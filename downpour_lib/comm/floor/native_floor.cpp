@@ -2,11 +2,13 @@
 // no liveness gate, no timeout, no watchdog, no staging, no profiler events, no async work. It is
 // not for training (a rank that goes silent hangs it forever); `downpour bench collectives
 // --breakdown` times it beside the `mpi` backend to show what a native backend gains over ours,
-// and what torch.distributed's dispatch costs even then (bench/native.py builds and loads it).
+// and what torch.distributed's dispatch costs even then (comm/floor/native_floor.py builds and
+// loads it).
 // Made `gated`, each collective first waits for every rank at the `mpi` backend's liveness gate,
-// in C++: MPI_Ibarrier, tested spinning for 50 us, then with naps growing to 1 ms, given up at a
-// deadline (liveness.gate and wait_request, less the watchdog): what the one guarantee that costs
-// each blocking call something would cost a native backend.
+// in C++: MPI_Ibarrier, tested spinning for SPIN_S, then with naps growing to NAP_S (liveness.py's,
+// given by native_floor.py), given up at a deadline (liveness.gate and wait_request, less the
+// watchdog): what the one guarantee that costs each blocking call something would cost a native
+// backend.
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -60,13 +62,12 @@ class DoneWork : public c10d::Work {
   std::vector<at::Tensor> out_;
 };
 
-// liveness.py's SPIN_S and NAP_S
-constexpr std::chrono::duration<double> kSpin{50e-6}, kNap{1e-3};
-
 class NativeFloor : public c10d::Backend {
  public:
-  NativeFloor(MPI_Comm comm, int rank, int size, bool gated, double timeout_s)
-      : c10d::Backend(rank, size), comm_(comm), gated_(gated), timeout_(timeout_s) {}
+  NativeFloor(MPI_Comm comm, int rank, int size, bool gated, double timeout_s, double spin_s,
+              double nap_s)
+      : c10d::Backend(rank, size), comm_(comm), gated_(gated), timeout_(timeout_s),
+        spin_(spin_s), nap_(nap_s) {}
   ~NativeFloor() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -140,8 +141,8 @@ class NativeFloor : public c10d::Backend {
       if (done) return;
       const std::chrono::duration<double> waited = clock::now() - start;
       if (waited.count() >= timeout_) break;
-      if (waited > kSpin) {  // as wait_request naps: a 32nd of the wait so far, 50 us to 1 ms
-        std::this_thread::sleep_for(std::clamp(waited / 32, kSpin, kNap));
+      if (waited > spin_) {  // as wait_request naps: a 32nd of the wait so far, SPIN_S to NAP_S
+        std::this_thread::sleep_for(std::clamp(waited / 32, spin_, nap_));
       }
     }
     TORCH_CHECK(false, "native floor: a rank did not reach the gate in ", timeout_, " s");
@@ -155,11 +156,14 @@ class NativeFloor : public c10d::Backend {
   MPI_Comm comm_;
   const bool gated_;
   const double timeout_;
+  const std::chrono::duration<double> spin_, nap_;  // liveness.py's SPIN_S and NAP_S, given
 };
 
 // A backend on a duplicate of `comm` (an mpi4py communicator), which it frees when torch drops it;
-// `gated`: behind the gate, whose wait ends in an error after `timeout_s`.
-c10::intrusive_ptr<c10d::Backend> create(py::object comm, bool gated, double timeout_s) {
+// `gated`: behind the gate, whose wait spins `spin_s`, naps up to `nap_s` and ends in an error after
+// `timeout_s`.
+c10::intrusive_ptr<c10d::Backend> create(py::object comm, bool gated, double timeout_s,
+                                         double spin_s, double nap_s) {
   MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
   if (handle == nullptr) throw py::error_already_set();
   MPI_Comm dup;
@@ -167,7 +171,7 @@ c10::intrusive_ptr<c10d::Backend> create(py::object comm, bool gated, double tim
   int rank = 0, size = 0;
   MPI_Comm_rank(dup, &rank);
   MPI_Comm_size(dup, &size);
-  return c10::make_intrusive<NativeFloor>(dup, rank, size, gated, timeout_s);
+  return c10::make_intrusive<NativeFloor>(dup, rank, size, gated, timeout_s, spin_s, nap_s);
 }
 
 }  // namespace
@@ -175,5 +179,6 @@ c10::intrusive_ptr<c10d::Backend> create(py::object comm, bool gated, double tim
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   if (import_mpi4py() < 0) throw py::error_already_set();
   m.def("create", &create, "A native-floor backend on a duplicate of an mpi4py communicator",
-        py::arg("comm"), py::arg("gated") = false, py::arg("timeout_s"));
+        py::arg("comm"), py::arg("gated"), py::arg("timeout_s"), py::arg("spin_s"),
+        py::arg("nap_s"));
 }

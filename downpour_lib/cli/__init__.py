@@ -1,0 +1,149 @@
+"""The ``downpour`` command: train | evaluate | models | datasets | study | plot | model | bench |
+profiles | notebook | lab | sandbox.
+
+One module of this package for each command (``train``, ``evaluate``, ``listings``, ``study``,
+``model``, ``bench``, ``cluster``, ``sandbox``): each adds its parser and holds what the command line
+does; what a command runs lives in its own package (``study/``, ``bench/``, ``cluster/``...), which
+imports nothing from here. This module builds the parser of the command named (``COMMANDS``), and
+says a usage error once. The console script (``console.py``) holds the stop signal before it
+imports this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from ..errors import ConfigError, DataError, UsageError, UsageErrorParser
+
+USAGE_ERROR = 2
+
+
+#: how long a rank that leaves the message to another waits before it exits with the error
+QUIET_EXIT_DELAY_S = 10.0
+
+
+def refuse(text: str, speak: bool) -> int:
+    """Exit status 2 for bad input, with ``text`` from the ranks that ``speak``. The others wait
+    first: a launcher ends the job at the first rank that exits with an error, and a quiet rank that
+    left before the speaking one had printed took the message with it (mpiexec killed rank 0 a
+    moment before it would have said why, under load). mpiexec ends the wait once the speaking rank
+    exits; where nothing does (srun), the job ends ``QUIET_EXIT_DELAY_S`` later."""
+    if speak:
+        print(text, file=sys.stderr, flush=True)
+    else:
+        time.sleep(QUIET_EXIT_DELAY_S)
+    return USAGE_ERROR
+
+
+#: each command and the function that adds its parser ("module:function", a module of this
+#: package). A command line builds only the parser of the command it names: the train parser's
+#: flags come from the algorithms, which import torch (seconds), and `downpour model predict`,
+#: `sandbox` or `plot` should not wait for that.
+COMMANDS = {
+    "train": ".train:add_train_parser", "evaluate": ".evaluate:add_evaluate_parser",
+    "models": ".listings:add_models_parser", "datasets": ".listings:add_datasets_parser",
+    "study": ".study:add_study_parsers", "plot": ".study:add_study_parsers",
+    "model": ".model:add_model_parser", "bench": ".bench:add_bench_parser",
+    "profiles": ".cluster:add_cluster_parsers", "notebook": ".cluster:add_cluster_parsers",
+    "lab": ".cluster:add_lab_parser", "sandbox": ".sandbox:add_sandbox_parser",
+}
+
+
+#: a usage line longer than this many lines (train's, of every field) is named, not printed
+USAGE_LINES = 3
+
+
+def _usage_error(exc: UsageError, argv: Sequence[str]) -> int:
+    """argparse's refusal as one message: the usage of the command it is about (a long one
+    shortened to its help), the error, and for an unknown flag the closest known one (difflib).
+    Under a launcher only rank 0 says it; the others wait (``refuse``)."""
+    import difflib
+
+    from ..launch_env import discover
+
+    parser, message = exc.parser, str(exc)
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    unknown = [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0]
+               not in known] if message.startswith("unrecognized arguments") else []
+    hints = [(flag, close[0]) for flag in unknown
+             if (close := difflib.get_close_matches(flag, known, n=1, cutoff=0.6))]
+    command = _command(argv)
+    if "invalid choice" in message and command and command not in COMMANDS:
+        hints = [(command, close[0]) for close in [difflib.get_close_matches(command, COMMANDS, n=1)]
+                 if close]
+    if len(hints) == 1:
+        message += f"; did you mean {hints[0][1]}?"
+    elif hints:
+        message += "; did you mean " + ", ".join(f"{close} (for {flag})" for flag, close in hints) + "?"
+    usage = parser.format_usage().rstrip()
+    if usage.count("\n") >= USAGE_LINES:
+        usage = f"usage: {parser.prog} [options] (`{parser.prog} --help` lists them)"
+    return refuse(f"{usage}\n{parser.prog}: error: {message}", discover(os.environ).rank == 0)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or (``command``) of that one alone."""
+    parser = UsageErrorParser(prog="downpour", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    adders = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    for where in dict.fromkeys(adders):  # in order, each once (one adds two commands)
+        module, name = where.split(":")
+        getattr(importlib.import_module(module, __package__), name)(sub)
+    return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command an argument list names: its first argument, unless that is an option (--help)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:  # here, not at exit (also after --help), where a closed pipe prints a traceback
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command(argv)
+    parser = build_parser(command)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and not getattr(args, "passes_unknown_args", False):
+            # the command's own parser says it: its usage, not the top level's (which, built for
+            # this one command alone, listed `{train}` of the twelve)
+            sub = _subparser(parser, args.command)
+            sub.error("unrecognized arguments: " + " ".join(unknown))
+    except UsageError as exc:
+        return _usage_error(exc, argv)
+    args.unknown_args = unknown
+    try:
+        return args.func(args)
+    except (ConfigError, DataError) as exc:
+        print(f"downpour {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _reader_gone() -> int:
+    """The reader of our output left (``downpour ... | head``): end quietly, as a Unix tool that
+    dies of SIGPIPE does (status 128 + 13), with no traceback. Python ignores SIGPIPE, so a write
+    raises instead; stdout goes to /dev/null so that the flush at exit cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
+

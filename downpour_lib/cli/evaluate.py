@@ -1,0 +1,77 @@
+"""``downpour evaluate``: score a run's checkpoints on the test split, once or while it trains."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+from ..errors import ConfigError
+
+
+def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
+    from ..config import Length  # no torch
+    from ..defaults import EVAL_POLL_S
+
+    p = sub.add_parser("evaluate", help="score a run's checkpoints on the test split into a CSV, "
+                                        "once or watching while it trains")
+    p.add_argument("--checkpoint-dir", required=True, help="the run's checkpoint_dir")
+    p.add_argument("--csv", help="append one row per checkpoint here (default: DIR/evals.csv)")
+    p.add_argument("--watch", action="store_true",
+                   help="keep polling until the run's final checkpoint is scored")
+    p.add_argument("--poll-s", type=float, default=EVAL_POLL_S,
+                   help="seconds between polls (default: %(default)g)")
+    p.add_argument("--until-step", type=int, help="with --watch: stop once a checkpoint of this "
+                                                   "step or later is scored")
+    p.add_argument("--timeout-s", type=float, help="with --watch: stop after this many seconds")
+    p.add_argument("--device", default="cpu", help="device to evaluate on (default: cpu)")
+    p.add_argument("--batch-size", type=int, default=Length.eval_batch_size,
+                   help="(default: %(default)s, a run's eval_batch_size)")
+    p.add_argument("--data-dir", help="where the data set's files are (default: the run's)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ..evaluator import run
+
+    checks = {"poll_s": math.isfinite(args.poll_s) and args.poll_s > 0,
+              "batch_size": args.batch_size >= 1, "threads": args.threads >= 1,
+              "until_step": args.until_step is None or args.until_step >= 1,
+              "timeout_s": args.timeout_s is None or (math.isfinite(args.timeout_s)
+                                                      and args.timeout_s > 0)}
+    for name, ok in checks.items():
+        if not ok:
+            raise ConfigError(name, getattr(args, name), "must be a finite number > 0")
+    if not args.watch and not os.path.isdir(args.checkpoint_dir):
+        raise ConfigError("checkpoint_dir", args.checkpoint_dir,
+                          "no such directory; give a run's checkpoint_dir (or --watch to wait "
+                          "for a run that has not written one yet)")
+    if not args.watch and (args.until_step or args.timeout_s):
+        raise ConfigError("watch", False, "--until-step and --timeout-s only apply with --watch")
+    from ..checkpoint import scan
+
+    if not args.watch and not scan(args.checkpoint_dir):
+        raise ConfigError("checkpoint_dir", args.checkpoint_dir,
+                          "holds no checkpoint: expected files named ckpt-<step>.pt, which "
+                          "`downpour train --checkpoint-dir DIR` writes; give a run's "
+                          "checkpoint_dir (or --watch to wait for a run that has not written one)")
+    import torch
+
+    torch.set_num_threads(args.threads)  # few: the cores belong to the training it watches
+    stopped = run(args.checkpoint_dir, args.csv, args.watch, args.poll_s, args.until_step,
+                  args.timeout_s, args.device, args.batch_size, args.data_dir)
+    if stopped == "timeout":
+        print(f"downpour evaluate: stopped after {args.timeout_s} s without the final checkpoint",
+              flush=True)
+    csv = args.csv or os.path.join(args.checkpoint_dir, "evals.csv")
+    if stopped == "scored before":
+        print(f"downpour evaluate: nothing new: the checkpoints in {args.checkpoint_dir} are "
+              f"scored in {csv} already", flush=True)
+    if stopped == "unreadable":
+        print(f"downpour evaluate: error: no checkpoint in {args.checkpoint_dir} could be read "
+              "(each is named above)", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
