@@ -5,7 +5,7 @@
 // and what torch.distributed's dispatch costs even then (comm/floor/native_floor.py builds and
 // loads it).
 // Made `gated`, each collective first waits for every rank at the `mpi` backend's liveness gate,
-// in C++: MPI_Ibarrier, tested spinning for SPIN_S, then with naps growing to NAP_S (liveness.py's,
+// in C++: MPI_Ibarrier, tested spinning for SPIN_S, then with naps growing to NAP_S (waits.py's,
 // given by native_floor.py), given up at a deadline (liveness.gate and wait_request, less the
 // watchdog): what the one guarantee that costs each blocking call something would cost a native
 // backend.
@@ -156,7 +156,7 @@ class NativeFloor : public c10d::Backend {
   MPI_Comm comm_;
   const bool gated_;
   const double timeout_;
-  const std::chrono::duration<double> spin_, nap_;  // liveness.py's SPIN_S and NAP_S, given
+  const std::chrono::duration<double> spin_, nap_;  // waits.py's SPIN_S and NAP_S, given
 };
 
 // A backend on a duplicate of `comm` (an mpi4py communicator), which it frees when torch drops it;

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from ...defaults import TORCH_TIMEOUT_S
-from ..mpi.liveness import NAP_S, SPIN_S
 from ..mpi.native import mpi_wrapper
+from ..mpi.waits import NAP_S, SPIN_S
 
 NAME = "downpour_native_floor"
 GATED = "downpour_native_gated"  # the same, behind the gate

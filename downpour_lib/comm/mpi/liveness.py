@@ -52,18 +52,12 @@ from mpi4py import MPI
 from ...defaults import TORCH_TIMEOUT_S
 from .. import job_end
 from . import native
+from .waits import NAP_S, PAUSED_S, SPIN_S
 
-SPIN_S = 50e-6  # how long a wait spins before it naps
-NAP_S = 1e-3  # the longest nap: how late a waiting rank may notice that its peers arrived
 POLL_S = 0.1  # how often the watchdog answers probes and checks for stuck threads
 PROBE_S = 3.0  # how long a probe waits for the answers of the living
 BACKSTOP_S = 10.0  # past the timeout, how long a thread may stay inside one operation
 GRACE_S = 0.5  # once a rank is known silent, how long a committed thread may still take to leave
-# A gap this long between two looks of a wait (or of the watchdog) means this process did not run:
-# it was stopped (SIGSTOP; the launcher sends SIGCONT before it ends a job) or starved. The gap is
-# not its peers' silence, so it does not count against them: a stopped rank, woken by the launcher
-# ending the job, must not name the ranks it stopped waiting for.
-PAUSED_S = 2.0
 BEAT_S = 1.0  # how often a rank asks the next one around the ring whether it is alive
 # Tags on the watchdog's own communicator. A ping's one byte says which answer it asks for: a
 # probe's (_PONG) or a heartbeat's (_BEAT).

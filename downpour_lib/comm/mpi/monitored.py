@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
-from .liveness import BACKSTOP_S, NAP_S, SPIN_S, WATCHDOG, CommTimeout, PeerTimeout, wait_request
+from .liveness import BACKSTOP_S, WATCHDOG, CommTimeout, PeerTimeout, wait_request
+from .waits import NAP_S, SPIN_S
 
 
 def _ranks(ranks: list[int]) -> str:

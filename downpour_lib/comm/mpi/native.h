@@ -8,10 +8,10 @@
 #include <Python.h>
 #include <stdatomic.h>
 
-/* liveness.py's SPIN_S, NAP_S and PAUSED_S */
-#define SPIN_S 50e-6
-#define NAP_S 1e-3
-#define PAUSED_S 2.0
+/* SPIN_S, NAP_S and PAUSED_S are waits.py's, which native.py defines on the compiler's line */
+#if !defined(SPIN_S) || !defined(NAP_S) || !defined(PAUSED_S)
+#error "build with native.py, which defines SPIN_S, NAP_S and PAUSED_S from waits.py"
+#endif
 
 /* native_common.c: the clock, naps, the watchdog's word, the errors, the notes of waits */
 extern atomic_int dp_silent;       /* the watchdog heard that a rank went silent (``set_silent``) */

@@ -36,6 +36,8 @@ import sysconfig
 from functools import cache
 from pathlib import Path
 
+from .waits import C_DEFINES
+
 SOURCE = Path(__file__).with_name("native_calls.c")  # MPI's calls
 # the whole module: MPI's calls, the shared-memory paths, what both use, the module itself
 SOURCES = (SOURCE, SOURCE.with_name("native_shm.c"), SOURCE.with_name("native_common.c"),
@@ -132,7 +134,8 @@ def _build_and_import():
     if wrapper is None:
         raise RuntimeError(f"no mpicc on PATH or in {Path(sys.executable).parent}")
     sources = (SOURCE, *SOURCES[1:], HEADER)
-    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in sources), " ".join(FLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in sources),
+                                     " ".join((*FLAGS, *C_DEFINES)).encode(),
                                      sys.version.encode(), wrapper.encode(),
                                      MPI.Get_library_version().encode()]))
     key = key.hexdigest()[:16]
@@ -154,7 +157,7 @@ def _compile(wrapper: str, built: Path) -> None:
     """The C sources (``SOURCE`` and the rest of ``SOURCES``) into ``built``, whole or not at all
     (a file of its own, then renamed)."""
     partial = built.with_name(f"{built.name}.{os.getpid()}.tmp")
-    command = [wrapper, *FLAGS, f"-I{sysconfig.get_paths()['include']}",
+    command = [wrapper, *FLAGS, *C_DEFINES, f"-I{sysconfig.get_paths()['include']}",
                f"-I{HEADER.parent}", str(SOURCE), *map(str, SOURCES[1:]), "-o", str(partial)]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -42,6 +42,7 @@ from ...defaults import TORCH_TIMEOUT_S
 from . import native
 from .liveness import WATCHDOG, PeerTimeout, gate, wait_request
 from .types import MOVE_TYPE
+from .waits import SPIN_S
 
 BUDGET_BYTES = 16 << 20  # the whole buffer: 2 sets x (n slots + 1 result area), in cache
 MAX_CHUNK_BYTES = 2 << 20
@@ -49,7 +50,6 @@ SMALL_BYTES = 256 << 10  # up to this (over n - 1 from 3 ranks on), the one-barr
 SLICE_S = 0.5  # a sleeping barrier wakes this often to see whether a rank was found silent
 CONTROL_BYTES = 4096  # the start of the buffer: one semaphore per rank, a cache line apart
 SEM_STRIDE = 64
-SPIN_S = 50e-6  # how long a rank spins in a barrier before it sleeps
 MIN_BYTES = int(os.environ.get("DOWNPOUR_MPI_SHM_MIN_BYTES", 16 << 10))
 # Where every rank has the steps in C (``native_shm.c``), the table in ``paths`` decides from the
 # first byte; a size given in DOWNPOUR_MPI_SHM_MIN_BYTES holds for both.
