@@ -22,14 +22,13 @@ from downpour_lib.study.scaling import (
     run_id,
     study_dir,
 )
-from downpour_lib.study.scaling_plots import (
+from downpour_lib.study.scaling_plots import make_figures, throughput_figure
+from downpour_lib.study.scaling_runs import (
     DODGE,
     dodged,
     load_runs,
-    make_figures,
     ranks_exceed_cores,
     scaling_table,
-    throughput_figure,
 )
 from downpour_lib.study.studies import Scaling, run_study
 
@@ -410,7 +409,7 @@ def _model_case():
 
 
 def test_the_model_figure_names_its_machine_and_says_why_measurement_differs():
-    from downpour_lib.study.scaling_plots import model_gaps, model_notes, scaling_model_figure
+    from downpour_lib.study.scaling_model_plots import model_gaps, model_notes, scaling_model_figure
 
     runs, predictions = _model_case()
     gaps = model_gaps(runs, predictions)

@@ -3,11 +3,11 @@
 Two measurements, on ``cuda:0`` in this process (a world of one):
 
 - **overhead**: each algorithm's throughput (``Trainer``, the same model, data, batch and
-  precision) against a plain PyTorch loop (forward under autocast, backward, ``optimizer.step``)
-  on the same model and synthetic batches, gathered on the host, pinned and copied without
-  blocking; and against that loop on one batch resident on the GPU, the model's own cost and a
-  ceiling for any data path. The overhead is what we cost beyond the model: 1 - our images/s
-  over the resident loop's. The goal is <= 5% for resnet50 on synthetic-imagenet in bf16.
+  precision) against a plain PyTorch loop (``plain.plain_loop``: forward under autocast,
+  backward, ``optimizer.step``) on the same model and synthetic batches, gathered on the host,
+  pinned and copied without blocking; and against that loop on one batch resident on the GPU, the
+  model's own cost and a ceiling for any data path. The overhead is what we cost beyond the
+  model: 1 - our images/s over the resident loop's. The goal is <= 5% for resnet50 on synthetic-imagenet in bf16.
 - **pipeline**: images per second that the ImageFolder pipeline (JPEGs decoded, random-resized-
   cropped and flipped in DataLoader workers, pinned, copied to the GPU) delivers, against the plain
   loop's images per second: above 1 the pipeline is not the bottleneck. The JPEGs are generated
@@ -36,12 +36,11 @@ from ..config import TrainConfig
 from ..data import ShardSampler, load_dataset
 from ..data.generate import write_imagefolder
 from ..data.loader import TrainBatches
-from ..engine import Trainer, is_language_model, task_loss
+from ..engine import Trainer, is_language_model
 from ..errors import ConfigError
-from ..models import build_model
-from ..precision import autocast
 from ..provenance import environment
 from ..records import device_sync
+from .plain import plain_loop
 
 
 def one_gpu_algorithms() -> list[str]:
@@ -78,44 +77,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def plain_loop(model_name: str, dataset: str, batch: int, precision: str, steps: int,
-               warmup: int, device: torch.device, resident: bool = False) -> float:
-    """Images per second of the loop everyone writes first: each batch gathered on the host,
-    pinned (as a DataLoader with ``pin_memory=True`` hands it) and copied without blocking. With
-    ``resident``, one batch made on the GPU once and used every step: what the model alone costs,
-    the ceiling no data path reaches."""
-    train = load_dataset(dataset).train
-    torch.manual_seed(0)
-    model = build_model(model_name, train.input_shape, train.num_classes).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    sampler = ShardSampler(len(train), batch, 0, 1, 0)
-    on_device = None
-    if resident:
-        x, y = train.batch(sampler.indices(0)[1])
-        on_device = x.to(device), y.to(device)
-    start = None
-    for step in range(steps):
-        if step == warmup:
-            device_sync(device)
-            start = time.perf_counter()
-        if on_device is not None:
-            x, y = on_device
-        else:
-            _, indices = sampler.indices(step)
-            x, y = train.batch(indices)
-            if device.type == "cuda":
-                x, y = x.pin_memory(), y.pin_memory()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        opt.zero_grad(set_to_none=True)
-        with autocast(precision, device):
-            loss = task_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        loss.item()  # the engine reads every step's loss too
-    device_sync(device)
-    return (steps - warmup) * batch / (time.perf_counter() - start)
-
-
 def pipeline(images: int, batch: int, workers: int, rounds: int, device: torch.device) -> float:
     """Images per second out of the ImageFolder pipeline onto the device, in its steady state:
     each DataLoader worker makes one batch at a time, so the first round (a batch from each, all
@@ -147,19 +108,17 @@ def pipeline(images: int, batch: int, workers: int, rounds: int, device: torch.d
 def measure(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
     """The table's rows: the plain loop, each algorithm, the pipeline."""
     names = [n.strip() for n in args.algorithms.split(",") if n.strip()]
-    loop = (args.model, args.dataset, args.batch_size, args.precision, args.steps,
-            args.warmup_steps, device)
-    base = plain_loop(*loop)
-    ceiling = plain_loop(*loop, resident=True)
+    same = {"model": args.model, "dataset": args.dataset, "batch_size": args.batch_size,
+            "precision": args.precision, "steps": args.steps, "warmup_steps": args.warmup_steps,
+            "device": device.type, "final_eval": False, "optimizer": "sgd", "momentum": 0.9}
+    loop = TrainConfig(algorithm="local", lr=0.01, **same)  # its batches, seed 0, SGD at lr 0.01
+    base = plain_loop(loop, device)
+    ceiling = plain_loop(loop, device, resident=True)
     rows: list[dict[str, Any]] = [{"what": "plain PyTorch loop", "images_per_s": base},
                                   {"what": "plain loop, batch resident on the GPU",
                                    "images_per_s": ceiling}]
     for name in names:
-        config = TrainConfig(algorithm=name, model=args.model, dataset=args.dataset,
-                             batch_size=args.batch_size, precision=args.precision, steps=args.steps,
-                             warmup_steps=args.warmup_steps, device=device.type, final_eval=False,
-                             optimizer="sgd", momentum=0.9)
-        summary = Trainer(config, DistContext.single(device)).run().summary
+        summary = Trainer(TrainConfig(algorithm=name, **same), DistContext.single(device)).run().summary
         rows.append({"what": name, "images_per_s": summary["samples_per_s"]})
     train = load_dataset(args.dataset).train
     if is_language_model(train):  # tokens come from memory: no image pipeline to keep up

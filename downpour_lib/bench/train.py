@@ -191,43 +191,14 @@ def independent_launch(config: TrainConfig, n: int, timeout_s: float) -> list[di
 PLAIN = "plain loop"  # the reference row: the loop everyone writes first, one process
 
 
-def plain_loop(config: TrainConfig) -> float:
-    """Samples per second of a plain PyTorch loop on ``config``'s model, data, batch, optimizer and
-    threads, in this process: each batch read as one worker reads it, forward, the loss, backward,
-    the optimizer's step, the loss read back (as the engine reads it every step)."""
-    import time
-
-    import torch
-
-    from ..data import ShardSampler, load_dataset
-    from ..engine import build_optimizer, task_loss
-    from ..models import build_model
-
-    torch.set_num_threads(config.system.threads or 1)
-    train = load_dataset(config.data.dataset, config.data.data_dir).train
-    torch.manual_seed(config.data.seed)
-    model = build_model(config.model, train.input_shape, train.num_classes)
-    optimizer = build_optimizer(config, model.parameters())
-    sampler = ShardSampler(len(train), config.data.batch_size, 0, 1, config.data.seed)
-    steps, warmup = config.length.steps, config.length.warmup_steps
-    start = 0.0
-    for step in range(steps):
-        if step == warmup:
-            start = time.perf_counter()
-        x, y = train.batch(sampler.indices(step)[1])
-        optimizer.zero_grad(set_to_none=True)
-        loss = task_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        loss.item()
-    return (steps - warmup) * config.data.batch_size / (time.perf_counter() - start)
-
-
 def plain_launch(config: TrainConfig, timeout_s: float) -> dict[str, Any]:
-    """``plain_loop`` in a fresh process, as each run is one (the same start, the same imports)."""
+    """The plain PyTorch loop (``plain.plain_loop``) on ``config``'s model, data, batch, optimizer
+    and threads, on the CPU in a fresh process, as each run is one (the same start, the same
+    imports)."""
     code = ("import json, sys; from downpour_lib.config import TrainConfig; "
-            "from downpour_lib.bench.train import plain_loop; "
-            "print(plain_loop(TrainConfig.from_dict(json.loads(sys.argv[1]))))")
+            "from downpour_lib.bench.plain import plain_loop; "
+            "config = TrainConfig.from_dict(json.loads(sys.argv[1])); "
+            "print(plain_loop(config, threads=config.system.threads or 1))")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(config.to_dict(), default=str)],
                           capture_output=True, text=True, timeout=timeout_s, env=env)

@@ -96,7 +96,8 @@ def study_base(args: argparse.Namespace) -> dict:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from ..study.scaling_plots import load_runs, make_figures, scaling_table
+    from ..study.scaling_plots import make_figures
+    from ..study.scaling_runs import load_runs, scaling_table
     from ..study.studies import Scaling, run_study
 
     base = study_base(args)

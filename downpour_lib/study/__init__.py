@@ -16,5 +16,6 @@ Each is a ``protocol.Study`` (plan, measure, tables, figures; ``studies.Scaling`
 ``Gossip``, ``Accuracy``, ``TimeToLoss``), and one ``run_study(study)`` runs any of them
 (``downpour study``, the notebooks). Each writes ``results/<host>/<study>/`` (``runs.csv``, its
 companions, ``figures/``); the committed references are ``results/reference/<study>/``.
-``run_plots`` draws one run's figures (notebook 01).
+``run_plots`` draws one run's figures (notebook 01). The scaling figures read their table from
+``scaling_runs``; ``scaling_model_plots`` sets them beside the performance model.
 """

@@ -10,8 +10,8 @@ is fastest.
   which algorithm has the highest throughput (notebook 06, "at scale").
 
 Figures come from CSVs and calibrations only, like every study figure; the curves beside a scaling
-study's measured points are ``scaling_plots.scaling_model_figure``, drawn by its ``make_figures``
-wherever the study has a ``predictions.csv``.
+study's measured points are ``scaling_model_plots.scaling_model_figure``, drawn by
+``scaling_plots.make_figures`` wherever the study has a ``predictions.csv``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def model_for_study(study: str | Path, out: str | Path | None = None,
     largest run, and past them nodes are joined by ``between`` (an assumption, named in the
     calibration's source, which every row carries)."""
     from ..perf.calibrate import calibrate, measure_collectives, save
-    from .scaling_plots import load_runs, real_only
+    from .scaling_runs import load_runs, real_only
 
     study = Path(study)
     csv = study / "runs.csv" if study.is_dir() else study
