@@ -7,7 +7,8 @@ Two measurements, on ``cuda:0`` in this process (a world of one):
   backward, ``optimizer.step``) on the same model and synthetic batches, gathered on the host,
   pinned and copied without blocking; and against that loop on one batch resident on the GPU, the
   model's own cost and a ceiling for any data path. The overhead is what we cost beyond the
-  model: 1 - our images/s over the resident loop's. The goal is <= 5% for resnet50 on synthetic-imagenet in bf16.
+  model: 1 - our images/s over the resident loop's. The goal is <= 5% for resnet50 on
+  synthetic-imagenet in bf16.
 - **pipeline**: images per second that the ImageFolder pipeline (JPEGs decoded, random-resized-
   cropped and flipped in DataLoader workers, pinned, copied to the GPU) delivers, against the plain
   loop's images per second: above 1 the pipeline is not the bottleneck. The JPEGs are generated
