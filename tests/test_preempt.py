@@ -53,6 +53,9 @@ JOBS = {  # name: (ranks, flags)
                   "--threads=1", "--final-eval=false"]),
 }
 REFERENCES = ("sync_ps", "allreduce")  # uninterrupted, under mpiexec, on the same backend
+# the checkpoint at which each job's writing rank waits for the signal (``held_downpour``), the one
+# the fixture signals at: the downpour job, too, could end before its signal reached it
+HELD_AT = {"sync_ps": 100, "allreduce": 100, "downpour": 50}
 # the jobs that run until Slurm stops them: their compute emulated (each step sleeps 20 ms), so the
 # minute the time limit takes costs no CPU (it was a core's, beside the rest of make test)
 LONG = ["--algorithm=allreduce", "--model=mlp", "--dataset=digits", "--steps=10000000", "--threads=1",
@@ -114,7 +117,8 @@ def held_downpour(directory: Path) -> Path:
     whose rank that writes the checkpoint named by DOWNPOUR_TEST_HOLD_AT waits there for the
     preemption signal. The synchronous jobs' 700 steps after their first checkpoint took under a
     second on a fast day, and a job could end before the signal the fixture sent on seeing that
-    checkpoint reached it (one round of ``scontrol`` is a second or more under load)."""
+    checkpoint reached it (one round of ``scontrol`` is a second or more under load); downpour's
+    220 steps took 4.1 s."""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "downpour"
     script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).parent}/scripts/'
@@ -146,7 +150,7 @@ def jobs(tmp_path_factory):
                                   DOWNPOUR_ARGS=" ".join(flags),
                                   DOWNPOUR_CHECKPOINTS=str(ckpt_dir(root, name)),
                                   DOWNPOUR_SUMMARY=str(root / f"{name}.json"),
-                                  **(held_at(held, env, 100) if name in REFERENCES else {}))
+                                  **(held_at(held, env, HELD_AT[name]) if name in HELD_AT else {}))
                for name, (ranks, flags) in JOBS.items()}
         signalled: set[str] = set()
         hurried: set[str] = set()
@@ -162,9 +166,8 @@ def jobs(tmp_path_factory):
                         if due:
                             time.sleep(1.0)
                     else:
-                        first = 50 if name == "downpour" else 100
                         # its first periodic checkpoint, or a later one (older ones are pruned)
-                        due = any(s >= first for s, _ in checkpoint.scan(ckpt_dir(root, name)))
+                        due = any(s >= HELD_AT[name] for s, _ in checkpoint.scan(ckpt_dir(root, name)))
                     if due:
                         signalled.add(name)
                         scancel_usr2(env, job)
@@ -273,6 +276,7 @@ def test_a_requeued_synchronous_run_ends_with_the_uninterrupted_parameters(jobs,
 def test_a_requeued_downpour_run_resumes_its_servers_and_reaches_90_percent(jobs):
     state, log, root = jobs["downpour"]
     completed = assert_requeued_and_resumed("downpour", state, log)
+    assert re.search(r"held at checkpoint 50 for [\d.]+ s, until the preemption signal", log), log
     ckpt = checkpoint.load(checkpoint.checkpoint_path(ckpt_dir(root, "downpour"), completed))
     assert not ckpt["final"] and ckpt["ranks"][0]["algorithm"]["version"] > 0  # server 0's shard
     s = read_json(root / "downpour.json")

@@ -1,4 +1,4 @@
-"""``downpour`` for tests/test_preempt.py's synchronous jobs: the console script, except that the
+"""``downpour`` for tests/test_preempt.py's signalled jobs: the console script, except that the
 rank that writes checkpoint ``DOWNPOUR_TEST_HOLD_AT`` (the job's first start only) then waits for
 the preemption signal before it trains on, so that a fast machine cannot finish the run before the
 fixture's signal (sent once it sees that checkpoint) reaches it: the test waits for an event, not a
