@@ -43,6 +43,8 @@ def _option_fields() -> dict[str, str]:
     for name, cls in OPTIONS.items():
         for f in dataclasses.fields(cls):
             helps.setdefault(f.name, {}).setdefault(f.metadata.get("help", ""), []).append(name)
+        for option, instead in cls.retired.items():  # taken, to be answered with what to give
+            helps.setdefault(option, {}).setdefault(f"retired: {instead}", []).append(name)
     return {k: "; ".join(f"[{', '.join(owners)}] {text}" for text, owners in v.items())
             for k, v in helps.items()}
 
@@ -83,6 +85,8 @@ def _option_hints() -> dict[str, Any]:
         types = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             hints.setdefault(f.name, types[f.name])
+        for option in cls.retired:  # its text, for build_options to answer
+            hints.setdefault(option, str)
     return hints
 
 

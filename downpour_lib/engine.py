@@ -99,7 +99,7 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load. The
     output paths are checked on the rank that writes each (``rank``; None: every path, e.g. on
     the machine that submits a run to a cluster)."""
-    algorithm = algorithm_class(config.algorithm, config.options)
+    algorithm = algorithm_class(config.algorithm)
     data, length, outputs = config.data, config.length, config.outputs
     roles = config.options.roles(world_size)  # ConfigError if the world does not fit
     if rank is None or rank == 0:  # rank 0 gathers the records (and the trace) and writes them
@@ -341,7 +341,7 @@ class Trainer:
         self.lr_at = LRSchedule.of(config, self.plan.steps_per_epoch, self.plan.total_steps,
                                    len(self.roles.workers))
         self.scaler = LossScaler() if config.optim.precision == "fp16" else None
-        self.algorithm = algorithm_class(config.algorithm, config.options)(
+        self.algorithm = algorithm_class(config.algorithm)(
             config.options, self.comm, self.lr_at, self.scaler is not None)
         self.role = self.roles.role(ctx.rank)
         torch.manual_seed(config.data.seed)  # identical initial weights on every rank
