@@ -7,8 +7,9 @@ once instead of leaving some of them waiting. Each entry point runs it once and 
 engines then only re-read the checkpoint to resume, ``plan_resume``). ``Trainer`` then runs the
 workers' loop, or on a server rank the ``Server`` the algorithm's ``setup`` made there, and
 evaluates on the algorithm's evaluator rank; the run's life around the loop (resume, preemption,
-checkpoints, trace, gather) is ``lifecycle.Lifecycle``'s. The engine names no option: what it
-needs of them is declared (``AlgorithmOptions.overflow``, the fp16 ranks' agreement to skip).
+checkpoints, trace, gather) is ``lifecycle.Lifecycle``'s, the step an emulated worker sleeps
+``emulate``'s. The engine names no option: what it needs of them is declared
+(``AlgorithmOptions.overflow``, the fp16 ranks' agreement to skip).
 
 One path for every algorithm. A worker's step is a *point*; so is a server's update when it
 completes the workers' step (a synchronous server says so from its loop, ``Server.serve``), not
@@ -19,7 +20,6 @@ when it applies one asynchronous push (Downpour's). At a point that is due, ever
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 import os
@@ -41,8 +41,8 @@ from .comm.runtime import DistContext
 from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
 from .data.loader import TrainBatches, eval_batches, loader_batches
-from .data.sources import ImageSource
-from .emulate import ComputeProfile, EmulatedCompute, measure
+from .data.sources import ImageSource, is_language_model
+from .emulate import EmulatedCompute, emulated_profile
 from .errors import CheckpointError, ConfigError, Diverged
 from .lifecycle import Lifecycle, Stopped, every
 from .models import build_model, check_fits
@@ -225,11 +225,6 @@ def task_loss(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> to
     return F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction=reduction)
 
 
-def is_language_model(source: ImageSource) -> bool:
-    """Whether the data set's samples are token windows (``data/text.py``)."""
-    return getattr(source, "task", "classify") == "lm"
-
-
 def language_model_summary(summary: dict, context: int) -> dict[str, float]:
     """What a language model's run reports beside a classifier's: tokens/s and perplexity."""
     return {"tokens_per_s": summary["samples_per_s"] * context,
@@ -254,64 +249,6 @@ def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
         count += y.numel()
     model.train(was_training)
     return loss_sum / count, correct / count
-
-
-#: The first worker's measured steps under emulated compute, by what decides them (model, batch
-#: shape, precision, device, threads): a sweep on one cluster's engines measures once, not once a
-#: run (seven real steps each, 8 s of inception_small here, 15% of `make study`'s emulated sweep).
-_MEASURED: dict[tuple, ComputeProfile] = {}
-
-
-def emulated_profile(config: TrainConfig, ctx: DistContext, comm: Comm, roles: Roles,
-                     model: nn.Module, train: ImageSource) -> ComputeProfile | None:
-    """Under ``compute=emulated``, the step every worker emulates (None otherwise): the first
-    worker times its real forward and backward on one synthetic batch of the run's shape (alone:
-    the other ranks wait in the broadcast that hands it to them), then ``emulated_step_s``, if given,
-    rescales it. A process that measured the same model, batch, precision, device and threads
-    before hands on that measurement (``_MEASURED``), and its source says so. Called on every rank
-    before the algorithm's setup, so no gradient hook fires; the model's buffers and the random
-    state are put back as they were."""
-    emulation = config.emulation
-    if emulation.compute != "emulated":
-        return None
-    n = sum(1 for p in model.parameters() if p.requires_grad)
-    packed = torch.zeros(3 + n, dtype=torch.float64)
-    if ctx.rank == roles.workers[0]:
-        key = (config.model, tuple(train.input_shape), train.num_classes, config.data.batch_size,
-               config.optim.precision, str(ctx.device), torch.get_num_threads(),
-               config.system.channels_last)
-        measured = _MEASURED.get(key)
-        before = measured is not None
-        if measured is None:
-            state, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
-            g = torch.Generator().manual_seed(config.data.seed)
-            if is_language_model(train):  # token windows, and their next tokens
-                x = torch.randint(0, train.num_classes, (config.data.batch_size,
-                                                         *train.input_shape), generator=g)
-                y = torch.randint(0, train.num_classes, x.shape, generator=g)
-            else:
-                x = torch.randn(config.data.batch_size, *train.input_shape, generator=g)
-                y = torch.randint(0, train.num_classes, (config.data.batch_size,), generator=g)
-            x = x.to(ctx.device)
-            with autocast(config.optim.precision, ctx.device):
-                measured = _MEASURED[key] = measure(model, x, y.to(ctx.device), loss_fn=task_loss)
-            model.load_state_dict(state)
-            model.zero_grad(set_to_none=True)
-            torch.set_rng_state(rng)
-        packed = torch.tensor([measured.forward_s, measured.backward_s, float(before),
-                               *measured.ready], dtype=torch.float64)
-    if comm.active:
-        packed = comm.broadcast(packed.to(ctx.device), root=roles.workers[0]).cpu()
-    values = packed.tolist()
-    profile = ComputeProfile(values[0], values[1], tuple(values[3:]),
-                             f"measured: {config.model}, batch {config.data.batch_size}, "
-                             f"rank {roles.workers[0]}"
-                             + (" (in an earlier run of its process)" if values[2] else ""))
-    if emulation.emulated_step_s is not None:
-        profile = profile.scaled(emulation.emulated_step_s,
-                                 f"given: {emulation.emulated_step_s:g} s a step, the moments "
-                                 f"{profile.source}")
-    return profile
 
 
 class Trainer:
@@ -350,7 +287,8 @@ class Trainer:
         if config.system.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(config, self.model.parameters())
-        self.compute = emulated_profile(config, ctx, self.comm, self.roles, self.model, train)
+        self.compute = emulated_profile(config, ctx, self.comm, self.roles, self.model, train,
+                                        task_loss)
         made = self.algorithm.setup(self.model, self.optimizer)
         if isinstance(made, Server) != (self.role == "server"):
             raise TypeError(f"{config.algorithm}: setup on rank {ctx.rank}, a {self.role}, "

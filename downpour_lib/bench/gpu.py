@@ -36,7 +36,8 @@ from ..config import TrainConfig
 from ..data import ShardSampler, load_dataset
 from ..data.generate import write_imagefolder
 from ..data.loader import TrainBatches
-from ..engine import Trainer, is_language_model, task_loss
+from ..data.sources import is_language_model
+from ..engine import Trainer, task_loss
 from ..errors import ConfigError
 from ..models import build_model
 from ..precision import autocast
