@@ -37,7 +37,7 @@ from ..data import ShardSampler, load_dataset
 from ..data.generate import write_imagefolder
 from ..data.loader import TrainBatches
 from ..data.sources import is_language_model
-from ..engine import Trainer, task_loss
+from ..engine import task_loss, train
 from ..errors import ConfigError
 from ..models import build_model
 from ..precision import autocast
@@ -160,11 +160,11 @@ def measure(args: argparse.Namespace, device: torch.device) -> list[dict[str, An
                              batch_size=args.batch_size, precision=args.precision, steps=args.steps,
                              warmup_steps=args.warmup_steps, device=device.type, final_eval=False,
                              optimizer="sgd", momentum=0.9)
-        summary = Trainer(config, DistContext.single(device)).run().summary
+        summary = train(config, DistContext.single(device)).summary
         rows.append({"what": name, "images_per_s": summary["samples_per_s"]})
-    train = load_dataset(args.dataset).train
-    if is_language_model(train):  # tokens come from memory: no image pipeline to keep up
-        context = train.input_shape[0]
+    source = load_dataset(args.dataset).train
+    if is_language_model(source):  # tokens come from memory: no image pipeline to keep up
+        context = source.input_shape[0]
         rows = [{**row, "tokens_per_s": row["images_per_s"] * context} for row in rows]
     else:
         workers = args.data_workers if args.data_workers is not None else len(os.sched_getaffinity(0))

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 
 BASE = dict(model="lenet", dataset="digits", epochs=10, threads=1, backend="gloo", device="cpu")
 RUNS = [
@@ -41,7 +41,7 @@ def main() -> int:
     for case, change in RUNS:
         if only and case not in only:
             continue
-        result = Trainer(TrainConfig(**{**BASE, **change}), ctx).run()
+        result = make_trainer(TrainConfig(**{**BASE, **change}), ctx).run()
         if ctx.rank == 0:
             evals = result.evals
             print(json.dumps({
