@@ -2,9 +2,9 @@
 
 For example::
 
-    from downpour_lib import TrainConfig, runtime, Trainer
+    from downpour_lib import TrainConfig, runtime, train
     with runtime.session() as ctx:
-        result = Trainer(TrainConfig(algorithm="sync_ps", model="lenet", dataset="digits"), ctx).run()
+        result = train(TrainConfig(algorithm="sync_ps", model="lenet", dataset="digits"), ctx)
 
 Importing the package runs nothing and imports nothing heavy: these names load on first use, so
 the ``downpour`` entry point (``console``) can hold its signal before torch is imported.
@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .comm import runtime
     from .config import TrainConfig
-    from .engine import Trainer, plan_run, train
+    from .engine import Trainer, make_trainer, train
+    from .planning import plan_run
     from .records import RunResult
 
-__all__ = ["RunResult", "TrainConfig", "Trainer", "plan_run", "runtime", "train"]
+__all__ = ["RunResult", "TrainConfig", "Trainer", "make_trainer", "plan_run", "runtime", "train"]
 __version__ = "0.1.0"
 
 _WHERE = {"runtime": ".comm.runtime", "TrainConfig": ".config", "Trainer": ".engine",
-          "plan_run": ".engine", "train": ".engine", "RunResult": ".records"}
+          "make_trainer": ".engine", "plan_run": ".planning", "train": ".engine",
+          "RunResult": ".records"}
 
 
 def __getattr__(name: str):

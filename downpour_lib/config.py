@@ -33,7 +33,7 @@ constructor, ``replace``, ``from_dict``, the CLI flags and YAML/JSON files take 
 as before (a study's CSV columns). Field names are unique across sections.
 
 Checks that need the world size (an algorithm that needs more ranks than it has) are the options'
-``roles(world_size)``, which the pre-flight (``engine.plan_run``) calls after reading the
+``roles(world_size)``, which the pre-flight (``planning.plan_run``) calls after reading the
 launcher's variables and before rendezvous.
 """
 

@@ -1,14 +1,13 @@
 """The training loop, one for every algorithm: data -> forward -> backward -> algorithm hooks -> records.
 
-``plan_run`` is a pure pre-flight check (roles, steps per epoch, total steps, the checkpoint a
-resumed run starts from) that runs before any rendezvous, so a bad setting fails on every rank at
-once instead of leaving some of them waiting. Each entry point runs it once and hands its
-``RunPlan`` to ``Trainer`` (``downpour train`` on each rank; a cluster session on the client, its
-engines then only re-read the checkpoint to resume, ``plan_resume``). ``Trainer`` then runs the
-workers' loop, or on a server rank the ``Server`` the algorithm's ``setup`` made there, and
-evaluates on the algorithm's evaluator rank; the run's life around the loop (resume, preemption,
-checkpoints, trace, gather) is ``lifecycle.Lifecycle``'s. The engine names no option: what it
-needs of them is declared (``AlgorithmOptions.overflow``, the fp16 ranks' agreement to skip).
+``Trainer`` takes a run's plan (``planning.plan_run``, made once by the entry point before any
+rendezvous: ``downpour train`` on each rank, a cluster session on the client, ``train`` and
+``make_trainer`` here through ``planning.prepare``) and runs the workers' loop, or on a server
+rank the ``Server`` the algorithm's ``setup`` made there, and evaluates on the algorithm's
+evaluator rank; the run's life around the loop (resume, preemption, checkpoints, trace, gather)
+is ``lifecycle.Lifecycle``'s, the step an emulated worker sleeps is ``emulate``'s. The engine
+names no option: what it needs of them is declared (``AlgorithmOptions.overflow``, the fp16
+ranks' agreement to skip).
 
 One path for every algorithm. A worker's step is a *point*; so is a server's update when it
 completes the workers' step (a synchronous server says so from its loop, ``Server.serve``), not
@@ -19,34 +18,29 @@ when it applies one asynchronous push (Downpour's). At a point that is due, ever
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import math
 import os
-import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, preempt, trace, user_code
-from .algorithms import Roles, algorithm_class
+from . import preempt, trace, user_code
+from .algorithms import algorithm_class
 from .algorithms.base import Server, vote_overflow
 from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
 from .data.loader import TrainBatches, eval_batches, loader_batches
-from .data.sources import ImageSource
-from .emulate import ComputeProfile, EmulatedCompute, measure
-from .errors import CheckpointError, ConfigError, Diverged
+from .data.sources import ImageSource, is_language_model
+from .emulate import EmulatedCompute, emulated_profile
+from .errors import Diverged
 from .lifecycle import Lifecycle, Stopped, every
-from .models import build_model, check_fits
-from .paths import check_output_dir
+from .models import build_model
+from .planning import RunPlan, flush_denormals, prepare, quiet, warn
 from .precision import LossScaler, autocast
 from .progress import progress
 from .records import (
@@ -60,127 +54,6 @@ from .records import (
 from .schedule import LRSchedule, set_lr
 
 StepCallback = Callable[[StepRecord], None]
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    roles: Roles
-    steps_per_epoch: int
-    total_steps: int
-    start_step: int = 0  # > 0 when resuming
-    resume_path: str | None = None  # the checkpoint a resumed run starts from
-    checkpoint_every: int = 0  # config's checkpoint_every, or the resumed run's when that is None
-
-    def kept(self, config: TrainConfig) -> TrainConfig:
-        """``config`` with the checkpoint cadence this run keeps (a resumed run's), so its
-        checkpoints pass it on."""
-        if config.outputs.checkpoint_every == self.checkpoint_every:
-            return config
-        with warnings.catch_warnings():  # its warnings were given when it was built
-            warnings.simplefilter("ignore")
-            return config.replace(checkpoint_every=self.checkpoint_every)
-
-
-def warn(message: str) -> None:
-    """Print a warning on stderr: what plan_run reports unless told otherwise. Standard output is
-    flushed first: a notebook's kernel sends the two streams apart, and a study's "run 7 of 48"
-    line, still buffered, came out after the warning of the run it announces."""
-    sys.stdout.flush()
-    print(f"downpour: warning: {message}", file=sys.stderr, flush=True)
-
-
-def quiet(message: str) -> None:
-    """Report nothing: for the ranks other than the one that reports."""
-
-
-def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
-             report: Callable[[str], None] = warn, rank: int | None = None) -> RunPlan:
-    """Everything about the run's shape that can be wrong, checked without talking to anyone.
-    ``report`` gets the warnings, e.g. a newer checkpoint skipped because it does not load. The
-    output paths are checked on the rank that writes each (``rank``; None: every path, e.g. on
-    the machine that submits a run to a cluster)."""
-    algorithm = algorithm_class(config.algorithm, config.options)
-    data, length, outputs = config.data, config.length, config.outputs
-    roles = config.options.roles(world_size)  # ConfigError if the world does not fit
-    if rank is None or rank == 0:  # rank 0 gathers the records (and the trace) and writes them
-        check_output_dir("output_dir", outputs.output_dir)
-        check_output_dir("trace", outputs.trace)
-    if rank is None or rank == roles.evaluator:  # the evaluator writes the checkpoints
-        check_output_dir("checkpoint_dir", outputs.checkpoint_dir)
-    yours = user_code.is_user_code("model", config.model)
-    try:
-        with torch.device("meta"):  # checks the model fits the data, allocating nothing
-            model = build_model(config.model, train.input_shape, train.num_classes)
-    except (RuntimeError, NotImplementedError):
-        if not yours:
-            raise
-        # your constructor computes on tensors (an .item() on the meta device): build it for real
-        model = build_model(config.model, train.input_shape, train.num_classes)
-    if yours:  # its output must fit the data
-        check_fits(config.model, model, train.batch(torch.arange(min(2, len(train)))),
-                   train.num_classes)
-    spe = ShardSampler(len(train), data.batch_size, 0, len(roles.workers),
-                       data.seed).steps_per_epoch
-    total = length.steps if length.steps is not None else math.ceil((length.epochs or 1.0) * spe)
-    if length.warmup_steps >= total:
-        raise ConfigError("warmup_steps", length.warmup_steps,
-                          f"must be less than the {total} steps this run trains "
-                          f"({spe} steps per epoch), or throughput has no measured step")
-    algorithm.check_plan(config.options, roles, model, total, report, config.optim.precision)
-    if outputs.checkpoint_dir and config.options.checkpoint_refusal():
-        raise ConfigError("checkpoint_dir", outputs.checkpoint_dir,
-                          config.options.checkpoint_refusal())
-    if config.emulation.slow_workers > len(roles.workers):
-        raise ConfigError("slow_workers", config.emulation.slow_workers,
-                          f"this run has {len(roles.workers)} worker(s); slow at most that many")
-    if config.emulation.compute == "emulated" and config.optim.precision == "fp16":
-        raise ConfigError("precision", "fp16", "emulated compute's pseudo-gradients carry no loss "
-                          "scale; use fp32 or bf16 with compute=emulated")
-    if data.augment == "standard" and train.augmentation is None:
-        raise ConfigError("augment", data.augment,
-                          f"data set {data.dataset!r} has no standard augmentation (the real "
-                          "data sets have); use augment=none")
-    fresh = RunPlan(roles, spe, total, checkpoint_every=outputs.checkpoint_every or 0)
-    return plan_resume(config, fresh, world_size, report)
-
-
-def plan_resume(config: TrainConfig, plan: RunPlan, world_size: int,
-                report: Callable[[str], None] = warn) -> RunPlan:
-    """``plan`` (a fresh run's) with where ``config.outputs.resume`` starts: the checkpoint, its
-    step and its cadence. What a cluster's engines redo after the client's pre-flight when the
-    job's resume rule (``config.slurm_resume``) changed ``resume`` there."""
-    outputs = config.outputs
-    fresh = dataclasses.replace(plan, start_step=0, resume_path=None,
-                                checkpoint_every=outputs.checkpoint_every or 0)
-    if outputs.resume in (None, "never"):
-        return fresh
-    total = plan.total_steps
-    if outputs.resume == "auto":  # a requeued job: its own newest checkpoint, if it wrote one
-        path = checkpoint.find_resumable(outputs.checkpoint_dir, config.held("match"), world_size,
-                                         report)
-        if path is None:
-            report(f"resume auto: no checkpoint of this configuration in {outputs.checkpoint_dir}: "
-                   "starting from scratch")
-            return fresh
-        report(f"resume auto: continuing from {path}")
-    else:
-        path = checkpoint.resolve(outputs.resume, report)
-    try:
-        state = checkpoint.load(path, mmap=True)
-    except CheckpointError as exc:
-        raise ConfigError("resume", outputs.resume, f"{exc}; give another checkpoint") from None
-    if outputs.resume == "auto" and int(state["step"]) >= total:
-        raise ConfigError("resume", "auto", f"{path} is this configuration's finished run "
-                          f"({state['step']} of {total} steps): give more steps to continue it; "
-                          "to train it again, give another checkpoint_dir (sbatch: another "
-                          "--job-name or DOWNPOUR_CHECKPOINTS), or resume=never (--resume never) "
-                          "to start from scratch in this one")
-    start = checkpoint.check_resume(state, path, config.held("keep"), world_size, total)
-    every_ = outputs.checkpoint_every
-    if every_ is None:  # not given: keep the cadence of the run this one continues
-        every_ = (state["config"].get("checkpoint_every") or 0) if outputs.checkpoint_dir else 0
-    return dataclasses.replace(fresh, start_step=start, resume_path=str(path),
-                               checkpoint_every=every_)
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -204,30 +77,10 @@ def default_threads(ctx: DistContext) -> int:
     return max(1, (cores or 1) // ctx.local_world_size)
 
 
-def flush_denormals() -> None:
-    """Treat subnormal floats as zero in this process's CPU arithmetic (as TensorFlow's CPU
-    kernels do, and a GPU's speed does not depend on): each operation on one is about a hundred
-    times slower on x86. Optimizer state decays into that range where a gradient stays zero (a
-    dead unit's moment times 0.9 a step is subnormal after ~800 steps), so a step grew with the
-    run's length: DiLoCo's mlp (AdamW) on 2 ranks took 4.9 ms a step over 1,300 steps against
-    3.2 ms over 180 (its update 2.9 ms against 1.4), and 3.5 ms with this set, its loss the same
-    to four digits. The setting is a thread's, and the worker threads torch starts inherit it:
-    set before the pool starts, a 2-thread multiply of subnormal floats flushed them all (4x
-    faster); set after, only the calling thread's half. So ``downpour train`` and ``Trainer`` set
-    it before they load data; a pool an earlier job in the same process started (an engine's)
-    keeps its own, which matters only at more than one thread a rank."""
-    torch.set_flush_denormal(True)
-
-
 def task_loss(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of a classifier's logits (B, classes) against labels (B,), or of a language
     model's (B, T, vocabulary) against the next tokens (B, T): one rule, every position a term."""
     return F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction=reduction)
-
-
-def is_language_model(source: ImageSource) -> bool:
-    """Whether the data set's samples are token windows (``data/text.py``)."""
-    return getattr(source, "task", "classify") == "lm"
 
 
 def language_model_summary(summary: dict, context: int) -> dict[str, float]:
@@ -256,82 +109,29 @@ def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
     return loss_sum / count, correct / count
 
 
-#: The first worker's measured steps under emulated compute, by what decides them (model, batch
-#: shape, precision, device, threads): a sweep on one cluster's engines measures once, not once a
-#: run (seven real steps each, 8 s of inception_small here, 15% of `make study`'s emulated sweep).
-_MEASURED: dict[tuple, ComputeProfile] = {}
-
-
-def emulated_profile(config: TrainConfig, ctx: DistContext, comm: Comm, roles: Roles,
-                     model: nn.Module, train: ImageSource) -> ComputeProfile | None:
-    """Under ``compute=emulated``, the step every worker emulates (None otherwise): the first
-    worker times its real forward and backward on one synthetic batch of the run's shape (alone:
-    the other ranks wait in the broadcast that hands it to them), then ``emulated_step_s``, if given,
-    rescales it. A process that measured the same model, batch, precision, device and threads
-    before hands on that measurement (``_MEASURED``), and its source says so. Called on every rank
-    before the algorithm's setup, so no gradient hook fires; the model's buffers and the random
-    state are put back as they were."""
-    emulation = config.emulation
-    if emulation.compute != "emulated":
-        return None
-    n = sum(1 for p in model.parameters() if p.requires_grad)
-    packed = torch.zeros(3 + n, dtype=torch.float64)
-    if ctx.rank == roles.workers[0]:
-        key = (config.model, tuple(train.input_shape), train.num_classes, config.data.batch_size,
-               config.optim.precision, str(ctx.device), torch.get_num_threads(),
-               config.system.channels_last)
-        measured = _MEASURED.get(key)
-        before = measured is not None
-        if measured is None:
-            state, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
-            g = torch.Generator().manual_seed(config.data.seed)
-            if is_language_model(train):  # token windows, and their next tokens
-                x = torch.randint(0, train.num_classes, (config.data.batch_size,
-                                                         *train.input_shape), generator=g)
-                y = torch.randint(0, train.num_classes, x.shape, generator=g)
-            else:
-                x = torch.randn(config.data.batch_size, *train.input_shape, generator=g)
-                y = torch.randint(0, train.num_classes, (config.data.batch_size,), generator=g)
-            x = x.to(ctx.device)
-            with autocast(config.optim.precision, ctx.device):
-                measured = _MEASURED[key] = measure(model, x, y.to(ctx.device), loss_fn=task_loss)
-            model.load_state_dict(state)
-            model.zero_grad(set_to_none=True)
-            torch.set_rng_state(rng)
-        packed = torch.tensor([measured.forward_s, measured.backward_s, float(before),
-                               *measured.ready], dtype=torch.float64)
-    if comm.active:
-        packed = comm.broadcast(packed.to(ctx.device), root=roles.workers[0]).cpu()
-    values = packed.tolist()
-    profile = ComputeProfile(values[0], values[1], tuple(values[3:]),
-                             f"measured: {config.model}, batch {config.data.batch_size}, "
-                             f"rank {roles.workers[0]}"
-                             + (" (in an earlier run of its process)" if values[2] else ""))
-    if emulation.emulated_step_s is not None:
-        profile = profile.scaled(emulation.emulated_step_s,
-                                 f"given: {emulation.emulated_step_s:g} s a step, the moments "
-                                 f"{profile.source}")
-    return profile
-
-
 class Trainer:
     """One rank's part of a run. ``run()`` returns the full ``RunResult`` on rank 0, None elsewhere.
     The run's life around the steps (resume, preemption, checkpoints, trace, gather) is its
     ``Lifecycle``'s."""
 
-    def __init__(self, config: TrainConfig, ctx: DistContext, splits: Splits | None = None,
-                 plan: RunPlan | None = None, callbacks: Sequence[StepCallback] = (),
+    def __init__(self, config: TrainConfig, ctx: DistContext, plan: RunPlan,
+                 splits: Splits | None = None, callbacks: Sequence[StepCallback] = (),
                  log_progress: bool = False) -> None:
-        """``plan``: the entry point's pre-flight (``plan_run``), made here when not given.
-        ``log_progress``: where the reporting rank's stderr is not a terminal, print a
-        progress line now and then (``progress.ProgressLines``; the command line's batch logs)."""
+        """``plan``: the entry point's pre-flight (``planning.plan_run``; ``make_trainer`` makes
+        one). ``splits``: the data it was planned on, loaded here when not given (a cluster's
+        engines, given the client's plan). ``log_progress``: where the reporting rank's stderr is
+        not a terminal, print a progress line now and then (``progress.ProgressLines``; the
+        command line's batch logs)."""
+        if not isinstance(plan, RunPlan):  # e.g. the data first, as the signature once had it
+            raise TypeError(f"Trainer takes the run's plan (planning.plan_run), not "
+                            f"{type(plan).__name__}: make_trainer(config, ctx) plans the run and "
+                            "makes its Trainer")
         self.ctx, self.callbacks, self.log_progress = ctx, list(callbacks), log_progress
         if ctx.device.type == "cpu":
             flush_denormals()  # first: before loading the data can start torch's worker threads
         self.splits = splits or load_dataset(config.data.dataset, config.data.data_dir)
-        self.plan = plan or plan_run(config, ctx.world_size, self.splits.train,
-                                     warn if ctx.rank == 0 else quiet)
-        self.config = config = self.plan.kept(config)
+        self.plan = plan
+        self.config = config = plan.kept(config)
         torch.set_num_threads(config.system.threads or default_threads(ctx))
         self.meter = Meter(ctx.device)
         self.tracer = trace.Tracer(ctx.rank) if config.outputs.trace else None
@@ -341,7 +141,7 @@ class Trainer:
         self.lr_at = LRSchedule.of(config, self.plan.steps_per_epoch, self.plan.total_steps,
                                    len(self.roles.workers))
         self.scaler = LossScaler() if config.optim.precision == "fp16" else None
-        self.algorithm = algorithm_class(config.algorithm, config.options)(
+        self.algorithm = algorithm_class(config.algorithm)(
             config.options, self.comm, self.lr_at, self.scaler is not None)
         self.role = self.roles.role(ctx.rank)
         torch.manual_seed(config.data.seed)  # identical initial weights on every rank
@@ -350,7 +150,8 @@ class Trainer:
         if config.system.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(config, self.model.parameters())
-        self.compute = emulated_profile(config, ctx, self.comm, self.roles, self.model, train)
+        self.compute = emulated_profile(config, ctx, self.comm, self.roles, self.model, train,
+                                        task_loss)
         made = self.algorithm.setup(self.model, self.optimizer)
         if isinstance(made, Server) != (self.role == "server"):
             raise TypeError(f"{config.algorithm}: setup on rank {ctx.rank}, a {self.role}, "
@@ -609,7 +410,17 @@ def _check_finite(record: StepRecord, skipped: bool, floor: bool) -> None:
         raise Diverged(record.step, record.rank, f"the train loss is {record.loss}")
 
 
+def make_trainer(config: TrainConfig, ctx: DistContext | None = None,
+                 callbacks: Sequence[StepCallback] = ()) -> Trainer:
+    """``config``'s Trainer in ``ctx`` (a world of one if none is given), its run planned first
+    (``planning.prepare``; rank 0 reports the warnings)."""
+    ctx = ctx or DistContext.single()
+    plan, splits = prepare(config, ctx.world_size, warn if ctx.rank == 0 else quiet,
+                           cpu=ctx.device.type == "cpu")
+    return Trainer(config, ctx, plan, splits, callbacks)
+
+
 def train(config: TrainConfig, ctx: DistContext | None = None,
           callbacks: Sequence[StepCallback] = ()) -> RunResult | None:
     """Train ``config`` in the given context (a world of one if none is given)."""
-    return Trainer(config, ctx or DistContext.single(), callbacks=callbacks).run()
+    return make_trainer(config, ctx, callbacks).run()

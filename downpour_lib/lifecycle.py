@@ -49,7 +49,7 @@ class Stopped(Exception):  # noqa: N818 -- control flow: the loop ends at an agr
 
 class Lifecycle:
     """One rank's resume, preemption, checkpoints and gather (module docstring). ``plan`` is
-    ``engine.RunPlan``; ``model``, ``optimizer``, ``algorithm`` and ``scaler`` are what a
+    ``planning.RunPlan``; ``model``, ``optimizer``, ``algorithm`` and ``scaler`` are what a
     checkpoint saves and a resumed run restores."""
 
     def __init__(self, config: TrainConfig, ctx: DistContext, plan: Any, comm: Comm,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, explain, launch_env, mpiexec, read_json
 
-from downpour_lib import TrainConfig, Trainer, checkpoint, plan_run
+from downpour_lib import TrainConfig, Trainer, checkpoint, make_trainer, plan_run
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
 from downpour_lib.errors import CheckpointError, ConfigError
@@ -26,7 +26,7 @@ def params(trainer):
 
 
 def train(**changes):
-    trainer = Trainer(TrainConfig(**{**FAST, **changes}), DistContext.single())
+    trainer = make_trainer(TrainConfig(**{**FAST, **changes}), DistContext.single())
     return trainer, trainer.run()
 
 
@@ -69,7 +69,7 @@ def test_resumed_run_keeps_the_checkpoint_cadence(tmp_path):
     config = TrainConfig(**FAST, algorithm="local", steps=20, checkpoint_dir=str(tmp_path),
                          checkpoint_every=5)
     with pytest.raises(Stop):  # the run dies in its 11th step, after its checkpoint at 10
-        Trainer(config, DistContext.single(), callbacks=[stop_at(10)]).run()
+        make_trainer(config, DistContext.single(), callbacks=[stop_at(10)]).run()
     assert [s for s, _ in checkpoint.scan(tmp_path)] == [5, 10]
     # resumed as the README shows it, without repeating --checkpoint-every
     assert main(["train", "--algorithm", "local", "--model", "mlp", "--dataset", "digits",
@@ -191,8 +191,8 @@ def test_next_save_removes_only_a_killed_writers_temporary_file(tmp_path):
     for other in others:
         other.write_bytes(b"x")
     assert temp.exists()  # the dead writer's file stays until the next save...
-    trainer = Trainer(TrainConfig(algorithm="local", model="mlp", steps=10, warmup_steps=1,
-                                  threads=1, resume=str(tmp_path)), DistContext.single())
+    trainer = make_trainer(TrainConfig(algorithm="local", model="mlp", steps=10, warmup_steps=1,
+                                       threads=1, resume=str(tmp_path)), DistContext.single())
     assert trainer.start_step == 5
     trainer.run()
     assert not temp.exists()  # ...which deletes it
@@ -312,7 +312,7 @@ def test_only_the_newest_periodic_checkpoints_are_kept_and_none_is_ever_torn(tmp
 
     config = TrainConfig(**{**FAST, "algorithm": "local", "steps": 20, "checkpoint_dir": str(tmp_path),
                             "checkpoint_every": 2, "keep_checkpoints": 2})
-    Trainer(config, DistContext.single(), callbacks=[check]).run()
+    make_trainer(config, DistContext.single(), callbacks=[check]).run()
     assert [s for s, _ in checkpoint.scan(tmp_path)] == [3, 5, 7, 16, 18, 20]
     assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 5))["config"]["lr"] == 0.01
     assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 3))["final"]
@@ -354,11 +354,11 @@ def test_keep_checkpoints_and_resume_never_are_checked_and_documented(tmp_path, 
 def test_engines_resume_auto_from_the_clients_plan_as_a_full_preflight_would(tmp_path, monkeypatch):
     """A cluster's client plans once; engines in a Slurm job (resume=auto by the job's rule)
     redo only where the run starts (plan_resume), and land where a whole plan_run lands."""
-    from downpour_lib.engine import plan_resume
+    from downpour_lib.planning import plan_resume
 
     run = dict(algorithm="local", model="mlp", warmup_steps=1, threads=1, preempt_signal="none",
                checkpoint_dir=str(tmp_path))
-    Trainer(TrainConfig(**run, steps=4, checkpoint_every=2), DistContext.single()).run()
+    make_trainer(TrainConfig(**run, steps=4, checkpoint_every=2), DistContext.single()).run()
     digits = load_dataset("digits").train
     client = TrainConfig(**run, steps=6)  # the notebook's call: no resume named
     plan = plan_run(client, 1, digits)
@@ -371,5 +371,5 @@ def test_engines_resume_auto_from_the_clients_plan_as_a_full_preflight_would(tmp
     assert resumed == plan_run(engines, 1, digits, lambda _: None)
     assert resumed.start_step == 4 and resumed.resume_path == str(checkpoint.checkpoint_path(tmp_path, 4))
     assert said and "continuing from" in said[-1]
-    trainer = Trainer(engines, DistContext.single(), plan=resumed)
+    trainer = Trainer(engines, DistContext.single(), resumed)  # the plan given: none made
     assert trainer.start_step == 4 and trainer.run().summary["start_step"] == 4

@@ -31,6 +31,11 @@ BAD_INPUTS = [
     (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks", 2),
     (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"],
      "has no such option (its options: server, servers)", 2),
+    # the retired spelling of asynchronous EASGD: one line that names the algorithm it is now
+    (["--algorithm", "easgd", "--mode", "async"],
+     "mode='async' is not valid: easgd is synchronous EASGD; asynchronous EASGD is its own "
+     "algorithm, easgd_async", 2),
+    (["--algorithm", "easgd_async"], "easgd_async needs a server rank and at least one worker", 2),
     (["--batch-size", "lots"], "batch_size='lots'", 2),
     (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "/nonexistent/x/MNIST/raw", 2),
     (["--output-dir", "{file}"], "output_dir='{file}' is not valid: is a file, and a directory is wanted", 2),
@@ -187,7 +192,7 @@ def test_options_that_share_a_name_share_a_type():
         for f in fields(cls.Options):
             hint = hints[f.name]
             kind = type(typing.get_args(hint)[0]) if typing.get_origin(hint) is Literal else hint
-            assert kinds.setdefault(f.name, kind) is kind, (cls.name, f.name)
+            assert kinds.setdefault(f.name, kind) == kind, (cls.name, f.name)  # unions: equal, not one
 
 
 def test_a_config_file_with_a_number_in_quotes_exits_2(tmp_path, capsys):

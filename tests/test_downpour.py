@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from downpour_lib import TrainConfig, Trainer, plan_run
+from downpour_lib import TrainConfig, make_trainer, plan_run
 from downpour_lib.cli import main
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
@@ -18,7 +18,7 @@ FAST = dict(model="mlp", dataset="digits", threads=1, seed=1, steps=10, warmup_s
 
 
 def final(config):
-    trainer = Trainer(config, DistContext.single())
+    trainer = make_trainer(config, DistContext.single())
     result = trainer.run()
     return [p.detach().clone() for p in trainer.model.parameters()], result
 

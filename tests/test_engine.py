@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from downpour_lib import TrainConfig, Trainer, plan_run
+from downpour_lib import TrainConfig, make_trainer, plan_run
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
 from downpour_lib.errors import ConfigError
@@ -18,7 +18,7 @@ FAST = dict(model="mlp", dataset="digits", threads=1, seed=1)
 def test_records_evaluations_and_summary(tmp_path):
     config = TrainConfig(algorithm="local", steps=12, warmup_steps=2, eval_every=5,
                          output_dir=str(tmp_path), **FAST)
-    result = Trainer(config, DistContext.single()).run()
+    result = make_trainer(config, DistContext.single()).run()
     steps = result.steps
     assert list(steps.step) == list(range(12)) and set(steps.role) == {"worker"}
     # the five parts add up to the step's wall time
@@ -37,7 +37,7 @@ def test_records_evaluations_and_summary(tmp_path):
 @pytest.mark.parametrize("algorithm", ["sync_ps", "ddp", "allreduce"])
 def test_every_algorithm_in_a_world_of_one_equals_local(algorithm):
     def final(name):
-        trainer = Trainer(TrainConfig(algorithm=name, steps=8, **FAST), DistContext.single())
+        trainer = make_trainer(TrainConfig(algorithm=name, steps=8, **FAST), DistContext.single())
         trainer.run()
         return [p.detach().clone() for p in trainer.model.parameters()]
 
@@ -52,7 +52,7 @@ def test_a_cpu_trainer_treats_subnormal_floats_as_zero():
     tiny = torch.tensor([1e-39])  # subnormal in float32 (the smallest normal is 1.2e-38)
     try:
         assert (tiny * 1.0).item() > 0
-        Trainer(TrainConfig(algorithm="local", steps=3, **FAST), DistContext.single())
+        make_trainer(TrainConfig(algorithm="local", steps=3, **FAST), DistContext.single())
         assert (tiny * 1.0).item() == 0
     finally:
         torch.set_flush_denormal(False)
@@ -61,7 +61,7 @@ def test_a_cpu_trainer_treats_subnormal_floats_as_zero():
 def test_lenet_learns_digits_in_one_process():
     config = TrainConfig(algorithm="local", model="lenet", dataset="digits", epochs=6,
                          batch_size=32, threads=1)
-    assert Trainer(config, DistContext.single()).run().summary["test_accuracy"] >= 0.9
+    assert make_trainer(config, DistContext.single()).run().summary["test_accuracy"] >= 0.9
 
 
 def test_plan_checks_before_anything_runs():
@@ -110,7 +110,7 @@ def test_a_worker_given_a_server_by_setup_is_refused_naming_the_rank(monkeypatch
     monkeypatch.setitem(ALGORITHMS, "confused", Confused)
     monkeypatch.setitem(OPTIONS, "confused", Confused.Options)
     with pytest.raises(TypeError, match="confused: setup on rank 0, a worker, returned Server"):
-        Trainer(TrainConfig(algorithm="confused", steps=6, **FAST), DistContext.single())
+        make_trainer(TrainConfig(algorithm="confused", steps=6, **FAST), DistContext.single())
 
 
 def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypatch):
@@ -133,8 +133,8 @@ def test_algorithm_metrics_reach_records_and_the_records_summarize_them(monkeypa
 
     monkeypatch.setitem(ALGORITHMS, "counting", Counting)
     monkeypatch.setitem(OPTIONS, "counting", Counting.Options)
-    result = Trainer(TrainConfig(algorithm="counting", steps=6, eval_every=3, **FAST),
-                     DistContext.single()).run()
+    result = make_trainer(TrainConfig(algorithm="counting", steps=6, eval_every=3, **FAST),
+                          DistContext.single()).run()
     assert list(result.steps.updates_so_far) == [1, 2, 3, 4, 5, 6]
     assert len(result.evals.param_norm) == 2 and (result.evals.param_norm > 0).all()
     assert result.summary["staleness_mean"] == 1.0 and result.summary["staleness_max"] == 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import explain, mpi_python
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.algorithms import ALGORITHMS
 from downpour_lib.algorithms.adpsgd import PairwiseAveraging
 from downpour_lib.cli import main
@@ -26,7 +26,7 @@ TINY = dict(model="mlp", dataset="digits", steps=12, warmup_steps=1, threads=1, 
 
 
 def final_parameters(config: TrainConfig):
-    trainer = Trainer(config, DistContext.single())
+    trainer = make_trainer(config, DistContext.single())
     result = trainer.run()
     return [p.detach().clone() for p in trainer.model.parameters()], result
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import BIN, explain, mpiexec, read_json
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.bench.gpu import one_gpu_algorithms
 from downpour_lib.comm.runtime import DistContext, backend_usable
 from downpour_lib.data import ShardSampler, load_dataset
@@ -22,7 +22,7 @@ CUDA = torch.device("cuda", 0)
 def test_every_algorithm_trains_30_steps_on_the_gpu(name):
     config = TrainConfig(algorithm=name, model="resnet20", dataset="synthetic-cifar", steps=30,
                          warmup_steps=5, device="cuda", precision="bf16", channels_last=True)
-    trainer = Trainer(config, DistContext.single(CUDA))
+    trainer = make_trainer(config, DistContext.single(CUDA))
     result = trainer.run()
     assert result.summary["device"] == "cuda:0"
     assert all(p.device.type == "cuda" for p in trainer.model.parameters())
@@ -37,7 +37,7 @@ def test_mixed_precision_learns_on_the_gpu(precision):
     for seed in range(3):
         config = TrainConfig(model="lenet", dataset="digits", epochs=10, device="cuda",
                              precision=precision, seed=seed)
-        accuracies.append(Trainer(config, DistContext.single(CUDA)).run().summary["test_accuracy"])
+        accuracies.append(make_trainer(config, DistContext.single(CUDA)).run().summary["test_accuracy"])
     assert sorted(accuracies)[1] >= 0.9, accuracies
 
 
@@ -102,7 +102,7 @@ def test_imagefolder_pipeline_delivers_pinned_batches_to_the_gpu(tmp_path):
         on_cpu.close()
     config = TrainConfig(model="resnet18", dataset="imagefolder", data_dir=str(root), batch_size=8,
                          steps=6, warmup_steps=1, device="cuda", precision="bf16", data_workers=2)
-    result = Trainer(config, DistContext.single(CUDA)).run()
+    result = make_trainer(config, DistContext.single(CUDA)).run()
     assert result.summary["augment"] == "standard" and result.steps.loss.notna().all()
 
 
@@ -112,7 +112,7 @@ def test_the_language_model_learns_the_corpus_on_the_gpu():
     # in bf16 (Python 3.12's library, another corpus)
     config = TrainConfig(model="gpt-nano", dataset="stdlib-text", steps=300, warmup_steps=5,
                          batch_size=32, device="cuda", precision="bf16", eval_every=300)
-    result = Trainer(config, DistContext.single(CUDA)).run()
+    result = make_trainer(config, DistContext.single(CUDA)).run()
     assert result.summary["device"] == "cuda:0"
     assert result.summary["test_perplexity"] < 18, result.summary
     assert result.summary["tokens_per_s"] == result.summary["samples_per_s"] * 128

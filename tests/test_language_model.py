@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import explain, mpi_python, one_session
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import ShardSampler, load_dataset
 from downpour_lib.data.text import TokenSource, stdlib_corpus
@@ -48,8 +48,8 @@ def test_models_and_data_of_different_tasks_are_refused_naming_what_fits():
         build_model("lenet", (128,), 256)
     train = load_dataset("stdlib-text").train
     with pytest.raises(ConfigError, match="classifies images"):
-        Trainer(TrainConfig(model="mlp", dataset="stdlib-text", steps=2, warmup_steps=1),
-                DistContext.single())
+        make_trainer(TrainConfig(model="mlp", dataset="stdlib-text", steps=2, warmup_steps=1),
+                     DistContext.single())
     assert MODELS["gpt2"].task == "lm" and train.input_shape == (128,)
 
 
@@ -107,7 +107,7 @@ def test_the_performance_model_sees_the_tied_weight_once():
 def test_a_language_model_run_reports_perplexity_and_tokens_per_second():
     config = TrainConfig(model="gpt-nano", dataset="stdlib-text", steps=6, warmup_steps=1,
                          batch_size=4, threads=1)
-    s = Trainer(config, DistContext.single()).run().summary
+    s = make_trainer(config, DistContext.single()).run().summary
     assert s["tokens_per_s"] == pytest.approx(s["samples_per_s"] * 128)
     assert s["test_perplexity"] == pytest.approx(np.exp(s["test_loss"]))
     assert s["test_perplexity"] < 256  # below a uniform guess over the bytes after 6 steps

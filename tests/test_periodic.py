@@ -1,4 +1,4 @@
-"""The low-communication descendants of Downpour (localsgd, easgd, diloco, slowmo) against their
+"""The low-communication descendants of Downpour (localsgd, easgd, easgd_async, diloco, slowmo) against their
 references, their traffic, their accuracy on digits; and stragglers as a setting."""
 
 import json
@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import BIN, explain, mpi_python, mpiexec
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
-from downpour_lib.engine import plan_run
 from downpour_lib.errors import ConfigError
 from downpour_lib.models import build_model
+from downpour_lib.planning import plan_run
 from downpour_lib.traffic import collective_bytes
 
 
@@ -63,14 +63,14 @@ def test_diloco_reaches_90_percent_on_digits_sending_far_less_than_allreduce(dig
 
 
 def test_localsgd_easgd_and_slowmo_reach_90_percent_on_digits(digits_runs):
-    found = {name: digits_runs[name] for name in ("localsgd", "easgd", "slowmo", "easgd async")}
+    found = {name: digits_runs[name] for name in ("localsgd", "easgd", "slowmo", "easgd_async")}
     for c in found.values():
         assert c["test_accuracy"] >= 0.90, c
     for name in ("localsgd", "easgd", "slowmo"):
         assert found[name]["final_consensus_distance"] is not None, found[name]
     # asynchronous EASGD: 3 workers around a center on rank 0, which applied every worker's
     # exchange (one every 4 steps of each worker's own clock)
-    c = found["easgd async"]
+    c = found["easgd_async"]
     assert c["num_workers"] == 3 and c["server_updates"] == 3 * (c["total_steps"] // 4), c
 
 
@@ -83,11 +83,13 @@ def test_bad_options_are_refused():
         TrainConfig(algorithm="slowmo", options={"slow_momentum": -0.1})
     with pytest.raises(ConfigError, match="moving_rate=0.5.*at most 0.25 with 4 workers"):
         TrainConfig(algorithm="easgd", options={"moving_rate": 0.5}).options.roles(4)
-    with pytest.raises(ConfigError, match="mode='async'.*launch 2 ranks or more"):
-        TrainConfig(algorithm="easgd", options={"mode": "async"}).options.roles(1)
-    assert TrainConfig(algorithm="easgd", options={"mode": "async"}).options.roles_for(3).servers == (0,)
-    config = TrainConfig(algorithm="easgd", options={"mode": "async"}, checkpoint_dir="/tmp/nowhere")
-    with pytest.raises(ConfigError, match="checkpoint_dir=.*mode=async does not write checkpoints"):
+    with pytest.raises(ConfigError, match="world_size=1 .*easgd_async needs a server rank.*2 ranks"):
+        TrainConfig(algorithm="easgd_async").options.roles(1)
+    with pytest.raises(ConfigError, match="moving_rate=0.5.*at most 0.333333 with 3 workers"):
+        TrainConfig(algorithm="easgd_async", options={"moving_rate": 0.5}).options.roles(4)
+    assert TrainConfig(algorithm="easgd_async").options.roles_for(3).servers == (0,)
+    config = TrainConfig(algorithm="easgd_async", checkpoint_dir="/tmp/nowhere")
+    with pytest.raises(ConfigError, match="checkpoint_dir=.*easgd_async does not write checkpoints"):
         plan_run(config, 3, load_dataset("digits").train)  # before any rank starts
     with pytest.raises(ConfigError, match="slowdown=0.5"):
         TrainConfig(slowdown=0.5)
@@ -106,21 +108,26 @@ def test_the_last_workers_straggle_and_record_what_they_slept(tmp_path):
     worker2 = steps[steps["rank"] == 2]
     assert (worker2.compute_s >= worker2.slowed_s).all(), worker2
     with pytest.raises(ConfigError, match="slow_workers=2.*1 worker"):
-        Trainer(TrainConfig(slow_workers=2, steps=4, warmup_steps=0), DistContext.single())
+        make_trainer(TrainConfig(slow_workers=2, steps=4, warmup_steps=0), DistContext.single())
 
 
 def test_async_easgd_is_its_own_algorithm_with_the_elastic_update_as_its_servers_optimizer():
-    """``--algorithm easgd --mode async`` keeps its spelling and runs ``AsyncEASGD`` (on the
-    parameter-server loop); the center's "optimizer" is x~ += alpha (x_i - x~), the update the
-    paper writes, for any x~, x_i."""
+    """``--algorithm easgd_async`` runs ``AsyncEASGD`` (on the parameter-server loop), by its own
+    name and options, as every algorithm does; easgd's retired ``mode`` option names it. The
+    center's "optimizer" is x~ += alpha (x_i - x~), the update the paper writes, for any x~, x_i."""
     from downpour_lib.algorithms import algorithm_class
     from downpour_lib.algorithms.easgd import EASGD
     from downpour_lib.algorithms.easgd_async import AsyncEASGD, ElasticPull
+    from downpour_lib.options import AsyncEASGDOptions, EASGDOptions
 
-    config = TrainConfig(algorithm="easgd", options={"mode": "async"})
-    assert algorithm_class(config.algorithm, config.options) is AsyncEASGD
-    assert algorithm_class("easgd", TrainConfig(algorithm="easgd").options) is EASGD
-    assert config.to_dict()["algorithm"] == "easgd"  # recorded as before
+    assert algorithm_class("easgd_async") is AsyncEASGD and algorithm_class("easgd") is EASGD
+    assert type(TrainConfig(algorithm="easgd_async").options) is AsyncEASGDOptions
+    assert type(TrainConfig(algorithm="easgd").options) is EASGDOptions
+    for mode in ("async", "sync"):  # the old spelling: one line that names the new one
+        with pytest.raises(ConfigError, match=f"mode='{mode}'.*algorithm=easgd_async"):
+            TrainConfig(algorithm="easgd", options={"mode": mode})
+    with pytest.raises(ConfigError, match="give EASGDOptions for algorithm 'easgd'"):
+        TrainConfig(algorithm="easgd", options=AsyncEASGDOptions())
     torch.manual_seed(0)
     center, x = torch.randn(7), torch.randn(7)
     p = torch.nn.Parameter(center.clone())

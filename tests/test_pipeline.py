@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import explain, mpi_python
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import ShardSampler, load_dataset
 from downpour_lib.data.augment import CropFlip, generator, resized_crop_box
@@ -110,14 +110,14 @@ def test_real_data_sets_default_to_standard_augmentation_and_others_to_none(tmp_
     assert TrainConfig(dataset="synthetic-cifar").data.augment == "none"
     config = TrainConfig(dataset="digits", augment="standard", steps=3, warmup_steps=0)
     with pytest.raises(ConfigError, match="augment='standard'.*'digits' has no standard"):
-        Trainer(config, DistContext.single())
+        make_trainer(config, DistContext.single())
 
 
 def test_mnist_trains_through_data_workers(tmp_path):
     root = write_mnist(tmp_path / "data", train=256, test=64)
-    runs = [Trainer(TrainConfig(dataset="mnist", data_dir=str(root), model="mlp", batch_size=32,
-                                steps=6, warmup_steps=1, threads=1, data_workers=workers,
-                                seed=2), DistContext.single()).run() for workers in (0, 2)]
+    runs = [make_trainer(TrainConfig(dataset="mnist", data_dir=str(root), model="mlp", batch_size=32,
+                                     steps=6, warmup_steps=1, threads=1, data_workers=workers,
+                                     seed=2), DistContext.single()).run() for workers in (0, 2)]
     assert runs[0].steps.loss.tolist() == runs[1].steps.loss.tolist()  # the same samples and draws
     assert runs[0].summary["augment"] == "standard"
 

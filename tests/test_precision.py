@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import explain, mpi_python
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.errors import ConfigError
 from downpour_lib.precision import LossScaler
@@ -37,7 +37,7 @@ def fp16(**kw):
 
 
 def test_an_overflowing_step_is_skipped_whole_and_the_scale_backs_off():
-    trainer = Trainer(fp16(steps=2), DistContext.single())
+    trainer = make_trainer(fp16(steps=2), DistContext.single())
     trainer.scaler.scale = 2.0 ** 200  # every gradient overflows in fp32
     before = [p.detach().clone() for p in trainer.model.parameters()]
     result = trainer.run()
@@ -51,7 +51,7 @@ def test_an_overflowing_step_is_skipped_whole_and_the_scale_backs_off():
 
 
 def test_fp16_recovers_from_a_too_large_scale_and_learns():
-    trainer = Trainer(fp16(epochs=3, final_eval=True), DistContext.single())
+    trainer = make_trainer(fp16(epochs=3, final_eval=True), DistContext.single())
     trainer.scaler.scale = 2.0 ** 24  # fp16 activations overflow above about 2^18 here
     result = trainer.run()
     skipped = result.steps.skipped.tolist()
@@ -61,13 +61,13 @@ def test_fp16_recovers_from_a_too_large_scale_and_learns():
 
 def test_bf16_local_training_reaches_90_percent_on_digits():
     config = TrainConfig(model="lenet", dataset="digits", epochs=10, threads=1, precision="bf16")
-    assert Trainer(config, DistContext.single()).run().summary["test_accuracy"] >= 0.9
+    assert make_trainer(config, DistContext.single()).run().summary["test_accuracy"] >= 0.9
 
 
 def test_fp16_with_gradient_accumulation_is_refused_before_training():
     config = fp16(steps=4, algorithm="allreduce", options={"accumulation_steps": 2})
     with pytest.raises(ConfigError, match="precision='fp16'.*accumulation_steps > 1.*bf16"):
-        Trainer(config, DistContext.single())
+        make_trainer(config, DistContext.single())
 
 
 def cases(what: str) -> dict[str, dict]:

@@ -309,7 +309,7 @@ def stopped_by_term_at(name: str, term_jobs) -> int:
     """The step a SIGTERM stopped job ``name`` at, checked: its checkpoint is there and loads,
     the ranks and the script said so, it was not requeued, and resume auto continues from it."""
     from downpour_lib.data import load_dataset
-    from downpour_lib.engine import plan_run
+    from downpour_lib.planning import plan_run
 
     state, log, root, exit_code, restarts = term_jobs[name]
     said = next((line for line in log.splitlines() if " stopped by SIGTERM after " in line), None)
@@ -378,7 +378,7 @@ def test_resume_auto_takes_the_newest_checkpoint_of_this_configuration(tmp_path)
     train(TrainConfig(**{**run, "lr": 0.01, "checkpoint_every": 5}, steps=10))
     seen: list[str] = []
     from downpour_lib.data import load_dataset
-    from downpour_lib.engine import plan_run
+    from downpour_lib.planning import plan_run
 
     digits = load_dataset("digits").train
     plan = plan_run(TrainConfig(**run, steps=12, resume="auto"), 1, digits, seen.append)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import BIN, downpour, explain, mpiexec
 
-from downpour_lib import TrainConfig, Trainer, plan_run
+from downpour_lib import TrainConfig, make_trainer, plan_run
 from downpour_lib.cli import main
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
@@ -75,11 +75,11 @@ DIVERGING = dict(algorithm="sync_ps", model="mlp", dataset="digits", lr=1000.0, 
 def test_divergence_stops_at_the_first_non_finite_loss_in_one_process():
     with pytest.raises(Diverged, match=r"training diverged at step \d+ on rank 0: the train loss "
                                        r"is (nan|inf)") as info:
-        Trainer(TrainConfig(steps=40, **DIVERGING), DistContext.single()).run()
+        make_trainer(TrainConfig(steps=40, **DIVERGING), DistContext.single()).run()
     first = info.value.step
     assert info.value.rank == 0 and first >= 1
     # the reference: the same run cut just before that step trains with finite losses throughout
-    result = Trainer(TrainConfig(steps=first, **DIVERGING), DistContext.single()).run()
+    result = make_trainer(TrainConfig(steps=first, **DIVERGING), DistContext.single()).run()
     assert result.steps.loss.notna().all() and torch.isfinite(
         torch.tensor(result.steps.loss.to_numpy())).all()
 
@@ -89,9 +89,9 @@ def test_fp16_divergence_ends_when_the_loss_scale_can_fall_no_further():
     when the scale is at its floor (1) and the step still overflows does the run end."""
     with pytest.raises(Diverged, match="fp16 gradients overflow even at the smallest loss scale"
                        ) as info:
-        Trainer(TrainConfig(steps=200, precision="fp16", **DIVERGING), DistContext.single()).run()
-    before = Trainer(TrainConfig(steps=info.value.step, precision="fp16", **DIVERGING),
-                     DistContext.single())
+        make_trainer(TrainConfig(steps=200, precision="fp16", **DIVERGING), DistContext.single()).run()
+    before = make_trainer(TrainConfig(steps=info.value.step, precision="fp16", **DIVERGING),
+                          DistContext.single())
     steps = before.run().steps
     # the steps before it ran to the end: overflowed ones skipped, halving the scale down to 1
     assert steps.skipped.sum() >= 16 and before.scaler.scale == 1.0
@@ -143,9 +143,9 @@ def test_evaluate_on_a_directory_without_checkpoints_exits_2(tmp_path, capsys):
 
 def test_evaluate_says_when_nothing_is_new_and_fails_when_nothing_reads(tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
-    Trainer(TrainConfig(algorithm="local", model="mlp", dataset="digits", steps=4, threads=1,
-                        warmup_steps=0, final_eval=False, checkpoint_dir=str(ckpt),
-                        checkpoint_every=2), DistContext.single()).run()
+    make_trainer(TrainConfig(algorithm="local", model="mlp", dataset="digits", steps=4, threads=1,
+                             warmup_steps=0, final_eval=False, checkpoint_dir=str(ckpt),
+                             checkpoint_every=2), DistContext.single()).run()
     assert main(["evaluate", "--checkpoint-dir", str(ckpt)]) == 0
     assert "step 4: test loss" in capsys.readouterr().out
     assert len(pd.read_csv(ckpt / "evals.csv")) == 2
@@ -163,9 +163,9 @@ def test_evaluate_says_when_nothing_is_new_and_fails_when_nothing_reads(tmp_path
 def test_a_resumed_run_says_which_checkpoint_and_step_it_continues_from(tmp_path, capsys):
     base = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
                 final_eval=False, checkpoint_dir=str(tmp_path), checkpoint_every=2)
-    Trainer(TrainConfig(steps=4, **base), DistContext.single()).run()
+    make_trainer(TrainConfig(steps=4, **base), DistContext.single()).run()
     capsys.readouterr()
-    result = Trainer(TrainConfig(steps=6, resume=str(tmp_path), **base), DistContext.single()).run()
+    result = make_trainer(TrainConfig(steps=6, resume=str(tmp_path), **base), DistContext.single()).run()
     assert result.summary["start_step"] == 4
     err = capsys.readouterr().err
     assert f"downpour: resumed from {tmp_path / 'ckpt-00000004.pt'}: 4 of 6 steps done, " \

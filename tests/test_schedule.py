@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.errors import ConfigError
 from downpour_lib.schedule import LRSchedule
@@ -40,7 +40,7 @@ def test_linear_scaling_rule_multiplies_by_global_batch_over_reference():
 def test_engine_records_the_scheduled_lr_of_every_step():
     config = TrainConfig(lr=0.2, batch_size=64, steps=40, warmup_steps=1, threads=1,
                          lr_schedule="step", lr_warmup_epochs=0.5, lr_milestones="1,1.5")
-    result = Trainer(config, DistContext.single()).run()
+    result = make_trainer(config, DistContext.single()).run()
     spe = 1437 // 64  # 22 steps per epoch on digits
     lr = LRSchedule.of(config, spe, 40, 1)
     assert result.steps.lr.tolist() == pytest.approx([lr(s) for s in range(40)])

@@ -15,7 +15,7 @@ from conftest import BIN, ROOT, explain, launch_env, mpiexec_path
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.cluster.mpiexec import run_mpiexec
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.data import load_dataset
@@ -85,7 +85,7 @@ def users_dir(tmp_path, monkeypatch):
 def test_a_model_and_data_set_by_import_path_train_and_are_recorded(users_dir):
     config = TrainConfig(algorithm="local", model="mymodels:build", dataset="mymodels:blobs",
                          epochs=2, batch_size=32, threads=1)
-    s = Trainer(config, DistContext.single()).run().summary
+    s = make_trainer(config, DistContext.single()).run().summary
     assert s["model"] == "mymodels:build" and s["test_accuracy"] > 0.9, s
     source = (users_dir / "mymodels.py").read_text()
     import hashlib
@@ -115,8 +115,8 @@ def test_bad_user_code_is_one_line_naming_the_value(users_dir, model, dataset, s
 def test_a_model_whose_logits_do_not_fit_the_classes_is_refused_before_training():
     register_model("three_out", lambda shape, classes: nn.Sequential(nn.Flatten(), nn.LazyLinear(3)))
     with pytest.raises(ConfigError, match=r"returns \(2, 3\); the data set needs logits of shape \(2, 10\)"):
-        Trainer(TrainConfig(model="three_out", dataset="digits", steps=2, warmup_steps=1),
-                DistContext.single())
+        make_trainer(TrainConfig(model="three_out", dataset="digits", steps=2, warmup_steps=1),
+                     DistContext.single())
 
 
 def test_names_of_built_ins_are_refused_and_callables_are_registered():
@@ -138,7 +138,7 @@ def test_names_of_built_ins_are_refused_and_callables_are_registered():
     assert config.data.dataset == "tiny_lm_data"  # registered under its name
     train = load_dataset("tiny_lm_data").train
     assert train.task == "lm" and train.input_shape == (16,) and train.num_classes == 64
-    s = Trainer(config, DistContext.single()).run().summary
+    s = make_trainer(config, DistContext.single()).run().summary
     assert s["test_perplexity"] < 3, s  # a counting sequence: the next token is all but certain
     assert "dataset_source_sha256" in s
 

@@ -30,18 +30,14 @@ from .sync_ps import SyncPS
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (Local, SyncPS, DDP, AllReduce, Downpour, SGP, OSGP, DPSGD, ADPSGD,
-                              LocalSGD, EASGD, DiLoCo, SlowMo)}
-#: (name, ``options.variant()``) -> the class that runs it, where the options choose another
-#: than the registered one: the spelling stays the algorithm's name and an option.
-VARIANTS: dict[tuple[str, str], type[Algorithm]] = {("easgd", "async"): AsyncEASGD}
+                              LocalSGD, EASGD, AsyncEASGD, DiLoCo, SlowMo)}
 
 
-def algorithm_class(name: str, options: AlgorithmOptions) -> type[Algorithm]:
-    """The class that runs algorithm ``name`` with ``options`` (validated)."""
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The class that runs algorithm ``name``."""
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, ALGORITHMS)
-    variant = options.variant()
-    return VARIANTS[name, variant] if variant and (name, variant) in VARIANTS else ALGORITHMS[name]
+    return ALGORITHMS[name]
 
 
 def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
@@ -49,8 +45,8 @@ def make_algorithm(name: str, ctx: DistContext, **options: Any) -> Algorithm:
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, ALGORITHMS)
     built = build_options(name, ALGORITHMS[name].Options, options)
-    return algorithm_class(name, built)(built, Comm(ctx))
+    return ALGORITHMS[name](built, Comm(ctx))
 
 
-__all__ = ["ALGORITHMS", "VARIANTS", "Algorithm", "AlgorithmOptions", "Roles", "algorithm_class",
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "Roles", "algorithm_class",
            "make_algorithm"]

@@ -3,7 +3,7 @@ Averaging SGD"): the workers explore on their own and are pulled towards a cente
 every tau = ``period`` steps, and the center towards them, with moving rate alpha = eta * rho
 (``moving_rate``; default 0.9 / N, the paper's beta = N alpha = 0.9).
 
-Synchronous (``mode=sync``, the paper's Algorithm 1), every worker at once:
+Synchronous, the paper's Algorithm 1, every worker at once:
 
     x_i <- x_i - alpha (x_i - x~)            for every worker i
     x~  <- x~  + alpha sum_i (x_i - x~)      (the x_i before their own pull)
@@ -12,9 +12,8 @@ The center is kept on every worker (the sum is one allreduce), so it is the same
 is what is evaluated and what the run ends with. Buffers (batch-norm statistics) are averaged at
 each pull.
 
-Asynchronous (``mode=async``, Algorithm 2, the center on a server rank) is its own module,
-``easgd_async``, on the parameter-server protocol Downpour uses; the options here choose it
-(``variant``), so ``--algorithm easgd --mode async`` is spelled as before.
+Asynchronous EASGD (Algorithm 2, the center on a server rank) is its own algorithm,
+``easgd_async`` (its module of that name), on the parameter-server protocol Downpour uses.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ class CenterState:
 
 
 class EASGD(CenterState, Periodic):
-    """Synchronous EASGD; ``mode=async`` runs ``easgd_async.AsyncEASGD`` instead (``variant``)."""
+    """Synchronous EASGD (``easgd_async.AsyncEASGD`` is the asynchronous one)."""
 
     name = "easgd"
     Options = EASGDOptions

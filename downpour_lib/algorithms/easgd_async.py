@@ -1,5 +1,5 @@
 """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun, NIPS 2015, Algorithm 2; the
-center on a server rank as TorchMPI had): ``--algorithm easgd --mode async``.
+center on a server rank as TorchMPI had): ``--algorithm easgd_async``.
 
 Rank 0 holds the center x~ and serves it on the parameter-server protocol Downpour uses
 (``ps_server.ServeLoop``, one shard: the model's floating-point parameters). Every tau =
@@ -9,7 +9,7 @@ x_i -= alpha (x_i - x~), the server x~ += alpha (x_i - x~) (``ElasticPull``, the
 "optimizer": its push is x_i, not a gradient). No worker waits for another. The first worker
 evaluates the center (a FETCH) and, after every worker's last exchange, ends with the final center
 (its FINAL, answered once every worker is DONE). Buffers stay each worker's own. It neither
-checkpoints nor stops early (``EASGDOptions.checkpoint_refusal``, ``stop_refusal``).
+checkpoints nor stops early (``AsyncEASGDOptions.checkpoint_refusal``, ``stop_refusal``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 
 from ..comm.collectives import flatten, unflatten_into
 from ..comm.p2p import HEADER, header
-from ..options import EASGDOptions
+from ..options import AsyncEASGDOptions
 from ..options.periodic import SERVER
 from .base import OnUpdate, Server
 from .easgd import CenterState
@@ -57,9 +57,9 @@ class ElasticPull(torch.optim.Optimizer):
 
 
 class AsyncEASGD(CenterState, Periodic):
-    name = "easgd"  # the variant of easgd that ``mode=async`` chooses (``algorithm_class``)
-    Options = EASGDOptions
-    options: EASGDOptions
+    name = "easgd_async"
+    Options = AsyncEASGDOptions
+    options: AsyncEASGDOptions
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module | Server:
         model = super().setup(model, optimizer)  # every rank, the server too: one start

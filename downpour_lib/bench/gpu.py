@@ -37,7 +37,8 @@ from ..config import TrainConfig
 from ..data import ShardSampler, load_dataset
 from ..data.generate import write_imagefolder
 from ..data.loader import TrainBatches
-from ..engine import Trainer, is_language_model
+from ..data.sources import is_language_model
+from ..engine import train
 from ..errors import ConfigError
 from ..provenance import environment
 from ..records import device_sync
@@ -89,10 +90,10 @@ def pipeline(images: int, batch: int, workers: int, rounds: int, device: torch.d
         classes = 16
         root = write_imagefolder(tmp, classes=classes, per_class=max(1, images // classes),
                                  size=(500, 375), val_per_class=1)
-        train = load_dataset("imagefolder", root).train
-        sampler = ShardSampler(len(train), batch, 0, 1, 0)
+        images_set = load_dataset("imagefolder", root).train
+        sampler = ShardSampler(len(images_set), batch, 0, 1, 0)
         first = max(1, workers)
-        stream = TrainBatches(train, sampler, range(first * (rounds + 1)), True, 0, workers, device)
+        stream = TrainBatches(images_set, sampler, range(first * (rounds + 1)), True, 0, workers, device)
         try:
             count, start = 0, None
             for i, (_, _, x, _) in enumerate(stream):
@@ -119,11 +120,11 @@ def measure(args: argparse.Namespace, device: torch.device) -> list[dict[str, An
                                   {"what": "plain loop, batch resident on the GPU",
                                    "images_per_s": ceiling}]
     for name in names:
-        summary = Trainer(TrainConfig(algorithm=name, **same), DistContext.single(device)).run().summary
+        summary = train(TrainConfig(algorithm=name, **same), DistContext.single(device)).summary
         rows.append({"what": name, "images_per_s": summary["samples_per_s"]})
-    train = load_dataset(args.dataset).train
-    if is_language_model(train):  # tokens come from memory: no image pipeline to keep up
-        context = train.input_shape[0]
+    source = load_dataset(args.dataset).train
+    if is_language_model(source):  # tokens come from memory: no image pipeline to keep up
+        context = source.input_shape[0]
         rows = [{**row, "tokens_per_s": row["images_per_s"] * context} for row in rows]
     else:
         workers = args.data_workers if args.data_workers is not None else len(os.sched_getaffinity(0))

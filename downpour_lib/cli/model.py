@@ -187,7 +187,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                     help="coefficient of variation of a step's time (a run's steps.csv): a "
                          "synchronous step waits for the slowest of N")
     p.add_argument("--option", action="append", default=[], type=_option, metavar="ALG.KEY=VALUE",
-                   help="an algorithm's option, e.g. downpour.servers=16, easgd.mode=async, "
+                   help="an algorithm's option, e.g. downpour.servers=16, easgd.moving_rate=0.1, "
                         "localsgd.period=8, downpour.slow_workers=1 (repeat for more)")
     p.add_argument("--json", default=None, help="write the rows here (a JSON list)")
     p.add_argument("--csv", default=None, help="write the rows here")

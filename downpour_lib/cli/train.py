@@ -36,6 +36,8 @@ def _option_fields() -> dict[str, str]:
     for name, cls in OPTIONS.items():
         for f in dataclasses.fields(cls):
             helps.setdefault(f.name, {}).setdefault(f.metadata.get("help", ""), []).append(name)
+        for option, instead in cls.retired.items():  # taken, to be answered with what to give
+            helps.setdefault(option, {}).setdefault(f"retired: {instead}", []).append(name)
     return {k: "; ".join(f"[{', '.join(owners)}] {text}" for text, owners in v.items())
             for k, v in helps.items()}
 
@@ -76,6 +78,8 @@ def _option_hints() -> dict[str, Any]:
         types = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             hints.setdefault(f.name, types[f.name])
+        for option in cls.retired:  # its text, for build_options to answer
+            hints.setdefault(option, str)
     return hints
 
 
@@ -167,18 +171,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .._torch_import import import_torch
 
         import_torch(training=not preflight)
-        import torch
 
         from ..comm import runtime
-        from ..data import load_dataset
-        from ..engine import Trainer, flush_denormals, plan_run, quiet
+        from ..engine import Trainer
+        from ..planning import prepare, quiet
 
-        if config.system.device == "cpu" or not torch.cuda.is_available():
-            flush_denormals()  # before loading the data starts torch's worker threads (engine)
-        splits = load_dataset(config.data.dataset, config.data.data_dir)
         say = quiet if preflight and preempt.in_slurm_job() else warn  # the ranks say it again
-        plan = plan_run(config, placement.world_size, splits.train, say,
-                        rank=None if preflight else placement.rank)  # None: every rank's paths
+        plan, splits = prepare(config, placement.world_size, say,
+                               rank=None if preflight else placement.rank)  # None: every rank's
         if placement.rank == 0:  # rank 0 writes the summary
             check_new_file("summary_json", getattr(args, "summary_json", None))
         if preflight:
@@ -199,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     with preempt.SIGNAL.stopping_on_term(), runtime.abort_on_error():
         ctx = runtime.init(config.system.backend, config.system.device, config.system.timeout_s)
         try:
-            result = Trainer(config, ctx, splits, plan, log_progress=True).run()
+            result = Trainer(config, ctx, plan, splits, log_progress=True).run()
         except preempt.Preempted as stop:
             return _preempted(stop, config, ctx)
         preempt.SIGNAL.ignore()  # the run is over: a signal now has nothing to stop

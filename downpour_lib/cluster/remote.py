@@ -91,14 +91,15 @@ def job_world(world_size: int, backend: str = "auto", device: str = "auto",
 
 def train(config: dict[str, Any], world_size: int, plan: Any = None, user: bytes | None = None):
     """Train ``config`` on ranks 0..world_size-1; rank 0 returns the ``RunResult``, others None.
-    ``plan``: the client's pre-flight (``engine.plan_run``), made here when not given; engines in
-    a Slurm job resume on their own (``TrainConfig.slurm_resume``), so they re-read only where
-    the run starts (``engine.plan_resume``). ``user``: the client's own model and data-set
+    ``plan``: the client's pre-flight (``planning.plan_run``), made here when not given; engines
+    in a Slurm job resume on their own (``TrainConfig.slurm_resume``), so they re-read only where
+    the run starts (``planning.plan_resume``). ``user``: the client's own model and data-set
     functions, by value (``user_code.shipped``)."""
     from .. import user_code
     from .._torch_import import import_torch
     from ..config import TrainConfig
-    from ..engine import Trainer, plan_resume, quiet, warn
+    from ..engine import Trainer, make_trainer
+    from ..planning import plan_resume, quiet, warn
 
     user_code.receive(user)  # before the config names them
     import_torch()  # the optimizer's first step imports torch._dynamo: here, with the GC paused
@@ -108,9 +109,11 @@ def train(config: dict[str, Any], world_size: int, plan: Any = None, user: bytes
     with job_world(world_size, system.backend, system.device, system.timeout_s) as ctx:
         if ctx is None:
             return None
-        if plan is not None and cfg is not given:
+        if plan is None:
+            return make_trainer(cfg, ctx).run()
+        if cfg is not given:
             plan = plan_resume(cfg, plan, world_size, warn if ctx.rank == 0 else quiet)
-        return Trainer(cfg, ctx, plan=plan).run()
+        return Trainer(cfg, ctx, plan).run()
 
 
 def allreduce_ranks(world_size: int) -> dict[str, Any] | None:

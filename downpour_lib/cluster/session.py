@@ -181,7 +181,7 @@ class ClusterSession(Running):
         returns rank 0's ``RunResult``. Bad settings fail here, before any engine is busy."""
         from ..config import TrainConfig
         from ..data import load_dataset
-        from ..engine import plan_run
+        from ..planning import plan_run
 
         if isinstance(config, Mapping):
             config = TrainConfig.from_dict(dict(config))

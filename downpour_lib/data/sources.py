@@ -36,6 +36,11 @@ class ImageSource(Protocol):
                ) -> tuple[torch.Tensor, int]: ...
 
 
+def is_language_model(source: ImageSource) -> bool:
+    """Whether the data set's samples are token windows (``data/text.py``)."""
+    return getattr(source, "task", "classify") == "lm"
+
+
 class TensorSource:
     """Images held in memory (uint8 or float), normalized per channel when a batch is taken."""
 

@@ -22,7 +22,15 @@ from .gossip import (
     PushSumOptions,
     SGPOptions,
 )
-from .periodic import DiLoCoOptions, EASGDOptions, LocalSGDOptions, PeriodicOptions, SlowMoOptions
+from .periodic import (
+    AsyncEASGDOptions,
+    DiLoCoOptions,
+    EASGDOptions,
+    ElasticOptions,
+    LocalSGDOptions,
+    PeriodicOptions,
+    SlowMoOptions,
+)
 from .servers import DownpourOptions, PSOptions, SyncPSOptions
 
 #: algorithm name -> its options class; ``algorithms.ALGORITHMS`` has the same names, in this order
@@ -30,13 +38,13 @@ OPTIONS: dict[str, type[AlgorithmOptions]] = {
     "local": LocalOptions, "sync_ps": SyncPSOptions, "ddp": DDPOptions, "allreduce": AllReduceOptions,
     "downpour": DownpourOptions, "sgp": SGPOptions, "osgp": OSGPOptions, "dpsgd": DPSGDOptions,
     "adpsgd": ADPSGDOptions, "localsgd": LocalSGDOptions, "easgd": EASGDOptions,
-    "diloco": DiLoCoOptions, "slowmo": SlowMoOptions,
+    "easgd_async": AsyncEASGDOptions, "diloco": DiLoCoOptions, "slowmo": SlowMoOptions,
 }
 
 __all__ = [
-    "OPTIONS", "ADPSGDOptions", "AlgorithmOptions", "AllReduceOptions", "BoundedLagOptions",
-    "DDPOptions", "DPSGDOptions", "DiLoCoOptions", "DownpourOptions", "EASGDOptions", "GraphOptions",
-    "LocalOptions", "LocalSGDOptions", "OSGPOptions", "PSOptions", "PeriodicOptions", "PushSumOptions",
-    "Roles", "SGPOptions", "SlowMoOptions", "SyncPSOptions", "build_options", "check_workers", "coerce",
-    "field_help", "parse",
+    "OPTIONS", "ADPSGDOptions", "AlgorithmOptions", "AllReduceOptions", "AsyncEASGDOptions",
+    "BoundedLagOptions", "DDPOptions", "DPSGDOptions", "DiLoCoOptions", "DownpourOptions",
+    "EASGDOptions", "ElasticOptions", "GraphOptions", "LocalOptions", "LocalSGDOptions", "OSGPOptions",
+    "PSOptions", "PeriodicOptions", "PushSumOptions", "Roles", "SGPOptions", "SlowMoOptions",
+    "SyncPSOptions", "build_options", "check_workers", "coerce", "field_help", "parse",
 ]

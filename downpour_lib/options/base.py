@@ -71,6 +71,9 @@ class AlgorithmOptions:
     #: another (asynchronous), the scale comes off before ``after_backward`` and a rank that
     #: overflowed skips alone: its ``after_backward`` and ``step`` see no gradients.
     overflow: ClassVar[Literal["vote", "reduced", "alone"]] = "vote"
+    #: options the algorithm no longer takes -> what to give instead: a config that names one
+    #: gets that answer, not "no such option" (easgd's ``mode``: async is ``easgd_async`` now)
+    retired: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -88,12 +91,6 @@ class AlgorithmOptions:
     def checkpoint_refusal(self) -> str | None:
         """Why the algorithm cannot write checkpoints with these options, or None (it can)."""
         return None
-
-    def variant(self) -> str:
-        """Which of its algorithm's classes runs these options, where the options choose one
-        (``algorithms.VARIANTS``; easgd's ``mode=async`` is another algorithm on a server rank):
-        "" for the registered class."""
-        return ""
 
     def stop_refusal(self) -> str | None:
         """Why the ranks cannot stop early together with these options, or None (they vote,
@@ -145,6 +142,8 @@ def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any) -> 
     known = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for name in options:
+        if name in cls.retired:
+            raise ConfigError(name, options[name], cls.retired[name])
         if name not in known:
             valid = ", ".join(known) if known else "none"
             raise ConfigError(name, options[name],

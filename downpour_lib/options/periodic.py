@@ -1,5 +1,5 @@
 """Options of the algorithms that train locally and meet every few steps: ``localsgd``,
-``diloco``, ``slowmo`` and ``easgd`` (whose ``mode=async`` puts the center on a server rank).
+``diloco``, ``slowmo``, ``easgd`` and ``easgd_async`` (the center on a server rank).
 """
 
 from __future__ import annotations
@@ -74,14 +74,13 @@ class SlowMoOptions(LocalSGDOptions):
 
 
 @dataclass(frozen=True)
-class EASGDOptions(PeriodicOptions):
-    #: for the performance model, by ``variant()``: async pulls from a center on a server rank
-    traffic_variants: ClassVar[dict[str, str]] = {"async": "async_push_pull"}
+class ElasticOptions(PeriodicOptions):
+    """What synchronous and asynchronous EASGD share: the moving rate alpha, and that alpha x
+    workers may not pass 1 (the center would overshoot)."""
+
     moving_rate: float | None = field(default=None, metadata={
-        "help": "easgd: the moving rate alpha = eta * rho, in (0, 1/N]; none = 0.9 / N"})
-    mode: Literal["sync", "async"] = field(default="sync", metadata={
-        "help": "easgd: sync (every worker pulls at once, the center on every worker) or async "
-                "(the center on a server rank, rank 0; each worker pulls on its own clock)"})
+        "help": "easgd, easgd_async: the moving rate alpha = eta * rho, in (0, 1/N]; "
+                "none = 0.9 / N"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -92,32 +91,46 @@ class EASGDOptions(PeriodicOptions):
     def alpha(self, workers: int) -> float:
         return self.moving_rate or 0.9 / workers
 
-    def checkpoint_refusal(self) -> str | None:
-        if self.mode == "async":
-            return "easgd with mode=async does not write checkpoints yet; use mode=sync"
-        return None
-
-    def variant(self) -> str:
-        return self.mode  # "async": easgd_async.AsyncEASGD runs it
-
-    def stop_refusal(self) -> str | None:
-        if self.mode == "async":  # its server takes no steps to vote at
-            return "easgd with mode=async cannot stop early or checkpoint"
-        return None
-
-    def roles(self, world_size: int) -> Roles:
-        workers = world_size - (self.mode == "async")
-        if workers < 1:
-            raise ConfigError("mode", self.mode, "needs a server rank and at least one worker: "
-                                                 "launch 2 ranks or more")
+    def check_alpha(self, workers: int) -> None:
         if self.alpha(workers) * workers > 1:
             raise ConfigError("moving_rate", self.moving_rate,
                               f"alpha x workers = {self.alpha(workers) * workers:g} > 1 makes the "
                               f"center overshoot; use at most {1 / workers:g} with "
                               f"{workers} workers")
-        if self.mode == "sync":
-            return super().roles(world_size)
+
+
+@dataclass(frozen=True)
+class EASGDOptions(ElasticOptions):
+    #: options easgd no longer takes, and what to give instead (``build_options`` says so)
+    retired: ClassVar[dict[str, str]] = {"mode": (
+        "easgd is synchronous EASGD; asynchronous EASGD is its own algorithm, easgd_async: drop "
+        "mode, or give algorithm=easgd_async (--algorithm easgd_async)")}
+
+    def roles(self, world_size: int) -> Roles:
+        self.check_alpha(world_size)
+        return super().roles(world_size)
+
+
+@dataclass(frozen=True)
+class AsyncEASGDOptions(ElasticOptions):
+    """Asynchronous EASGD: the center on a server rank (``SERVER``), every other rank a worker."""
+
+    #: for the performance model: each worker pulls from the center on its own clock (simulated)
+    traffic: ClassVar[str] = "async_push_pull"
+
+    def checkpoint_refusal(self) -> str | None:
+        return "easgd_async does not write checkpoints yet; use easgd"
+
+    def stop_refusal(self) -> str | None:
+        return "easgd_async cannot stop early or checkpoint"  # its server takes no steps to vote at
+
+    def roles(self, world_size: int) -> Roles:
+        workers = world_size - 1
+        if workers < 1:
+            raise ConfigError("world_size", world_size, "easgd_async needs a server rank and at "
+                                                        "least one worker: launch 2 ranks or more")
+        self.check_alpha(workers)
         return Roles(world_size, tuple(range(1, world_size)), (SERVER,), evaluator=1)
 
     def roles_for(self, workers: int) -> Roles:
-        return self.roles(check_workers(workers) + (self.mode == "async"))
+        return self.roles(check_workers(workers) + 1)

@@ -31,7 +31,7 @@ from .perfmodel import Calibration, Workload, bucketed_allreduce_s, modelled_opt
 
 #: columns of a study row that are communication or waiting, not computation
 _NOT_COMPUTE = ("comm_s", "wait_s")
-_PS = ("sync_ps", "downpour", "easgd")
+_PS = ("sync_ps", "downpour", "easgd", "easgd_async")
 
 
 def _read_json(field: str, path: str | os.PathLike, make: str, writer: str) -> Any:

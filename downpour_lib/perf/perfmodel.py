@@ -13,9 +13,9 @@ algorithm sends is what its options class declares (``traffic``, one of ``TRAFFI
 - ``push_pull`` (sync_ps): push to and pull from S server shards, whose cards are the bottleneck;
 - ``gossip`` (sgp, dpsgd): to one peer (SGP, Assran et al. 2019) or to both ring neighbours
   (D-PSGD, Lian et al. 2017); ``overlapped_gossip`` (osgp) hides it behind the next step;
-- ``periodic`` (localsgd, diloco, slowmo, sync easgd): one allreduce of the model every ``period``
+- ``periodic`` (localsgd, diloco, slowmo, easgd): one allreduce of the model every ``period``
   steps, amortized over the period;
-- ``async_push_pull``, ``async_gossip`` (downpour, async easgd, adpsgd): the discrete-event
+- ``async_push_pull``, ``async_gossip`` (downpour, easgd_async, adpsgd): the discrete-event
   simulation of ``perfsim``, which also gives Downpour's staleness.
 
 What it leaves out: congestion between jobs, and algorithms' accuracy: it predicts time per step,
@@ -69,7 +69,7 @@ MODELLED_ALGORITHMS: dict[str, type[AlgorithmOptions]] = {name: cls for name, cl
 
 
 #: the options a prediction reads (others, e.g. a learning rate, do not change a step's time)
-MODELLED_OPTIONS = ("servers", "n_fetch", "n_push", "period", "mode", "topology", "peers_per_step",
+MODELLED_OPTIONS = ("servers", "n_fetch", "n_push", "period", "topology", "peers_per_step",
                     "max_lag", "max_staleness", "warmstart", "slow_workers", "slowdown")
 
 
@@ -256,14 +256,9 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
     return {**{k: v for k, v in fields.items() if v is not None}, **(options or {})}
 
 
-def traffic(algorithm: str, opts: Mapping[str, Any]) -> str:
-    """What ``algorithm`` with ``opts`` sends a step: its options class's ``traffic`` (one of
-    ``TRAFFIC``), or, where an option picks another variant (easgd's mode), ``traffic_variants``'."""
+def traffic(algorithm: str) -> str:
+    """What ``algorithm`` sends a step: its options class's ``traffic`` (one of ``TRAFFIC``)."""
     cls = MODELLED_ALGORITHMS[algorithm]
-    variants = getattr(cls, "traffic_variants", {})
-    for value in opts.values():
-        if isinstance(value, str) and value in variants:
-            return variants[value]
     pattern = getattr(cls, "traffic", None)
     if pattern not in TRAFFIC:
         raise ConfigError("algorithm", algorithm, f"its {cls.__name__} declares no `traffic` of "
@@ -433,7 +428,7 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
     if not (isinstance(workers, int) and workers >= 1):
         raise ConfigError("workers", workers, "an integer >= 1")
     opts = options_for(algorithm, options)
-    pattern = traffic(algorithm, opts)
+    pattern = traffic(algorithm)
     w = cal.workload(model)
     net, m, passes = cal.network, w.param_bytes, w.accumulation
     devices = min(workers, net.per_node)

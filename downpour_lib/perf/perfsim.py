@@ -2,7 +2,7 @@
 
 Where there is no barrier, a step's time is not a formula: it depends on who queues behind whom at a
 server's card, and a slow worker shifts everyone's staleness. ``simulate`` runs the protocols our
-implementations run (``algorithms/downpour.py``, ``adpsgd.py``, ``easgd.py`` in async mode) as
+implementations run (``algorithms/downpour.py``, ``adpsgd.py``, ``easgd_async.py``) as
 ``simpy`` processes over alpha-beta links (``netmodel.Link``), each card a FIFO resource per
 direction (links are full duplex):
 
@@ -16,7 +16,7 @@ direction (links are full duplex):
 - ``adpsgd`` (Lian et al. 2018): training never waits for a peer except through ``max_lag``;
   averaging round r of a rank starts once its training finished step r and exchanges the model with
   the partner of a perfect matching between even and odd ranks, both directions at once.
-- ``easgd`` async (Zhang et al. 2015, Algorithm 2): every ``period`` steps a worker sends its model
+- ``easgd_async`` (Zhang et al. 2015, Algorithm 2): every ``period`` steps a worker sends its model
   to the center's server and gets the center back.
 
 Slow workers (``slow_workers`` of them, each step ``slowdown`` times the compute) are the first
@@ -36,7 +36,7 @@ import simpy
 from ..errors import ConfigError
 from .netmodel import Link
 
-SIMULATED_ALGORITHMS = ("downpour", "adpsgd", "easgd")  # the ones `simulate` can run
+SIMULATED_ALGORITHMS = ("downpour", "adpsgd", "easgd_async")  # the ones `simulate` can run
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def simulate(algorithm: str, workers: int, *, compute_s: float, model_bytes: flo
                                   _compute(i, compute_s, slow_workers, slowdown, jitter, seed), model_bytes,
                                   n_fetch, n_push, max_staleness, warm, warm_pushes, hist, refused,
                                   finish))
-    elif algorithm == "easgd":
+    elif algorithm == "easgd_async":
         center = _Shard(env, link)
         cards = [center.card]
         for i in range(workers):

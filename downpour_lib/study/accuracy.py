@@ -191,9 +191,9 @@ def plan_study(base: Mapping[str, Any] | None = None,
     first reached ``target``: a test accuracy (``metric="accuracy"``, the default) or a test loss
     (``metric="loss"``), or a ``Target``. Every config is checked here."""
     from ..data import load_dataset
-    from ..engine import plan_run
     from ..errors import unknown_name
     from ..options import OPTIONS as KNOWN
+    from ..planning import plan_run
 
     base = {**BASE, **(base or {})}
     for name in ("algorithm", "options", "slow_workers", "slowdown"):

@@ -87,7 +87,7 @@ def main(directory: str) -> int:
 
     import_torch()
     from ..comm import runtime
-    from ..engine import Trainer
+    from ..engine import train
     from ..launch_env import discover
 
     runs = json.loads((Path(directory) / BATCH_FILE).read_text())
@@ -104,7 +104,7 @@ def main(directory: str) -> int:
         if bench is not None:
             collectives.in_session(*bench, ctx)
         for config in configs:
-            Trainer(config, ctx).run()
+            train(config, ctx)
         runtime.shutdown()
     return 0
 

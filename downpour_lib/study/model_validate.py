@@ -93,7 +93,7 @@ MEETINGS = 8
 #: is short (DiLoCo's 160 steps, 0.5 s): a transient of the machine's moved DiLoCo's from 2.9-3.3 ms
 #: to 3.9 ms and its prediction at 200mbit to 16% off. Longer, it costs a few seconds. (Its step
 #: had also grown with the run's length, 4.3-5.0 ms at 8 times, from AdamW's state decaying into
-#: subnormal floats; ``engine.flush_denormals`` ended that: 3.3 ms at 4 and 8 times alike)
+#: subnormal floats; ``planning.flush_denormals`` ended that: 3.3 ms at 4 and 8 times alike)
 UNSHAPED_LONGER = 4
 
 

@@ -50,9 +50,9 @@ __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_REPEATS", "EMULATED_LINKS", "EMULATED_
 #: ``(config, world_size, timeout_s) -> summary row``; raises a DownpourError when the run fails.
 Launch = Callable[[TrainConfig, int, float], dict[str, Any]]
 
-#: The algorithms the study compares unless told otherwise: 8 of the 13, those that communicate
+#: The algorithms the study compares unless told otherwise: 8 of the 14, those that communicate
 #: every step, whose throughput in an 8-step run measures what they cost. ``LEFT_OUT`` says why
-#: the other 5 are not here (a notebook's ``algorithms`` parameter can still add them).
+#: the other 6 are not here (a notebook's ``algorithms`` parameter can still add them).
 DEFAULT_ALGORITHMS: tuple[str, ...] = (
     "sync_ps", "ddp", "allreduce", "downpour", "sgp", "osgp", "dpsgd", "adpsgd")
 #: The algorithms the study leaves out by default, and why (notebook 02 and ``make study`` say so).
@@ -63,6 +63,8 @@ LEFT_OUT: dict[str, str] = {
     "localsgd": "meets every 4 steps (period): in 8 steps its throughput is mostly the period's; "
                 "notebook 05 compares it on time and bytes to a test accuracy",
     "easgd": "meets the centre every few steps (period): as localsgd; notebook 05",
+    "easgd_async": "meets the centre on a server rank every few steps of each worker's own "
+                   "clock (period): as easgd",
     "diloco": "meets every 20 steps, more than the study's 8: it would not communicate at all; "
               "notebook 05",
     "slowmo": "averages every few steps (period): as localsgd; notebook 05",

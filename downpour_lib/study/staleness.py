@@ -79,7 +79,7 @@ def variant_label(algorithm: str, options: Mapping[str, Any]) -> str:
 def _variant(base: Mapping[str, Any], algorithm: str, options: Mapping[str, Any], workers: int,
              label: str | None) -> Variant:
     from ..data import load_dataset
-    from ..engine import plan_run
+    from ..planning import plan_run
 
     config = TrainConfig.from_dict({**base, "algorithm": algorithm, "options": dict(options)})
     world_size = config.options.roles_for(workers).world_size

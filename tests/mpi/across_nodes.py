@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from reference import compare, one_process
 
-from downpour_lib import TrainConfig, Trainer, comm, runtime
+from downpour_lib import TrainConfig, comm, make_trainer, runtime
 
 BASE = dict(model="mlp", dataset="digits", warmup_steps=1, lr=0.05, momentum=0.9, threads=1, seed=3)
 B = 16
@@ -64,7 +64,7 @@ def hierarchy(ctx) -> dict:
 
 def params_after(config: TrainConfig, ctx) -> tuple[list, list, str | None]:
     """Initial and final parameters of this rank, and (rank 0) the hosts the summary names."""
-    trainer = Trainer(config, ctx)
+    trainer = make_trainer(config, ctx)
     initial = [p.detach().clone() for p in trainer.model.parameters()]
     result = trainer.run()
     hosts = result.summary["hosts"] if result is not None else None
@@ -96,7 +96,7 @@ def asynchronous(ctx, backend: str) -> dict:
                           ("adpsgd", {})):
         config = TrainConfig(**BASE, algorithm=name, steps=5, batch_size=B, backend=backend,
                              options=options)
-        trainer = Trainer(config, ctx)
+        trainer = make_trainer(config, ctx)
         result = trainer.run()
         sent = sum(s.bytes_sent for s in trainer.step_records)
         received = sum(s.bytes_received for s in trainer.step_records)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from downpour_lib import TrainConfig, runtime
-from downpour_lib.engine import Trainer
+from downpour_lib.engine import Trainer, make_trainer
 
 BASE = dict(model="mlp", dataset="digits", batch_size=16, steps=12, lr=0.05, final_eval=False,
             warmup_steps=1, backend="mpi")
@@ -48,7 +48,7 @@ def train_while_handling(config: TrainConfig, ctx) -> tuple[Trainer, set[threadi
     try:
         raise KeyError("an unrelated error the caller is handling")
     except KeyError:
-        trainer = Trainer(config, ctx, callbacks=[lambda _: seen.update(threads_of(trainer.algorithm))])
+        trainer = make_trainer(config, ctx, callbacks=[lambda _: seen.update(threads_of(trainer.algorithm))])
         trainer.run()
         return trainer, seen, sum(t.is_alive() for t in seen)  # right away: joined ones ended
 

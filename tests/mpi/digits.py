@@ -5,7 +5,7 @@ starts four ranks and loads the data once for all of them, not once per algorith
 Rank 0 prints one JSON line per run: ``case``, the run's summary, and what the checks read besides
 (the evaluations' consensus distances and ranks, the server's updates). The checks are in
 tests/test_multirank.py (sync_ps), test_downpour_multirank.py (downpour), test_periodic.py (diloco,
-localsgd, easgd, slowmo, easgd async) and test_gossip_multirank.py (sgp, osgp, dpsgd, adpsgd); they
+localsgd, easgd, slowmo, easgd_async) and test_gossip_multirank.py (sgp, osgp, dpsgd, adpsgd); they
 read it through the ``digits_runs`` fixture of tests/conftest.py. Exits non-zero on an exception.
 """
 
@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 
 BASE = dict(model="lenet", dataset="digits", epochs=10, threads=1, backend="gloo", device="cpu")
 RUNS = [
@@ -27,7 +27,7 @@ RUNS = [
     ("localsgd", dict(algorithm="localsgd")),
     ("easgd", dict(algorithm="easgd")),
     ("slowmo", dict(algorithm="slowmo")),
-    ("easgd async", dict(algorithm="easgd", options={"mode": "async"})),
+    ("easgd_async", dict(algorithm="easgd_async")),
     # evaluated every 40 steps: three evaluations, each with its consensus distance
     *((name, dict(algorithm=name, eval_every=40)) for name in ("sgp", "osgp", "dpsgd", "adpsgd")),
 ]
@@ -41,7 +41,7 @@ def main() -> int:
     for case, change in RUNS:
         if only and case not in only:
             continue
-        result = Trainer(TrainConfig(**{**BASE, **change}), ctx).run()
+        result = make_trainer(TrainConfig(**{**BASE, **change}), ctx).run()
         if ctx.rank == 0:
             evals = result.evals
             print(json.dumps({

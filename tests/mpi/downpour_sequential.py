@@ -10,7 +10,7 @@ JSON line per case.
 import json
 import sys
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 from downpour_lib.comm.runtime import DistContext
 
 BASE = dict(model="lenet", dataset="digits", steps=25, warmup_steps=1, lr=0.05, threads=1, seed=4,
@@ -23,14 +23,14 @@ def main() -> int:
     failed = False
     for optimizer in ("adagrad", "sgd"):
         options = {"servers": 1, "server": "dedicated", "n_fetch": 1, "n_push": 1}
-        trainer = Trainer(TrainConfig(algorithm="downpour", optimizer=optimizer, options=options,
-                                      **BASE), ctx)
+        trainer = make_trainer(TrainConfig(algorithm="downpour", optimizer=optimizer, options=options,
+                                           **BASE), ctx)
         assert trainer.roles.servers == (0,) and trainer.roles.workers == (1,)
         trainer.run()
         if ctx.rank != trainer.roles.evaluator:
             continue
-        reference = Trainer(TrainConfig(algorithm="local", optimizer=optimizer, **BASE),
-                            DistContext.single())
+        reference = make_trainer(TrainConfig(algorithm="local", optimizer=optimizer, **BASE),
+                                 DistContext.single())
         initial = [p.detach().clone() for p in reference.model.parameters()]
         reference.run()
         pairs = list(zip([p.detach() for p in trainer.model.parameters()],

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 from downpour_lib.emulate import EmulatedCompute
 
 STEPS, LR = 4, 0.1
@@ -24,7 +24,7 @@ for backend in ("gloo", "mpi"):
                                  batch_size=8, steps=STEPS, warmup_steps=1, eval_every=0,
                                  optimizer="sgd", lr=LR, momentum=0.0, threads=1,
                                  backend=backend, compute="emulated", emulated_step_s=0.004)
-            trainer = Trainer(config, ctx)
+            trainer = make_trainer(config, ctx)
             p0 = [p.detach().clone() for p in trainer.model.parameters()]
             result = trainer.run()
             grads = [EmulatedCompute(trainer.model, trainer.compute, seed=1000 * r).grads

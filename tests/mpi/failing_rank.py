@@ -6,7 +6,7 @@ blocked inside MPI collectives, which have no timeout, so only aborting the MPI 
 
 import sys
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 
 algorithm = sys.argv[1] if len(sys.argv) > 1 else "sync_ps"
 backend = sys.argv[2] if len(sys.argv) > 2 else "gloo"
@@ -20,4 +20,4 @@ with runtime.abort_on_error():
 
     config = TrainConfig(algorithm=algorithm, model="mlp", dataset="digits", steps=100_000,
                          warmup_steps=1, threads=1, backend=backend)
-    Trainer(config, ctx, callbacks=[fail_on_rank_1]).run()
+    make_trainer(config, ctx, callbacks=[fail_on_rank_1]).run()

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 
 SYNCHRONOUS = {"allreduce": None, "ddp": None, "sgp": None, "osgp": None, "dpsgd": None,
                "sync_ps": {"server": "dedicated"}}
@@ -28,8 +28,8 @@ def flat(model) -> torch.Tensor:
 
 
 def agree(ctx, name, options) -> dict:
-    trainer = Trainer(TrainConfig(algorithm=name, options=options, precision="fp16", steps=4,
-                                  warmup_steps=0, **BASE), ctx)
+    trainer = make_trainer(TrainConfig(algorithm=name, options=options, precision="fp16", steps=4,
+                                       warmup_steps=0, **BASE), ctx)
     overflowing = trainer.roles.workers[-1]
     if ctx.rank == overflowing:
         trainer.scaler.scale = 2.0 ** 200
@@ -50,9 +50,9 @@ def agree(ctx, name, options) -> dict:
 
 def accuracy(ctx, name, options) -> dict:
     # 5 epochs: every algorithm at 0.936-0.950 here (twice, the same); at 10 SGP ended at 0.900
-    result = Trainer(TrainConfig(algorithm=name, options=options, precision="bf16", epochs=5,
-                                 **{**BASE, "model": "lenet", "weight_decay": 0.0,
-                                    "batch_size": 32, "final_eval": True}), ctx).run()
+    result = make_trainer(TrainConfig(algorithm=name, options=options, precision="bf16", epochs=5,
+                                      **{**BASE, "model": "lenet", "weight_decay": 0.0,
+                                         "batch_size": 32, "final_eval": True}), ctx).run()
     if ctx.rank != 0:
         return {}
     return {"case": f"bf16 {name}", "test_accuracy": result.summary["test_accuracy"],

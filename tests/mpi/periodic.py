@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 from downpour_lib.algorithms import make_algorithm
 from downpour_lib.data import ShardSampler, load_dataset
 from downpour_lib.models import build_model
@@ -33,7 +33,7 @@ def params(model):
 
 
 def train(ctx, **change):
-    trainer = Trainer(TrainConfig(**{**BASE, **change}), ctx)
+    trainer = make_trainer(TrainConfig(**{**BASE, **change}), ctx)
     result = trainer.run()
     return params(trainer.model), result
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from downpour_lib import TrainConfig, Trainer
+from downpour_lib import TrainConfig, make_trainer
 from downpour_lib.comm.runtime import DistContext
 
 
 def trained(config: TrainConfig, ctx) -> tuple[list, list, object]:
     """(initial, final) parameters of this rank's run, and its result (rank 0's, else None)."""
-    trainer = Trainer(config, ctx)
+    trainer = make_trainer(config, ctx)
     initial = [p.detach().clone() for p in trainer.model.parameters()]
     result = trainer.run()
     return initial, [p.detach().clone() for p in trainer.model.parameters()], result

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 
 ALGORITHMS = {"allreduce": None, "sgp": None, "sync_ps": {"server": "colocated"}}
 
@@ -28,7 +28,7 @@ def main() -> int:
         config = TrainConfig(algorithm=name, options=options, dataset="mnist", data_dir=sys.argv[1],
                              model="mlp", batch_size=16, steps=6, warmup_steps=1, threads=1,
                              data_workers=1, seed=4, eval_every=0)
-        trainer = Trainer(config, ctx)
+        trainer = make_trainer(config, ctx)
         stream = trainer.batches(range(config.length.steps))
         try:
             seen[name] = digest(stream)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from reference import one_process
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 from downpour_lib.comm.runtime import DistContext
 from downpour_lib.models import build_model
 
@@ -30,7 +30,7 @@ B = 16
 
 
 def final(config, ctx):
-    trainer = Trainer(config, ctx)
+    trainer = make_trainer(config, ctx)
     result = trainer.run()
     return [p.detach().clone() for p in trainer.model.parameters()], result
 
@@ -74,7 +74,7 @@ def main() -> int:
     worst = max(worst, report(ctx, "sync_ps colocated vs one process", diff(colocated[3], local4)))
 
     options = {"servers": 3, "server": "dedicated"}
-    downpour = Trainer(TrainConfig(algorithm="downpour", batch_size=B, options=options, **BASE), ctx)
+    downpour = make_trainer(TrainConfig(algorithm="downpour", batch_size=B, options=options, **BASE), ctx)
     downpour.run()
     sequential, _ = final(TrainConfig(algorithm="local", optimizer="adagrad", batch_size=B, **BASE),
                           single)
@@ -87,7 +87,7 @@ def main() -> int:
     # colocated downpour: every rank a worker, two of them also serving (a thread beside the
     # worker); every push of every worker is applied before the servers stop
     options = {"servers": 2, "server": "colocated", "n_fetch": 2, "n_push": 3, "warmstart": 0}
-    trainer = Trainer(TrainConfig(algorithm="downpour", batch_size=B, options=options, **BASE), ctx)
+    trainer = make_trainer(TrainConfig(algorithm="downpour", batch_size=B, options=options, **BASE), ctx)
     result = trainer.run()
     if ctx.rank == trainer.roles.evaluator:
         versions = [int(state["version"]) for state in trainer.algorithm.final]

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from downpour_lib import TrainConfig, Trainer, runtime
+from downpour_lib import TrainConfig, make_trainer, runtime
 
 SLOW_RANK, SLEEP_S, SLOW_STEPS = 3, 0.2, 20
 BASE = dict(model="mlp", dataset="digits", batch_size=16, warmup_steps=3, threads=1, seed=0,
@@ -31,7 +31,7 @@ def run(ctx, name, algorithm, steps, slow, options):
             time.sleep(SLEEP_S)
 
     config = TrainConfig(algorithm=algorithm, steps=steps, options=options, **BASE)
-    result = Trainer(config, ctx, callbacks=[sleep_if_slow]).run()
+    result = make_trainer(config, ctx, callbacks=[sleep_if_slow]).run()
     if result is None:
         return
     workers = result.steps[result.steps.role == "worker"]

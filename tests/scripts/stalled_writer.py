@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from downpour_lib import TrainConfig, Trainer, checkpoint
+from downpour_lib import TrainConfig, checkpoint, make_trainer
 from downpour_lib.comm.runtime import DistContext
 
 real_fdopen = os.fdopen
@@ -47,5 +47,5 @@ class StallingFile:
 checkpoint.os.fdopen = lambda fd, mode: StallingFile(real_fdopen(fd, mode))
 config = TrainConfig(algorithm="local", model="mlp", dataset="digits", steps=10, warmup_steps=1,
                      threads=1, checkpoint_dir=sys.argv[1], checkpoint_every=5)
-Trainer(config, DistContext.single()).run()
+make_trainer(config, DistContext.single()).run()
 print("NOT STALLED", flush=True)
