@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..traffic import ring_share
 from .netmodel import Link, Network
@@ -56,7 +57,7 @@ def read_collectives(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def measure_collectives(path: str | os.PathLike, ranks: int = 2, sizes: str = "4K,256K,4M,32M",
-                        backends: str = "gloo,mpi", timeout_s: float = 300.0) -> Path:
+                        backends: str = "gloo,mpi", timeout_s: float = RUN_TIMEOUT_S) -> Path:
     """Run ``downpour bench collectives`` (allreduce and broadcast) on ``ranks`` MPI ranks here and
     write its rows to ``path``: the measurement a calibration of this machine starts from."""
     import subprocess

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..config import TrainConfig
+from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..perf.calibrate import fit_link, parameter_bytes, read_collectives
 from ..perf.netmodel import Link, Network
@@ -200,7 +201,7 @@ def sandbox_size(sandbox_dir: str | os.PathLike | None, nodes: int) -> int:
 def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[str] = LINKS,
                         algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
                         base: dict[str, Any] | None = None, sandbox_dir: str | None = None,
-                        timeout_s: float = 300.0,
+                        timeout_s: float = RUN_TIMEOUT_S,
                         log: Callable[[str], None] = print) -> pd.DataFrame:
     """Measure and predict every algorithm at ``nodes`` workers (one per node; a running sandbox
     of more nodes lends ``nodes`` of them) at each link rate, training ``base`` (default ``BASE``:
