@@ -93,7 +93,6 @@ $(VENV)/.installed-notebooks: $(STAMP)
 # tables are made at build time from results/reference/ (docs/_ext/results.py).
 DOCS_ARGS ?=
 docs: $(VENV)/.installed-docs  ## build the guide in strict mode -> docs/_build/html/index.html
-	rm -rf docs/_generated/api  # autosummary's stubs, made again: a module moved away leaves none behind
 	$(BIN)/python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html $(DOCS_ARGS)
 	@echo "make docs: open docs/_build/html/index.html"
 
