@@ -63,7 +63,9 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
         self._shm = ShmCollectives(comm, timeout_s)  # large allreduces, within and between nodes (lazily)
         self._data = DataPhase(comm, timeout_s, name)  # MPI's part of each collective: ``data_phase``
         # which way each kind of call goes (``routing``); the short paths read its routes directly
-        self._router = Router(comm, timeout_s, self._shm, self._data, self._run_by)
+        self._router = Router(comm, timeout_s, self._shm, self._data,
+                              {"allreduce": self._allreduce_by, "broadcast": self._broadcast_by,
+                               "allgather": self._allgather_by})
         self._routes = self._router.routes
         self._open = True
         self._group_name = ""
@@ -131,11 +133,6 @@ class MPIProcessGroup(DataMovement, dist.ProcessGroup):
 
     def explain(self, timeout: PeerTimeout) -> CommTimeout:
         return explain(timeout, self._name)
-
-    def _run_by(self, op: str, route: Route, *args) -> None:
-        """One call of ``op`` (allreduce, broadcast or allgather) on ``route``: the timing trial's."""
-        {"allreduce": self._allreduce_by, "broadcast": self._broadcast_by,
-         "allgather": self._allgather_by}[op](route, *args)
 
     def _direct(self, python_kernel: bool = False) -> bool:
         """May CUDA memory go to MPI as is? (A Python reduction kernel reads host memory.)"""

@@ -88,11 +88,11 @@ def _version(t: torch.Tensor) -> int | None:
 
 class Router:
     """The routes of one group on ``comm``: the measured table, the timing trial and the routes
-    chosen so far. ``run(op, route, *args)`` runs one call of ``op`` on a route (the group's
+    chosen so far. ``run[op](route, *args)`` runs one call of ``op`` on a route (the group's
     ``_allreduce_by``, ``_broadcast_by`` or ``_allgather_by``): the trial times the paths with it."""
 
     def __init__(self, comm: MPI.Intracomm, timeout_s: float, shm: ShmCollectives, data: DataPhase,
-                 run: Callable[..., None]) -> None:
+                 run: dict[str, Callable[..., None]]) -> None:
         self._comm, self._n, self._timeout_s = comm, comm.Get_size(), timeout_s
         self._shm, self._data, self._run = shm, data, run
         # (op, bytes, dtype, what else decides it, on the CPU) -> the ``Route`` its calls take
@@ -224,13 +224,13 @@ class Router:
         names = tuning.candidates(PATHS, nbytes)
         x = torch.zeros(max(1, nbytes // (item * (self._n if op == "allgather" else 1))), dtype=dtype)
         if op == "broadcast":
-            calls = {p: partial(self._run, op, self.make(op, p, x), x, 0) for p in names}
+            calls = {p: partial(self._run[op], self.make(op, p, x), x, 0) for p in names}
         elif op == "allgather":
             out = torch.empty(x.numel() * self._n, dtype=dtype)
-            calls = {p: partial(self._run, op, self.make(op, p, out, x), x, out) for p in names}
+            calls = {p: partial(self._run[op], self.make(op, p, out, x), x, out) for p in names}
         else:  # zeros, written before each call, sum to zeros: no call overflows
             red = reduction(dist.ReduceOp.SUM, dtype)
-            calls = {p: partial(self._run, op, self.make(op, p, x, red=red), x, red) for p in names}
+            calls = {p: partial(self._run[op], self.make(op, p, x, red=red), x, red) for p in names}
         return tuning.fastest(calls, x.zero_, partial(self._aligned, op), self.slowest, default,
                               nbytes, reused=tuning.reuse_matters(op, nbytes))
 
