@@ -245,25 +245,35 @@ def errors(cell: dict) -> list[str]:
             if o["mime"] == "application/vnd.jupyter.stderr" and ERROR.search(o["text"])]
 
 
-def wait_idle(lab: Lab, timeout_s: float = 600.0) -> list[dict]:
-    """Wait until no cell is running or queued ("[*]"); returns the cells."""
+def menu_and_wait(lab: Lab, top: str, item: str, timeout_s: float = 600.0) -> list[dict]:
+    """Click ``top`` > ``item`` and wait for what it started to end; returns the cells.
+
+    Two events, no fixed pause: the prompts change from what they were before the click (a cell
+    queued or running, "[*]", or a count moved on), then no cell is running or queued. A pause of
+    a second after the click read, under make test's load, a notebook whose "Run All" had not yet
+    queued a cell: every cell "not run" (CI, 2026-12-04)."""
+    before = [c["prompt"] for c in cells(lab)]
+    menu(lab, top, item)
     deadline = time.monotonic() + timeout_s
-    time.sleep(1.0)  # "Run All" queues the cells a moment after the click
+    started = False
     while True:
         now = cells(lab)
-        if not any("*" in c["prompt"] for c in now):
+        prompts = [c["prompt"] for c in now]
+        started = started or prompts != before or any("*" in p for p in prompts)
+        if started and not any("*" in p for p in prompts):
             return now
         if time.monotonic() > deadline:
-            screenshot(lab, "timeout")
-            pytest.fail(f"cells still running after {timeout_s:.0f} s: "
+            shot = screenshot(lab, "timeout")
+            if not started:
+                pytest.fail(f"{top} > {item} started no cell in {timeout_s:.0f} s (see {shot})")
+            pytest.fail(f"cells still running after {timeout_s:.0f} s (see {shot}): "
                         f"{[c['source'][:60] for c in now if '*' in c['prompt']]}")
-        time.sleep(1.0)
+        time.sleep(0.25)
 
 
 def run_all(lab: Lab, name: str) -> list[dict]:
     open_notebook(lab, name)
-    menu(lab, "Run", "Run All Cells")
-    done = wait_idle(lab)
+    done = menu_and_wait(lab, "Run", "Run All Cells")
     shot = screenshot(lab, name)
     failed = {c["source"][:80]: errors(c) for c in done if errors(c)}
     assert not failed, f"{name}: cells show errors (see {shot}): {failed}"
@@ -367,16 +377,14 @@ def test_01_runs_all_shows_figures_and_recovers_from_an_interrupt(lab):
     if "*" not in long.locator(".jp-InputPrompt").inner_text():
         shot = screenshot(lab, "01_long")
         pytest.fail(f"the long run ended by itself (see {shot}): {cell(cells(lab), 'steps=1_000_000')}")
-    menu(lab, "Kernel", "Interrupt Kernel")
-    interrupted = wait_idle(lab)
+    interrupted = menu_and_wait(lab, "Kernel", "Interrupt Kernel")
     shot = screenshot(lab, "01_interrupted")
     long_cell = cell(interrupted, "steps=1_000_000")
     assert any("KeyboardInterrupt" in e for e in errors(long_cell)), f"see {shot}: {long_cell}"
     lab.remember_processes()
 
     # the cell below runs on restarted engines, and so do the notebook's cells after it
-    menu(lab, "Run", "Run Selected Cell and All Below")
-    after = wait_idle(lab)
+    after = menu_and_wait(lab, "Run", "Run Selected Cell and All Below")
     shot = screenshot(lab, "01_recovered")
     below = after[[c["source"] for c in after].index(long_cell["source"]) + 1:]
     failed = {c["source"][:80]: errors(c) for c in below if errors(c)}
