@@ -29,6 +29,18 @@ def test_every_algorithm_trains_30_steps_on_the_gpu(name):
     assert result.steps.loss.notna().all() and torch.isfinite(torch.tensor(result.steps.loss.values)).all()
 
 
+def test_downpour_sums_its_gradients_between_pushes_on_the_gpu():
+    # The sum lived on the host, so every step copied the gradients over: on an H200, resnet50
+    # bf16 at n_push 4 took 0.133 s a step beyond compute, 0.055 with the sum on the device
+    config = TrainConfig(algorithm="downpour", options={"n_fetch": 4, "n_push": 4}, model="resnet20",
+                         dataset="synthetic-cifar", steps=10, warmup_steps=2, device="cuda",
+                         precision="bf16", final_eval=False)
+    trainer = make_trainer(config, DistContext.single(CUDA))
+    result = trainer.run()
+    assert [a.device for a in trainer.algorithm.client.acc] == [CUDA]
+    assert result.steps.loss.notna().all()
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_mixed_precision_learns_on_the_gpu(precision):
     # One seed is one draw: on an H200, bf16 reached 0.84, 0.96 and 0.95 at seeds 0, 1 and 2, and

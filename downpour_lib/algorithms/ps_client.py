@@ -44,7 +44,11 @@ class ShardClient:
         self.link, self.rank, self.servers, self.shards = link, rank, tuple(servers), shards
         self.local, self.device, self.dtype = local, device, dtype
         self.versions = [0] * len(servers)  # of the parameters this worker last fetched
-        self.acc = [torch.zeros(self.numel(s), dtype=self.dtype) for s in range(len(servers))]
+        # the gradients summed between pushes, on the worker's device: a push copies them to the
+        # host once, where a host-side sum copied every step's (on an H200, resnet50 bf16: 0.11 s
+        # a step, twice the step's compute)
+        self.acc = [torch.zeros(self.numel(s), dtype=self.dtype, device=device)
+                    for s in range(len(servers))]
         self.acc_version: list[int] | None = None  # versions the oldest accumulated gradient saw
         self.stop_heard = False  # a server said the run is stopping (preemption)
 
@@ -67,7 +71,7 @@ class ShardClient:
                 break
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             if grads:
-                self.acc[s][:sum(g.numel() for g in grads)] += flatten(grads).to(self.acc[s].device)
+                self.acc[s][:sum(g.numel() for g in grads)] += flatten(grads)
 
     def push(self, step: int, bounded: bool) -> tuple[dict[str, float], bool]:
         """Push every shard's accumulated gradients (and current buffers) to its server, all
@@ -78,7 +82,7 @@ class ShardClient:
         refused: list[int] = []
         works, receipts = [], {}
         for s, server in enumerate(self.servers):
-            flat = self.acc[s].clone()
+            flat = self.acc[s].to("cpu", copy=True)
             buffers = self.shards[s][1]
             if buffers:
                 flat[flat.numel() - sum(b.numel() for b in buffers):] = flatten(buffers).cpu()
