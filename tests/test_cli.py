@@ -109,6 +109,15 @@ def test_bad_input_exits_with_a_useful_message(capsys, tmp_path, args, expected,
     assert "-------" not in err and "Kernel" not in err  # no dump of a notebook's cell
 
 
+@pytest.mark.parametrize("action", ["up", "down"])
+def test_the_sandbox_refuses_a_timeout_that_is_not_positive_before_touching_anything(capsys, tmp_path,
+                                                                                     action):
+    where = tmp_path / "none"
+    assert main(["sandbox", "slurm", action, "--dir", str(where), "--timeout", "0"]) == 2
+    assert "--timeout=0.0 is not valid: seconds to wait, > 0" in capsys.readouterr().out
+    assert not where.exists()
+
+
 @pytest.fixture
 def unwritable(tmp_path):
     """A directory no file can be made in: a read-only mount as root (root passes permission

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..sandbox.slurm import DEFAULT_DIR, UP_TIMEOUT_S
+from ..sandbox.slurm import DEFAULT_DIR, DOWN_TIMEOUT_S, UP_TIMEOUT_S
 
 
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +24,9 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     slurm.add_argument("--bandwidth", default=None, metavar="RATE",
                        help="up: every node's link at RATE both ways, e.g. 10gbit, 1gbit, 100mbit, or none; "
                             "on a running sandbox this changes the rate")
-    slurm.add_argument("--timeout", type=float, default=UP_TIMEOUT_S,
-                       help="seconds to wait (default: %(default)g)")
+    slurm.add_argument("--timeout", type=float, default=None,
+                       help=f"seconds to wait (default: {UP_TIMEOUT_S:g} for up, {DOWN_TIMEOUT_S:g} "
+                            "for down)")
     slurm.set_defaults(func=cmd_slurm)
 
 
@@ -38,11 +39,14 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         if args.action != "up" and (args.nodes is not None or args.bandwidth is not None):
             raise ConfigError("--nodes/--bandwidth", args.nodes or args.bandwidth,
                               f"they belong to `up`, not `{args.action}`")
+        if args.timeout is not None and not args.timeout > 0:
+            raise ConfigError("--timeout", args.timeout, "seconds to wait, > 0")
         sandbox = SlurmSandbox(args.dir, link_system_conf=not args.no_system_conf, nodes=args.nodes)
         if args.action == "up":
-            status = sandbox.up(args.timeout, bandwidth=args.bandwidth)
+            status = sandbox.up(UP_TIMEOUT_S if args.timeout is None else args.timeout,
+                                bandwidth=args.bandwidth)
         elif args.action == "down":
-            status = sandbox.down(args.timeout)
+            status = sandbox.down(DOWN_TIMEOUT_S if args.timeout is None else args.timeout)
         else:
             status = sandbox.status()
     except ConfigError as exc:

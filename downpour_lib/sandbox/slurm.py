@@ -60,6 +60,7 @@ from .status import (  # noqa: F401 -- missing_requirements and pmix_available: 
 
 DEFAULT_DIR = Path(os.environ.get("DOWNPOUR_SLURM_DIR", "/tmp/downpour-slurm"))
 UP_TIMEOUT_S = 60.0  # how long ``up`` waits for the daemons and nodes (``downpour sandbox slurm``'s too)
+DOWN_TIMEOUT_S = 15.0  # how long ``down`` waits for cancelled jobs to leave the queue (the command's too)
 NETNS_ETC = Path("/etc/netns")  # ip netns exec shows /etc/netns/<ns>/<file> as /etc/<file>
 READY_STATES = ("idle", "mixed", "allocated", "completing")
 _JOB_ID = re.compile(r"\bJobId=(\d+)")
@@ -343,7 +344,7 @@ class SlurmSandbox:
 
     # -- down ------------------------------------------------------------------------------------
 
-    def down(self, timeout_s: float = 15.0) -> SandboxStatus:
+    def down(self, timeout_s: float = DOWN_TIMEOUT_S) -> SandboxStatus:
         """Cancel every job, stop the daemons, kill what is left of their process trees."""
         if self._pid("slurmctld"):
             self._save_next_job_id()
