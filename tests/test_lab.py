@@ -259,8 +259,9 @@ def menu_and_wait(lab: Lab, top: str, item: str, timeout_s: float = 600.0) -> li
     while True:
         now = cells(lab)
         prompts = [c["prompt"] for c in now]
-        started = started or prompts != before or any("*" in p for p in prompts)
-        if started and not any("*" in p for p in prompts):
+        running = any("*" in p for p in prompts)
+        started = started or running or prompts != before
+        if started and not running:
             return now
         if time.monotonic() > deadline:
             shot = screenshot(lab, "timeout")

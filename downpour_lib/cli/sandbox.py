@@ -42,11 +42,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         if args.timeout is not None and not args.timeout > 0:
             raise ConfigError("--timeout", args.timeout, "seconds to wait, > 0")
         sandbox = SlurmSandbox(args.dir, link_system_conf=not args.no_system_conf, nodes=args.nodes)
+        waits = {} if args.timeout is None else {"timeout_s": args.timeout}  # else up's and down's own
         if args.action == "up":
-            status = sandbox.up(UP_TIMEOUT_S if args.timeout is None else args.timeout,
-                                bandwidth=args.bandwidth)
+            status = sandbox.up(bandwidth=args.bandwidth, **waits)
         elif args.action == "down":
-            status = sandbox.down(DOWN_TIMEOUT_S if args.timeout is None else args.timeout)
+            status = sandbox.down(**waits)
         else:
             status = sandbox.status()
     except ConfigError as exc:
