@@ -338,7 +338,7 @@ def unmeasured(cal: Calibration) -> list[str]:
         out.append(f"jitter {cal.jitter:g}-{cal.jitter_high:g}")
     if cal.host_law[0] != cal.host_law[1]:
         out.append("the input pipeline's host-core law "
-                   f"{min(cal.host_law):g}-{max(cal.host_law):g}")
+                   f"{min(cal.host_law):.2g}-{max(cal.host_law):.2g}")
     return out
 
 
