@@ -12,8 +12,9 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     overlap: null                     # share of the bucket pipeline achieved; null: a range
                                       # (terms.OVERLAP_RANGE): each range left makes a band
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
-    node_compute: fitted              # compute lost when a node's devices are all busy:
-                                      # fitted (terms.fit_node_compute, on NVIDIA's DGX-1 table) or none
+    node_compute: pytorch             # compute lost when a node's devices are all busy, by the
+                                      # input pipeline (terms.PIPELINES): pytorch (DataLoader;
+                                      # also "fitted"), dali-cpu (NVIDIA DALI on CPU), or none
     host:                             # the CPUs that feed the devices (optional: else the fitted
       cores: 128                      # DGX-1 host's); physical cores, all sockets (ranks beyond
       source: "..."                   # them time-share, netmodel.Network.crowding)
@@ -43,17 +44,19 @@ from __future__ import annotations
 
 import math
 import os
-from functools import lru_cache
+from dataclasses import replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from .netmodel import GBIT, Link, Network
-from .perfmodel import MIB, Calibration, Workload
+from .perfmodel import MIB, Calibration, Workload, predict
 from .terms import (
     HOST_LAW_RANGE,
     JITTER_RANGE,
     LINK_EFFICIENCY,
+    PIPELINES,
     TRANSPORT_RATE,
     NodeCompute,
     fit_node_compute,
@@ -68,12 +71,42 @@ _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "source"}
 _HOST = {"cores", "source"}
+_NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".join(PIPELINES)
+                 + " (fitted: pytorch), or none")
 
 
-@lru_cache(maxsize=1)
-def fitted_node_compute() -> NodeCompute:
-    """The node-compute term, fitted once on NVIDIA's DGX-1 table (``terms.DGX1_TABLE``)."""
-    return fit_node_compute()
+#: the preset each input pipeline's node term is fitted on (the node of its table: links, cores),
+#: and which of its models is which precision of the table
+FITTED_ON = {"pytorch": "dgx1-v100", "dali-cpu": "dgx1-v100-dali"}
+_PRECISION_MODEL = {"fp32": "resnet50", "amp": "resnet50-amp"}
+
+
+@cache
+def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
+    """The node-compute term of an input ``pipeline`` (``terms.PIPELINES``), fitted once on
+    NVIDIA's DGX-1 table run with it (the PyTorch DataLoader's: ``terms.DGX1_TABLE``), so that the
+    model's point gives the table back: what the model adds to a step of the table's node beyond
+    the node's loss (the allreduce left exposed, the wait for the slowest of its devices, each at
+    the middle of its range) is taken off the table's loss, to a fixed point."""
+    import yaml
+
+    if pipeline not in PIPELINES:
+        raise ConfigError("node_compute", pipeline, _NODE_COMPUTE)
+    table, source = PIPELINES[pipeline]
+    spec = yaml.safe_load((HARDWARE_DIR / f"{FITTED_ON[pipeline]}.yaml").read_text())
+    node_less = hardware_from_dict(dict(spec, node_compute="none"))
+    node, added = fit_node_compute(table, source=source), {}
+    for _ in range(20):  # what is added moves with the loss by the slowest's share: ~1e-2
+        cal = replace(node_less, node_compute=node)
+        for precision, model in _PRECISION_MODEL.items():
+            most = max(r.gpus for r in table if r.precision == precision)
+            p = predict(cal, "allreduce", most, model)
+            added[precision] = p.step_s / cal.workload(model).compute_s - 1 / p.compute_efficiency
+        refit = fit_node_compute(table, added, source=source)
+        if abs(refit.c - node.c) <= 1e-12 * node.c and abs(refit.p - node.p) <= 1e-12:
+            return refit
+        node = refit
+    return node
 
 
 def _number(where: str, value: Any, what: str, low: float = 0.0) -> float:
@@ -214,9 +247,10 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
                                     links.get("inter", links.get("intra")))
     intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
     node = d.get("node_compute", "fitted")
-    if node not in ("fitted", "none"):
-        raise ConfigError("node_compute", node, "fitted (NVIDIA's DGX-1 table) or none")
-    node_compute = fitted_node_compute() if node == "fitted" else NodeCompute()
+    if node not in ("fitted", "none", *PIPELINES):
+        raise ConfigError("node_compute", node, _NODE_COMPUTE)
+    node_compute = (NodeCompute() if node == "none"
+                    else fitted_node_compute("pytorch" if node == "fitted" else node))
     host = d.get("host")
     cores = _host_cores(host)
     models = d.get("models")

@@ -5,8 +5,9 @@ tests/test_perfmodel.py print and assert them).
 
 A preset's compute times are published single-GPU throughputs; its links are the published line
 rates times the fitted link efficiency. The latencies (alpha) are not published for these systems:
-they are typical values for the transport, named as assumptions. Only ``dgx1-v100`` is fitted on
-(its table fixes ``terms.fit_node_compute``); every other published number is a check.
+they are typical values for the transport, named as assumptions. Only ``dgx1-v100`` and
+``dgx1-v100-dali`` are fitted on (their tables fix ``terms.fit_node_compute`` for the two input
+pipelines, ``terms.PIPELINES``); every other published number is a check.
 """
 
 from __future__ import annotations
@@ -79,6 +80,26 @@ DLE_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
     ("dgx-a100", "resnet50-amp", "Training performance: NVIDIA DGX A100 (8x A100 80GB), mixed "
      "precision", 2470, 16621),
 )
+#: the same README a container earlier (pytorch-20.06), whose input pipeline was DALI on the CPU
+_DLE_DALI = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md of "
+             "the pytorch-20.06 NGC container (IST-DASLab/DeepLearningExamples fork, commit "
+             "cc73a1755fd8), ")
+DLE_DALI_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
+    ("dgx1-v100-dali", "resnet50", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), FP32",
+     373.21, 2899.62),
+    ("dgx1-v100-dali", "resnet50-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), "
+     "mixed precision", 856.52, 6635.90),
+    ("dgx1-v100-32g-dali", "resnet50", "Training performance: NVIDIA DGX-1 32GB (8x V100 32GB), "
+     "FP32", 359.76, 2813.23),
+    ("dgx1-v100-32g-dali", "resnet50-amp", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+     "32GB), mixed precision", 816.00, 6347.26),
+    ("dgx-a100-40g-dali", "resnet50", "Training performance: NVIDIA DGX A100 (8x A100 40GB), TF32",
+     680.15, 5379.82),
+    ("dgx-a100-40g-dali", "resnet50-amp", "Training performance: NVIDIA DGX A100 (8x A100 40GB), "
+     "mixed precision", 1240.81, 9604.92),
+)
+#: the presets whose tables the node-compute terms are fitted on (``terms.PIPELINES``): not checks
+FITTED_PRESETS = frozenset({"dgx1-v100", "dgx1-v100-dali"})
 
 
 def published_checks(include_fitted: bool = False) -> list[Published]:
@@ -89,14 +110,15 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
               for name, model, value in (("ResNet-101", "resnet101", 0.90),
                                          ("Inception V3", "inception_v3", 0.90),
                                          ("VGG-16", "vgg16", 0.68))]
-    for preset, model, section, one, eight in DLE_CHECKS:
-        fitted = preset == "dgx1-v100"
-        if fitted and not include_fitted:
-            continue
-        checks.append(_efficiency(f"{section.split(': ')[1]} efficiency at 8 GPUs",
-                                  _DLE + f'section "{section}"', preset, model, 8,
-                                  eight / (8 * one), fitted,
-                                  "the fit: within half a point" if fitted else "reported"))
+    for source, pipeline, rows in ((_DLE, "", DLE_CHECKS), (_DLE_DALI, ", DALI", DLE_DALI_CHECKS)):
+        for preset, model, section, one, eight in rows:
+            fitted = preset in FITTED_PRESETS
+            if fitted and not include_fitted:
+                continue
+            checks.append(_efficiency(f"{section.split(': ')[1]}{pipeline} efficiency at 8 GPUs",
+                                      source + f'section "{section}"', preset, model, 8,
+                                      eight / (8 * one), fitted,
+                                      "the fit: within half a point" if fitted else "reported"))
     sgp = PRESETS["sgp-v100-10g"]
     ar = predict(sgp, "allreduce", 32, "resnet50")
     best = min((predict(sgp, a, 32, "resnet50") for a in ("sgp", "osgp")), key=lambda p: p.step_s)

@@ -17,6 +17,9 @@ other published result is a check (``presets.published_checks``), never a fit.
   benchmark decodes JPEGs on CPU cores (``data_backend: pytorch``) with 8 loader workers per GPU on a
   DGX-1 and 16 on a DGX A100 (``configs.yml``): its own authors size the pipeline by cores per GPU.
   A host without a core count keeps the law in absolute rate (the fitted host's).
+  The input pipeline changes the law: the same benchmark a container earlier, with NVIDIA DALI
+  decoding on the CPU instead of the PyTorch DataLoader, lost about 3 % at 8 V100 at either
+  precision (``DGX1_DALI_TABLE``, ``PIPELINES``); a hardware file names its pipeline.
 - **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
   rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
   nodes (``results/reference/model/sandbox-*nodes/validation.csv``: the fitted bandwidth over the
@@ -61,6 +64,22 @@ class TableRow:
 DGX1_TABLE = (TableRow("fp32", 1, 367), TableRow("fp32", 8, 2855),
               TableRow("amp", 1, 1200), TableRow("amp", 8, 8322))
 
+#: the same benchmark on the same DGX-1 16GB a container earlier (pytorch-20.06), run as its README
+#: says, with ``main.py``'s own input pipeline: NVIDIA DALI decoding on the CPU (``--data-backend``
+#: default ``dali-cpu``, 5 workers). Its loss hardly grows with the rate (p = 0.11, against 1.43
+#: for the PyTorch DataLoader of ``DGX1_TABLE``): the pipeline, not the device, sets the node's loss.
+DLE_DALI_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
+                   "README.md of the pytorch-20.06 NGC container (as kept in the IST-DASLab/"
+                   "DeepLearningExamples fork, commit cc73a1755fd8), section \"Training "
+                   "performance: NVIDIA DGX-1 16GB (8x V100 16GB)\"; main.py --data-backend "
+                   "default: dali-cpu")
+DGX1_DALI_TABLE = (TableRow("fp32", 1, 373.21), TableRow("fp32", 8, 2899.62),
+                   TableRow("amp", 1, 856.52), TableRow("amp", 8, 6635.90))
+
+#: input pipelines with a node-compute term of their own (``hardware``'s ``node_compute``), each
+#: fitted on NVIDIA's DGX-1 16GB table run with it: (table, source)
+PIPELINES = {"pytorch": (DGX1_TABLE, DLE_SOURCE), "dali-cpu": (DGX1_DALI_TABLE, DLE_DALI_SOURCE)}
+
 #: host cores of the node the table was measured on: 2x Intel Xeon E5-2698 v4, 20 cores each
 DGX1_HOST_CORES = 40
 DGX1_HOST_SOURCE = "NVIDIA DGX-1 datasheet: 2x Intel Xeon E5-2698 v4 2.2 GHz, 20 cores each"
@@ -103,24 +122,24 @@ class NodeCompute:
         return 1 / (1 + loss)
 
 
-def fit_node_compute(rows: tuple[TableRow, ...] = DGX1_TABLE, comm_s: dict[str, float] | None = None,
-                     batch: int = 256, source: str = DLE_SOURCE,
+def fit_node_compute(rows: tuple[TableRow, ...] = DGX1_TABLE, added: dict[str, float] | None = None,
+                     source: str = DLE_SOURCE,
                      host_cores: int | None = DGX1_HOST_CORES) -> NodeCompute:
     """``c`` and ``p`` through the table's two precisions at its largest device count: the loss
-    there is (throughput alone * devices / throughput together) - 1, less the share of the step the
-    allreduce left exposed (``comm_s``, per precision; none when not given). ``host_cores``: the
-    cores of the table's node, shared by its largest device count (None: unknown)."""
-    comm_s = comm_s or {}
+    there is (throughput alone * devices / throughput together) - 1, less what the model adds to
+    that step beyond the node's loss, as a share of the step alone (``added``, per precision: the
+    allreduce left exposed, the wait for the slowest; none when not given;
+    ``hardware.fitted_node_compute`` gives it). ``host_cores``: the cores of the table's node,
+    shared by its largest device count (None: unknown)."""
+    added = added or {}
     points = []
     for precision in sorted({r.precision for r in rows}):
         mine = sorted((r for r in rows if r.precision == precision), key=lambda r: r.gpus)
         alone, most = mine[0], mine[-1]
         if alone.gpus != 1 or most.gpus < 2:
             raise ConfigError("table", precision, "needs a row at 1 device and one at more")
-        step = batch / alone.images_per_s
-        together = batch * most.gpus / most.images_per_s  # the measured step at most.gpus
-        loss = (together - comm_s.get(precision, 0.0)) / step - 1
-        points.append((alone.images_per_s, loss, most.gpus))
+        ratio = alone.images_per_s * most.gpus / most.images_per_s  # step together / step alone
+        points.append((alone.images_per_s, ratio - 1 - added.get(precision, 0.0), most.gpus))
     if len(points) != 2 or min(p[1] for p in points) <= 0:
         raise ConfigError("table", [p[:2] for p in points], "two precisions, each losing throughput")
     (r1, l1, at), (r2, l2, _) = sorted(points)
