@@ -953,7 +953,7 @@ def test_new_terms_against_hand_computed_references():
     assert p.efficiency > predict(cal, "allreduce", 8, "m").efficiency
     with pytest.raises(ConfigError, match="accumulation"):
         Workload("m", 32, 0.1, 1e6, accumulation=0)
-    assert transport_rate("rdma", 100) == (0.80, 0.95)
+    assert transport_rate("rdma", 100) == (0.90, 0.976)  # NCCL maintainers and users, cited in terms
     assert transport_rate("tcp", 10) == (0.90, 0.97)
     assert transport_rate("tcp", 100) == pytest.approx((0.25, 0.5))
 

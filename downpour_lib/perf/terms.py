@@ -238,17 +238,22 @@ def step_spread(step_s: list[float] | tuple[float, ...]) -> float:
 OVERLAP_RANGE = (0.5, 1.0)
 
 #: achieved / line rate of a collective across nodes, by transport, where it was not measured.
-#: rdma (InfiniBand, RoCE): nccl-tests' all_reduce bus bandwidth on EDR/HDR is about 80-95 % of
-#: the line rate (NVIDIA's nccl-tests PERFORMANCE.md and vendor runs; from memory, not re-read).
+#: rdma (InfiniBand, RoCE): NCCL's all_reduce bus bandwidth against the cards' line rate, as its
+#: maintainers and users report it: 12.2 GB/s on one 100 Gbit/s card, "as good as you can get",
+#: and 48 GB/s on a DGX-1's four (NVIDIA/nccl-tests#29: 0.976, 0.96); 192 GB/s on a DGX A100's
+#: eight 200 Gbit/s cards (NVIDIA/nccl#812, quoted in #1576: 0.96); 86 GB/s where 96 was the
+#: cards' (NVIDIA/nccl#1048, two A100 nodes, left open: 0.90). Misconfigured systems go far
+#: lower (0.56 in VMs, NVIDIA/nccl#949; 0.3, nccl-tests#152): measure, and give the efficiency.
 #: tcp: our sandbox measured 0.95-0.97 at 100-200 Mbit/s (``LINK_EFFICIENCY``); at high rates a
 #: transport is bound by its cores, not the wire: Zhang et al. 2020 ("Is Network the Bottleneck
 #: of Distributed Training?", NetAI, arXiv 2006.10103) find Horovod/NCCL over TCP on AWS gains
 #: nothing past 25 Gbit/s on 100 Gbit/s links, so the low end is min(0.9, 25 Gbit/s / line) and
 #: the high end min(0.97, 50 Gbit/s / line) (twice that plateau: an assumption).
-TRANSPORT_RATE = {"rdma": (0.80, 0.95), "tcp": (0.90, 0.97)}
+TRANSPORT_RATE = {"rdma": (0.90, 0.976), "tcp": (0.90, 0.97)}
 TCP_CAP_GBIT = 25.0
 TRANSPORT_SOURCE = {
-    "rdma": "nccl-tests all_reduce bus bandwidth on InfiniBand EDR/HDR, 80-95 % of line (from memory)",
+    "rdma": "NCCL all_reduce bus bandwidth / line rate: 0.976 and 0.96 (NVIDIA/nccl-tests#29), "
+            "0.96 (NVIDIA/nccl#812), 0.90 (NVIDIA/nccl#1048)",
     "tcp": "sandbox gloo 0.95-0.97 (terms.LINK_EFFICIENCY); Zhang et al. 2020: no gain past "
            "25 Gbit/s of a 100 Gbit/s link (Horovod over TCP, AWS)"}
 
