@@ -1,16 +1,18 @@
 """The terms of a step the alpha-beta network alone misses, each with its fitted value and source.
 
-Fitted once, on what the model may be fitted on: NVIDIA's DeepLearningExamples ResNet-50 v1.5 table
-for PyTorch on a DGX-1 (``DGX1_TABLE``), and our own measurements (the sandbox's shaped links). Every
-other published result is a check (``presets.published_checks``), never a fit.
+Fitted once, on what the model may be fitted on: NVIDIA's DeepLearningExamples ResNet-50 v1.5 tables
+for PyTorch on a DGX-1, one per input pipeline (``DGX1_TABLE``, ``DGX1_DALI_TABLE``), and our own
+measurements (the sandbox's shaped links). Every other published result is a check
+(``presets.published_checks``), never a fit.
 
-- **Compute that slows when devices share a node** (``node_compute_efficiency``): a node's devices
+- **Compute that slows when devices share a node** (``NodeCompute``): a node's devices
   share its input pipeline, host memory and PCIe, and communication kernels take compute units from
   the step; the faster a device's step, the larger the share lost. Loss = ``c * rate**p`` at the
   fitted devices per node (``rate``: one device's samples per second alone), growing with log2 of
   the devices per node below and beyond it (an assumption: the table has 1 and 8 devices only).
-  ``c`` and ``p`` solve the table's two points (FP32 and AMP at 8 V100) exactly: c = 6.27e-6,
-  p = 1.43 (the allreduce over NVLink, about 1 ms of a step of 213 ms or more, is left in them).
+  ``c`` and ``p`` solve the table's two points (FP32 and AMP at 8 V100) exactly, less what the
+  model itself adds to those steps (the allreduce over NVLink left exposed, the wait for the
+  slowest of 8: ``hardware.fitted_node_compute``), so that the model's point is the table.
   What a device's rate costs depends on the host feeding it: where a node's host cores are known,
   ``rate`` is taken relative to the fitted host's cores per device (``DGX1_HOST_CORES`` / 8 = 5),
   i.e. the loss follows the samples per second each host core must decode and augment. The DLE
@@ -66,8 +68,9 @@ DGX1_TABLE = (TableRow("fp32", 1, 367), TableRow("fp32", 8, 2855),
 
 #: the same benchmark on the same DGX-1 16GB a container earlier (pytorch-20.06), run as its README
 #: says, with ``main.py``'s own input pipeline: NVIDIA DALI decoding on the CPU (``--data-backend``
-#: default ``dali-cpu``, 5 workers). Its loss hardly grows with the rate (p = 0.11, against 1.43
-#: for the PyTorch DataLoader of ``DGX1_TABLE``): the pipeline, not the device, sets the node's loss.
+#: default ``dali-cpu``, 5 workers). Its loss hardly grows with the rate (3.0 % at 373 images/s,
+#: 3.3 % at 857, where the DataLoader of ``DGX1_TABLE`` lost 2.8 % at 367 and 15.4 % at 1200): the
+#: pipeline, not only the device's rate, sets a node's loss.
 DLE_DALI_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
                    "README.md of the pytorch-20.06 NGC container (as kept in the IST-DASLab/"
                    "DeepLearningExamples fork, commit cc73a1755fd8), section \"Training "
