@@ -12,9 +12,8 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     overlap: null                     # share of the bucket pipeline achieved; null: a range
                                       # (terms.OVERLAP_RANGE): each range left makes a band
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
-    node_compute: pytorch             # compute lost when a node's devices are all busy, by the
-                                      # input pipeline (terms.PIPELINES): pytorch (DataLoader;
-                                      # also "fitted"), dali-cpu (NVIDIA DALI on CPU), or none
+    node_compute: pytorch             # a busy node's compute loss, by input pipeline (terms.
+                                      # PIPELINES): pytorch (also "fitted"), dali-cpu, or none
     host:                             # the CPUs that feed the devices (optional: else the fitted
       cores: 128                      # DGX-1 host's); physical cores, all sockets (ranks beyond
       source: "..."                   # them time-share, netmodel.Network.crowding)
@@ -32,8 +31,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         batch: 256                    # samples per worker per step
         images_per_s: 367             # samples/s of one device alone; or step_s: s per step
         parameters: 25557032          # what an allreduce carries: parameters x bytes_per_parameter
-        bytes_per_parameter: 4
-        devices_per_worker: 1         # >1: a worker is that many devices of one node (SGP's nodes)
+        bytes_per_parameter: 4        # devices_per_worker: >1, a worker is that many of a node
         ready_at: [0.01, ..., 1.0]    # share of backward done as each tenth of the gradient is
                                       # ready (terms.gradient_ready_at); omitted: evenly spread
         accumulation: 1               # forward+backward passes (batches) per allreduce
@@ -88,13 +86,11 @@ def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
     model's point gives the table back: what the model adds to a step of the table's node beyond
     the node's loss (the allreduce left exposed, the wait for the slowest of its devices, each at
     the middle of its range) is taken off the table's loss, to a fixed point."""
-    import yaml
-
     if pipeline not in PIPELINES:
         raise ConfigError("node_compute", pipeline, _NODE_COMPUTE)
     table, source = PIPELINES[pipeline]
-    spec = yaml.safe_load((HARDWARE_DIR / f"{FITTED_ON[pipeline]}.yaml").read_text())
-    node_less = hardware_from_dict(dict(spec, node_compute="none"))
+    spec = read_hardware(HARDWARE_DIR / f"{FITTED_ON[pipeline]}.yaml")
+    node_less = hardware_from_dict(dict(spec, node_compute="none"))  # its own term: what we fit
     node, added = fit_node_compute(table, source=source), {}
     for _ in range(20):  # what is added moves with the loss by the slowest's share: ~1e-2
         cal = replace(node_less, node_compute=node)
@@ -280,6 +276,12 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
 
 def load_hardware(path: str | os.PathLike) -> Calibration:
     """A hardware YAML file as a ``Calibration``."""
+    return hardware_from_dict(read_hardware(path), str(path))
+
+
+def read_hardware(path: str | os.PathLike) -> Any:
+    """A hardware YAML file's fields, unchecked (``hardware_from_dict`` checks them); a missing
+    file or a YAML error is one line naming where."""
     import yaml
 
     try:
@@ -293,7 +295,7 @@ def load_hardware(path: str | os.PathLike) -> Calibration:
         what = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ConfigError("hardware", at, f"not YAML: {what}; fix that line (the fields: "
                           f"{HARDWARE_DIR}/*.yaml)") from None
-    return hardware_from_dict(data, str(path))
+    return data
 
 
 def preset_files() -> dict[str, Path]:

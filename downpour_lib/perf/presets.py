@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .hardware import load_hardware, preset_files
+from .hardware import FITTED_ON, load_hardware, preset_files
 from .perfmodel import Calibration, predict
 
 #: parameters of the published models (torchvision's counts; tests check them against torchvision)
@@ -98,8 +98,8 @@ DLE_DALI_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
     ("dgx-a100-40g-dali", "resnet50-amp", "Training performance: NVIDIA DGX A100 (8x A100 40GB), "
      "mixed precision", 1240.81, 9604.92),
 )
-#: the presets whose tables the node-compute terms are fitted on (``terms.PIPELINES``): not checks
-FITTED_PRESETS = frozenset({"dgx1-v100", "dgx1-v100-dali"})
+#: the presets whose tables the node-compute terms are fitted on (one per pipeline): not checks
+FITTED_PRESETS = frozenset(FITTED_ON.values())
 
 
 def published_checks(include_fitted: bool = False) -> list[Published]:

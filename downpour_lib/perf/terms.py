@@ -15,17 +15,15 @@ measurements (the sandbox's shaped links). Every other published result is a che
   slowest of 8: ``hardware.fitted_node_compute``), so that the model's point is the table.
   What a device's rate costs depends on the host feeding it: where a node's host cores are known,
   ``rate`` is taken relative to the fitted host's cores per device (``DGX1_HOST_CORES`` / 8 = 5),
-  i.e. the loss follows the samples per second each host core must decode and augment. The DLE
-  benchmark decodes JPEGs on CPU cores (``data_backend: pytorch``) with 8 loader workers per GPU on a
-  DGX-1 and 16 on a DGX A100 (``configs.yml``): its own authors size the pipeline by cores per GPU.
-  A host without a core count keeps the law in absolute rate (the fitted host's).
-  The input pipeline changes the law: the same benchmark a container earlier, with NVIDIA DALI
-  decoding on the CPU instead of the PyTorch DataLoader, lost about 3 % at 8 V100 at either
-  precision (``DGX1_DALI_TABLE``, ``PIPELINES``); a hardware file names its pipeline.
+  i.e. the loss follows the samples per second each host core must decode and augment, by a
+  law whose range ``HOST_LAW_RANGE`` takes from the benchmark's own loader workers. A host without
+  a core count keeps the law in absolute rate (the fitted host's). The input pipeline changes the
+  law (``PIPELINES``: the DataLoader's, DALI's); a hardware file names its pipeline.
 - **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
   rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
   nodes (``results/reference/model/sandbox-*nodes/validation.csv``: the fitted bandwidth over the
-  shaped rate, mean of four). Assumed for RDMA and NVLink, where we have no measurement.
+  shaped rate, mean of four). Assumed for NVLink; across nodes a transport's range
+  (``TRANSPORT_RATE``) from published reports.
 - **The slowest of N** (``straggler_factor``): a synchronous step waits for the slowest worker.
   With independent normal step times of coefficient of variation ``cv`` the expected maximum of N
   is ``mean * (1 + cv * e_N)``, ``e_N`` the expected largest of N standard normals, integrated
