@@ -56,8 +56,8 @@ def test_parameters_are_injected_after_the_parameters_cell_and_checked():
     ("02_scaling_study", {"algorithms": ["nope"]},
      "ConfigError: algorithms='nope' is not valid: choose from local, sync_ps", "study_spec("),
     ("06_at_scale", {"preset": "nope"},
-     "ConfigError: preset='nope' is not valid: choose one of dgx-a100, dgx-a100-40g-dali, "
-     "dgx-h100-ib400", "map_preset("),
+     "ConfigError: preset='nope' is not valid: choose one of ddp-bench-dgx1, dgx-a100, "
+     "dgx-a100-40g-dali", "map_preset("),
     ("07_lm_time_to_loss", {"target": 0, "network": "local"},
      "ConfigError: target=0 is not valid: a validation loss per token > 0", "plan_study("),
 ])

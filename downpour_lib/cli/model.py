@@ -186,6 +186,9 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     hw.add_argument("--jitter", type=float, default=None,
                     help="coefficient of variation of a step's time (a run's steps.csv): a "
                          "synchronous step waits for the slowest of N")
+    hw.add_argument("--framework", type=float, default=None,
+                    help="the framework's own work a step beyond its allreduce, in samples' "
+                         "compute (measured: a point; default: terms.FRAMEWORK_RANGE)")
     p.add_argument("--option", action="append", default=[], type=_option, metavar="ALG.KEY=VALUE",
                    help="an algorithm's option, e.g. downpour.servers=16, easgd.moving_rate=0.1, "
                         "localsgd.period=8, downpour.slow_workers=1 (repeat for more)")
@@ -285,7 +288,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     cal = with_fields(cal, devices_per_node=args.devices_per_node, intra_gbit=args.intra_gbit,
                       intra_latency_us=args.intra_latency_us, inter_gbit=args.inter_gbit,
                       inter_latency_us=args.inter_latency_us, link_efficiency=args.link_efficiency,
-                      jitter=args.jitter, inter_transport=args.inter_transport,
+                      jitter=args.jitter, framework=args.framework,
+                      inter_transport=args.inter_transport,
                       **({"overlap": args.overlap} if "overlap" in args else {}))
     if args.accumulation is not None:
         try:
@@ -327,7 +331,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def unmeasured(cal: Calibration) -> list[str]:
     """What ``cal`` did not measure, each with its range (``perf.terms``)."""
-    from ..perf.terms import OVERLAP_RANGE
+    from ..perf.terms import FRAMEWORK_RANGE, OVERLAP_RANGE
 
     out = []
     if cal.overlap is None:
@@ -336,6 +340,9 @@ def unmeasured(cal: Calibration) -> list[str]:
         out.append(f"cross-node rate x{cal.inter_rate[1]:.2f}-{cal.inter_rate[0]:.2f}")
     if cal.jitter_high is not None:
         out.append(f"jitter {cal.jitter:g}-{cal.jitter_high:g}")
+    if cal.framework is None:
+        out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
+                   "samples' compute a step")
     if cal.host_law[0] != cal.host_law[1]:
         out.append("the input pipeline's host-core law "
                    f"{min(cal.host_law):.2g}-{max(cal.host_law):.2g}")

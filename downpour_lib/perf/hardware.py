@@ -12,6 +12,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     overlap: null                     # share of the bucket pipeline achieved; null: a range
                                       # (terms.OVERLAP_RANGE): each range left makes a band
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
+    framework: 2.5                    # DDP's work a step past its allreduce, in samples; omitted: a range
     node_compute: pytorch             # a busy node's compute loss, by input pipeline (terms.
                                       # PIPELINES): pytorch (also "fitted"), dali-cpu, or none
     host:                             # the CPUs that feed the devices (optional: else the fitted
@@ -64,7 +65,7 @@ from .terms import (
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 
 _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucketing", "overlap", "jitter",
-        "node_compute", "host", "links", "models"}
+        "framework", "node_compute", "host", "links", "models"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "source"}
@@ -257,6 +258,11 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     if overlap is not None and (isinstance(overlap, bool) or not isinstance(overlap, (int, float))
                                 or not 0 <= overlap <= 1):
         raise ConfigError("overlap", overlap, "a share in [0, 1], or null (not measured: a band)")
+    framework = d.get("framework")
+    if framework is not None:
+        framework = _share("framework", framework, "samples of compute a step costs the framework "
+                           "beyond its allreduce, a number >= 0, e.g. 2.5, or null (a range)",
+                           high=math.inf)
     sources = [str(d.get("source", ""))] + [f"{k}: {v['source']}" for k, v in links.items()
                                               if isinstance(v, dict) and v.get("source")]
     if host and host.get("source"):
@@ -271,7 +277,7 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
                       "a number >= 0, e.g. 0.05", high=math.inf), node_compute=node_compute,
         # what the file does not give is a range (terms): jitter, the cross-node rate, the host's law
         jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
-        host_law=HOST_LAW_RANGE if cores and node_compute.c else (1.0, 1.0))
+        host_law=HOST_LAW_RANGE if cores and node_compute.c else (1.0, 1.0), framework=framework)
 
 
 def load_hardware(path: str | os.PathLike) -> Calibration:
@@ -307,11 +313,13 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 intra_gbit: float | None = None, intra_latency_us: float | None = None,
                 inter_gbit: float | None = None, inter_latency_us: float | None = None,
                 link_efficiency: float | None = None, jitter: float | None = None,
-                inter_transport: str | None = None, **overlap: float | None) -> Calibration:
+                framework: float | None = None, inter_transport: str | None = None,
+                **overlap: float | None) -> Calibration:
     """``cal`` with the hardware fields given (``downpour model predict``'s flags) replaced: a
     rate given here is a line rate, times ``link_efficiency`` (measured: a point), else the
     range of ``inter_transport`` across nodes (``terms.transport_rate``), else the fitted one.
-    A value given here is measured: its range (``jitter``'s, ``overlap``'s) becomes a point."""
+    A value given here is measured: its range (``jitter``'s, ``overlap``'s, ``framework``'s)
+    becomes a point."""
     from dataclasses import replace
 
     net = cal.network
@@ -325,6 +333,8 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     if jitter is not None:
         _share("jitter", jitter, "a coefficient of variation of step times >= 0, e.g. 0.05",
                high=math.inf)
+    if framework is not None:
+        _share("framework", framework, "samples of compute a step >= 0, e.g. 2.5", high=math.inf)
     if inter_transport is not None and (inter_gbit is None or link_efficiency is not None):
         raise ConfigError("inter_transport", inter_transport, "it sets the range of the line rate "
                           "given with --inter-gbit, without --link-efficiency (a measured one)")
@@ -352,4 +362,6 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     fields = {"network": network, "inter_rate": inter_rate, **overlap}
     if jitter is not None:
         fields.update(jitter=jitter, jitter_high=None)
+    if framework is not None:
+        fields.update(framework=framework)
     return replace(cal, **fields)

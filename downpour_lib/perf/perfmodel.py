@@ -42,7 +42,7 @@ from .netmodel import (
     pipeline_exposed_s,
     ps_transfer_s,
 )
-from .terms import OVERLAP_RANGE, NodeCompute, straggler_factor
+from .terms import FRAMEWORK_RANGE, OVERLAP_RANGE, NodeCompute, straggler_factor
 
 MIB = 1 << 20
 
@@ -132,6 +132,8 @@ class Calibration:
         bucketing       fixed (DDP's buckets) or ready (Horovod's fusion of what is ready)
         overlap         measured share of the bucket pipeline achieved, or null (a band)
         jitter          coefficient of variation of a step's compute (steps.csv)
+        framework       the framework's own work a round of communication, in samples of
+                        compute, or null (a range)
         node_compute    {c, p, at, source, cores_per_device}: compute lost when a node's
                         devices share it (cores_per_device: the fitted host's)
         source          where all of it came from
@@ -162,6 +164,10 @@ class Calibration:
     inter_rate: tuple[float, float] = (1.0, 1.0)
     jitter_high: float | None = None
     host_law: tuple[float, float] = (1.0, 1.0)
+    #: the framework's own work a round of communication beyond the messages (DDP's hooks, bucket
+    #: copies, the collective's kernels beside backward), in one sample's compute; None where it
+    #: was not measured: a range (``terms.FRAMEWORK_RANGE``). A measured calibration's steps have it.
+    framework: float | None = 0.0
 
     def __post_init__(self) -> None:
         for name in ("inter_rate", "host_law"):  # a JSON list reads back as the tuple
@@ -171,6 +177,11 @@ class Calibration:
         if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \
                 or not (math.isfinite(self.jitter) and self.jitter >= 0):
             raise ConfigError("jitter", self.jitter, "a coefficient of variation >= 0, e.g. 0.05")
+        if self.framework is not None and (isinstance(self.framework, bool) or not isinstance(
+                self.framework, (int, float)) or not (math.isfinite(self.framework)
+                                                      and self.framework >= 0)):
+            raise ConfigError("framework", self.framework, "samples of compute a step >= 0, "
+                              "e.g. 2.5, or None (not measured: a range)")
         if self.collective not in COLLECTIVES:
             raise ConfigError("collective", self.collective, "choose from " + ", ".join(COLLECTIVES))
         if self.bucketing not in BUCKETING:
@@ -381,10 +392,11 @@ def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: s
 
 def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
     """``cal`` with every quantity it did not measure at its favourable end, and at its
-    unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter; the host's law
-    is chosen per prediction (which end is favourable depends on the host). None: all measured."""
+    unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the framework's
+    work; the host's law is chosen per prediction (which end is favourable depends on the host).
+    None: all measured."""
     if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
-            and cal.host_law[0] == cal.host_law[1]:
+            and cal.host_law[0] == cal.host_law[1] and cal.framework is not None:
         return None
 
     def at(end: int) -> Calibration:
@@ -393,6 +405,7 @@ def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
         jitter = cal.jitter_high if end and cal.jitter_high is not None else cal.jitter
         return replace(cal, network=replace(net, inter=inter), jitter=jitter, jitter_high=None,
                        overlap=OVERLAP_RANGE[1 - end] if cal.overlap is None else cal.overlap,
+                       framework=FRAMEWORK_RANGE[end] if cal.framework is None else cal.framework,
                        inter_rate=(1.0, 1.0))
     return at(0), at(1)
 
@@ -483,11 +496,18 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
         raise ConfigError("algorithm", algorithm, "runs one process: nothing to predict at "
                           f"{workers} workers")
     wait = c_sync - c_step  # waiting for the slowest worker: not computation, not the link
+    # the framework's own work, once per round of communication (DDP skips its hooks on
+    # accumulation passes; periodic averaging talks once a period); the same for every algorithm
+    # that talks in lock-step, so that they compare fairly. The simulated asynchronous ones: none.
+    framework = cal.framework if cal.framework is not None else sum(FRAMEWORK_RANGE) / 2
+    rounds = 0.0 if workers == 1 or pattern in SIMULATED else (
+        1 / opts["period"] if pattern == "periodic" else 1.0)
+    own = framework * w.compute_s / w.batch_size * rounds
     samples_per_step = workers * w.batch_size * passes
     alone = samples_per_step / (w.compute_s * passes)
 
     def rate(exposed_s: float) -> tuple[float, float, float]:
-        step = c_step + wait + exposed_s
+        step = c_step + wait + own + exposed_s
         return step, samples_per_step / step, samples_per_step / step / alone
 
     step, samples, eff = rate(exposed)

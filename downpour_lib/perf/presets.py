@@ -7,7 +7,8 @@ A preset's compute times are published single-GPU throughputs; its links are the
 rates times the fitted link efficiency. The latencies (alpha) are not published for these systems:
 they are typical values for the transport, named as assumptions. Only ``dgx1-v100`` and
 ``dgx1-v100-dali`` are fitted on (their tables fix ``terms.fit_node_compute`` for the two input
-pipelines, ``terms.PIPELINES``); every other published number is a check.
+pipelines, ``terms.PIPELINES``), and ``ddp-bench-dgx1`` (PyTorch's DDP benchmark: the overlap's and
+the framework's ranges); every other published number is a check.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from .hardware import FITTED_ON, load_hardware, preset_files
 from .perfmodel import Calibration, predict
+from .terms import DDP_BENCH, DDP_BENCH_SOURCE
 
 #: parameters of the published models (torchvision's counts; tests check them against torchvision)
 PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_544,
@@ -32,7 +34,7 @@ PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in p
 class Published:
     """A published scaling result and what the model predicts for it: the band that the ranges of
     what the preset does not measure give together (``low``, ``high``: overlap, cross-node rate,
-    jitter, the host's law; ``perfmodel.unknown_ends``) and its middle, the point."""
+    jitter, the host's law, the framework's work; ``perfmodel.unknown_ends``) and its middle."""
 
     claim: str
     source: str
@@ -98,8 +100,10 @@ DLE_DALI_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
     ("dgx-a100-40g-dali", "resnet50-amp", "Training performance: NVIDIA DGX A100 (8x A100 40GB), "
      "mixed precision", 1240.81, 9604.92),
 )
-#: the presets whose tables the node-compute terms are fitted on (one per pipeline): not checks
-FITTED_PRESETS = frozenset(FITTED_ON.values())
+#: the presets whose tables the model's terms are fitted on: not checks. The node-compute term's
+#: (one per pipeline), and PyTorch's DDP benchmark (``terms.OVERLAP_RANGE``, ``FRAMEWORK_RANGE``)
+DDP_BENCH_PRESET = "ddp-bench-dgx1"
+FITTED_PRESETS = frozenset(FITTED_ON.values()) | {DDP_BENCH_PRESET}
 
 
 def published_checks(include_fitted: bool = False) -> list[Published]:
@@ -119,6 +123,11 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
                                       "the fit: within half a point" if fitted else "reported"))
+    if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
+        checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
+                               DDP_BENCH_SOURCE, DDP_BENCH_PRESET, model, n, row["alone"][0] / row[n],
+                               True, "the fit: inside the band")
+                   for model, row in DDP_BENCH.items() for n in (8, 16)]
     sgp = PRESETS["sgp-v100-10g"]
     ar = predict(sgp, "allreduce", 32, "resnet50")
     best = min((predict(sgp, a, 32, "resnet50") for a in ("sgp", "osgp")), key=lambda p: p.step_s)
