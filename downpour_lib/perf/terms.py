@@ -263,18 +263,21 @@ OVERLAP_RANGE = (0.63, 1.0)
 #: eight 200 Gbit/s cards (NVIDIA/nccl#812, quoted in #1576: 0.96); 86 GB/s where 96 was the
 #: cards' (NVIDIA/nccl#1048, two A100 nodes, left open: 0.90). Misconfigured systems go far
 #: lower (0.56 in VMs, NVIDIA/nccl#949; 0.3, nccl-tests#152): measure, and give the efficiency.
-#: tcp: our sandbox measured 0.95-0.97 at 100-200 Mbit/s (``LINK_EFFICIENCY``); at high rates a
-#: transport is bound by its cores, not the wire: Zhang et al. 2020 ("Is Network the Bottleneck
-#: of Distributed Training?", NetAI, arXiv 2006.10103) find Horovod/NCCL over TCP on AWS gains
-#: nothing past 25 Gbit/s on 100 Gbit/s links, so the low end is min(0.9, 25 Gbit/s / line) and
-#: the high end min(0.97, 50 Gbit/s / line) (twice that plateau: an assumption).
-TRANSPORT_RATE = {"rdma": (0.90, 0.976), "tcp": (0.90, 0.97)}
-TCP_CAP_GBIT = 25.0
+#: tcp: NCCL's sockets (or gloo's) below the rates their threads can drive: 0.95-0.97 on our
+#: sandbox at 100-200 Mbit/s (``LINK_EFFICIENCY``), 0.96-0.98 of 32 Gbit/s with one GPU per node
+#: (NVIDIA/nccl#209, GCP, tuned sockets). Past them a node's sockets move a rate of their own,
+#: whatever the card's: with 4-8 GPUs per node 13.6 Gbit/s of 25 (NVIDIA/nccl-tests#83, Azure),
+#: 14.5-22.9 of 32 (nccl#209), 32-48 of 100 (NVIDIA/nccl#450, 8 V100 per node); Horovod on AWS
+#: gains nothing past 25 of 100 (Zhang et al. 2020, arXiv 2006.10103). So the low end is
+#: min(0.95, 13.6 Gbit/s / line) and the high end min(0.98, 48 Gbit/s / line).
+TRANSPORT_RATE = {"rdma": (0.90, 0.976), "tcp": (0.95, 0.98)}
+TCP_CAPS_GBIT = (13.6, 48.0)  # the lowest and highest a node's sockets were reported to move
 TRANSPORT_SOURCE = {
     "rdma": "NCCL all_reduce bus bandwidth / line rate: 0.976 and 0.96 (NVIDIA/nccl-tests#29), "
             "0.96 (NVIDIA/nccl#812), 0.90 (NVIDIA/nccl#1048)",
-    "tcp": "sandbox gloo 0.95-0.97 (terms.LINK_EFFICIENCY); Zhang et al. 2020: no gain past "
-           "25 Gbit/s of a 100 Gbit/s link (Horovod over TCP, AWS)"}
+    "tcp": "sandbox gloo 0.95-0.97 (terms.LINK_EFFICIENCY), 0.96-0.98 of 32 Gbit/s with one GPU "
+           "a node (NVIDIA/nccl#209); capped at 13.6-48 Gbit/s with several (NVIDIA/nccl-tests#83, "
+           "nccl#209, NVIDIA/nccl#450)"}
 
 
 def transport_rate(transport: str, gbit_per_s: float) -> tuple[float, float]:
@@ -283,8 +286,8 @@ def transport_rate(transport: str, gbit_per_s: float) -> tuple[float, float]:
         raise ConfigError("transport", transport, "choose from " + ", ".join(TRANSPORT_RATE)
                           + ", or give the link's measured efficiency")
     low, high = TRANSPORT_RATE[transport]
-    if transport == "tcp":  # past the cap a transport is core-bound: twice the cap at best (assumed)
-        low, high = min(low, TCP_CAP_GBIT / gbit_per_s), min(high, 2 * TCP_CAP_GBIT / gbit_per_s)
+    if transport == "tcp":  # past what its sockets move, a node's rate is theirs, not the card's
+        low, high = min(low, TCP_CAPS_GBIT[0] / gbit_per_s), min(high, TCP_CAPS_GBIT[1] / gbit_per_s)
     return low, max(low, high)
 
 
