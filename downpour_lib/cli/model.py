@@ -187,7 +187,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                     help="coefficient of variation of a step's time (a run's steps.csv): a "
                          "synchronous step waits for the slowest of N")
     hw.add_argument("--framework", type=float, default=None,
-                    help="the framework's own work a step beyond its allreduce, in samples' "
+                    help="the framework's own work a round of communication, in samples' "
                          "compute (measured: a point; default: terms.FRAMEWORK_RANGE)")
     p.add_argument("--option", action="append", default=[], type=_option, metavar="ALG.KEY=VALUE",
                    help="an algorithm's option, e.g. downpour.servers=16, easgd.moving_rate=0.1, "
@@ -339,7 +339,7 @@ def unmeasured(cal: Calibration) -> list[str]:
     if cal.inter_rate != (1.0, 1.0):
         out.append(f"cross-node rate x{cal.inter_rate[1]:.2f}-{cal.inter_rate[0]:.2f}")
     if cal.jitter_high is not None:
-        out.append(f"jitter {cal.jitter:g}-{cal.jitter_high:g}")
+        out.append(f"jitter {cal.jitter:.2g}-{cal.jitter_high:.2g}")
     if cal.framework is None:
         out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
                    "samples' compute a step")

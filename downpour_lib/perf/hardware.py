@@ -12,7 +12,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     overlap: null                     # share of the bucket pipeline achieved; null: a range
                                       # (terms.OVERLAP_RANGE): each range left makes a band
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
-    framework: 2.5                    # DDP's work a step past its allreduce, in samples; omitted: a range
+    framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
     node_compute: pytorch             # a busy node's compute loss, by input pipeline (terms.
                                       # PIPELINES): pytorch (also "fitted"), dali-cpu, or none
     host:                             # the CPUs that feed the devices (optional: else the fitted
@@ -260,8 +260,8 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         raise ConfigError("overlap", overlap, "a share in [0, 1], or null (not measured: a band)")
     framework = d.get("framework")
     if framework is not None:
-        framework = _share("framework", framework, "samples of compute a step costs the framework "
-                           "beyond its allreduce, a number >= 0, e.g. 2.5, or null (a range)",
+        framework = _share("framework", framework, "samples of compute the framework's own work "
+                           "costs a round of communication, a number >= 0, e.g. 2.5, or null (a range)",
                            high=math.inf)
     sources = [str(d.get("source", ""))] + [f"{k}: {v['source']}" for k, v in links.items()
                                               if isinstance(v, dict) and v.get("source")]
@@ -275,7 +275,8 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
         jitter=_share("jitter", d.get("jitter", 0.0), "a coefficient of variation of step times, "
                       "a number >= 0, e.g. 0.05", high=math.inf), node_compute=node_compute,
-        # what the file does not give is a range (terms): jitter, the cross-node rate, the host's law
+        # what the file does not give is a range (terms): jitter, the cross-node rate, the host's
+        # law, the framework's work
         jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
         host_law=HOST_LAW_RANGE if cores and node_compute.c else (1.0, 1.0), framework=framework)
 

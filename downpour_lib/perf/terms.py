@@ -327,7 +327,7 @@ JITTER_RANGE = (0.0, max((p95 - p50 + DDP_BENCH_PRECISION_S) / 1.645 / p50
 #: model about 1 %. The narrowest range that puts each of its rows (8 and 16 GPUs) inside the band
 #: the model prints is 1.95-2.85 samples' compute (tests/test_perfmodel.py recomputes it). A
 #: cost fixed per step, not a share of it: NVIDIA's DGX-1 tables lose 3 % in all at 8 GPUs of 128-
-#: 256 samples (``DGX1_DALI_TABLE``), which a share of 7-10 % could not. Horovod's compute grows
+#: 256 samples (``DGX1_DALI_TABLE``), which a share of 7-11 % could not. Horovod's compute grows
 #: too, by up to 15 % (Zhang et al. 2020, arXiv 2006.10103); one framework's table fixes this range.
 #: The model charges it once per round of communication to every algorithm that talks in lock-step
 #: (an assumption: only DDP's was measured), so that they compare fairly.
