@@ -22,7 +22,7 @@ from .terms import DDP_BENCH, DDP_BENCH_SOURCE
 
 #: parameters of the published models (torchvision's counts; tests check them against torchvision)
 PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_544,
-              "inception_v3": 23_834_568}
+              "inception_v3": 23_834_568, "resnext101-32x4d": 44_177_704}
 
 _HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
             'TensorFlow"; horovod docs/benchmarks.rst')
@@ -100,6 +100,24 @@ DLE_DALI_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
     ("dgx-a100-40g-dali", "resnet50-amp", "Training performance: NVIDIA DGX A100 (8x A100 40GB), "
      "mixed precision", 1240.81, 9604.92),
 )
+#: the same container's ResNeXt101-32x4d README (DALI on the CPU too): another model on the same
+#: three nodes; every row a check, the fitted DGX-1 16GB's included (the fit is ResNet-50's)
+_DLE_RESNEXT = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnext101-32x4d/README.md "
+                "(commit 46ff3707e046; pytorch-20.06 NGC container), ")
+DLE_RESNEXT_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
+    ("dgx1-v100-dali", "resnext101-32x4d", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+     "16GB), FP32", 150.05, 1151.01),
+    ("dgx1-v100-dali", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+     "16GB), mixed precision", 534.91, 4000.79),
+    ("dgx1-v100-32g-dali", "resnext101-32x4d", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+     "32GB), FP32", 139.80, 1070.94),
+    ("dgx1-v100-32g-dali", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+     "32GB), mixed precision", 516.07, 3861.95),
+    ("dgx-a100-40g-dali", "resnext101-32x4d", "Training performance: NVIDIA DGX A100 (8x A100 "
+     "40GB), TF32", 300.42, 2380.51),
+    ("dgx-a100-40g-dali", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 "
+     "40GB), mixed precision", 908.40, 6887.59),
+)
 #: the presets whose tables the model's terms are fitted on: not checks. The node-compute term's
 #: (one per pipeline), and PyTorch's DDP benchmark (``terms.OVERLAP_RANGE``, ``FRAMEWORK_RANGE``)
 DDP_BENCH_PRESET = "ddp-bench-dgx1"
@@ -123,6 +141,10 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
                                       "the fit: within half a point" if fitted else "reported"))
+    checks += [_efficiency(f"ResNeXt101-32x4d, {section.split(': ')[1]}, DALI efficiency at 8 GPUs",
+                           _DLE_RESNEXT + f'section "{section}"', preset, model, 8, eight / (8 * one),
+                           False, "reported")
+               for preset, model, section, one, eight in DLE_RESNEXT_CHECKS]
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
                                DDP_BENCH_SOURCE, DDP_BENCH_PRESET, model, n, row["alone"][0] / row[n],
