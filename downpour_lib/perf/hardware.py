@@ -75,9 +75,9 @@ _NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".joi
 
 
 #: the preset each input pipeline's node term is fitted on (the node of its table: links, cores),
-#: and which of its models is which precision of the table
+#: and which of its models is which precision of the table: the rows the fit reads
 FITTED_ON = {"pytorch": "dgx1-v100", "dali-cpu": "dgx1-v100-dali"}
-_PRECISION_MODEL = {"fp32": "resnet50", "amp": "resnet50-amp"}
+FITTED_MODELS = {"fp32": "resnet50", "amp": "resnet50-amp"}
 
 
 @cache
@@ -95,7 +95,7 @@ def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
     node, added = fit_node_compute(table, source=source), {}
     for _ in range(20):  # what is added moves with the loss by the slowest's share: ~1e-2
         cal = replace(node_less, node_compute=node)
-        for precision, model in _PRECISION_MODEL.items():
+        for precision, model in FITTED_MODELS.items():
             most = max(r.gpus for r in table if r.precision == precision)
             p = predict(cal, "allreduce", most, model)
             added[precision] = p.step_s / cal.workload(model).compute_s - 1 / p.compute_efficiency

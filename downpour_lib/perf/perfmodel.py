@@ -499,10 +499,10 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
     # the framework's own work, once per round of communication (DDP skips its hooks on
     # accumulation passes; periodic averaging talks once a period); the same for every algorithm
     # that talks in lock-step, so that they compare fairly. The simulated asynchronous ones: none.
-    framework = cal.framework if cal.framework is not None else sum(FRAMEWORK_RANGE) / 2
+    # (Not measured, it is a range: ``predict`` runs each end of it, ``unknown_ends``.)
     rounds = 0.0 if workers == 1 or pattern in SIMULATED else (
         1 / opts["period"] if pattern == "periodic" else 1.0)
-    own = framework * w.compute_s / w.batch_size * rounds
+    own = cal.framework * w.compute_s / w.batch_size * rounds
     samples_per_step = workers * w.batch_size * passes
     alone = samples_per_step / (w.compute_s * passes)
 
