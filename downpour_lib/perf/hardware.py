@@ -33,9 +33,9 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         images_per_s: 367             # samples/s of one device alone; or step_s: s per step
         parameters: 25557032          # what an allreduce carries: parameters x bytes_per_parameter
         bytes_per_parameter: 4        # devices_per_worker: >1, a worker is that many of a node
-        ready_at: [0.01, ..., 1.0]    # share of backward done as each tenth of the gradient is
-                                      # ready (terms.gradient_ready_at); omitted: evenly spread
+        ready_at: [0.01, ..., 1.0]    # backward's share done as each tenth of the gradient is ready
         accumulation: 1               # forward+backward passes (batches) per allreduce
+        full_precision: resnet50      # mixed precision: the framework's work is that model's
         source: "..."
 """
 
@@ -68,7 +68,8 @@ _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucket
         "framework", "node_compute", "host", "links", "models"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
-          "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "source"}
+          "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "full_precision",
+          "source"}
 _HOST = {"cores", "source"}
 _NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".join(PIPELINES)
                  + " (fitted: pytorch), or none")
@@ -226,6 +227,25 @@ def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None,
         raise ConfigError(f"{where}.{exc.field}", exc.value, exc.expected) from None
 
 
+def _full_precision(models: dict, workloads: dict[str, Workload]) -> dict[str, Workload]:
+    """Each mixed-precision model's framework work counted in the samples of the model it names
+    as its ``full_precision`` (``Workload.framework_sample_s``): tensor cores speed up the math,
+    not the framework."""
+    for name, m in models.items():
+        full = m.get("full_precision")
+        if full is None:
+            continue
+        if full == name or full not in models or models[full].get("full_precision") is not None:
+            others = sorted(str(k) for k, v in models.items()
+                            if k != name and v.get("full_precision") is None)
+            raise ConfigError(f"models.{name}.full_precision", full, "another model of this file, "
+                              "run at full precision (no full_precision of its own): "
+                              + (", ".join(others) or "add one"))
+        ref = workloads[full]
+        workloads[name] = replace(workloads[name], framework_sample_s=ref.compute_s / ref.batch_size)
+    return workloads
+
+
 def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     """A ``Calibration`` from a hardware description (the module docstring's fields)."""
     if not isinstance(d, dict):
@@ -269,7 +289,8 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         sources.append(f"host: {host['source']}")
     return Calibration(
         str(d.get("name", where)), Network(intra, inter, per_node, cores=cores),
-        {name: _workload(name, m, node_compute, cores, per_node) for name, m in models.items()},
+        _full_precision(models, {name: _workload(name, m, node_compute, cores, per_node)
+                                 for name, m in models.items()}),
         collective=str(d.get("collective", "auto")), bucketing=str(d.get("bucketing", "fixed")),
         bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),

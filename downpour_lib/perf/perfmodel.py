@@ -89,6 +89,10 @@ class Workload:
     #: gradient accumulation: forward+backward passes per allreduce (1: every step). A step of
     #: ``compute_s`` x accumulation; the allreduce overlaps only the last pass's backward
     accumulation: int = 1
+    #: one sample's compute the framework's work is counted in (``Calibration.framework``): a
+    #: mixed-precision model's full-precision sample, as tensor cores speed up its math and not
+    #: the framework (``terms.FRAMEWORK_RANGE``); None: this workload's own
+    framework_sample_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.accumulation, bool) or not (isinstance(self.accumulation, int)
@@ -108,6 +112,12 @@ class Workload:
         if isinstance(self.backward_fraction, bool) or not isinstance(
                 self.backward_fraction, (int, float)) or not 0 <= self.backward_fraction <= 1:
             raise ConfigError("backward_fraction", self.backward_fraction, "a share in [0, 1]")
+        if self.framework_sample_s is not None and (
+                isinstance(self.framework_sample_s, bool)
+                or not isinstance(self.framework_sample_s, (int, float))
+                or not (math.isfinite(self.framework_sample_s) and self.framework_sample_s > 0)):
+            raise ConfigError("framework_sample_s", self.framework_sample_s,
+                              "seconds of one sample's compute > 0, or null (the workload's own)")
 
 
 @dataclass(frozen=True)
@@ -126,7 +136,9 @@ class Calibration:
         network.cores               a node's cores (ranks beyond them time-share; the host
                                     cores per device node_compute scales by), or null
         workloads.MODEL {model, batch_size, compute_s, param_bytes, backward_fraction, source,
-                         ready_at}: ready_at, when each tenth of the gradient is ready in backward
+                         ready_at, accumulation, framework_sample_s}: ready_at, when each tenth of
+                         the gradient is ready in backward; framework_sample_s, the sample the
+                         framework's work is counted in (null: compute_s / batch_size)
         collective      ring, tree, hierarchical or auto
         bucket_bytes    gradient bucket (DDP's bucket_cap_mb in bytes)
         bucketing       fixed (DDP's buckets) or ready (Horovod's fusion of what is ready)
@@ -502,7 +514,7 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
     # (Not measured, it is a range: ``predict`` runs each end of it, ``unknown_ends``.)
     rounds = 0.0 if workers == 1 or pattern in SIMULATED else (
         1 / opts["period"] if pattern == "periodic" else 1.0)
-    own = cal.framework * w.compute_s / w.batch_size * rounds
+    own = cal.framework * (w.framework_sample_s or w.compute_s / w.batch_size) * rounds
     samples_per_step = workers * w.batch_size * passes
     alone = samples_per_step / (w.compute_s * passes)
 
