@@ -235,7 +235,8 @@ def _full_precision(models: dict, workloads: dict[str, Workload]) -> dict[str, W
         full = m.get("full_precision")
         if full is None:
             continue
-        if full == name or full not in models or models[full].get("full_precision") is not None:
+        if not isinstance(full, str) or full == name or full not in models \
+                or models[full].get("full_precision") is not None:
             others = sorted(str(k) for k, v in models.items()
                             if k != name and v.get("full_precision") is None)
             raise ConfigError(f"models.{name}.full_precision", full, "another model of this file, "

@@ -68,7 +68,7 @@ DGX1_TABLE = (TableRow("fp32", 1, 367), TableRow("fp32", 8, 2855),
 #: says, with ``main.py``'s own input pipeline: NVIDIA DALI decoding on the CPU (``--data-backend``
 #: default ``dali-cpu``, 5 workers). Its loss hardly grows with the rate (3.0 % at 373 images/s,
 #: 3.3 % at 857, where the DataLoader of ``DGX1_TABLE`` lost 2.8 % at 367 and 15.4 % at 1200): the
-#: pipeline, not only the device's rate, sets a node's loss. Both its steps lose the same
+#: pipeline, not only the device's rate, sets a node's loss. Both its steps lose about the same
 #: milliseconds, the framework's work (``FRAMEWORK_RANGE``): what is left to its node term is flat.
 DLE_DALI_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
                    "README.md of the pytorch-20.06 NGC container (as kept in the IST-DASLab/"
