@@ -343,9 +343,6 @@ def unmeasured(cal: Calibration) -> list[str]:
     if cal.framework is None:
         out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
                    "samples' compute a step")
-    if cal.host_law[0] != cal.host_law[1]:
-        out.append("the input pipeline's host-core law "
-                   f"{min(cal.host_law):.2g}-{max(cal.host_law):.2g}")
     return out
 
 

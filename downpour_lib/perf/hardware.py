@@ -13,11 +13,9 @@ every number names its source (docs/perf_model.md, field by field). The fields::
                                       # (terms.OVERLAP_RANGE): each range left makes a band
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
-    node_compute: pytorch             # a busy node's compute loss, by input pipeline (terms.
+    node_compute: pytorch             # a busy node's share lost, by input pipeline (terms.
                                       # PIPELINES): pytorch (also "fitted"), dali-cpu, or none
-    host:                             # the CPUs that feed the devices (optional: else the fitted
-      cores: 128                      # DGX-1 host's); physical cores, all sockets (ranks beyond
-      source: "..."                   # them time-share, netmodel.Network.crowding)
+    host: {cores: 128, source: "..."} # physical cores, all sockets (ranks beyond them time-share)
     links:
       intra:                          # between devices of one node
         gbit_per_s: 1200              # line rate, per direction
@@ -35,7 +33,8 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         bytes_per_parameter: 4        # devices_per_worker: >1, a worker is that many of a node
         ready_at: [0.01, ..., 1.0]    # backward's share done as each tenth of the gradient is ready
         accumulation: 1               # forward+backward passes (batches) per allreduce
-        full_precision: resnet50      # mixed precision: the framework's work is that model's
+        precision: amp                # fp32 (full, TF32 too: the default) or amp (mixed)
+        full_precision: resnet50      # amp's full-precision twin: the framework's work is its
         source: "..."
 """
 
@@ -52,10 +51,10 @@ from ..errors import ConfigError
 from .netmodel import GBIT, Link, Network
 from .perfmodel import MIB, Calibration, Workload, predict
 from .terms import (
-    HOST_LAW_RANGE,
     JITTER_RANGE,
     LINK_EFFICIENCY,
     PIPELINES,
+    PRECISIONS,
     TRANSPORT_RATE,
     NodeCompute,
     fit_node_compute,
@@ -68,14 +67,14 @@ _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucket
         "framework", "node_compute", "host", "links", "models"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
-          "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "full_precision",
-          "source"}
+          "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "precision",
+          "full_precision", "source"}
 _HOST = {"cores", "source"}
 _NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".join(PIPELINES)
                  + " (fitted: pytorch), or none")
 
 
-#: the preset each input pipeline's node term is fitted on (the node of its table: links, cores),
+#: the preset each input pipeline's node term is fitted on (the node of its table: its links),
 #: and which of its models is which precision of the table: the rows the fit reads
 FITTED_ON = {"pytorch": "dgx1-v100", "dali-cpu": "dgx1-v100-dali"}
 FITTED_MODELS = {"fp32": "resnet50", "amp": "resnet50-amp"}
@@ -86,8 +85,9 @@ def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
     """The node-compute term of an input ``pipeline`` (``terms.PIPELINES``), fitted once on
     NVIDIA's DGX-1 table run with it (the PyTorch DataLoader's: ``terms.DGX1_TABLE``), so that the
     model's point gives the table back: what the model adds to a step of the table's node beyond
-    the node's loss (the allreduce left exposed, the wait for the slowest of its devices, each at
-    the middle of its range) is taken off the table's loss, to a fixed point."""
+    the node's loss (the allreduce left exposed, the wait for the slowest of its devices, the
+    framework's work, each at the middle of its range) is taken off the table's loss, to a fixed
+    point."""
     if pipeline not in PIPELINES:
         raise ConfigError("node_compute", pipeline, _NODE_COMPUTE)
     table, source = PIPELINES[pipeline]
@@ -101,7 +101,7 @@ def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
             p = predict(cal, "allreduce", most, model)
             added[precision] = p.step_s / cal.workload(model).compute_s - 1 / p.compute_efficiency
         refit = fit_node_compute(table, added, source=source)
-        if abs(refit.c - node.c) <= 1e-12 * node.c and abs(refit.p - node.p) <= 1e-12:
+        if all(abs(getattr(refit, k) - getattr(node, k)) <= 1e-12 for k in PRECISIONS):
             return refit
         node = refit
     return node
@@ -185,8 +185,7 @@ def _host_cores(d: Any) -> int | None:
     return cores
 
 
-def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None,
-              per_node: int | None = None) -> Workload:
+def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None) -> Workload:
     where = f"models.{name}"
     if not isinstance(d, dict):
         raise ConfigError(where, d, "a mapping with batch, images_per_s (or step_s), parameters")
@@ -208,9 +207,12 @@ def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None,
     else:
         step = _number(f"{where}.step_s", d["step_s"], "seconds per step > 0")
         rate = batch / devices / step
+    precision = d.get("precision", "amp" if "full_precision" in d else "fp32")
+    if precision not in PRECISIONS or precision == "fp32" and "full_precision" in d:
+        raise ConfigError(f"{where}.precision", precision, "fp32 (full precision, TF32 included) or "
+                          "amp (mixed precision; the default where full_precision names its twin)")
     # a worker of several devices of one node: their own averaging is inside its step
-    per_device = cores / devices if cores else None
-    compute = batch / (devices * rate * node.efficiency(devices, rate, per_device))
+    compute = batch / (devices * rate * node.efficiency(devices, precision))
     params = _number(f"{where}.parameters", d.get("parameters"), "the model's parameter count > 0")
     width = _number(f"{where}.bytes_per_parameter", d.get("bytes_per_parameter", 4),
                     "bytes per gradient element, e.g. 4 (fp32) or 2 (fp16)")
@@ -222,7 +224,7 @@ def _workload(name: str, d: Any, node: NodeCompute, cores: int | None = None,
         raise ConfigError(f"{where}.ready_at", extra["ready_at"], "a list of shares of backward")
     try:
         return Workload(name, batch, compute, params * width, source=str(d.get("source", "")),
-                        **extra)
+                        precision=precision, **extra)
     except ConfigError as exc:  # name the model the bad field belongs to
         raise ConfigError(f"{where}.{exc.field}", exc.value, exc.expected) from None
 
@@ -235,10 +237,12 @@ def _full_precision(models: dict, workloads: dict[str, Workload]) -> dict[str, W
         full = m.get("full_precision")
         if full is None:
             continue
+        def full_precision(m: dict) -> bool:
+            return m.get("full_precision") is None and m.get("precision", "fp32") == "fp32"
+
         if not isinstance(full, str) or full == name or full not in models \
-                or models[full].get("full_precision") is not None:
-            others = sorted(str(k) for k, v in models.items()
-                            if k != name and v.get("full_precision") is None)
+                or not full_precision(models[full]):
+            others = sorted(str(k) for k, v in models.items() if k != name and full_precision(v))
             raise ConfigError(f"models.{name}.full_precision", full, "another model of this file, "
                               "run at full precision (no full_precision of its own): "
                               + (", ".join(others) or "add one"))
@@ -290,17 +294,17 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         sources.append(f"host: {host['source']}")
     return Calibration(
         str(d.get("name", where)), Network(intra, inter, per_node, cores=cores),
-        _full_precision(models, {name: _workload(name, m, node_compute, cores, per_node)
+        _full_precision(models, {name: _workload(name, m, node_compute, per_node)
                                  for name, m in models.items()}),
         collective=str(d.get("collective", "auto")), bucketing=str(d.get("bucketing", "fixed")),
         bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
         jitter=_share("jitter", d.get("jitter", 0.0), "a coefficient of variation of step times, "
                       "a number >= 0, e.g. 0.05", high=math.inf), node_compute=node_compute,
-        # what the file does not give is a range (terms): jitter, the cross-node rate, the host's
-        # law, the framework's work
+        # what the file does not give is a range (terms): jitter, the cross-node rate, the
+        # framework's work
         jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
-        host_law=HOST_LAW_RANGE if cores and node_compute.c else (1.0, 1.0), framework=framework)
+        framework=framework)
 
 
 def load_hardware(path: str | os.PathLike) -> Calibration:

@@ -42,7 +42,7 @@ from .netmodel import (
     pipeline_exposed_s,
     ps_transfer_s,
 )
-from .terms import FRAMEWORK_RANGE, OVERLAP_RANGE, NodeCompute, straggler_factor
+from .terms import FRAMEWORK_RANGE, OVERLAP_RANGE, PRECISIONS, NodeCompute, straggler_factor
 
 MIB = 1 << 20
 
@@ -93,8 +93,13 @@ class Workload:
     #: mixed-precision model's full-precision sample, as tensor cores speed up its math and not
     #: the framework (``terms.FRAMEWORK_RANGE``); None: this workload's own
     framework_sample_s: float | None = None
+    #: the precision it runs at (``terms.PRECISIONS``): sets what a busy node costs its step
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError("precision", self.precision, "one of " + ", ".join(PRECISIONS)
+                              + " (fp32: full precision, TF32 included; amp: mixed precision)")
         if isinstance(self.accumulation, bool) or not (isinstance(self.accumulation, int)
                                                        and self.accumulation >= 1):
             raise ConfigError("accumulation", self.accumulation,
@@ -133,12 +138,12 @@ class Calibration:
         network.per_node            workers per node
         network.gamma_s_per_byte    reduction cost per byte (CPU backends; 0 for GPUs)
         network.node_Bps            a node's memory throughput its ranks share (memcpy), or null
-        network.cores               a node's cores (ranks beyond them time-share; the host
-                                    cores per device node_compute scales by), or null
+        network.cores               a node's cores (ranks beyond them time-share), or null
         workloads.MODEL {model, batch_size, compute_s, param_bytes, backward_fraction, source,
-                         ready_at, accumulation, framework_sample_s}: ready_at, when each tenth of
-                         the gradient is ready in backward; framework_sample_s, the sample the
-                         framework's work is counted in (null: compute_s / batch_size)
+                         ready_at, accumulation, framework_sample_s, precision}: ready_at, when
+                         each tenth of the gradient is ready in backward; framework_sample_s, the
+                         sample the framework's work is counted in (null: compute_s / batch_size);
+                         precision, fp32 or amp (terms.PRECISIONS)
         collective      ring, tree, hierarchical or auto
         bucket_bytes    gradient bucket (DDP's bucket_cap_mb in bytes)
         bucketing       fixed (DDP's buckets) or ready (Horovod's fusion of what is ready)
@@ -146,8 +151,8 @@ class Calibration:
         jitter          coefficient of variation of a step's compute (steps.csv)
         framework       the framework's own work a round of communication, in samples of
                         compute, or null (a range)
-        node_compute    {c, p, at, source, cores_per_device}: compute lost when a node's
-                        devices share it (cores_per_device: the fitted host's)
+        node_compute    {fp32, amp, at, source}: the share of a step lost when a node's
+                        devices share it, by precision, at ``at`` devices
         source          where all of it came from
     """
 
@@ -171,18 +176,16 @@ class Calibration:
     bucketing: str = "fixed"
     #: what was not measured, as ranges (``terms``): the network's cross-node bandwidth times
     #: each end of ``inter_rate`` (favourable, unfavourable; 1, 1: measured); ``jitter_high``:
-    #: jitter ranges from ``jitter`` to it (None: measured); ``host_law``: the range of
-    #: ``NodeCompute.efficiency``'s law (1, 1: the fitted law)
+    #: jitter ranges from ``jitter`` to it (None: measured)
     inter_rate: tuple[float, float] = (1.0, 1.0)
     jitter_high: float | None = None
-    host_law: tuple[float, float] = (1.0, 1.0)
     #: the framework's own work a round of communication beyond the messages (DDP's hooks, bucket
     #: copies, the collective's kernels beside backward), in one sample's compute; None where it
     #: was not measured: a range (``terms.FRAMEWORK_RANGE``). A measured calibration's steps have it.
     framework: float | None = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("inter_rate", "host_law"):  # a JSON list reads back as the tuple
+        for name in ("inter_rate",):  # a JSON list reads back as the tuple
             object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("overlap", self.overlap, "a share in [0, 1], or None (not measured)")
@@ -215,8 +218,15 @@ class Calibration:
         net = dict(d["network"])
         network = Network(**{**net, "intra": Link(**net["intra"]), "inter": Link(**net["inter"])})
         workloads = {k: Workload(**w) for k, w in d["workloads"].items()}
-        node = NodeCompute(**d.get("node_compute", {}))
-        return cls(**{**d, "network": network, "workloads": workloads, "node_compute": node})
+        node = dict(d.get("node_compute") or {})
+        if "c" in node:  # a calibration written under the rate law (before the precision law)
+            if node["c"]:
+                raise ConfigError("node_compute", node, "a measured calibration has none: "
+                                  "calibrate again, or give the hardware as a YAML file")
+            node = {k: node[k] for k in ("at", "source") if k in node}
+        d = {k: v for k, v in d.items() if k != "host_law"}  # the rate law's range, likewise
+        return cls(**{**d, "network": network, "workloads": workloads,
+                      "node_compute": NodeCompute(**node)})
 
 
 @dataclass(frozen=True)
@@ -405,10 +415,9 @@ def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: s
 def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
     """``cal`` with every quantity it did not measure at its favourable end, and at its
     unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the framework's
-    work; the host's law is chosen per prediction (which end is favourable depends on the host).
-    None: all measured."""
+    work. None: all measured."""
     if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
-            and cal.host_law[0] == cal.host_law[1] and cal.framework is not None:
+            and cal.framework is not None:
         return None
 
     def at(end: int) -> Calibration:
@@ -430,8 +439,7 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
     ends = unknown_ends(cal)
     if ends is None:
         return _predict(cal, algorithm, workers, model, options, steps)
-    best, worst = (_predict(e, algorithm, workers, model, options, steps, end)
-                   for end, e in enumerate(ends))
+    best, worst = (_predict(e, algorithm, workers, model, options, steps) for e in ends)
     w = cal.workload(model)
     step = (best.step_s + worst.step_s) / 2
     samples = workers * w.batch_size * w.accumulation / step
@@ -446,23 +454,16 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
 
 
 def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
-             options: dict[str, Any] | None = None, steps: int | None = None,
-             end: int | None = None) -> Prediction:
-    """One point: every quantity of ``cal`` as it stands (overlap None: a band from 0 to 1); the
-    host's law at the favourable (``end`` 0) or unfavourable (1) end of ``cal.host_law``."""
+             options: dict[str, Any] | None = None, steps: int | None = None) -> Prediction:
+    """One point: every quantity of ``cal`` as it stands (overlap None: a band from 0 to 1)."""
     if not (isinstance(workers, int) and workers >= 1):
         raise ConfigError("workers", workers, "an integer >= 1")
     opts = options_for(algorithm, options)
     pattern = traffic(algorithm)
     w = cal.workload(model)
     net, m, passes = cal.network, w.param_bytes, w.accumulation
-    devices = min(workers, net.per_node)
-    # host cores feeding each device in use: a node's cores serve the devices its workers use
-    per_device = net.cores / devices if net.cores else None
-    rate_alone = w.batch_size / w.compute_s
-    effs = [cal.node_compute.efficiency(devices, rate_alone, per_device, law)
-            for law in cal.host_law]
-    efficiency = min(effs) if end else max(effs)
+    devices = min(workers, net.per_node)  # the devices of a node its workers use
+    efficiency = cal.node_compute.efficiency(devices, w.precision)
     c = w.compute_s / efficiency  # one worker's pass, its node's other devices busy
     staleness, band, straggler = None, None, 1.0
     spread = _slowest(workers, opts, cal, pattern, passes)  # checks slow_workers, slowdown for all

@@ -22,7 +22,8 @@ from .terms import DDP_BENCH, DDP_BENCH_SOURCE
 
 #: parameters of the published models (torchvision's counts; tests check them against torchvision)
 PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_544,
-              "inception_v3": 23_834_568, "resnext101-32x4d": 44_177_704}
+              "inception_v3": 23_834_568, "resnext101-32x4d": 44_177_704,
+              "se-resnext101-32x4d": 45_251_128}  # DLE's: ResNeXt with SE blocks of 16 channels
 
 _HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
             'TensorFlow"; horovod docs/benchmarks.rst')
@@ -34,7 +35,7 @@ PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in p
 class Published:
     """A published scaling result and what the model predicts for it: the band that the ranges of
     what the preset does not measure give together (``low``, ``high``: overlap, cross-node rate,
-    jitter, the host's law, the framework's work; ``perfmodel.unknown_ends``) and its middle."""
+    jitter, the framework's work; ``perfmodel.unknown_ends``) and its middle."""
 
     claim: str
     source: str
@@ -118,6 +119,38 @@ DLE_RESNEXT_CHECKS = (  # (preset, model, section, 1 GPU, 8 GPUs), img/s
     ("dgx-a100-40g-dali", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 "
      "40GB), mixed precision", 908.40, 6887.59),
 )
+#: the ResNet-50 README's siblings at the commit that updated all three tables (pytorch-21.03, the
+#: DataLoader of configs.yml): two more models on the DataLoader's three nodes, every row a check
+_DLE_2103 = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/{}/README.md (commit "
+             "7bdfc81d2587; pytorch-21.03 NGC container; batches of configs.yml), ")
+DLE_2103_CHECKS = {  # README: (preset, model, section, 1 GPU, 8 GPUs), img/s
+    "resnext101-32x4d": (
+        ("dgx1-v100", "resnext101-32x4d", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), "
+         "FP32", 147, 1133),
+        ("dgx1-v100", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+         "16GB), mixed precision", 587, 4065),
+        ("dgx1-v100-32g", "resnext101-32x4d", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+         "32GB), FP32", 144, 1108),
+        ("dgx1-v100-32g", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+         "32GB), mixed precision", 565, 3863),
+        ("dgx-a100", "resnext101-32x4d", "Training performance: NVIDIA DGX A100 (8x A100 80GB), "
+         "TF32", 456, 3471),
+        ("dgx-a100", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 80GB), "
+         "mixed precision", 1211, 7925)),
+    "se-resnext101-32x4d": (
+        ("dgx1-v100", "se-resnext101-32x4d", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+         "16GB), FP32", 132, 1004),
+        ("dgx1-v100", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+         "16GB), mixed precision", 443, 2971),
+        ("dgx1-v100-32g", "se-resnext101-32x4d", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+         "32GB), FP32", 130, 992),
+        ("dgx1-v100-32g", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 32GB (8x "
+         "V100 32GB), mixed precision", 427, 2925),
+        ("dgx-a100", "se-resnext101-32x4d", "Training performance: NVIDIA DGX A100 (8x A100 80GB), "
+         "TF32", 395, 2991),
+        ("dgx-a100", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 "
+         "80GB), mixed precision", 855, 5779)),
+}
 #: PyTorch's DDP benchmark, whose rows the overlap's, the jitter's and the framework's ranges are
 #: chosen on (``terms.DDP_BENCH``): fitted rows, not checks
 DDP_BENCH_PRESET = "ddp-bench-dgx1"
@@ -131,8 +164,12 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
               for name, model, value in (("ResNet-101", "resnet101", 0.90),
                                          ("Inception V3", "inception_v3", 0.90),
                                          ("VGG-16", "vgg16", 0.68))]
-    for source, label, rows in ((_DLE, "{}", DLE_CHECKS), (_DLE_DALI, "{}, DALI", DLE_DALI_CHECKS),
-                                (_DLE_RESNEXT, "ResNeXt101-32x4d, {}, DALI", DLE_RESNEXT_CHECKS)):
+    tables = [(_DLE, "{}", DLE_CHECKS), (_DLE_DALI, "{}, DALI", DLE_DALI_CHECKS),
+              (_DLE_RESNEXT, "ResNeXt101-32x4d, {}, DALI", DLE_RESNEXT_CHECKS)]
+    tables += [(_DLE_2103.format(readme), {"resnext101-32x4d": "ResNeXt101-32x4d, {}",
+                                           "se-resnext101-32x4d": "SE-ResNeXt101-32x4d, {}"}[readme], rows)
+               for readme, rows in DLE_2103_CHECKS.items()]
+    for source, label, rows in tables:
         for preset, model, section, one, eight in rows:
             # a row the node term's fit reads (its preset's ResNet-50) is not a check
             fitted = preset in FITTED_ON.values() and model in FITTED_MODELS.values()

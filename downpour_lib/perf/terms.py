@@ -6,20 +6,17 @@ DDP benchmark (``DDP_BENCH``: the ranges of the overlap, the jitter and the fram
 ``FRAMEWORK_RANGE``) and our own measurements (the sandbox's shaped links). Every other published
 result is a check (``presets.published_checks``), never a fit.
 
-- **Compute that slows when devices share a node** (``NodeCompute``): a node's devices
-  share its input pipeline, host memory and PCIe, and communication kernels take compute units from
-  the step; the faster a device's step, the larger the share lost. Loss = ``c * rate**p`` at the
-  fitted devices per node (``rate``: one device's samples per second alone), growing with log2 of
-  the devices per node below and beyond it (an assumption: the table has 1 and 8 devices only).
-  ``c`` and ``p`` solve the table's two points (FP32 and AMP at 8 V100) exactly, less what the
-  model itself adds to those steps (the allreduce over NVLink left exposed, the wait for the
-  slowest of 8: ``hardware.fitted_node_compute``), so that the model's point is the table.
-  What a device's rate costs depends on the host feeding it: where a node's host cores are known,
-  ``rate`` is taken relative to the fitted host's cores per device (``DGX1_HOST_CORES`` / 8 = 5),
-  i.e. the loss follows the samples per second each host core must decode and augment, by a
-  law whose range ``HOST_LAW_RANGE`` takes from the benchmark's own loader workers. A host without
-  a core count keeps the law in absolute rate (the fitted host's). The input pipeline changes the
-  law (``PIPELINES``: the DataLoader's, DALI's); a hardware file names its pipeline.
+- **Compute that slows when devices share a node** (``NodeCompute``): a node's devices share its
+  input pipeline, host memory and PCIe, and communication kernels take compute units from the step.
+  The loss is a share of the step set by the precision the devices run at (full, or mixed: a
+  model's ``precision``), at the fitted devices per node, growing with log2 of the devices in use
+  below and beyond it (an assumption: the tables have 1 and 8 devices only). Each share is the
+  table's own at that precision (8 V100), less what the model itself adds to those steps (the
+  allreduce over NVLink left exposed, the wait for the slowest, the framework's work:
+  ``hardware.fitted_node_compute``), so that the model's point is the table. Not the device's rate
+  nor the host's cores: at one precision NVIDIA's tables lose alike across models, rates and nodes
+  (``presets.DLE_2103_CHECKS``). The input pipeline changes the shares (``PIPELINES``: the
+  DataLoader's, DALI's); a hardware file names its pipeline.
 - **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
   rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
   nodes (``results/reference/model/sandbox-*nodes/validation.csv``: the fitted bandwidth over the
@@ -66,10 +63,10 @@ DGX1_TABLE = (TableRow("fp32", 1, 367), TableRow("fp32", 8, 2855),
 
 #: the same benchmark on the same DGX-1 16GB a container earlier (pytorch-20.06), run as its README
 #: says, with ``main.py``'s own input pipeline: NVIDIA DALI decoding on the CPU (``--data-backend``
-#: default ``dali-cpu``, 5 workers). Its loss hardly grows with the rate (3.0 % at 373 images/s,
-#: 3.3 % at 857, where the DataLoader of ``DGX1_TABLE`` lost 2.8 % at 367 and 15.4 % at 1200): the
-#: pipeline, not only the device's rate, sets a node's loss. Both its steps lose about the same
-#: milliseconds, the framework's work (``FRAMEWORK_RANGE``): what is left to its node term is flat.
+#: default ``dali-cpu``, 5 workers). Its two precisions lose alike (3.0 % at 373 images/s, 3.3 % at
+#: 857, where the DataLoader of ``DGX1_TABLE`` lost 2.8 % at 367 and 15.4 % at 1200): the pipeline
+#: sets what a busy node loses. Both its steps lose about the same milliseconds, the framework's work
+#: (``FRAMEWORK_RANGE``): what is left to its node term is small, and alike at both.
 DLE_DALI_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
                    "README.md of the pytorch-20.06 NGC container (as kept in the IST-DASLab/"
                    "DeepLearningExamples fork, commit cc73a1755fd8), section \"Training "
@@ -82,9 +79,6 @@ DGX1_DALI_TABLE = (TableRow("fp32", 1, 373.21), TableRow("fp32", 8, 2899.62),
 #: fitted on NVIDIA's DGX-1 16GB table run with it: (table, source)
 PIPELINES = {"pytorch": (DGX1_TABLE, DLE_SOURCE), "dali-cpu": (DGX1_DALI_TABLE, DLE_DALI_SOURCE)}
 
-#: host cores of the node the table was measured on: 2x Intel Xeon E5-2698 v4, 20 cores each
-DGX1_HOST_CORES = 40
-DGX1_HOST_SOURCE = "NVIDIA DGX-1 datasheet: 2x Intel Xeon E5-2698 v4 2.2 GHz, 20 cores each"
 
 #: achieved / line rate of a TCP link under gloo: 95.6, 97.0 (2 nodes; 100, 200 Mbit/s), 94.9,
 #: 96.5 % (4 nodes), results/reference/model/sandbox-{2,4}nodes/validation.csv
@@ -94,59 +88,54 @@ LINK_EFFICIENCY_SOURCE = ("fitted bandwidth / shaped rate of gloo allreduce on t
                           "sandbox-{2,4}nodes/validation.csv, mean of 0.956, 0.970, 0.949, 0.965")
 
 
+#: the precisions a model runs at: full (FP32, or TF32 on tensor cores), or mixed (FP16 or BF16
+#: math with FP32 master weights: AMP)
+PRECISIONS = ("fp32", "amp")
+
+
 @dataclass(frozen=True)
 class NodeCompute:
-    """Loss of compute when ``devices`` share a node: ``c * rate**p`` at ``at`` devices, ``rate``
-    relative to the fitted host's ``cores_per_device`` where the node's are known."""
+    """Loss of compute when ``devices`` share a node: a share of the step alone, ``fp32`` or
+    ``amp`` by the precision the devices run at, at ``at`` devices (none by default)."""
 
-    c: float = 0.0
-    p: float = 1.0
+    fp32: float = 0.0
+    amp: float = 0.0
     at: int = 8
     source: str = ""
-    #: host cores per device of the node the term was fitted on; None: rate taken as it is
-    cores_per_device: float | None = None
 
-    def efficiency(self, devices: int, rate: float, cores_per_device: float | None = None,
-                   law: float = 1.0) -> float:
-        """Share of one device's lone throughput each of ``devices`` on a node keeps, on a host
-        of ``cores_per_device`` (None: not known, the fitted host's law in absolute rate).
-        ``law``: how the loss follows the host's cores (``HOST_LAW_RANGE``): 1, the load per core;
-        0, the device's rate alone; between, the pipeline keeps up as ``cores ** law``."""
-        if cores_per_device is not None and not (math.isfinite(cores_per_device)
-                                                 and cores_per_device > 0):
-            raise ConfigError("host.cores", cores_per_device,
-                              "host cores per device > 0 (the node's cores / its devices)")
-        if devices <= 1 or self.c == 0:
+    def efficiency(self, devices: int, precision: str = "fp32") -> float:
+        """Share of one device's lone throughput each of ``devices`` on a node keeps, running at
+        ``precision`` (``PRECISIONS``)."""
+        if precision not in PRECISIONS:
+            raise ConfigError("precision", precision, "one of " + ", ".join(PRECISIONS)
+                              + " (fp32: full precision, TF32 included; amp: mixed precision)")
+        share = getattr(self, precision)
+        if devices <= 1 or share == 0:
             return 1.0
-        if cores_per_device is not None and self.cores_per_device:
-            rate = rate * (self.cores_per_device / cores_per_device) ** law  # load per host core
-        loss = self.c * rate ** self.p * math.log2(devices) / math.log2(self.at)
-        return 1 / (1 + loss)
+        return 1 / (1 + share * math.log2(devices) / math.log2(self.at))
 
 
 def fit_node_compute(rows: tuple[TableRow, ...] = DGX1_TABLE, added: dict[str, float] | None = None,
-                     source: str = DLE_SOURCE,
-                     host_cores: int | None = DGX1_HOST_CORES) -> NodeCompute:
-    """``c`` and ``p`` through the table's two precisions at its largest device count: the loss
-    there is (throughput alone * devices / throughput together) - 1, less what the model adds to
-    that step beyond the node's loss, as a share of the step alone (``added``, per precision: the
-    allreduce left exposed, the wait for the slowest; none when not given;
-    ``hardware.fitted_node_compute`` gives it). ``host_cores``: the cores of the table's node,
-    shared by its largest device count (None: unknown)."""
+                     source: str = DLE_SOURCE) -> NodeCompute:
+    """The share each precision of the table loses at its largest device count: (throughput
+    alone * devices / throughput together) - 1, less what the model adds to that step beyond the
+    node's loss, as a share of the step alone (``added``, per precision: the allreduce left
+    exposed, the wait for the slowest, the framework's work; none when not given;
+    ``hardware.fitted_node_compute`` gives it)."""
     added = added or {}
-    points = []
+    shares, at = {}, set()
     for precision in sorted({r.precision for r in rows}):
         mine = sorted((r for r in rows if r.precision == precision), key=lambda r: r.gpus)
         alone, most = mine[0], mine[-1]
-        if alone.gpus != 1 or most.gpus < 2:
-            raise ConfigError("table", precision, "needs a row at 1 device and one at more")
+        if precision not in PRECISIONS or alone.gpus != 1 or most.gpus < 2:
+            raise ConfigError("table", precision, "a precision of " + ", ".join(PRECISIONS)
+                              + ", with a row at 1 device and one at more")
         ratio = alone.images_per_s * most.gpus / most.images_per_s  # step together / step alone
-        points.append((alone.images_per_s, ratio - 1 - added.get(precision, 0.0), most.gpus))
-    if len(points) != 2 or min(p[1] for p in points) <= 0:
-        raise ConfigError("table", [p[:2] for p in points], "two precisions, each losing throughput")
-    (r1, l1, at), (r2, l2, _) = sorted(points)
-    p = math.log(l2 / l1) / math.log(r2 / r1)
-    return NodeCompute(l1 / r1 ** p, p, at, source, host_cores / at if host_cores else None)
+        shares[precision] = max(0.0, ratio - 1 - added.get(precision, 0.0))
+        at.add(most.gpus)
+    if set(shares) != set(PRECISIONS) or len(at) != 1:
+        raise ConfigError("table", sorted(shares), "both precisions, at the same device count")
+    return NodeCompute(**shares, at=at.pop(), source=source)
 
 
 def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
@@ -291,25 +280,6 @@ def transport_rate(transport: str, gbit_per_s: float) -> tuple[float, float]:
         low, high = min(low, TCP_CAPS_GBIT[0] / gbit_per_s), min(high, TCP_CAPS_GBIT[1] / gbit_per_s)
     return low, max(low, high)
 
-
-#: loader workers per GPU and host cores per GPU of the ResNet-50 benchmark the node term is fitted
-#: on, on its two hosts: DLE's configs.yml (``platform: DGX1V: workers: 8``, ``DGXA100: workers:
-#: 16``) and the datasheets (2x 20-core Xeon E5-2698 v4 for 8 V100; 2x 64-core EPYC 7742 for 8 A100)
-DLE_LOADER = {"DGX-1": {"workers": 8, "cores": 5}, "DGX A100": {"workers": 16, "cores": 16}}
-DLE_LOADER_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/configs.yml "
-                     "(commit 097c7ff917b7), platform workers per GPU process")
-
-#: how the input pipeline's loss follows a host's cores (``NodeCompute``, ``law``): the pipeline
-#: of each device keeps up as ``cores ** law``. At most in proportion to the cores (1: the loader
-#: workers are bound by them, as a DGX-1's 8 workers per GPU on its 5 cores are); at least as the
-#: workers the benchmark's authors give each GPU where cores grow (``DLE_LOADER``: twice the
-#: workers for 3.2 times the cores from a DGX-1 to a DGX A100, law ln 2 / ln 3.2 = 0.60: each
-#: worker as fast as a core of its own, as where the DGX-1's 10 hardware threads per GPU hold its 8
-#: workers). The fitted table has one host, so it cannot tell where between: a range. A loss that
-#: follows the step and not the cores (a framework's own, e.g. DDP's hooks) is not this term's:
-#: ``FRAMEWORK_RANGE``.
-HOST_LAW_RANGE = (math.log(DLE_LOADER["DGX A100"]["workers"] / DLE_LOADER["DGX-1"]["workers"])
-                  / math.log(DLE_LOADER["DGX A100"]["cores"] / DLE_LOADER["DGX-1"]["cores"]), 1.0)
 
 #: coefficient of variation of a GPU worker's step times, where not measured (``straggler_factor``):
 #: from 0 to the largest spread ``DDP_BENCH``'s steps without DDP on one GPU allow (the 95th
