@@ -34,7 +34,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         ready_at: [0.01, ..., 1.0]    # backward's share done as each tenth of the gradient is ready
         accumulation: 1               # forward+backward passes (batches) per allreduce
         precision: amp                # fp32 (full, TF32 too: the default) or amp (mixed)
-        full_precision: resnet50      # amp's full-precision twin: the framework's work is its
+        full_precision: resnet50      # amp's twin at full precision: its samples count the framework
         source: "..."
 """
 
@@ -229,6 +229,10 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
         raise ConfigError(f"{where}.{exc.field}", exc.value, exc.expected) from None
 
 
+def _at_full_precision(model: dict) -> bool:
+    return model.get("full_precision") is None and model.get("precision", "fp32") == "fp32"
+
+
 def _full_precision(models: dict, workloads: dict[str, Workload]) -> dict[str, Workload]:
     """Each mixed-precision model's framework work counted in the samples of the model it names
     as its ``full_precision`` (``Workload.framework_sample_s``): tensor cores speed up the math,
@@ -237,12 +241,9 @@ def _full_precision(models: dict, workloads: dict[str, Workload]) -> dict[str, W
         full = m.get("full_precision")
         if full is None:
             continue
-        def full_precision(m: dict) -> bool:
-            return m.get("full_precision") is None and m.get("precision", "fp32") == "fp32"
-
         if not isinstance(full, str) or full == name or full not in models \
-                or not full_precision(models[full]):
-            others = sorted(str(k) for k, v in models.items() if k != name and full_precision(v))
+                or not _at_full_precision(models[full]):
+            others = sorted(str(k) for k, v in models.items() if k != name and _at_full_precision(v))
             raise ConfigError(f"models.{name}.full_precision", full, "another model of this file, "
                               "run at full precision (no full_precision of its own): "
                               + (", ".join(others) or "add one"))
