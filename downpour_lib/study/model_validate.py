@@ -11,7 +11,9 @@ each node a network namespace and a link shaped with ``tc`` to a rate; this vali
    reads its mean step time;
 3. predicts that step time from the fitted link and the algorithm's step besides the link, and
    reports the error; a rate is measured again while an algorithm has not come within the
-   tolerance in any of its sittings, up to ``SITTINGS`` (``judged_rows``).
+   tolerance in any of its sittings, up to ``SITTINGS`` (``judged_rows``); once a run, the
+   unshaped steps too, where a missing algorithm stepped faster over the shaped link than its
+   step besides the link (``undercut_baseline``: that baseline was a slow spell's).
 
 The step besides the link comes from the same algorithm on the same nodes with the links unshaped
 (hundreds of MB/s, also measured and fitted): its step less the communication the model gives it on
@@ -229,18 +231,24 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
         env = where.env()
         where.sandbox.up(bandwidth="none")
         where.link = "none"
-        # each algorithm's step with the link out of the way (unshaped: hundreds of MB/s), less
-        # what the model says that link costs it: the rest does not depend on the link
         longer = {name: _config(base, name, UNSHAPED_LONGER) for name in configs}
-        with _watching(where.sandbox.network) as health:
-            unshaped, summaries = _measure(longer, out / "collectives-unshaped.json", nodes, env,
-                                           timeout_s)
-        log(f"unshaped: {health['rtos']} retransmission timeouts, CPU steal {health['steal']:.0%}")
-        workloads = {}
-        for name, summary in summaries.items():
-            workloads[name] = workload_of(summary, unshaped)
-            log(f"{name} unshaped: {workloads[name].compute_s * 1e3:.2f} ms per step besides "
-                f"the link")
+
+        def besides_link() -> dict[str, Workload]:
+            """Each algorithm's step with the link out of the way (unshaped: hundreds of MB/s),
+            less what the model says that link costs it: the rest does not depend on the link."""
+            with _watching(where.sandbox.network) as health:
+                unshaped, summaries = _measure(longer, out / "collectives-unshaped.json", nodes, env,
+                                               timeout_s)
+            log(f"unshaped: {health['rtos']} retransmission timeouts, CPU steal "
+                f"{health['steal']:.0%}")
+            workloads = {}
+            for name, summary in summaries.items():
+                workloads[name] = workload_of(summary, unshaped)
+                log(f"{name} unshaped: {workloads[name].compute_s * 1e3:.2f} ms per step besides "
+                    f"the link")
+            return workloads
+
+        workloads, measured_again = besides_link(), False
         for rate in links:
             where.sandbox.up(bandwidth=rate)
             where.link = rate
@@ -260,6 +268,15 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
                 if not off:
                     break
                 if sitting < SITTINGS:
+                    undercut = undercut_baseline(judged)
+                    if undercut and not measured_again:
+                        log(f"{rate}: {', '.join(undercut)} stepped faster over the shaped link than "
+                            "its unshaped step besides the link: measuring the unshaped steps again")
+                        where.sandbox.up(bandwidth="none")
+                        where.link = "none"
+                        workloads, measured_again = besides_link(), True
+                        where.sandbox.up(bandwidth=rate)
+                        where.link = rate
                     log(f"{rate}: {', '.join(off)} outside {TOLERANCE:.0%} of the prediction in "
                         f"every sitting so far; measuring {rate} again (each algorithm is judged "
                         "on its first sitting within it; the other rows: validation-retried.csv)")
@@ -285,6 +302,15 @@ def judged_rows(sittings: list[list[dict[str, Any]]]) -> tuple[list[dict[str, An
         judged.append(chosen)
         others += [r for r in rows if r is not chosen]
     return judged, others
+
+
+def undercut_baseline(judged: list[dict[str, Any]]) -> list[str]:
+    """The algorithms outside ``TOLERANCE`` whose step over the shaped link was shorter than their
+    step besides the link, measured unshaped. Shaping only adds time, so that baseline was measured
+    in one of the machine's slow spells (a fresh-clone run beside other work measured DiLoCo's at
+    7.7 ms where 2.9-3.3 is usual, then 6.7 ms a step at 200mbit: every sitting 64 % off)."""
+    return [r["algorithm"] for r in judged
+            if abs(r["error"]) > TOLERANCE and r["measured_step_s"] < r["besides_link_s"]]
 
 
 @contextlib.contextmanager
