@@ -864,6 +864,15 @@ def test_node_compute_is_a_share_of_the_step_by_precision_not_the_rate_or_the_co
             "net-amp": {**spec["models"]["net"], "precision": "fp32", "full_precision": "net"}}
     with pytest.raises(ConfigError, match="models.net-amp.precision"):
         hardware_from_dict(dict(spec, models=twin))
+    # a model whose input pipeline is not the file's names its own (a language model: none)
+    own = {"net": spec["models"]["net"], "lm": {**spec["models"]["net"], "node_compute": "none"}}
+    cal = hardware_from_dict(dict(spec, models=own))
+    assert predict(cal, "allreduce", 8, "lm").compute_efficiency == 1
+    assert predict(cal, "allreduce", 8, "net").compute_efficiency == on[40].compute_efficiency
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+    assert PRESETS["dgx-h100-ib400"].workloads["gpt2"].node_compute == NodeCompute()
+    with pytest.raises(ConfigError, match="models.lm.node_compute='dali'"):
+        hardware_from_dict(dict(spec, models={"lm": {**own["lm"], "node_compute": "dali"}}))
     for host, field in (({"cores": 0}, "host.cores"), ({"cores": 12.5}, "host.cores"),
                         ({"cores": True}, "host.cores"), ({"threads": 8}, "host"), (40, "host")):
         with pytest.raises(ConfigError, match=field):

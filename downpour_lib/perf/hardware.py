@@ -35,6 +35,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         accumulation: 1               # forward+backward passes (batches) per allreduce
         precision: amp                # fp32 (full, TF32 too: the default) or amp (mixed)
         full_precision: resnet50      # amp's twin at full precision: its samples count the framework
+        node_compute: none            # its own input pipeline, where not the file's (tokens: none)
         source: "..."
 """
 
@@ -68,7 +69,7 @@ _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucket
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "precision",
-          "full_precision", "source"}
+          "full_precision", "node_compute", "source"}
 _HOST = {"cores", "source"}
 _NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".join(PIPELINES)
                  + " (fitted: pytorch), or none")
@@ -105,6 +106,14 @@ def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
             return refit
         node = refit
     return node
+
+
+def _node_compute(where: str, name: Any) -> NodeCompute:
+    """The node term a hardware file names (its ``node_compute``, or a model's own)."""
+    if not isinstance(name, str) or name not in ("fitted", "none", *PIPELINES):
+        raise ConfigError(where, name, _NODE_COMPUTE)
+    return NodeCompute() if name == "none" else fitted_node_compute(
+        "pytorch" if name == "fitted" else name)
 
 
 def _number(where: str, value: Any, what: str, low: float = 0.0) -> float:
@@ -211,8 +220,9 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
     if precision not in PRECISIONS or precision == "fp32" and "full_precision" in d:
         raise ConfigError(f"{where}.precision", precision, "fp32 (full precision, TF32 included) or "
                           "amp (mixed precision; the default where full_precision names its twin)")
+    own = _node_compute(f"{where}.node_compute", d["node_compute"]) if "node_compute" in d else None
     # a worker of several devices of one node: their own averaging is inside its step
-    compute = batch / (devices * rate * node.efficiency(devices, precision))
+    compute = batch / (devices * rate * (node if own is None else own).efficiency(devices, precision))
     params = _number(f"{where}.parameters", d.get("parameters"), "the model's parameter count > 0")
     width = _number(f"{where}.bytes_per_parameter", d.get("bytes_per_parameter", 4),
                     "bytes per gradient element, e.g. 4 (fp32) or 2 (fp16)")
@@ -224,7 +234,7 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
         raise ConfigError(f"{where}.ready_at", extra["ready_at"], "a list of shares of backward")
     try:
         return Workload(name, batch, compute, params * width, source=str(d.get("source", "")),
-                        precision=precision, **extra)
+                        precision=precision, node_compute=own, **extra)
     except ConfigError as exc:  # name the model the bad field belongs to
         raise ConfigError(f"{where}.{exc.field}", exc.value, exc.expected) from None
 
@@ -269,11 +279,7 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     inter, inter_rate = _link_range("inter" if "inter" in links else "intra",
                                     links.get("inter", links.get("intra")))
     intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
-    node = d.get("node_compute", "fitted")
-    if node not in ("fitted", "none", *PIPELINES):
-        raise ConfigError("node_compute", node, _NODE_COMPUTE)
-    node_compute = (NodeCompute() if node == "none"
-                    else fitted_node_compute("pytorch" if node == "fitted" else node))
+    node_compute = _node_compute("node_compute", d.get("node_compute", "fitted"))
     host = d.get("host")
     cores = _host_cores(host)
     models = d.get("models")

@@ -95,6 +95,10 @@ class Workload:
     framework_sample_s: float | None = None
     #: the precision it runs at (``terms.PRECISIONS``): sets what a busy node costs its step
     precision: str = "fp32"
+    #: what a busy node costs this model where its input pipeline is not the calibration's (a
+    #: language model reading tokens has no image pipeline: ``NodeCompute()``); None: the
+    #: calibration's ``node_compute``
+    node_compute: NodeCompute | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -143,7 +147,8 @@ class Calibration:
                          ready_at, accumulation, framework_sample_s, precision}: ready_at, when
                          each tenth of the gradient is ready in backward; framework_sample_s, the
                          sample the framework's work is counted in (null: compute_s / batch_size);
-                         precision, fp32 or amp (terms.PRECISIONS)
+                         precision, fp32 or amp (terms.PRECISIONS); node_compute, its own where
+                         its input pipeline is not the calibration's (null: the calibration's)
         collective      ring, tree, hierarchical or auto
         bucket_bytes    gradient bucket (DDP's bucket_cap_mb in bytes)
         bucketing       fixed (DDP's buckets) or ready (Horovod's fusion of what is ready)
@@ -217,7 +222,8 @@ class Calibration:
 
         net = dict(d["network"])
         network = Network(**{**net, "intra": Link(**net["intra"]), "inter": Link(**net["inter"])})
-        workloads = {k: Workload(**w) for k, w in d["workloads"].items()}
+        workloads = {k: Workload(**{**w, "node_compute": NodeCompute(**w["node_compute"])})
+                     if w.get("node_compute") else Workload(**w) for k, w in d["workloads"].items()}
         node = dict(d.get("node_compute") or {})
         if "c" in node:  # a calibration written under the rate law (before the precision law)
             if node["c"]:
@@ -463,7 +469,8 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
     w = cal.workload(model)
     net, m, passes = cal.network, w.param_bytes, w.accumulation
     devices = min(workers, net.per_node)  # the devices of a node its workers use
-    efficiency = cal.node_compute.efficiency(devices, w.precision)
+    node = cal.node_compute if w.node_compute is None else w.node_compute
+    efficiency = node.efficiency(devices, w.precision)
     c = w.compute_s / efficiency  # one worker's pass, its node's other devices busy
     staleness, band, straggler = None, None, 1.0
     spread = _slowest(workers, opts, cal, pattern, passes)  # checks slow_workers, slowdown for all
