@@ -190,8 +190,8 @@ class Calibration:
     framework: float | None = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("inter_rate",):  # a JSON list reads back as the tuple
-            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+        # a JSON list reads back as the tuple
+        object.__setattr__(self, "inter_rate", tuple(float(v) for v in self.inter_rate))
         if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("overlap", self.overlap, "a share in [0, 1], or None (not measured)")
         if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \

@@ -151,6 +151,8 @@ DLE_2103_CHECKS = {  # README: (preset, model, section, 1 GPU, 8 GPUs), img/s
         ("dgx-a100", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 "
          "80GB), mixed precision", 855, 5779)),
 }
+#: each README's model as its claims name it
+_DLE_NAMES = {"resnext101-32x4d": "ResNeXt101-32x4d", "se-resnext101-32x4d": "SE-ResNeXt101-32x4d"}
 #: PyTorch's DDP benchmark, whose rows the overlap's, the jitter's and the framework's ranges are
 #: chosen on (``terms.DDP_BENCH``): fitted rows, not checks
 DDP_BENCH_PRESET = "ddp-bench-dgx1"
@@ -165,9 +167,8 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                          ("Inception V3", "inception_v3", 0.90),
                                          ("VGG-16", "vgg16", 0.68))]
     tables = [(_DLE, "{}", DLE_CHECKS), (_DLE_DALI, "{}, DALI", DLE_DALI_CHECKS),
-              (_DLE_RESNEXT, "ResNeXt101-32x4d, {}, DALI", DLE_RESNEXT_CHECKS)]
-    tables += [(_DLE_2103.format(readme), {"resnext101-32x4d": "ResNeXt101-32x4d, {}",
-                                           "se-resnext101-32x4d": "SE-ResNeXt101-32x4d, {}"}[readme], rows)
+              (_DLE_RESNEXT, _DLE_NAMES["resnext101-32x4d"] + ", {}, DALI", DLE_RESNEXT_CHECKS)]
+    tables += [(_DLE_2103.format(readme), _DLE_NAMES[readme] + ", {}", rows)
                for readme, rows in DLE_2103_CHECKS.items()]
     for source, label, rows in tables:
         for preset, model, section, one, eight in rows:

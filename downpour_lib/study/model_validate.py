@@ -229,8 +229,12 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
     with SandboxNodes(sandbox_dir, nodes=sandbox_size(sandbox_dir, nodes), timeout_s=timeout_s,
                       log=log) as where:
         env = where.env()
-        where.sandbox.up(bandwidth="none")
-        where.link = "none"
+
+        def shape(rate: str) -> None:
+            where.sandbox.up(bandwidth=rate)
+            where.link = rate
+
+        shape("none")
         longer = {name: _config(base, name, UNSHAPED_LONGER) for name in configs}
 
         def besides_link() -> dict[str, Workload]:
@@ -250,8 +254,7 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
 
         workloads, measured_again = besides_link(), False
         for rate in links:
-            where.sandbox.up(bandwidth=rate)
-            where.link = rate
+            shape(rate)
             measured = out / f"collectives-{rate}.json"
             sittings: list[list[dict[str, Any]]] = []
             for sitting in range(1, SITTINGS + 1):
@@ -272,11 +275,9 @@ def validate_on_sandbox(out: str | os.PathLike, nodes: int = 2, links: Sequence[
                     if undercut and not measured_again:
                         log(f"{rate}: {', '.join(undercut)} stepped faster over the shaped link than "
                             "its unshaped step besides the link: measuring the unshaped steps again")
-                        where.sandbox.up(bandwidth="none")
-                        where.link = "none"
+                        shape("none")
                         workloads, measured_again = besides_link(), True
-                        where.sandbox.up(bandwidth=rate)
-                        where.link = rate
+                        shape(rate)
                     log(f"{rate}: {', '.join(off)} outside {TOLERANCE:.0%} of the prediction in "
                         f"every sitting so far; measuring {rate} again (each algorithm is judged "
                         "on its first sitting within it; the other rows: validation-retried.csv)")
