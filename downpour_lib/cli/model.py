@@ -121,6 +121,18 @@ def _overlap(text: str) -> float | None:
     return value
 
 
+def _node_compute(text: str) -> str | dict[str, float]:
+    """A pipeline's name, none, or the shares measured at FP32 and AMP: ``0.01,0.1``."""
+    if "," not in text:
+        return text.strip()
+    try:
+        fp32, amp = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give two shares, FP32,AMP (e.g. 0.01,0.1), "
+                                         "or a pipeline: pytorch, dali-cpu, none") from None
+    return {"fp32": fp32, "amp": amp}
+
+
 def add_model_parser(sub: argparse._SubParsersAction) -> None:
     # the presets by file name: loading them (perf.presets) took about 0.05 s of every command's start,
     # every training rank's included
@@ -189,6 +201,10 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     hw.add_argument("--framework", type=float, default=None,
                     help="the framework's own work a round of communication, in samples' "
                          "compute (measured: a point; default: terms.FRAMEWORK_RANGE)")
+    hw.add_argument("--node-compute", type=_node_compute, default=None, metavar="PIPELINE|FP32,AMP",
+                    help="a busy node's loss: an input pipeline's fitted term (pytorch, dali-cpu), "
+                         "none, or the shares of a step measured at FP32 and AMP, e.g. 0.01,0.1 "
+                         "(a point; default: the file's, for pytorch a range)")
     p.add_argument("--option", action="append", default=[], type=_option, metavar="ALG.KEY=VALUE",
                    help="an algorithm's option, e.g. downpour.servers=16, easgd.moving_rate=0.1, "
                         "localsgd.period=8, downpour.slow_workers=1 (repeat for more)")
@@ -289,7 +305,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                       intra_latency_us=args.intra_latency_us, inter_gbit=args.inter_gbit,
                       inter_latency_us=args.inter_latency_us, link_efficiency=args.link_efficiency,
                       jitter=args.jitter, framework=args.framework,
-                      inter_transport=args.inter_transport,
+                      inter_transport=args.inter_transport, node_compute=args.node_compute,
                       **({"overlap": args.overlap} if "overlap" in args else {}))
     if args.accumulation is not None:
         try:
@@ -343,6 +359,10 @@ def unmeasured(cal: Calibration) -> list[str]:
     if cal.framework is None:
         out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
                    "samples' compute a step")
+    nodes = {cal.node_compute, *(w.node_compute for w in cal.workloads.values() if w.node_compute)}
+    for node in sorted((n for n in nodes if not n.measured), key=lambda n: n.amp):
+        out.append(f"a busy node's share of a step {100 * node.fp32:.1f}-{100 * node.fp32_high:.1f} % "
+                   f"at FP32, {100 * node.amp:.1f}-{100 * node.amp_high:.1f} % at AMP (two containers)")
     return out
 
 

@@ -14,7 +14,8 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
     node_compute: pytorch             # a busy node's share lost, by input pipeline (terms.
-                                      # PIPELINES): pytorch (also "fitted"), dali-cpu, or none
+                                      # PIPELINES): pytorch (also "fitted"; two containers: a
+                                      # range), dali-cpu, none, or measured: {fp32: 0.01, amp: 0.1}
     host: {cores: 128, source: "..."} # physical cores, all sockets (ranks beyond them time-share)
     links:
       intra:                          # between devices of one node
@@ -72,7 +73,9 @@ _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter"
           "full_precision", "node_compute", "source"}
 _HOST = {"cores", "source"}
 _NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".join(PIPELINES)
-                 + " (fitted: pytorch), or none")
+                 + " (fitted: pytorch), none, or the shares measured: {fp32: 0.01, amp: 0.1}")
+_NODE_SHARES = ("the share of a step lost at each precision with all the node's devices busy, "
+                "measured (step together / step alone - 1, >= 0): {fp32: 0.01, amp: 0.1}")
 
 
 #: the preset each input pipeline's node term is fitted on (the node of its table: its links),
@@ -83,17 +86,27 @@ FITTED_MODELS = {"fp32": "resnet50", "amp": "resnet50-amp"}
 
 @cache
 def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
-    """The node-compute term of an input ``pipeline`` (``terms.PIPELINES``), fitted once on
-    NVIDIA's DGX-1 table run with it (the PyTorch DataLoader's: ``terms.DGX1_TABLE``), so that the
-    model's point gives the table back: what the model adds to a step of the table's node beyond
-    the node's loss (the allreduce left exposed, the wait for the slowest of its devices, the
-    framework's work, each at the middle of its range) is taken off the table's loss, to a fixed
-    point."""
+    """The node-compute term of an input ``pipeline`` (``terms.PIPELINES``), fitted once on each
+    of NVIDIA's DGX-1 tables run with it (the PyTorch DataLoader's: ``terms.DGX1_TABLE``, of
+    pytorch-21.03, and ``DGX1_2012_TABLE``, of 20.12), so that the model gives each table back
+    at its end of the term; two tables make each share a range from the smaller to the larger."""
     if pipeline not in PIPELINES:
         raise ConfigError("node_compute", pipeline, _NODE_COMPUTE)
-    table, source = PIPELINES[pipeline]
     spec = read_hardware(HARDWARE_DIR / f"{FITTED_ON[pipeline]}.yaml")
     node_less = hardware_from_dict(dict(spec, node_compute="none"))  # its own term: what we fit
+    fits = [_fit_table(node_less, table, source) for table, source in PIPELINES[pipeline]]
+    if len(fits) == 1:
+        return fits[0]
+    low = {k: min(getattr(f, k) for f in fits) for k in PRECISIONS}
+    high = {f"{k}_high": max(getattr(f, k) for f in fits) for k in PRECISIONS}
+    return NodeCompute(**low, **high, at=fits[0].at, source="; ".join(f.source for f in fits))
+
+
+def _fit_table(node_less: Calibration, table, source: str) -> NodeCompute:
+    """The node term at which ``node_less`` gives ``table`` back: what the model adds to a step of
+    the table's node beyond the node's loss (the allreduce left exposed, the wait for the slowest
+    of its devices, the framework's work, each at the middle of its range) is taken off the
+    table's loss, to a fixed point."""
     node, added = fit_node_compute(table, source=source), {}
     for _ in range(20):  # what is added moves with the loss by the slowest's share: ~1e-2
         cal = replace(node_less, node_compute=node)
@@ -108,12 +121,19 @@ def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
     return node
 
 
-def _node_compute(where: str, name: Any) -> NodeCompute:
-    """The node term a hardware file names (its ``node_compute``, or a model's own)."""
-    if not isinstance(name, str) or name not in ("fitted", "none", *PIPELINES):
-        raise ConfigError(where, name, _NODE_COMPUTE)
-    return NodeCompute() if name == "none" else fitted_node_compute(
-        "pytorch" if name == "fitted" else name)
+def _node_compute(where: str, value: Any, per_node: int = 8) -> NodeCompute:
+    """The node term a hardware file names (its ``node_compute``, or a model's own): an input
+    pipeline's fitted term, none, or the shares measured on this node (a point)."""
+    if isinstance(value, dict):
+        _unknown(where, value, set(PRECISIONS))
+        if set(value) != set(PRECISIONS):
+            raise ConfigError(where, value, _NODE_SHARES)
+        shares = {k: _share(f"{where}.{k}", v, _NODE_SHARES, high=math.inf) for k, v in value.items()}
+        return NodeCompute(**shares, at=max(2, per_node), source="measured")
+    if not isinstance(value, str) or value not in ("fitted", "none", *PIPELINES):
+        raise ConfigError(where, value, _NODE_COMPUTE)
+    return NodeCompute() if value == "none" else fitted_node_compute(
+        "pytorch" if value == "fitted" else value)
 
 
 def _number(where: str, value: Any, what: str, low: float = 0.0) -> float:
@@ -220,7 +240,8 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
     if precision not in PRECISIONS or precision == "fp32" and "full_precision" in d:
         raise ConfigError(f"{where}.precision", precision, "fp32 (full precision, TF32 included) or "
                           "amp (mixed precision; the default where full_precision names its twin)")
-    own = _node_compute(f"{where}.node_compute", d["node_compute"]) if "node_compute" in d else None
+    own = (_node_compute(f"{where}.node_compute", d["node_compute"], per_node or 8)
+           if "node_compute" in d else None)
     # a worker of several devices of one node: their own averaging is inside its step
     compute = batch / (devices * rate * (node if own is None else own).efficiency(devices, precision))
     params = _number(f"{where}.parameters", d.get("parameters"), "the model's parameter count > 0")
@@ -279,7 +300,7 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     inter, inter_rate = _link_range("inter" if "inter" in links else "intra",
                                     links.get("inter", links.get("intra")))
     intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
-    node_compute = _node_compute("node_compute", d.get("node_compute", "fitted"))
+    node_compute = _node_compute("node_compute", d.get("node_compute", "fitted"), per_node)
     host = d.get("host")
     cores = _host_cores(host)
     models = d.get("models")
@@ -348,12 +369,12 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 inter_gbit: float | None = None, inter_latency_us: float | None = None,
                 link_efficiency: float | None = None, jitter: float | None = None,
                 framework: float | None = None, inter_transport: str | None = None,
-                **overlap: float | None) -> Calibration:
+                node_compute: Any = None, **overlap: float | None) -> Calibration:
     """``cal`` with the hardware fields given (``downpour model predict``'s flags) replaced: a
     rate given here is a line rate, times ``link_efficiency`` (measured: a point), else the
     range of ``inter_transport`` across nodes (``terms.transport_rate``), else the fitted one.
-    A value given here is measured: its range (``jitter``'s, ``overlap``'s, ``framework``'s)
-    becomes a point."""
+    A value given here is measured: its range (``jitter``'s, ``overlap``'s, ``framework``'s, the
+    node's shares: ``node_compute``, as a file gives it) becomes a point."""
     from dataclasses import replace
 
     net = cal.network
@@ -398,4 +419,7 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
         fields.update(jitter=jitter, jitter_high=None)
     if framework is not None:
         fields.update(framework=framework)
+    if node_compute is not None:  # every model's node, its own included
+        fields.update(node_compute=_node_compute("node_compute", node_compute, network.per_node),
+                      workloads={k: replace(w, node_compute=None) for k, w in cal.workloads.items()})
     return replace(cal, **fields)

@@ -421,9 +421,10 @@ def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: s
 def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
     """``cal`` with every quantity it did not measure at its favourable end, and at its
     unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the framework's
-    work. None: all measured."""
+    work, a busy node's shares (its own, and each model's). None: all measured."""
+    nodes = [cal.node_compute] + [w.node_compute for w in cal.workloads.values() if w.node_compute]
     if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
-            and cal.framework is not None:
+            and cal.framework is not None and all(n.measured for n in nodes):
         return None
 
     def at(end: int) -> Calibration:
@@ -433,7 +434,10 @@ def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
         return replace(cal, network=replace(net, inter=inter), jitter=jitter, jitter_high=None,
                        overlap=OVERLAP_RANGE[1 - end] if cal.overlap is None else cal.overlap,
                        framework=FRAMEWORK_RANGE[end] if cal.framework is None else cal.framework,
-                       inter_rate=(1.0, 1.0))
+                       inter_rate=(1.0, 1.0), node_compute=cal.node_compute.end(end),
+                       workloads={k: w if w.node_compute is None else
+                                  replace(w, node_compute=w.node_compute.end(end))
+                                  for k, w in cal.workloads.items()})
     return at(0), at(1)
 
 

@@ -7,8 +7,9 @@ A preset's compute times are published single-GPU throughputs; its links are the
 rates times the fitted link efficiency. The latencies (alpha) are not published for these systems:
 they are typical values for the transport, named as assumptions. Only ``dgx1-v100`` and
 ``dgx1-v100-dali`` are fitted on (their tables fix ``terms.fit_node_compute`` for the two input
-pipelines, ``terms.PIPELINES``), and ``ddp-bench-dgx1`` (PyTorch's DDP benchmark: the overlap's and
-the framework's ranges); every other published number is a check.
+pipelines, ``terms.PIPELINES``: the DataLoader's in two containers, 20.12 and 21.03), and
+``ddp-bench-dgx1`` (PyTorch's DDP benchmark: the overlap's and the framework's ranges); every
+other published number is a check.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in p
 class Published:
     """A published scaling result and what the model predicts for it: the band that the ranges of
     what the preset does not measure give together (``low``, ``high``: overlap, cross-node rate,
-    jitter, the framework's work; ``perfmodel.unknown_ends``) and its middle."""
+    jitter, the framework's work, a busy node's shares; ``perfmodel.unknown_ends``) and its
+    middle."""
 
     claim: str
     source: str
@@ -151,8 +153,56 @@ DLE_2103_CHECKS = {  # README: (preset, model, section, 1 GPU, 8 GPUs), img/s
         ("dgx-a100", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 "
          "80GB), mixed precision", 855, 5779)),
 }
+#: the three READMEs a container earlier (pytorch-20.12, the first with configs.yml: the same
+#: batches, loader workers and DataLoader). Its DGX-1 16GB ResNet-50 rows are the unfavourable end
+#: of the DataLoader's node term (``terms.DGX1_2012_TABLE``, fitted); every other row is a check.
+#: Each row's 1 GPU is 20.12's own; the presets' one-GPU rates are 21.03's.
+_DLE_2012 = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/{}/README.md (commit "
+             "097c7ff917b7; pytorch-20.12 NGC container; batches of configs.yml), ")
+DLE_2012_CHECKS = {  # README: (preset, model, section, 1 GPU, 8 GPUs), img/s
+    "resnet50v1.5": (
+        ("dgx1-v100", "resnet50", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), FP32",
+         371, 2851),
+        ("dgx1-v100", "resnet50-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), "
+         "mixed precision", 1180, 7608),
+        ("dgx1-v100-32g", "resnet50", "Training performance: NVIDIA DGX-1 32GB (8x V100 32GB), "
+         "FP32", 365, 2811),
+        ("dgx1-v100-32g", "resnet50-amp", "Training performance: NVIDIA DGX-1 32GB (8x V100 32GB), "
+         "mixed precision", 1115, 7375),
+        ("dgx-a100", "resnet50", "Training performance: NVIDIA DGX A100 (8x A100 80GB), TF32",
+         945, 7365),
+        ("dgx-a100", "resnet50-amp", "Training performance: NVIDIA DGX A100 (8x A100 80GB), mixed "
+         "precision", 2461, 15977)),
+    "resnext101-32x4d": (
+        ("dgx1-v100", "resnext101-32x4d", "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB), "
+         "FP32", 149, 1117),
+        ("dgx1-v100", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+         "16GB), mixed precision", 578, 3742),
+        ("dgx1-v100-32g", "resnext101-32x4d", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+         "32GB), FP32", 151, 1102),
+        ("dgx1-v100-32g", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+         "32GB), mixed precision", 556, 3595),
+        ("dgx-a100", "resnext101-32x4d", "Training performance: NVIDIA DGX A100 (8x A100 80GB), "
+         "TF32", 420, 3193),
+        ("dgx-a100", "resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 80GB), "
+         "mixed precision", 1169, 7399)),
+    "se-resnext101-32x4d": (
+        ("dgx1-v100", "se-resnext101-32x4d", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+         "16GB), FP32", 133, 994),
+        ("dgx1-v100", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 16GB (8x V100 "
+         "16GB), mixed precision", 430, 2716),
+        ("dgx1-v100-32g", "se-resnext101-32x4d", "Training performance: NVIDIA DGX-1 32GB (8x V100 "
+         "32GB), FP32", 134, 1011),
+        ("dgx1-v100-32g", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX-1 32GB (8x "
+         "V100 32GB), mixed precision", 413, 2572),
+        ("dgx-a100", "se-resnext101-32x4d", "Training performance: NVIDIA DGX A100 (8x A100 80GB), "
+         "TF32", 360, 2665),
+        ("dgx-a100", "se-resnext101-32x4d-amp", "Training performance: NVIDIA DGX A100 (8x A100 "
+         "80GB), mixed precision", 804, 5248)),
+}
 #: each README's model as its claims name it
-_DLE_NAMES = {"resnext101-32x4d": "ResNeXt101-32x4d", "se-resnext101-32x4d": "SE-ResNeXt101-32x4d"}
+_DLE_NAMES = {"resnet50v1.5": "ResNet-50 v1.5", "resnext101-32x4d": "ResNeXt101-32x4d",
+              "se-resnext101-32x4d": "SE-ResNeXt101-32x4d"}
 #: PyTorch's DDP benchmark, whose rows the overlap's, the jitter's and the framework's ranges are
 #: chosen on (``terms.DDP_BENCH``): fitted rows, not checks
 DDP_BENCH_PRESET = "ddp-bench-dgx1"
@@ -170,6 +220,8 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
               (_DLE_RESNEXT, _DLE_NAMES["resnext101-32x4d"] + ", {}, DALI", DLE_RESNEXT_CHECKS)]
     tables += [(_DLE_2103.format(readme), _DLE_NAMES[readme] + ", {}", rows)
                for readme, rows in DLE_2103_CHECKS.items()]
+    tables += [(_DLE_2012.format(readme), _DLE_NAMES[readme] + ", {}, pytorch-20.12", rows)
+               for readme, rows in DLE_2012_CHECKS.items()]
     for source, label, rows in tables:
         for preset, model, section, one, eight in rows:
             # a row the node term's fit reads (its preset's ResNet-50) is not a check
@@ -179,7 +231,7 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
             checks.append(_efficiency(label.format(section.split(": ")[1]) + " efficiency at 8 GPUs",
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
-                                      "the fit: within half a point" if fitted else "reported"))
+                                      "the fit: inside the band" if fitted else "reported"))
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
                                DDP_BENCH_SOURCE, DDP_BENCH_PRESET, model, n, row["alone"][0] / row[n],

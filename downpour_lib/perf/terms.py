@@ -1,10 +1,10 @@
 """The terms of a step the alpha-beta network alone misses, each with its fitted value and source.
 
 Fitted once, on what the model may be fitted on: NVIDIA's DeepLearningExamples ResNet-50 v1.5 tables
-for PyTorch on a DGX-1, one per input pipeline (``DGX1_TABLE``, ``DGX1_DALI_TABLE``), PyTorch's own
-DDP benchmark (``DDP_BENCH``: the ranges of the overlap, the jitter and the framework's work a step,
-``FRAMEWORK_RANGE``) and our own measurements (the sandbox's shaped links). Every other published
-result is a check (``presets.published_checks``), never a fit.
+for PyTorch on a DGX-1, per input pipeline (``DGX1_TABLE`` and ``DGX1_2012_TABLE``, ``DGX1_DALI_TABLE``),
+PyTorch's own DDP benchmark (``DDP_BENCH``: the ranges of the overlap, the jitter and the
+framework's work a step, ``FRAMEWORK_RANGE``) and our own measurements (the sandbox's shaped
+links). Every other published result is a check (``presets.published_checks``), never a fit.
 
 - **Compute that slows when devices share a node** (``NodeCompute``): a node's devices share its
   input pipeline, host memory and PCIe, and communication kernels take compute units from the step.
@@ -13,10 +13,11 @@ result is a check (``presets.published_checks``), never a fit.
   below and beyond it (an assumption: the tables have 1 and 8 devices only). Each share is the
   table's own at that precision (8 V100), less what the model itself adds to those steps (the
   allreduce over NVLink left exposed, the wait for the slowest, the framework's work:
-  ``hardware.fitted_node_compute``), so that the model's point is the table. Not the device's rate
+  ``hardware.fitted_node_compute``), so that the model gives the table back. Not the device's rate
   nor the host's cores: at one precision NVIDIA's tables lose alike across models, rates and nodes
   (``presets.DLE_2103_CHECKS``). The input pipeline changes the shares (``PIPELINES``: the
-  DataLoader's, DALI's); a hardware file names its pipeline.
+  DataLoader's, DALI's); a hardware file names its pipeline. The DataLoader's are a range: the
+  same table a container earlier lost more (``DGX1_2012_TABLE``).
 - **Link (transport) efficiency** (``LINK_EFFICIENCY``): what a collective achieves of a line
   rate. Fitted on our sandbox: gloo over TCP on links shaped to 100 and 200 Mbit/s, two and four
   nodes (``results/reference/model/sandbox-*nodes/validation.csv``: the fitted bandwidth over the
@@ -75,9 +76,22 @@ DLE_DALI_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets
 DGX1_DALI_TABLE = (TableRow("fp32", 1, 373.21), TableRow("fp32", 8, 2899.62),
                    TableRow("amp", 1, 856.52), TableRow("amp", 8, 6635.90))
 
+#: the DataLoader's table a container earlier (pytorch-20.12): the same README, benchmark, node,
+#: batches (configs.yml) and loader workers. The same host lost 4.1 % at FP32 and 24.1 % at AMP
+#: where 21.03 lost 2.8 % and 15.4 %: what a busy node loses is the framework's as much as the
+#: node's, and a user's container is not known. The two tables are the ends of the DataLoader's
+#: node term (``NodeCompute.fp32_high``, ``amp_high``).
+DLE_2012_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
+                   "README.md, section \"Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)\" "
+                   "(pytorch-20.12 NGC container; commit 097c7ff917b7)")
+DGX1_2012_TABLE = (TableRow("fp32", 1, 371), TableRow("fp32", 8, 2851),
+                   TableRow("amp", 1, 1180), TableRow("amp", 8, 7608))
+
 #: input pipelines with a node-compute term of their own (``hardware``'s ``node_compute``), each
-#: fitted on NVIDIA's DGX-1 16GB table run with it: (table, source)
-PIPELINES = {"pytorch": (DGX1_TABLE, DLE_SOURCE), "dali-cpu": (DGX1_DALI_TABLE, DLE_DALI_SOURCE)}
+#: fitted on NVIDIA's DGX-1 16GB tables run with it, one per container: ((table, source), ...).
+#: Two containers make the term a range, one a point.
+PIPELINES = {"pytorch": ((DGX1_TABLE, DLE_SOURCE), (DGX1_2012_TABLE, DLE_2012_SOURCE)),
+             "dali-cpu": ((DGX1_DALI_TABLE, DLE_DALI_SOURCE),)}
 
 
 #: achieved / line rate of a TCP link under gloo: 95.6, 97.0 (2 nodes; 100, 200 Mbit/s), 94.9,
@@ -96,12 +110,31 @@ PRECISIONS = ("fp32", "amp")
 @dataclass(frozen=True)
 class NodeCompute:
     """Loss of compute when ``devices`` share a node: a share of the step alone, ``fp32`` or
-    ``amp`` by the precision the devices run at, at ``at`` devices (none by default)."""
+    ``amp`` by the precision the devices run at, at ``at`` devices (none by default). Where the
+    shares are a range (``fp32_high``, ``amp_high``), ``fp32`` and ``amp`` are its favourable end,
+    and a prediction runs each end (``perfmodel.unknown_ends``)."""
 
     fp32: float = 0.0
     amp: float = 0.0
     at: int = 8
     source: str = ""
+    #: the unfavourable end of each share where it is a range (tables of two containers); None:
+    #: a point
+    fp32_high: float | None = None
+    amp_high: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Whether each share is a point, not a range."""
+        return self.fp32_high is None and self.amp_high is None
+
+    def end(self, end: int) -> NodeCompute:
+        """The point at the favourable (0) or unfavourable (1) end of each share's range."""
+        if self.measured:
+            return self
+        fp32 = self.fp32 if not end or self.fp32_high is None else self.fp32_high
+        amp = self.amp if not end or self.amp_high is None else self.amp_high
+        return NodeCompute(fp32, amp, self.at, self.source)
 
     def efficiency(self, devices: int, precision: str = "fp32") -> float:
         """Share of one device's lone throughput each of ``devices`` on a node keeps, running at
