@@ -891,6 +891,13 @@ def test_node_compute_is_a_share_of_the_step_by_precision_not_the_rate_or_the_co
     for precision in ("fp32", "amp"):
         assert lost(DGX1_2012_TABLE, precision) > lost(DGX1_TABLE, precision) + 0.01
         assert getattr(fitted, precision) < getattr(fitted, precision + "_high")
+    # and so do the other rows of those READMEs (docs/perf_model.md), but one
+    from downpour_lib.perf.presets import DLE_2012_CHECKS
+
+    newer = {(r[0], r[1]): r[4] / r[3] for r in rows}
+    gained = [(r[0], r[1]) for rows_ in DLE_2012_CHECKS.values() for r in rows_
+              if r[4] / r[3] >= newer[r[0], r[1]]]
+    assert len(newer) == 18 and gained == [("dgx-a100", "resnet50")], gained
     assert Calibration.from_dict(json.loads(json.dumps(PRESETS["dgx1-v100"].to_dict()))) \
         == PRESETS["dgx1-v100"]
     full = dict(spec, models={"net": {**spec["models"]["net"], "precision": "fp32"}})
