@@ -24,7 +24,8 @@ from .terms import DDP_BENCH, DDP_BENCH_SOURCE
 #: parameters of the published models (torchvision's counts; tests check them against torchvision)
 PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_544,
               "inception_v3": 23_834_568, "resnext101-32x4d": 44_177_704,
-              "se-resnext101-32x4d": 45_251_128}  # DLE's: ResNeXt with SE blocks of 16 channels
+              "se-resnext101-32x4d": 45_251_128,  # DLE's: ResNeXt with SE blocks of 16 channels
+              "bert-large": 336_232_258}  # with its pre-training heads, vocabulary padded to 30528
 
 _HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
             'TensorFlow"; horovod docs/benchmarks.rst')
@@ -203,6 +204,61 @@ DLE_2012_CHECKS = {  # README: (preset, model, section, 1 GPU, 8 GPUs), img/s
 #: each README's model as its claims name it
 _DLE_NAMES = {"resnet50v1.5": "ResNet-50 v1.5", "resnext101-32x4d": "ResNeXt101-32x4d",
               "se-resnext101-32x4d": "SE-ResNeXt101-32x4d"}
+#: NVIDIA's BERT-large pre-training on DGX A100 nodes (preset ``dgx-a100-bert``): one node's 8
+#: GPUs against one, and 2 to 32 nodes against one node at the same global batch, each row with
+#: the accumulation steps it ran (strong scaling: fewer passes a step as nodes are added)
+_BERT = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md (commit a07d20a1cb2c; "
+         "pytorch:21.11 NGC container), ")
+BERT_ONE_NODE = (  # model, (1 GPU, 8 GPUs) sequences/s: "Pre-training NVIDIA DGX A100 (8x A100 80GB)"
+    ("bert-large-128", 317, 2505), ("bert-large-128-amp", 580, 4591),
+    ("bert-large-512", 110, 860), ("bert-large-512-amp", 210, 1657))
+BERT_NODES = {  # model: ((nodes, accumulation steps, sequences/s), ...), the first row 1 node
+    "bert-large-128-amp": ((1, 32, 4553), (2, 16, 9191), (4, 8, 18119), (8, 4, 35774),
+                           (16, 2, 70555), (32, 1, 138294)),
+    "bert-large-128": ((1, 64, 2486), (2, 32, 4979), (4, 16, 9859), (8, 8, 19815), (16, 4, 38866),
+                       (32, 2, 75706)),
+    "bert-large-512-amp": ((1, 128, 1648), (2, 64, 3291), (4, 32, 6464), (8, 16, 13005),
+                           (16, 8, 25570), (32, 4, 49663)),
+    "bert-large-512": ((1, 256, 854), (2, 128, 1684), (4, 64, 3293), (8, 32, 6515), (16, 16, 12131),
+                       (32, 8, 21298)),
+}
+BERT_PRESET = "dgx-a100-bert"
+
+
+def _bert_label(model: str) -> str:
+    seq = model.split("-")[2]
+    return f"BERT-large, sequence {seq}, " + ("mixed precision" if model.endswith("-amp") else "TF32")
+
+
+def _bert_checks() -> list[Published]:
+    """BERT's rows: 8 GPUs against 1, and N nodes against 1 at N's accumulation. The band of a
+    ratio: the ends of what was not measured, the same at both node counts, and its middle."""
+    from dataclasses import replace
+
+    cal = PRESETS[BERT_PRESET]
+
+    def at(model: str, accumulation: int, workers: int):
+        w = replace(cal.workloads[model], accumulation=accumulation)
+        return predict(replace(cal, workloads={**cal.workloads, model: w}), "allreduce", workers, model)
+
+    out = [_efficiency(f"{_bert_label(model)}: 8 GPUs of a DGX A100 efficiency", _BERT
+                       + 'section "Pre-training NVIDIA DGX A100 (8x A100 80GB)"', BERT_PRESET, model,
+                       8, eight / (8 * one), tolerance="reported")
+           for model, one, eight in BERT_ONE_NODE]
+    for model, rows in BERT_NODES.items():
+        (_, acc_one, one), *more = rows
+        base = at(model, acc_one, 8)
+        for nodes, accumulation, rate in more:
+            p = at(model, accumulation, 8 * nodes)
+            ends = (p.efficiency_low / base.efficiency_low, p.efficiency_high / base.efficiency_high)
+            out.append(Published(
+                f"{_bert_label(model)}: {nodes} DGX A100 nodes ({8 * nodes} GPUs), "
+                f"{accumulation} passes a step, efficiency against 1 node",
+                _BERT + 'section "Pre-training NVIDIA DGX A100 (8x A100 80GB) Multi-node Scaling"',
+                rate / one / nodes, sum(ends) / 2, "efficiency", "reported", min(ends), max(ends)))
+    return out
+
+
 #: PyTorch's DDP benchmark, whose rows the overlap's, the jitter's and the framework's ranges are
 #: chosen on (``terms.DDP_BENCH``): fitted rows, not checks
 DDP_BENCH_PRESET = "ddp-bench-dgx1"
@@ -232,6 +288,7 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
                                       "the fit: inside the band" if fitted else "reported"))
+    checks += _bert_checks()
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
                                DDP_BENCH_SOURCE, DDP_BENCH_PRESET, model, n, row["alone"][0] / row[n],

@@ -138,7 +138,9 @@ class NodeCompute:
 
     def efficiency(self, devices: int, precision: str = "fp32") -> float:
         """Share of one device's lone throughput each of ``devices`` on a node keeps, running at
-        ``precision`` (``PRECISIONS``)."""
+        ``precision`` (``PRECISIONS``); of a range, the middle of its two ends'."""
+        if not self.measured:
+            return sum(self.end(end).efficiency(devices, precision) for end in (0, 1)) / 2
         if precision not in PRECISIONS:
             raise ConfigError("precision", precision, "one of " + ", ".join(PRECISIONS)
                               + " (fp32: full precision, TF32 included; amp: mixed precision)")
