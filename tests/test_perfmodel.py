@@ -465,7 +465,8 @@ def test_preset_parameter_counts_are_the_published_models():
                           nn.LayerNorm(hidden), nn.Linear(hidden, 2)]
                          + [nn.TransformerEncoderLayer(hidden, 16, 4 * hidden) for _ in range(24)])
     assert parameter_count(bert) + 30528 == PARAMETERS["bert-large"]
-    for model, w in PRESETS["dgx-a100-bert"].workloads.items():
+    for model, w in {**PRESETS["dgx-a100-bert"].workloads,
+                     **PRESETS["dgx1-v100-32g-bert"].workloads}.items():
         assert w.param_bytes == (2 if model.endswith("-amp") else 4) * PARAMETERS["bert-large"]
     for cal in PRESETS.values():
         assert cal.source and all(w.source for w in cal.workloads.values())
@@ -1260,28 +1261,32 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 36 of 69 inside the band
+    command prints those numbers. Where it falls short of the goal: 36 of 73 inside the band
     (five of six asked), and one error beyond 10 points, NVIDIA's BERT at sequence 512 in TF32 on
     32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows
     that send half the bytes (nothing in the model loses that). On the image models, what falls
     outside is one node's 8 GPUs, within 3.1 points of its band: mostly a DGX A100's at TF32 (its
     terms were fitted on DGX-1s), and on a DGX-1 only ResNeXt's and SE-ResNeXt's. On BERT every
-    other row is within 1.5 points of its band (its bands are narrow: one bucket, no overlap)."""
+    other row on DGX A100s is within 1.5 points of its band (its bands are narrow: one bucket, no
+    overlap); on one DGX-1 the model gives 8 GPUs up to 3.5 points more than they keep."""
     from downpour_lib.perf.presets import check_summary
 
     checks = [c for c in published_checks() if c.unit == "efficiency"]
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 69 and s["inside"] >= 36, s
+    assert s["checks"] == 73 and s["inside"] >= 36, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node"], beyond
     outside = [c for c in checks if c.outside_band > 0 and "BERT" not in c.claim]
     assert all("8 GPUs" in c.claim and c.outside_band < 0.031 for c in outside), outside
     assert all("ResNeXt" in c.claim for c in outside if "DGX-1" in c.claim), outside
-    bert = [c for c in checks if "BERT" in c.claim and "sequence 512, TF32" not in c.claim]
+    bert = [c for c in checks if "BERT" in c.claim and "sequence 512, TF32" not in c.claim
+            and "DGX-1" not in c.claim]
     assert len(bert) == 18 and all(c.outside_band < 0.015 for c in bert), bert
+    dgx1 = [c for c in checks if "BERT" in c.claim and "DGX-1" in c.claim]  # one node: optimistic
+    assert len(dgx1) == 4 and all(0 < c.error < 0.035 for c in dgx1), dgx1
     tf32 = [c.error for c in checks if "sequence 512, TF32" in c.claim and "nodes" in c.claim]
     assert tf32 == sorted(tf32) and tf32[-1] > 0.15, tf32  # grows with the nodes
     assert all(c.outside_band == 0 for c in checks if "512 GPUs" in c.claim)
@@ -1294,18 +1299,19 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     """NVIDIA's BERT-large pre-training on DGX A100 nodes (presets.BERT_NODES): gradient
     accumulation and one bucket after the last pass. What docs/perf_model.md says of its rows:
     the README measures one node's 8 GPUs twice, under 1 % apart, and 2 nodes faster than twice
-    one; one node's 8 GPUs lose over a point a pass the model, charging no input pipeline, does
-    not give; sequence 512 in TF32 loses at 32 nodes over three times what its mixed precision
-    (half the bytes) and sequence 128 in TF32 (the same bytes, less compute a step) lose."""
+    one; one node's 8 GPUs (a DGX A100's, a DGX-1's) lose about a point or more a pass the model,
+    charging no input pipeline, does not give; sequence 512 in TF32 loses at 32 nodes over three times
+    what its mixed precision (half the bytes) and sequence 128 in TF32 (the same bytes, less
+    compute a step) lose."""
     from downpour_lib.perf.presets import BERT_NODES, BERT_ONE_NODE
 
-    for model, _, eight in BERT_ONE_NODE:
+    for model, _, eight in BERT_ONE_NODE[0][2]:  # the DGX A100's
         again = BERT_NODES[model][0][2]
         assert eight != again and abs(eight / again - 1) < 0.01, model
     assert BERT_NODES["bert-large-128-amp"][1][2] > 2 * BERT_NODES["bert-large-128-amp"][0][2]
     checks = {c.claim: c for c in published_checks() if "BERT" in c.claim}
-    one_node = [c for claim, c in checks.items() if "8 GPUs of a DGX A100" in claim]
-    assert len(one_node) == 4 and all(c.published < 0.99 < 0.995 < c.predicted for c in one_node)
+    one_node = [c for claim, c in checks.items() if "8 GPUs of a DGX" in claim]  # A100 and DGX-1
+    assert len(one_node) == 8 and all(c.predicted - c.published > 0.008 for c in one_node)
 
     def lost(model):  # at 32 nodes, against 1
         (_, _, one), *_, (nodes, _, rate) = BERT_NODES[model]
