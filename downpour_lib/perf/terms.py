@@ -78,8 +78,8 @@ DGX1_DALI_TABLE = (TableRow("fp32", 1, 373.21), TableRow("fp32", 8, 2899.62),
 
 #: the DataLoader's table a container earlier (pytorch-20.12): the same README, benchmark, node,
 #: batches (configs.yml) and loader workers. The same host lost 4.1 % at FP32 and 24.1 % at AMP
-#: where 21.03 lost 2.8 % and 15.4 %: what a busy node loses is the framework's as much as the
-#: node's, and a user's container is not known. The two tables are the ends of the DataLoader's
+#: where 21.03 lost 2.8 % and 15.4 %: what a busy node loses depends on the software as much as
+#: on the node, and a user's container is not known. The two tables are the ends of the DataLoader's
 #: node term (``NodeCompute.fp32_high``, ``amp_high``).
 DLE_2012_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
                    "README.md, section \"Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)\" "
