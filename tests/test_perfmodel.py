@@ -1321,3 +1321,25 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     # and the model, which sends the bytes it is told, gives the opposite order
     at_32 = {c.claim.split(":")[0]: c.predicted for claim, c in checks.items() if "32 DGX" in claim}
     assert at_32["BERT-large, sequence 512, TF32"] > at_32["BERT-large, sequence 512, mixed precision"]
+
+
+def test_a_node_term_fitted_on_accumulating_steps_gives_its_table_back():
+    """The fit takes off what the model adds to a step beyond the node's loss, as a share of one
+    pass: a table of models that accumulate many passes a step (BERT's) gives its own 8-GPU
+    efficiency back, not a share that counted every pass as extra."""
+    from downpour_lib.perf.hardware import _fit_table, hardware_from_dict
+    from downpour_lib.perf.terms import TableRow
+
+    spec = {"devices_per_node": 8, "overlap": 1.0, "jitter": 0.0, "framework": 2.0,
+            "node_compute": "none", "links": {"intra": {"gbit_per_s": 1200}},
+            "models": {m: {"batch": 32, "accumulation": 64, "images_per_s": 50,
+                           "parameters": 3e8, **({"precision": "amp"} if m == "amp" else {})}
+                       for m in ("full", "amp")}}
+    cal = hardware_from_dict(spec)
+    table = (TableRow("fp32", 1, 50), TableRow("fp32", 8, 0.97 * 8 * 50),
+             TableRow("amp", 1, 50), TableRow("amp", 8, 0.95 * 8 * 50))
+    node = _fit_table(cal, table, "a test table", {"fp32": "full", "amp": "amp"})
+    assert 0 < node.fp32 < node.amp < 0.06
+    fitted = replace(cal, node_compute=node)
+    for model, kept in (("full", 0.97), ("amp", 0.95)):
+        assert predict(fitted, "allreduce", 8, model).efficiency == pytest.approx(kept, abs=1e-6)

@@ -102,18 +102,21 @@ def fitted_node_compute(pipeline: str = "pytorch") -> NodeCompute:
     return NodeCompute(**low, **high, at=fits[0].at, source="; ".join(f.source for f in fits))
 
 
-def _fit_table(node_less: Calibration, table, source: str) -> NodeCompute:
+def _fit_table(node_less: Calibration, table, source: str,
+               models: dict[str, str] = FITTED_MODELS) -> NodeCompute:
     """The node term at which ``node_less`` gives ``table`` back: what the model adds to a step of
     the table's node beyond the node's loss (the allreduce left exposed, the wait for the slowest
     of its devices, the framework's work, each at the middle of its range) is taken off the
-    table's loss, to a fixed point."""
+    table's loss, to a fixed point. ``models``: which model of ``node_less`` each precision of
+    the table ran."""
     node, added = fit_node_compute(table, source=source), {}
     for _ in range(20):  # what is added moves with the loss by the slowest's share: ~1e-2
         cal = replace(node_less, node_compute=node)
-        for precision, model in FITTED_MODELS.items():
+        for precision, model in models.items():
             most = max(r.gpus for r in table if r.precision == precision)
             p = predict(cal, "allreduce", most, model)
-            added[precision] = p.step_s / cal.workload(model).compute_s - 1 / p.compute_efficiency
+            w = cal.workload(model)  # a step: its passes, then what the model adds to them
+            added[precision] = p.step_s / (w.compute_s * w.accumulation) - 1 / p.compute_efficiency
         refit = fit_node_compute(table, added, source=source)
         if all(abs(getattr(refit, k) - getattr(node, k)) <= 1e-12 for k in PRECISIONS):
             return refit
