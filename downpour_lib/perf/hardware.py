@@ -13,9 +13,8 @@ every number names its source (docs/perf_model.md, field by field). The fields::
                                       # (terms.OVERLAP_RANGE): each range left makes a band
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
-    node_compute: pytorch             # a busy node's share lost, by input pipeline (terms.
-                                      # PIPELINES): pytorch (also "fitted"; two containers: a
-                                      # range), dali-cpu, none, or measured: {fp32: 0.01, amp: 0.1}
+    node_compute: pytorch             # a busy node's share by input pipeline (terms.PIPELINES): pytorch
+                                      # (or fitted; a range), dali-cpu, none, measured {fp32:, amp:}
     host: {cores: 128, source: "..."} # physical cores, all sockets (ranks beyond them time-share)
     links:
       intra:                          # between devices of one node

@@ -42,7 +42,7 @@ from .netmodel import (
     pipeline_exposed_s,
     ps_transfer_s,
 )
-from .terms import FRAMEWORK_RANGE, OVERLAP_RANGE, PRECISIONS, NodeCompute, straggler_factor
+from .terms import FRAMEWORK_RANGE, OVERLAP_RANGE, NodeCompute, check_precision, straggler_factor
 
 MIB = 1 << 20
 
@@ -101,9 +101,7 @@ class Workload:
     node_compute: NodeCompute | None = None
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", self.precision, "one of " + ", ".join(PRECISIONS)
-                              + " (fp32: full precision, TF32 included; amp: mixed precision)")
+        check_precision(self.precision)
         if isinstance(self.accumulation, bool) or not (isinstance(self.accumulation, int)
                                                        and self.accumulation >= 1):
             raise ConfigError("accumulation", self.accumulation,

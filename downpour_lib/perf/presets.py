@@ -209,13 +209,13 @@ _DLE_NAMES = {"resnet50v1.5": "ResNet-50 v1.5", "resnext101-32x4d": "ResNeXt101-
 #: the accumulation steps it ran (strong scaling: fewer passes a step as nodes are added)
 _BERT = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md (commit a07d20a1cb2c; "
          "pytorch:21.11 NGC container), ")
-BERT_ONE_NODE = (  # preset, section, ((model, 1 GPU, 8 GPUs), ...), sequences/s
-    ("dgx-a100-bert", "Pre-training NVIDIA DGX A100 (8x A100 80GB)",
+BERT_ONE_NODE = (  # preset, node, its full precision, section, ((model, 1 GPU, 8 GPUs), ...)
+    ("dgx-a100-bert", "DGX A100", "TF32", "Pre-training NVIDIA DGX A100 (8x A100 80GB)",
      (("bert-large-128", 317, 2505), ("bert-large-128-amp", 580, 4591),
       ("bert-large-512", 110, 860), ("bert-large-512-amp", 210, 1657))),
-    ("dgx1-v100-32g-bert", "Pre-training NVIDIA DGX-1 With 32G",
+    ("dgx1-v100-32g-bert", "DGX-1 32GB", "FP32", "Pre-training NVIDIA DGX-1 With 32G",
      (("bert-large-128", 50, 387), ("bert-large-128-amp", 224, 1746),
-      ("bert-large-512", 19, 149.6), ("bert-large-512-amp", 75, 586))))
+      ("bert-large-512", 19, 149.6), ("bert-large-512-amp", 75, 586))))  # sequences/s
 BERT_NODES = {  # model: ((nodes, accumulation steps, sequences/s), ...), the first row 1 node
     "bert-large-128-amp": ((1, 32, 4553), (2, 16, 9191), (4, 8, 18119), (8, 4, 35774),
                            (16, 2, 70555), (32, 1, 138294)),
@@ -245,11 +245,10 @@ def _bert_checks() -> list[Published]:
         w = replace(cal.workloads[model], accumulation=accumulation)
         return predict(replace(cal, workloads={**cal.workloads, model: w}), "allreduce", workers, model)
 
-    out = [_efficiency(f"{_bert_label(model, 'TF32' if 'a100' in preset else 'FP32')}: 8 GPUs of a "
-                       + ("DGX A100" if "a100" in preset else "DGX-1 32GB") + " efficiency",
+    out = [_efficiency(f"{_bert_label(model, full)}: 8 GPUs of a {node} efficiency",
                        _BERT + f'section "{section}"', preset, model, 8, eight / (8 * one),
                        tolerance="reported")
-           for preset, section, rows in BERT_ONE_NODE for model, one, eight in rows]
+           for preset, node, full, section, rows in BERT_ONE_NODE for model, one, eight in rows]
     for model, rows in BERT_NODES.items():
         (_, acc_one, one), *more = rows
         base = at(model, acc_one, 8)

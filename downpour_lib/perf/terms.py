@@ -107,6 +107,13 @@ LINK_EFFICIENCY_SOURCE = ("fitted bandwidth / shaped rate of gloo allreduce on t
 PRECISIONS = ("fp32", "amp")
 
 
+def check_precision(precision: str) -> None:
+    """``precision`` is one of ``PRECISIONS``, or a ConfigError names it."""
+    if precision not in PRECISIONS:
+        raise ConfigError("precision", precision, "one of " + ", ".join(PRECISIONS)
+                          + " (fp32: full precision, TF32 included; amp: mixed precision)")
+
+
 @dataclass(frozen=True)
 class NodeCompute:
     """Loss of compute when ``devices`` share a node: a share of the step alone, ``fp32`` or
@@ -141,9 +148,7 @@ class NodeCompute:
         ``precision`` (``PRECISIONS``); of a range, the middle of its two ends'."""
         if not self.measured:
             return sum(self.end(end).efficiency(devices, precision) for end in (0, 1)) / 2
-        if precision not in PRECISIONS:
-            raise ConfigError("precision", precision, "one of " + ", ".join(PRECISIONS)
-                              + " (fp32: full precision, TF32 included; amp: mixed precision)")
+        check_precision(precision)
         share = getattr(self, precision)
         if devices <= 1 or share == 0:
             return 1.0
