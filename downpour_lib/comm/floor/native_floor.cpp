@@ -9,7 +9,9 @@
 // given by native_floor.py), given up at a deadline (liveness.gate and wait_request, less the
 // watchdog): what the one guarantee that costs each blocking call something would cost a native
 // backend.
-#include <torch/extension.h>
+// torch's pybind11 and its casters, not <torch/extension.h>: that adds all of libtorch's C++ API
+// (torch/all.h) to a build that uses none of it (40 s of one core to compile here, against 25)
+#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
