@@ -1,22 +1,47 @@
 """The guide's Sphinx configuration: MyST markdown, the API from docstrings, strict by `make docs`."""
 
+import importlib
+import pkgutil
 import shutil
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# autosummary's stubs are made again on every build: one left by a module that moved away would
-# fail the strict build (make docs and tests/test_docs.py alike)
-shutil.rmtree(HERE / "_generated" / "api", ignore_errors=True)
 sys.path.insert(0, str(HERE / "_ext"))
 sys.path.insert(0, str(HERE.parent))
+
+
+def write_api_pages(folder: Path) -> None:
+    """The API reference (docs/api.md): a page for each public module or package at the top of
+    downpour_lib, with every public module under it a section of that page (its docstring and
+    public members, by autodoc). Made again on every build: a page left by a module that moved
+    away would fail the strict build. One page per module (autosummary's, 168 of them) made every
+    page of the guide copy the navigation tree of them all: two thirds of the build's time."""
+    import downpour_lib
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for top in pkgutil.iter_modules(downpour_lib.__path__, "downpour_lib."):
+        if top.name.rsplit(".", 1)[1].startswith("_"):
+            continue
+        names = [top.name]
+        if top.ispkg:
+            module = importlib.import_module(top.name)
+            names += sorted(m.name for m in pkgutil.walk_packages(module.__path__, top.name + ".")
+                            if not any(part.startswith("_") for part in m.name.split(".")))
+        page = [f"# {top.name}\n\n```{{eval-rst}}\n.. automodule:: {top.name}\n```\n"]
+        page += [f"\n## {name}\n\n```{{eval-rst}}\n.. automodule:: {name}\n```\n" for name in names[1:]]
+        (folder / f"{top.name}.md").write_text("".join(page))
+
+
+write_api_pages(HERE / "_generated" / "api")
 
 project = "downpour"
 author = "the downpour authors"
 copyright = "the downpour authors"
-extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.autosummary",
-              "sphinx.ext.mathjax", "sphinx-mathjax-offline", "results"]
-source_suffix = {".md": "markdown", ".rst": "restructuredtext"}  # .rst: autosummary's stubs
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.mathjax", "sphinx-mathjax-offline",
+              "results"]
+source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "README.md"]
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
@@ -25,12 +50,9 @@ html_theme = "furo"
 html_title = "downpour"
 html_static_path = []
 
-# The API reference: every module's docstring and public members, generated (docs/api.md).
-autosummary_generate = True
+# The API reference: every module's docstring and public members (write_api_pages, docs/api.md).
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True,
                            "ignore-module-all": True}  # a re-export is documented where it is defined
-autosummary_ignore_module_all = True
-autosummary_imported_members = False
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
 autodoc_mock_imports = []
