@@ -16,7 +16,7 @@ def write_api_pages(folder: Path) -> None:
     downpour_lib, with every public module under it a section of that page (its docstring and
     public members, by autodoc). Made again on every build: a page left by a module that moved
     away would fail the strict build. One page per module (autosummary's, 168 of them) made every
-    page of the guide copy the navigation tree of them all: two thirds of the build's time."""
+    page of the guide copy the navigation tree of them all: a third of the build's time."""
     import downpour_lib
 
     shutil.rmtree(folder, ignore_errors=True)
