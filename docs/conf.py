@@ -19,19 +19,20 @@ def write_api_pages(folder: Path) -> None:
     page of the guide copy the navigation tree of them all: a third of the build's time."""
     import downpour_lib
 
+    def public(modules):
+        return [m.name for m in modules if not any(p.startswith("_") for p in m.name.split("."))]
+
+    def section(level: str, name: str) -> str:
+        return f"{level} {name}\n\n```{{eval-rst}}\n.. automodule:: {name}\n```\n"
+
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    for top in pkgutil.iter_modules(downpour_lib.__path__, "downpour_lib."):
-        if top.name.rsplit(".", 1)[1].startswith("_"):
-            continue
-        names = [top.name]
-        if top.ispkg:
-            module = importlib.import_module(top.name)
-            names += sorted(m.name for m in pkgutil.walk_packages(module.__path__, top.name + ".")
-                            if not any(part.startswith("_") for part in m.name.split(".")))
-        page = [f"# {top.name}\n\n```{{eval-rst}}\n.. automodule:: {top.name}\n```\n"]
-        page += [f"\n## {name}\n\n```{{eval-rst}}\n.. automodule:: {name}\n```\n" for name in names[1:]]
-        (folder / f"{top.name}.md").write_text("".join(page))
+    for top in public(pkgutil.iter_modules(downpour_lib.__path__, "downpour_lib.")):
+        package = importlib.import_module(top)
+        below = sorted(public(pkgutil.walk_packages(package.__path__, top + "."))
+                       if hasattr(package, "__path__") else [])
+        page = [section("#", top)] + [section("\n##", name) for name in below]
+        (folder / f"{top}.md").write_text("".join(page))
 
 
 write_api_pages(HERE / "_generated" / "api")
