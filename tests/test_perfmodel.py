@@ -236,7 +236,9 @@ def test_the_dgx1_fits_give_their_tables_back_and_checks_err_on_both_sides():
     pytorch-20.06 (a point). At each end of its term, the others' ranges at their middle, the
     model gives its table's efficiency at 8 GPUs back within half a point (the fit takes off what
     the model adds: the allreduce left exposed, the wait for the slowest, the framework's work);
-    each table lies inside the band, and the point between the two. On the published results it
+    each table lies inside the band, and the point between the two (within that half point: at
+    the middle of the devices' spread, DALI's table leaves its node term nothing, and the fit
+    stops at none). On the published results it
     was not fitted on, its errors fall on both sides of zero."""
     from dataclasses import replace
 
@@ -261,7 +263,7 @@ def test_the_dgx1_fits_give_their_tables_back_and_checks_err_on_both_sides():
             mine = sorted(c.published for c in fitted if ("DALI" in c.claim) == pipeline.endswith(
                 "dali") and ("mixed" in c.claim) == model.endswith("amp"))
             point = predict(cal, "allreduce", 8, model).efficiency
-            assert mine[0] - 1e-9 <= point <= mine[-1] + 1e-9, (pipeline, model, mine, point)
+            assert mine[0] - 0.005 <= point <= mine[-1] + 0.005, (pipeline, model, mine, point)
     checks = [c for c in published_checks() if c.unit == "efficiency"]
     assert not any(c.fitted for c in checks)
     errors = [c.error for c in checks]
@@ -753,6 +755,56 @@ def test_slow_workers_and_step_spread_make_a_synchronous_step_wait():
     assert predict(spread, "downpour", 4, "m", steps=20).straggler == 1
 
 
+def test_the_devices_own_spread_waits_at_every_accumulation_and_is_a_range_from_its_source():
+    """Issue 65, item 3: a step's jitter averages out over the passes a step accumulates (their
+    sum's spread shrinks as 1/sqrt(passes)); a device slower than its peers stays slower, so the
+    slowest of N sets every synchronous step whatever it accumulates. Not measured, the devices'
+    spread is a range (terms.DEVICE_SPREAD_RANGE: Sinha et al.'s 8 % average variation among GPUs
+    of one SKU, read as a normal's box-plot whiskers), recomputed here; given, it is a point."""
+    from statistics import NormalDist
+
+    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, read_hardware, with_fields
+    from downpour_lib.perf.terms import DEVICE_SPREAD_RANGE, straggler_factor
+
+    q1, q3 = NormalDist().inv_cdf(0.25), NormalDist().inv_cdf(0.75)
+    whiskers = (q3 + 1.5 * (q3 - q1)) - (q1 - 1.5 * (q3 - q1))
+    assert DEVICE_SPREAD_RANGE == pytest.approx((0.0, 0.08 / whiskers))
+    assert 0.014 < DEVICE_SPREAD_RANGE[1] < 0.015
+
+    base = toy(per_node=8, overlap=0.0)
+    deep = replace(base, workloads={"m": replace(base.workloads["m"], accumulation=64)})
+    for cal, passes in ((base, 1), (deep, 64)):
+        jittery = predict(replace(cal, jitter=0.08), "allreduce", 256, "m")
+        uneven = predict(replace(cal, device_spread=0.02), "allreduce", 256, "m")
+        assert jittery.straggler == pytest.approx(straggler_factor(256, 0.08 / math.sqrt(passes)))
+        assert uneven.straggler == pytest.approx(straggler_factor(256, 0.02)), passes
+        both = predict(replace(cal, jitter=0.08, device_spread=0.02), "allreduce", 256, "m")
+        assert both.straggler == pytest.approx(
+            straggler_factor(256, math.hypot(0.08 / math.sqrt(passes), 0.02)))
+    uneven = replace(base, device_spread=0.02)
+    waits = [predict(uneven, "allreduce", n, "m").straggler for n in (1, 8, 64, 512)]
+    assert waits[0] == 1 and waits == sorted(waits) and len(set(waits)) == 4
+    assert predict(uneven, "downpour", 4, "m", steps=20).straggler == 1  # no barrier to wait at
+
+    # a hardware file that does not give it: the range, each end bounding the band
+    spec = read_hardware(HARDWARE_DIR / "dgx-a100-bert.yaml")
+    cal = hardware_from_dict(spec)
+    assert (cal.device_spread, cal.device_spread_high) == DEVICE_SPREAD_RANGE
+    p = predict(cal, "allreduce", 256, "bert-large-512-amp")
+    ends = [predict(replace(cal, device_spread=v, device_spread_high=None), "allreduce", 256,
+                    "bert-large-512-amp") for v in DEVICE_SPREAD_RANGE]
+    assert ends[1].straggler > ends[0].straggler > 1  # the jitter's range is left in both
+    assert p.efficiency_low < p.efficiency < p.efficiency_high
+    given = hardware_from_dict(dict(spec, device_spread=0.01))
+    assert (given.device_spread, given.device_spread_high) == (0.01, None)
+    for bad in (-0.01, "some", True, float("nan")):
+        with pytest.raises(ConfigError, match="device_spread"):
+            hardware_from_dict(dict(spec, device_spread=bad))
+    with pytest.raises(ConfigError, match="device_spread"):
+        with_fields(cal, device_spread=-1)
+    assert with_fields(cal, device_spread=0.0).device_spread_high is None
+
+
 def test_a_collective_per_size_and_n_and_a_crowded_node():
     """auto picks tree where latency dominates (small messages, many ranks), ring where bytes
     do; on one node the ranks share its memory and cores (issue 34: comm grew 2.5 -> 363 ms from
@@ -836,7 +888,8 @@ def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
     assert base["efficiency_low"] < base["efficiency"] < base["efficiency_high"]
     assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
                  "32", "--inter-gbit", "100", "--overlap", "1", "--jitter", "0", "--framework",
-                 "2.5", "--node-compute", "0.01,0.1", "--json", str(rows_at)]) == 0
+                 "2.5", "--node-compute", "0.01,0.1", "--device-spread", "0.01", "--json",
+                 str(rows_at)]) == 0
     (fast,) = json.loads(rows_at.read_text())
     assert fast["efficiency"] > base["efficiency_high"]
     assert fast["efficiency_low"] == fast["efficiency"] == fast["efficiency_high"]
@@ -937,8 +990,10 @@ def test_node_compute_is_a_share_of_the_step_by_precision_not_the_rate_or_the_co
     pipes = {name: predict(hardware_from_dict(dict(spec, node_compute=name)), "allreduce", 8, "net")
              for name in ("fitted", "pytorch", "dali-cpu", "none")}
     assert pipes["fitted"].compute_efficiency == pipes["pytorch"].compute_efficiency
+    # DALI's table leaves its node nothing once the framework's work and the wait for the
+    # slowest device are counted (test_the_dgx1_fits_give_their_tables_back_and_checks_err_...)
     assert (pipes["pytorch"].compute_efficiency < pipes["dali-cpu"].compute_efficiency
-            < pipes["none"].compute_efficiency == 1)
+            == pipes["none"].compute_efficiency == 1)
     with pytest.raises(ConfigError, match="node_compute.*dali.*pytorch, dali-cpu"):
         hardware_from_dict(dict(spec, node_compute="dali"))
 
@@ -1227,18 +1282,19 @@ def test_new_terms_against_hand_computed_references():
 
 def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
     """Issue 65, item 3: a file that measures everything predicts a point; one that leaves the
-    overlap, the cross-node rate, the jitter and the framework's work open predicts a band, its
+    overlap, the cross-node rate, the jitter, the devices' spread and the framework's work open
+    predicts a band, its
     point the middle, and each range given as a measured value narrows it."""
     from downpour_lib.perf.hardware import hardware_from_dict, with_fields
 
     spec = {"devices_per_node": 4, "overlap": 0.8, "jitter": 0.0, "framework": 2.0,
-            "node_compute": {"fp32": 0.01, "amp": 0.1},
+            "device_spread": 0.01, "node_compute": {"fp32": 0.01, "amp": 0.1},
             "links": {"intra": {"gbit_per_s": 96}, "inter": {"gbit_per_s": 25, "efficiency": 0.9}},
             "models": {"vgg16": {"batch": 64, "images_per_s": 154, "parameters": 138357544}}}
     point = predict(hardware_from_dict(spec), "allreduce", 64, "vgg16")
     assert point.efficiency_low == point.efficiency == point.efficiency_high
     open_spec = {k: v for k, v in spec.items()
-                 if k not in ("overlap", "jitter", "framework", "node_compute")}
+                 if k not in ("overlap", "jitter", "framework", "device_spread", "node_compute")}
     open_spec["links"] = {"intra": {"gbit_per_s": 96},
                           "inter": {"gbit_per_s": 25, "transport": "rdma"}}
     cal = hardware_from_dict(dict(open_spec, overlap=None))
@@ -1256,26 +1312,29 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
     node = predict(with_fields(cal, jitter=0.0, overlap=0.8, framework=2.0,
                                node_compute={"fp32": 0.01, "amp": 0.1}), "allreduce", 64, "vgg16")
     assert node.efficiency_high - node.efficiency_low < fixed.efficiency_high - fixed.efficiency_low
+    spread = predict(with_fields(cal, jitter=0.0, overlap=0.8, framework=2.0, device_spread=0.01,
+                                 node_compute={"fp32": 0.01, "amp": 0.1}), "allreduce", 64, "vgg16")
+    assert spread.efficiency_high - spread.efficiency_low < node.efficiency_high - node.efficiency_low
 
 
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 36 of 73 inside the band
+    command prints those numbers. Where it falls short of the goal: 53 of 73 inside the band
     (five of six asked), and one error beyond 10 points, NVIDIA's BERT at sequence 512 in TF32 on
     32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows
     that send half the bytes (nothing in the model loses that). On the image models, what falls
     outside is one node's 8 GPUs, within 3.1 points of its band: mostly a DGX A100's at TF32 (its
     terms were fitted on DGX-1s), and on a DGX-1 only ResNeXt's and SE-ResNeXt's. On BERT every
     other row on DGX A100s is within 1.5 points of its band (its bands are narrow: one bucket, no
-    overlap); on one DGX-1 the model gives 8 GPUs up to 3.5 points more than they keep."""
+    overlap); on one DGX-1 the model gives 8 GPUs up to 2.5 points more than they keep."""
     from downpour_lib.perf.presets import check_summary
 
     checks = [c for c in published_checks() if c.unit == "efficiency"]
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 73 and s["inside"] >= 36, s
+    assert s["checks"] == 73 and s["inside"] >= 53, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node"], beyond
@@ -1286,7 +1345,7 @@ def test_model_check_prints_the_goal_numbers():
             and "DGX-1" not in c.claim]
     assert len(bert) == 18 and all(c.outside_band < 0.015 for c in bert), bert
     dgx1 = [c for c in checks if "BERT" in c.claim and "DGX-1" in c.claim]  # one node: optimistic
-    assert len(dgx1) == 4 and all(0 < c.error < 0.035 for c in dgx1), dgx1
+    assert len(dgx1) == 4 and all(0 < c.error < 0.025 for c in dgx1), dgx1
     tf32 = [c.error for c in checks if "sequence 512, TF32" in c.claim and "nodes" in c.claim]
     assert tf32 == sorted(tf32) and tf32[-1] > 0.15, tf32  # grows with the nodes
     assert all(c.outside_band == 0 for c in checks if "512 GPUs" in c.claim)
@@ -1299,8 +1358,9 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     """NVIDIA's BERT-large pre-training on DGX A100 nodes (presets.BERT_NODES): gradient
     accumulation and one bucket after the last pass. What docs/perf_model.md says of its rows:
     the README measures one node's 8 GPUs twice, under 1 % apart, and 2 nodes faster than twice
-    one; one node's 8 GPUs (a DGX A100's, a DGX-1's) lose about a point or more a pass the model,
-    charging no input pipeline, does not give; sequence 512 in TF32 loses at 32 nodes over three times
+    one; one node's 8 GPUs (a DGX A100's, a DGX-1's), charged no input pipeline, lose what the
+    wait for the slowest of 8 devices gives (terms.DEVICE_SPREAD_RANGE), each within 1.2 points of
+    its band and most of them less than its point; sequence 512 in TF32 loses at 32 nodes over three times
     what its mixed precision (half the bytes) and sequence 128 in TF32 (the same bytes, less
     compute a step) lose."""
     from downpour_lib.perf.presets import BERT_NODES, BERT_ONE_NODE
@@ -1311,7 +1371,8 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     assert BERT_NODES["bert-large-128-amp"][1][2] > 2 * BERT_NODES["bert-large-128-amp"][0][2]
     checks = {c.claim: c for c in published_checks() if "BERT" in c.claim}
     one_node = [c for claim, c in checks.items() if "8 GPUs of a DGX" in claim]  # A100 and DGX-1
-    assert len(one_node) == 8 and all(c.predicted - c.published > 0.008 for c in one_node)
+    assert len(one_node) == 8 and all(c.outside_band < 0.012 for c in one_node), one_node
+    assert sum(c.error > 0 for c in one_node) >= 6, one_node
 
     def lost(model):  # at 32 nodes, against 1
         (_, _, one), *_, (nodes, _, rate) = BERT_NODES[model]

@@ -198,6 +198,10 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     hw.add_argument("--jitter", type=float, default=None,
                     help="coefficient of variation of a step's time (a run's steps.csv): a "
                          "synchronous step waits for the slowest of N")
+    hw.add_argument("--device-spread", type=float, default=None,
+                    help="coefficient of variation of the devices' own speeds: the slowest of N "
+                         "sets a synchronous step (measured: a point; default: "
+                         "terms.DEVICE_SPREAD_RANGE)")
     hw.add_argument("--framework", type=float, default=None,
                     help="the framework's own work a round of communication, in samples' "
                          "compute (measured: a point; default: terms.FRAMEWORK_RANGE)")
@@ -304,7 +308,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     cal = with_fields(cal, devices_per_node=args.devices_per_node, intra_gbit=args.intra_gbit,
                       intra_latency_us=args.intra_latency_us, inter_gbit=args.inter_gbit,
                       inter_latency_us=args.inter_latency_us, link_efficiency=args.link_efficiency,
-                      jitter=args.jitter, framework=args.framework,
+                      jitter=args.jitter, device_spread=args.device_spread,
+                      framework=args.framework,
                       inter_transport=args.inter_transport, node_compute=args.node_compute,
                       **({"overlap": args.overlap} if "overlap" in args else {}))
     if args.accumulation is not None:
@@ -356,6 +361,8 @@ def unmeasured(cal: Calibration) -> list[str]:
         out.append(f"cross-node rate x{cal.inter_rate[1]:.2f}-{cal.inter_rate[0]:.2f}")
     if cal.jitter_high is not None:
         out.append(f"jitter {cal.jitter:.2g}-{cal.jitter_high:.2g}")
+    if cal.device_spread_high is not None:
+        out.append(f"the devices' spread {cal.device_spread:.2g}-{cal.device_spread_high:.2g}")
     if cal.framework is None:
         out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
                    "samples' compute a step")

@@ -12,6 +12,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     overlap: null                     # share of the bucket pipeline achieved; null: a range
                                       # (terms.OVERLAP_RANGE): each range left makes a band
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
+    device_spread: 0.0                # the devices' own speeds' coefficient of variation; omitted: range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
     node_compute: pytorch             # a busy node's share by input pipeline (terms.PIPELINES): pytorch
                                       # (or fitted; a range), dali-cpu, none, measured {fp32:, amp:}
@@ -52,6 +53,7 @@ from ..errors import ConfigError
 from .netmodel import GBIT, Link, Network
 from .perfmodel import MIB, Calibration, Workload, predict
 from .terms import (
+    DEVICE_SPREAD_RANGE,
     JITTER_RANGE,
     LINK_EFFICIENCY,
     PIPELINES,
@@ -65,12 +67,14 @@ from .terms import (
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 
 _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucketing", "overlap", "jitter",
-        "framework", "node_compute", "host", "links", "models"}
+        "device_spread", "framework", "node_compute", "host", "links", "models"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "precision",
           "full_precision", "node_compute", "source"}
 _HOST = {"cores", "source"}
+_SPREAD = ("a coefficient of variation of the devices' own speeds (each one's mean step time), a "
+           "number >= 0, e.g. 0.015")
 _NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".join(PIPELINES)
                  + " (fitted: pytorch), none, or the shares measured: {fp32: 0.01, amp: 0.1}")
 _NODE_SHARES = ("the share of a step lost at each precision with all the node's devices busy, "
@@ -331,9 +335,11 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
         jitter=_share("jitter", d.get("jitter", 0.0), "a coefficient of variation of step times, "
                       "a number >= 0, e.g. 0.05", high=math.inf), node_compute=node_compute,
-        # what the file does not give is a range (terms): jitter, the cross-node rate, the
-        # framework's work
+        device_spread=_share("device_spread", d.get("device_spread", 0.0), _SPREAD, high=math.inf),
+        # what the file does not give is a range (terms): jitter, the devices' spread, the
+        # cross-node rate, the framework's work
         jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
+        device_spread_high=None if "device_spread" in d else DEVICE_SPREAD_RANGE[1],
         framework=framework)
 
 
@@ -370,13 +376,14 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 intra_gbit: float | None = None, intra_latency_us: float | None = None,
                 inter_gbit: float | None = None, inter_latency_us: float | None = None,
                 link_efficiency: float | None = None, jitter: float | None = None,
+                device_spread: float | None = None,
                 framework: float | None = None, inter_transport: str | None = None,
                 node_compute: Any = None, **overlap: float | None) -> Calibration:
     """``cal`` with the hardware fields given (``downpour model predict``'s flags) replaced: a
     rate given here is a line rate, times ``link_efficiency`` (measured: a point), else the
     range of ``inter_transport`` across nodes (``terms.transport_rate``), else the fitted one.
-    A value given here is measured: its range (``jitter``'s, ``overlap``'s, ``framework``'s, the
-    node's shares: ``node_compute``, as a file gives it) becomes a point."""
+    A value given here is measured: its range (``jitter``'s, ``device_spread``'s, ``overlap``'s,
+    ``framework``'s, the node's shares: ``node_compute``, as a file gives it) becomes a point."""
     from dataclasses import replace
 
     net = cal.network
@@ -390,6 +397,8 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     if jitter is not None:
         _share("jitter", jitter, "a coefficient of variation of step times >= 0, e.g. 0.05",
                high=math.inf)
+    if device_spread is not None:
+        _share("device_spread", device_spread, _SPREAD, high=math.inf)
     if framework is not None:
         _share("framework", framework, "samples of compute a step >= 0, e.g. 2.5", high=math.inf)
     if inter_transport is not None and (inter_gbit is None or link_efficiency is not None):
@@ -419,6 +428,8 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     fields = {"network": network, "inter_rate": inter_rate, **overlap}
     if jitter is not None:
         fields.update(jitter=jitter, jitter_high=None)
+    if device_spread is not None:
+        fields.update(device_spread=device_spread, device_spread_high=None)
     if framework is not None:
         fields.update(framework=framework)
     if node_compute is not None:  # every model's node, its own included

@@ -2,7 +2,8 @@
 
 A step is the worker's computation (data, forward, backward, update: measured for the model and the
 device, less what is lost when its node's other devices are busy: ``terms.NodeCompute``), the wait for
-the slowest of N in synchronous algorithms (``terms.straggler_factor``, or ``slow_workers``), plus the
+the slowest of N in synchronous algorithms (``terms.straggler_factor`` of a step's jitter and the
+devices' own spread, or ``slow_workers``), plus the
 communication its algorithm cannot hide, on a network of alpha-beta links (``netmodel``). What an
 algorithm sends is what its options class declares (``traffic``, one of ``TRAFFIC``):
 
@@ -152,6 +153,7 @@ class Calibration:
         bucketing       fixed (DDP's buckets) or ready (Horovod's fusion of what is ready)
         overlap         measured share of the bucket pipeline achieved, or null (a band)
         jitter          coefficient of variation of a step's compute (steps.csv)
+        device_spread   coefficient of variation of the devices' own speeds
         framework       the framework's own work a round of communication, in samples of
                         compute, or null (a range)
         node_compute    {fp32, amp, at, source}: the share of a step lost when a node's
@@ -182,6 +184,12 @@ class Calibration:
     #: jitter ranges from ``jitter`` to it (None: measured)
     inter_rate: tuple[float, float] = (1.0, 1.0)
     jitter_high: float | None = None
+    #: coefficient of variation of the devices' own speeds: one slower than its peers stays
+    #: slower, so the slowest of N sets every synchronous step whatever it accumulates;
+    #: ``device_spread_high``: a range from ``device_spread`` to it (None: measured;
+    #: ``terms.DEVICE_SPREAD_RANGE``). A calibration on one host's identical cores: none.
+    device_spread: float = 0.0
+    device_spread_high: float | None = None
     #: the framework's own work a round of communication beyond the messages (DDP's hooks, bucket
     #: copies, the collective's kernels beside backward), in one sample's compute; None where it
     #: was not measured: a range (``terms.FRAMEWORK_RANGE``). A measured calibration's steps have it.
@@ -192,9 +200,11 @@ class Calibration:
         object.__setattr__(self, "inter_rate", tuple(float(v) for v in self.inter_rate))
         if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("overlap", self.overlap, "a share in [0, 1], or None (not measured)")
-        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \
-                or not (math.isfinite(self.jitter) and self.jitter >= 0):
-            raise ConfigError("jitter", self.jitter, "a coefficient of variation >= 0, e.g. 0.05")
+        for name in ("jitter", "device_spread"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not (math.isfinite(value) and value >= 0):
+                raise ConfigError(name, value, "a coefficient of variation >= 0, e.g. 0.05")
         if self.framework is not None and (isinstance(self.framework, bool) or not isinstance(
                 self.framework, (int, float)) or not (math.isfinite(self.framework)
                                                       and self.framework >= 0)):
@@ -409,27 +419,33 @@ def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: s
     if slowdown != 1 and not slow:
         raise ConfigError("slowdown", slowdown, "it slows the slow_workers, and there are none: "
                           "give slow_workers too, e.g. ALG.slow_workers=1")
-    # a wait once per period (or per accumulated step) is for the slowest sum of its passes
+    # a wait once per period (or per accumulated step) is for the slowest sum of its passes: a
+    # step's jitter averages out over them, a device's own speed does not
     sums = passes * (opts.get("period", 1) if pattern == "periodic" else 1)
-    cv = cal.jitter / math.sqrt(sums)
+    cv = math.hypot(cal.jitter / math.sqrt(sums), cal.device_spread)
     spread = straggler_factor(workers, cv)
     return max(spread, float(slowdown)) if slow else spread
 
 
 def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
     """``cal`` with every quantity it did not measure at its favourable end, and at its
-    unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the framework's
-    work, a busy node's shares (its own, and each model's). None: all measured."""
+    unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the devices'
+    spread, the framework's work, a busy node's shares (its own, and each model's). None: all
+    measured."""
     nodes = [cal.node_compute] + [w.node_compute for w in cal.workloads.values() if w.node_compute]
     if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
-            and cal.framework is not None and all(n.measured for n in nodes):
+            and cal.device_spread_high is None and cal.framework is not None \
+            and all(n.measured for n in nodes):
         return None
 
     def at(end: int) -> Calibration:
         net = cal.network
         inter = Link(net.inter.alpha_s, net.inter.bandwidth_Bps * cal.inter_rate[end])
         jitter = cal.jitter_high if end and cal.jitter_high is not None else cal.jitter
+        spread = cal.device_spread_high if end and cal.device_spread_high is not None \
+            else cal.device_spread
         return replace(cal, network=replace(net, inter=inter), jitter=jitter, jitter_high=None,
+                       device_spread=spread, device_spread_high=None,
                        overlap=OVERLAP_RANGE[1 - end] if cal.overlap is None else cal.overlap,
                        framework=FRAMEWORK_RANGE[end] if cal.framework is None else cal.framework,
                        inter_rate=(1.0, 1.0), node_compute=cal.node_compute.end(end),
