@@ -6,8 +6,9 @@ for ever, and one stopped during the rendezvous left them spinning in its first 
 thread of the waiting process can help: ``MPI_Init_thread`` holds the GIL. So at its first line
 (``_early``, while it is still one thread) a rank forks a **sentinel**, a small process that only
 reads a pipe. The rank tells it where it waits (``waiting``: "MPI init", "the rendezvous") and
-with which timeout, and that start-up is over (``done``: the process group exists; from there
-the backends' own deadlines hold). A wait past its timeout makes the sentinel write the one line
+for how long (``--startup-timeout-s``, apart from the group's ``--timeout-s``), and that start-up
+is over (``done``: the process group exists; from there the backends' own deadlines hold). A wait
+past its deadline makes the sentinel write the one line
 ``downpour: rank R of N failed: start-up: ...`` and kill its rank, which makes the launcher end the
 job (mpiexec ends every rank once one exits abnormally; a stopped one too).
 
@@ -171,7 +172,8 @@ def _watch(pipe: int, parent: int) -> None:
             wait = wait[:4] + (time.monotonic(),)
             continue
         line = (f"downpour: rank {rank} of {size} failed: start-up: waited {waited:.0f} s in "
-                f"{phase} (--timeout-s {timeout_s:g}): {_missing(phase, rank, size)}; ending the job")
+                f"{phase} (--startup-timeout-s {timeout_s:g}): {_missing(phase, rank, size)}; "
+                "ending the job")
         os.write(2, line.encode() + b"\n")
         os.kill(parent, signal.SIGKILL)
         return
@@ -199,7 +201,8 @@ def _missing(phase: str, me: int, size: int) -> str:
         if index < mine:
             notes.append(f"rank {rank} never reached {phase} (it is {how} in {PHASES[index]})"
                          if how else f"rank {rank} never reached {phase} (it is still in "
-                         f"{PHASES[index]}: slower than the timeout allows? raise --timeout-s)")
+                         f"{PHASES[index]}: slower than the deadline allows? raise "
+                         "--startup-timeout-s)")
         elif how:
             notes.append(f"rank {rank} is {how} (in {PHASES[index]})")
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")
@@ -211,5 +214,6 @@ def _missing(phase: str, me: int, size: int) -> str:
     if where is None:
         return "the launcher names no job, so which rank did not arrive is not known here"
     return ("every rank of this node arrived and none is stopped: a rank " +
-            ("is hung, or slower than the timeout allows (raise --timeout-s)" if everyone_here
-             else "of another node did not arrive, or is slower than the timeout allows"))
+            ("is hung, or slower than the deadline allows (raise --startup-timeout-s)"
+             if everyone_here else "of another node did not arrive, or is slower than the "
+             "deadline allows (raise --startup-timeout-s)"))

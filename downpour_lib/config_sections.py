@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from . import user_code
 from .data import DATASETS
-from .defaults import TIMEOUT_S
+from .defaults import STARTUP_TIMEOUT_S, TIMEOUT_S
 from .errors import ConfigError, check_choices, unknown_name
 from .options import coerce
 from .preempt import check_signal
@@ -57,6 +57,11 @@ def _at_least(name: str, value: int | None, low: int, example: str = "") -> None
 
 def _finite(value: float) -> bool:
     return math.isfinite(value)
+
+
+def _seconds(name: str, value: float, example: float) -> None:
+    if not (_finite(value) and value > 0):
+        raise ConfigError(name, value, f"must be a finite number of seconds > 0, e.g. {example:g}")
 
 
 @dataclass(frozen=True)
@@ -226,9 +231,7 @@ class System:
     def __post_init__(self) -> None:
         check_choices(self)
         _at_least("threads", self.threads, 0)
-        if not (_finite(self.timeout_s) and self.timeout_s > 0):
-            raise ConfigError("timeout_s", self.timeout_s,
-                              f"must be a finite number of seconds > 0, e.g. {TIMEOUT_S:g}")
+        _seconds("timeout_s", self.timeout_s, TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,12 @@ class Outputs:
 
 @dataclass(frozen=True)
 class Runtime:
-    """How a launcher stops and restarts the run: not what it computes."""
+    """How a launcher starts, stops and restarts the run: not what it computes."""
+
+    startup_timeout_s: float = _help("how long a rank waits for the others to start (MPI init, the "
+                                     "rendezvous), apart from --timeout-s: a job of many nodes can "
+                                     "take minutes to start", identity="free",
+                                     default=STARTUP_TIMEOUT_S)
 
     preempt_signal: str = _help("this signal stops the run at the next step: the ranks agree, write "
                                 "one checkpoint and exit with status 75 (Slurm: sbatch "
@@ -327,6 +335,7 @@ class Runtime:
                                  identity="free", default=None)
 
     def __post_init__(self) -> None:
+        _seconds("startup_timeout_s", self.startup_timeout_s, STARTUP_TIMEOUT_S)
         check_signal(self.preempt_signal)
 
 

@@ -234,7 +234,7 @@ def test_a_batch_shares_one_process_group_and_names_plain_directories(tmp_path):
     from downpour_lib.study.batch import batch_command
 
     gloo, mpi = (TrainConfig(algorithm="allreduce", backend=b) for b in ("gloo", "mpi"))
-    with pytest.raises(ConfigError, match="one backend, device and timeout_s"):
+    with pytest.raises(ConfigError, match="one backend, device, timeout_s and startup_timeout_s"):
         batch_command({"a": gloo, "b": mpi}, tmp_path)
     with pytest.raises(ConfigError, match="name='../x'"):
         batch_command({"../x": gloo}, tmp_path)

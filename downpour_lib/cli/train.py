@@ -197,7 +197,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _refuse(exc, placement.local_rank == 0)
     # scancel, the time limit: SIGTERM stops the run at a step too, with its checkpoint
     with preempt.SIGNAL.stopping_on_term(), runtime.abort_on_error():
-        ctx = runtime.init(config.system.backend, config.system.device, config.system.timeout_s)
+        ctx = runtime.init(config.system.backend, config.system.device, config.system.timeout_s,
+                           startup_timeout_s=config.runtime.startup_timeout_s)
         try:
             result = Trainer(config, ctx, plan, splits, log_progress=True).run()
         except preempt.Preempted as stop:

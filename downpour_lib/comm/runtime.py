@@ -4,7 +4,8 @@
 setting MASTER_ADDR (rank 0 opens a TCPStore on a free port and broadcasts it over MPI; under srun
 without MPI the first node of the step and a port derived from the job id; torchrun brings its own;
 the ``mpi`` backend needs none: MPI itself knows the ranks), picks the device and backend, and
-creates the default process group with an explicit timeout. Backend ``auto`` is ``nccl`` on CUDA,
+creates the default process group with an explicit timeout (and the start-up before it with a
+deadline of its own: ``startup_timeout_s``). Backend ``auto`` is ``nccl`` on CUDA,
 else ``mpi`` when this is an MPI launch that mpi4py can see (``comm/mpi`` provides it on
 the stock torch wheel), else ``gloo``.
 Degrades to one process: at world size 1 no process group is created and every collective in
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _startup
-from ..defaults import TIMEOUT_S
+from ..defaults import STARTUP_TIMEOUT_S, TIMEOUT_S
 from ..errors import ConfigError
 from ..launch_env import Placement, discover, slurm_rendezvous
 from . import addresses, job_end, mpi, peers
@@ -267,8 +268,13 @@ _CONTEXT: DistContext | None = None
 
 
 def init(backend: Backend = "auto", device: DeviceChoice = "auto",
-         timeout_s: float = TIMEOUT_S, comm=None) -> DistContext:
+         timeout_s: float = TIMEOUT_S, comm=None,
+         startup_timeout_s: float = STARTUP_TIMEOUT_S) -> DistContext:
     """Create the default process group for this launch (idempotent) and return the context.
+
+    ``timeout_s``: how long the group's operations wait for a silent peer. ``startup_timeout_s``:
+    how long a rank waits for the others to start before that (MPI's initialization, the
+    rendezvous store, the group's creation), which on many nodes can take minutes.
 
     ``comm``: an mpi4py communicator that defines the world (rank, size, local rank and the
     rendezvous all come from it), e.g. ``MPI.COMM_WORLD.Split(...)`` to train on some of the
@@ -290,11 +296,12 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         _CONTEXT = DistContext(0, 1, 0, 1, dev, None, placement.launcher, (socket.gethostname(),))
         return _CONTEXT
     timeout = datetime.timedelta(seconds=timeout_s)
+    startup = datetime.timedelta(seconds=startup_timeout_s)
     # the start-up's waits have a deadline too (``_startup``: a no-op outside `downpour train`)
     if comm is None and placement.launcher == "mpi":
-        _startup.waiting("MPI init", timeout_s, placement.rank, placement.world_size)
+        _startup.waiting("MPI init", startup_timeout_s, placement.rank, placement.world_size)
         comm = launch_mpi_world()
-    _startup.waiting("the rendezvous", timeout_s, placement.rank, placement.world_size)
+    _startup.waiting("the rendezvous", startup_timeout_s, placement.rank, placement.world_size)
     mpi_world = comm is not None and comm.Get_size() == placement.world_size
     name = pick_backend(backend, dev, mpi_world, gpus_shared(dev, placement.local_world_size),
                         placement.local_world_size)
@@ -309,14 +316,14 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
         mpi.register()
         kwargs = {"backend": name, "timeout": timeout}
     elif mpi_world:
-        kwargs["store"] = _rendezvous_store(placement, comm, timeout)
+        kwargs["store"] = _rendezvous_store(placement, comm, startup)
     elif placement.launcher in ("mpi", "slurm"):
         # srun without a usable MPI: the first node of the step hosts the store.
-        kwargs["store"] = _launcher_store(placement, *slurm_rendezvous(os.environ), timeout)
+        kwargs["store"] = _launcher_store(placement, *slurm_rendezvous(os.environ), startup)
     elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT", "").isdigit():
         # torchrun (its agent hosts the store) and RANK/WORLD_SIZE/MASTER_ADDR launches
         kwargs["store"] = _launcher_store(placement, os.environ["MASTER_ADDR"],
-                                          int(os.environ["MASTER_PORT"]), timeout)
+                                          int(os.environ["MASTER_PORT"]), startup)
     else:
         kwargs["init_method"] = "env://"  # torch says which variable is missing
     dist.init_process_group(**kwargs)
@@ -328,6 +335,8 @@ def init(backend: Backend = "auto", device: DeviceChoice = "auto",
     dist.all_gather_object(where, (socket.gethostname(), addresses.host_addresses()))
     hosts = [host for host, _ in where]
     _startup.done()  # from here the backend's own deadlines hold
+    if "store" in kwargs:  # and the store's: a later group's rendezvous waits as its operations do
+        kwargs["store"].set_timeout(timeout)
     if name != "mpi":  # the mpi backend has a watchdog of its own (comm/mpi/liveness)
         peers.start(placement.rank, placement.world_size, hosts, [a for _, a in where], name)
     _CONTEXT = DistContext(placement.rank, placement.world_size, placement.local_rank,
@@ -358,9 +367,10 @@ def new_group(ranks=None, backend: str | None = None) -> dist.ProcessGroup:
 
 @contextmanager
 def session(backend: Backend = "auto", device: DeviceChoice = "auto",
-            timeout_s: float = TIMEOUT_S, comm=None) -> Iterator[DistContext]:
+            timeout_s: float = TIMEOUT_S, comm=None,
+            startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[DistContext]:
     """``with runtime.session() as ctx:`` — init on entry, shutdown on exit."""
-    ctx = init(backend, device, timeout_s, comm)
+    ctx = init(backend, device, timeout_s, comm, startup_timeout_s)
     try:
         yield ctx
     finally:

@@ -32,8 +32,8 @@ def batch_command(configs: dict[str, TrainConfig], directory: Path,
     ``downpour bench collectives`` that the flags ``bench`` ask for, if any (checked here)."""
     session = {_session(config) for config in configs.values()}
     if len(session) > 1:
-        raise ConfigError("configs", sorted(session), "one backend, device and timeout_s for every "
-                          "run of a batch: they share its process group")
+        raise ConfigError("configs", sorted(session), "one backend, device, timeout_s and "
+                          "startup_timeout_s for every run of a batch: they share its process group")
     runs = {}
     for name, config in configs.items():
         if not name or "/" in name or name.startswith("."):
@@ -79,7 +79,8 @@ def _bench_args(flags: list[str]):
 
 def _session(config: TrainConfig) -> tuple:
     system = config.system
-    return (system.backend, system.device, system.timeout_s)
+    return (system.backend, system.device, system.timeout_s,
+            config.runtime.startup_timeout_s)
 
 
 def main(directory: str) -> int:
@@ -92,7 +93,7 @@ def main(directory: str) -> int:
 
     runs = json.loads((Path(directory) / BATCH_FILE).read_text())
     configs = [TrainConfig.from_dict(run) for run in runs.values()]
-    backend, device, timeout_s = _session(configs[0])
+    backend, device, timeout_s, startup_timeout_s = _session(configs[0])
     bench, flags = None, Path(directory) / BENCH_FILE
     if flags.is_file():  # what only the launch tells (its size, MPI or not): checked on every rank
         from ..bench import collectives  # alike, before any of them waits for another
@@ -100,7 +101,7 @@ def main(directory: str) -> int:
         args = _bench_args(json.loads(flags.read_text()))
         bench = args, collectives.check(args, discover(os.environ))
     with runtime.abort_on_error():
-        ctx = runtime.init(backend, device, timeout_s)
+        ctx = runtime.init(backend, device, timeout_s, startup_timeout_s=startup_timeout_s)
         if bench is not None:
             collectives.in_session(*bench, ctx)
         for config in configs:

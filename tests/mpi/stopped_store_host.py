@@ -1,7 +1,7 @@
 """Under mpiexec -n N: rank 0, the host of the rendezvous store (a gloo group's), stops itself
 (SIGSTOP) once it has told the others where the store is, so that they connect to a server the
 kernel still accepts connections for but that never answers. Each waiting rank prints one JSON
-line when ``runtime.init`` gives up (``argv[1]``: its timeout): its process's CPU seconds per wall
+line when ``runtime.init`` gives up (``argv[1]``: its start-up deadline): its process's CPU seconds per wall
 second over the wait, and the error; then it exits non-zero, ending the job.
 """
 
@@ -42,7 +42,7 @@ def main() -> None:
     cpu, wall = time.process_time(), time.perf_counter()
     try:
         runtime.init(backend="gloo", device="cpu", timeout_s=TIMEOUT_S,
-                     comm=StopsOnceTold(MPI.COMM_WORLD))
+                     comm=StopsOnceTold(MPI.COMM_WORLD), startup_timeout_s=TIMEOUT_S)
     except RuntimeError as exc:
         wall = time.perf_counter() - wall
         print(json.dumps({"rank": rank, "cpu_share": (time.process_time() - cpu) / wall,
