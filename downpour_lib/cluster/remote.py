@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..defaults import TIMEOUT_S
+from ..defaults import STARTUP_TIMEOUT_S, TIMEOUT_S
 
 if TYPE_CHECKING:  # imported where used: the driver imports this module too, and needs no torch
     from ..comm import runtime
@@ -69,7 +69,8 @@ def hello() -> str:
 
 @contextmanager
 def job_world(world_size: int, backend: str = "auto", device: str = "auto",
-              timeout_s: float = TIMEOUT_S) -> Iterator[runtime.DistContext | None]:
+              timeout_s: float = TIMEOUT_S,
+              startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[runtime.DistContext | None]:
     """The process group of a job on MPI ranks 0..world_size-1; None on the ranks outside it."""
     from mpi4py import MPI
 
@@ -83,7 +84,8 @@ def job_world(world_size: int, backend: str = "auto", device: str = "auto",
 
     runtime.shutdown()  # a job starts clean, even after an interactive %px runtime.init()
     try:
-        with runtime.session(backend, device, timeout_s, comm=sub) as ctx:
+        with runtime.session(backend, device, timeout_s, comm=sub,
+                             startup_timeout_s=startup_timeout_s) as ctx:
             yield ctx
     finally:
         sub.Free()
@@ -106,7 +108,8 @@ def train(config: dict[str, Any], world_size: int, plan: Any = None, user: bytes
     given = TrainConfig.from_dict(config)
     cfg = given.slurm_resume()  # after a preemption and a restart, the same call resumes
     system = cfg.system
-    with job_world(world_size, system.backend, system.device, system.timeout_s) as ctx:
+    with job_world(world_size, system.backend, system.device, system.timeout_s,
+                   cfg.runtime.startup_timeout_s) as ctx:
         if ctx is None:
             return None
         if plan is None:
