@@ -470,6 +470,22 @@ def test_preset_parameter_counts_are_the_published_models():
     for model, w in {**PRESETS["dgx-a100-bert"].workloads,
                      **PRESETS["dgx1-v100-32g-bert"].workloads}.items():
         assert w.param_bytes == (2 if model.endswith("-amp") else 4) * PARAMETERS["bert-large"]
+    # Transformer-XL large as NVIDIA's example builds it (MemTransformerLM, wt103_large.yaml): 18
+    # layers of 1024 (relative attention: qkv, output and position projections, no biases), an
+    # adaptive input of four clusters (widths 1024 to 16, each projected to 1024) tied to the
+    # adaptive softmax, which adds its cluster head, its biases and an untied first projection
+    layer = nn.ModuleList([nn.Linear(hidden, 3 * hidden, bias=False),
+                           nn.Linear(hidden, hidden, bias=False), nn.Linear(hidden, hidden, bias=False),
+                           nn.LayerNorm(hidden), nn.Linear(hidden, 4 * hidden),
+                           nn.Linear(4 * hidden, hidden), nn.LayerNorm(hidden)])
+    cutoffs, widths = (0, 19997, 39997, 199997, 267735), (1024, 256, 64, 16)
+    adaptive = sum((hi - lo) * w + w * hidden
+                   for lo, hi, w in zip(cutoffs[:-1], cutoffs[1:], widths, strict=True))
+    softmax = 3 * hidden + 3 + cutoffs[-1] + hidden * hidden
+    assert (18 * parameter_count(layer) + 2 * hidden + adaptive + softmax
+            == PARAMETERS["transformer-xl-large"])
+    for model, w in PRESETS["dgx2h-transformer-xl"].workloads.items():
+        assert w.param_bytes == (2 if model.endswith("-amp") else 4) * PARAMETERS["transformer-xl-large"]
     for cal in PRESETS.values():
         assert cal.source and all(w.source for w in cal.workloads.values())
         assert cal.network.inter.bandwidth_Bps >= 0.9 * 10 * GBIT  # line rate x efficiency
@@ -1320,12 +1336,15 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 53 of 73 inside the band
-    (five of six asked), and one error beyond 10 points, NVIDIA's BERT at sequence 512 in TF32 on
-    32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows
-    that send half the bytes (nothing in the model loses that). On the image models, what falls
-    outside is one node's 8 GPUs, within 3.1 points of its band: mostly a DGX A100's at TF32 (its
-    terms were fitted on DGX-1s), and on a DGX-1 only ResNeXt's and SE-ResNeXt's. On BERT every
+    command prints those numbers. Where it falls short of the goal: 53 of 81 inside the band
+    (five of six asked), and three errors beyond 10 points: NVIDIA's BERT at sequence 512 in TF32
+    on 32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows
+    that send half the bytes (nothing in the model loses that), and Transformer-XL's 16 GPUs of a
+    DGX-2H, where the framework's work counted in samples charges a step of 8 long sequences far
+    too much (test_transformer_xl_shows_the_framework_law_in_samples_fails_an_lm). On the image
+    models, what falls outside is one node's 8 GPUs, within 3.1 points of its band: mostly a DGX
+    A100's at TF32 (its terms were fitted on DGX-1s), and on a DGX-1 only ResNeXt's and
+    SE-ResNeXt's. On BERT every
     other row on DGX A100s is within 1.5 points of its band (its bands are narrow: one bucket, no
     overlap); on one DGX-1 the model gives 8 GPUs up to 2.5 points more than they keep."""
     from downpour_lib.perf.presets import check_summary
@@ -1334,11 +1353,14 @@ def test_model_check_prints_the_goal_numbers():
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 73 and s["inside"] >= 53, s
+    assert s["checks"] == 81 and s["inside"] >= 53, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
-                      "step, efficiency against 1 node"], beyond
-    outside = [c for c in checks if c.outside_band > 0 and "BERT" not in c.claim]
+                      "step, efficiency against 1 node",
+                      "Transformer-XL large, FP32: 16 GPUs of a DGX-2H efficiency",
+                      "Transformer-XL large, mixed precision: 16 GPUs of a DGX-2H efficiency"], beyond
+    outside = [c for c in checks if c.outside_band > 0 and "BERT" not in c.claim
+               and "Transformer-XL" not in c.claim]
     assert all("8 GPUs" in c.claim and c.outside_band < 0.031 for c in outside), outside
     assert all("ResNeXt" in c.claim for c in outside if "DGX-1" in c.claim), outside
     bert = [c for c in checks if "BERT" in c.claim and "sequence 512, TF32" not in c.claim
@@ -1382,6 +1404,35 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     # and the model, which sends the bytes it is told, gives the opposite order
     at_32 = {c.claim.split(":")[0]: c.predicted for claim, c in checks.items() if "32 DGX" in claim}
     assert at_32["BERT-large, sequence 512, TF32"] > at_32["BERT-large, sequence 512, mixed precision"]
+
+
+def test_transformer_xl_shows_the_framework_law_in_samples_fails_an_lm():
+    """NVIDIA's Transformer-XL large on DGX-2H nodes (presets.TXL_ONE_NODE, TXL_NODES): checks of
+    a language model, never fitted on. One node's 16 GPUs lose 6 % (FP32) and 11 % (mixed
+    precision) against one GPU; the model charges the framework's work in samples' compute
+    (terms.FRAMEWORK_RANGE, fitted on 32 images of 224 pixels a step), and a sample here is 384
+    tokens, 8 to a step, so it gives them 23 % and 45 %: the law's unit does not carry from
+    images to sequences. Without that term the same rows come out above the published ones.
+    Across nodes (4 sequences a GPU, weak scaling) the model loses less than the README: the gap
+    grows with the nodes, as BERT's TF32 rows do, and is largest at full precision."""
+    from downpour_lib.perf.presets import TXL_NODES, TXL_ONE_NODE, TXL_PRESET
+
+    checks = {c.claim: c for c in published_checks() if "Transformer-XL" in c.claim}
+    assert len(checks) == len(TXL_ONE_NODE) + sum(len(rows) - 1 for rows in TXL_NODES.values())
+    cal = PRESETS[TXL_PRESET]
+    for model, precision, one, sixteen in TXL_ONE_NODE:
+        c = checks[f"Transformer-XL large, {precision}: 16 GPUs of a DGX-2H efficiency"]
+        assert c.published == pytest.approx(sixteen / 16 / one)
+        assert c.error < -0.15 and c.outside_band > 0.1, c  # the framework term, in samples
+        without = predict(replace(cal, framework=0.0), "allreduce", 16, model)
+        assert without.efficiency > c.published, (model, without.efficiency)
+    for precision in ("FP32", "mixed precision"):
+        errors = [c.error for claim, c in checks.items() if claim.startswith(
+            f"Transformer-XL large, {precision}: ") and "nodes" in claim]
+        assert len(errors) == 3 and errors == sorted(errors) and errors[0] > 0, errors
+    at_8 = {p: checks[f"Transformer-XL large, {p}: 8 DGX-2H nodes (128 GPUs), 4 sequences a GPU, "
+                      "efficiency against 1 node"] for p in ("FP32", "mixed precision")}
+    assert at_8["FP32"].error > at_8["mixed precision"].error > 0.03, at_8
 
 
 def test_a_node_term_fitted_on_accumulating_steps_gives_its_table_back():

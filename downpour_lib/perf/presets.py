@@ -25,7 +25,8 @@ from .terms import DDP_BENCH, DDP_BENCH_SOURCE
 PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_544,
               "inception_v3": 23_834_568, "resnext101-32x4d": 44_177_704,
               "se-resnext101-32x4d": 45_251_128,  # DLE's: ResNeXt with SE blocks of 16 channels
-              "bert-large": 336_232_258}  # with its pre-training heads, vocabulary padded to 30528
+              "bert-large": 336_232_258,  # with its pre-training heads, vocabulary padded to 30528
+              "transformer-xl-large": 285_167_482}  # DLE's, WikiText-103: adaptive input and softmax
 
 _HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
             'TensorFlow"; horovod docs/benchmarks.rst')
@@ -37,7 +38,8 @@ PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in p
 class Published:
     """A published scaling result and what the model predicts for it: the band that the ranges of
     what the preset does not measure give together (``low``, ``high``: overlap, cross-node rate,
-    jitter, the framework's work, a busy node's shares; ``perfmodel.unknown_ends``) and its
+    jitter, the devices' spread, the framework's work, a busy node's shares;
+    ``perfmodel.unknown_ends``) and its
     middle."""
 
     claim: str
@@ -234,32 +236,74 @@ def _bert_label(model: str, full: str = "TF32") -> str:
     return f"BERT-large, sequence {seq}, " + ("mixed precision" if model.endswith("-amp") else full)
 
 
-def _bert_checks() -> list[Published]:
-    """BERT's rows: 8 GPUs against 1, and N nodes against 1 at N's accumulation. The band of a
-    ratio: the ends of what was not measured, the same at both node counts, and its middle."""
+def _against_one_node(preset: str, model: str, rows, claim: str, source: str) -> list[Published]:
+    """Rows of N nodes against one node (the first row), each ``(nodes, accumulation, rate)``:
+    the published ratio of rates over N, and the model's ratio of its two predictions at each end
+    of what was not measured (the same ends at both node counts), the point their middle."""
     from dataclasses import replace
 
-    cal = PRESETS[BERT_PRESET]
+    cal = PRESETS[preset]
+    per_node = cal.network.per_node
 
-    def at(model: str, accumulation: int, workers: int):
+    def at(accumulation: int, workers: int):
         w = replace(cal.workloads[model], accumulation=accumulation)
         return predict(replace(cal, workloads={**cal.workloads, model: w}), "allreduce", workers, model)
 
+    (_, acc_one, one), *more = rows
+    base = at(acc_one, per_node)
+    out = []
+    for nodes, accumulation, rate in more:
+        p = at(accumulation, per_node * nodes)
+        ends = (p.efficiency_low / base.efficiency_low, p.efficiency_high / base.efficiency_high)
+        out.append(Published(claim.format(nodes=nodes, gpus=per_node * nodes, passes=accumulation),
+                             source, rate / one / nodes, sum(ends) / 2, "efficiency", "reported",
+                             min(ends), max(ends)))
+    return out
+
+
+def _bert_checks() -> list[Published]:
+    """BERT's rows: 8 GPUs against 1, and N nodes against 1 at N's accumulation."""
     out = [_efficiency(f"{_bert_label(model, full)}: 8 GPUs of a {node} efficiency",
                        _BERT + f'section "{section}"', preset, model, 8, eight / (8 * one),
                        tolerance="reported")
            for preset, node, full, section, rows in BERT_ONE_NODE for model, one, eight in rows]
     for model, rows in BERT_NODES.items():
-        (_, acc_one, one), *more = rows
-        base = at(model, acc_one, 8)
-        for nodes, accumulation, rate in more:
-            p = at(model, accumulation, 8 * nodes)
-            ends = (p.efficiency_low / base.efficiency_low, p.efficiency_high / base.efficiency_high)
-            out.append(Published(
-                f"{_bert_label(model)}: {nodes} DGX A100 nodes ({8 * nodes} GPUs), "
-                f"{accumulation} passes a step, efficiency against 1 node",
-                _BERT + 'section "Pre-training NVIDIA DGX A100 (8x A100 80GB) Multi-node Scaling"',
-                rate / one / nodes, sum(ends) / 2, "efficiency", "reported", min(ends), max(ends)))
+        out += _against_one_node(
+            BERT_PRESET, model, rows, _bert_label(model) + ": {nodes} DGX A100 nodes ({gpus} GPUs), "
+            "{passes} passes a step, efficiency against 1 node",
+            _BERT + 'section "Pre-training NVIDIA DGX A100 (8x A100 80GB) Multi-node Scaling"')
+    return out
+
+
+#: NVIDIA's Transformer-XL large on WikiText-103 on DGX-2H nodes (preset ``dgx2h-transformer-xl``):
+#: one node's 16 GPUs against one at 8 sequences a GPU, and 2 to 8 nodes against one node at 4
+#: (weak scaling: the same sequences a GPU at every size, no accumulation), in tokens/s
+_TXL = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/Transformer-XL/README.md (commit "
+        "0f6e186562e0; pytorch-20.06 NGC container), ")
+TXL_PRESET = "dgx2h-transformer-xl"
+TXL_ONE_NODE = (  # (model, precision, 1 GPU, 16 GPUs)
+    ("transformer-xl-large", "FP32", 5169, 77568),
+    ("transformer-xl-large-amp", "mixed precision", 14787, 211387))
+TXL_NODES = {  # model: ((nodes, accumulation, tokens/s), ...), the first row 1 node
+    "transformer-xl-large-b4": ((1, 1, 69070), (2, 1, 136960), (4, 1, 270120), (8, 1, 514500)),
+    "transformer-xl-large-b4-amp": ((1, 1, 154950), (2, 1, 307520), (4, 1, 605530),
+                                    (8, 1, 1189700)),
+}
+
+
+def _txl_checks() -> list[Published]:
+    """Transformer-XL's rows: 16 GPUs of a DGX-2H against 1, and N nodes against one node."""
+    out = [_efficiency(f"Transformer-XL large, {precision}: 16 GPUs of a DGX-2H efficiency",
+                       _TXL + 'section "Training performance: NVIDIA DGX-2H (16x V100 32GB)", '
+                       "large model", TXL_PRESET, model, 16, sixteen / (16 * one),
+                       tolerance="reported")
+           for model, precision, one, sixteen in TXL_ONE_NODE]
+    for model, rows in TXL_NODES.items():
+        precision = "mixed precision" if model.endswith("-amp") else "FP32"
+        out += _against_one_node(
+            TXL_PRESET, model, rows, f"Transformer-XL large, {precision}: {{nodes}} DGX-2H nodes "
+            "({gpus} GPUs), 4 sequences a GPU, efficiency against 1 node",
+            _TXL + 'section "Training performance: 8x NVIDIA DGX-2H (16x V100 32GB)"')
     return out
 
 
@@ -292,7 +336,7 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
                                       "the fit: inside the band" if fitted else "reported"))
-    checks += _bert_checks()
+    checks += _bert_checks() + _txl_checks()
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
                                DDP_BENCH_SOURCE, DDP_BENCH_PRESET, model, n, row["alone"][0] / row[n],

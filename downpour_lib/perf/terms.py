@@ -362,7 +362,8 @@ DEVICE_SPREAD_RANGE = (0.0, 0.08 / (2 * DEVICE_SPREAD_WHISKER))
 #: samples (``Workload.framework_sample_s``, a hardware file's ``full_precision``): that table's FP32
 #: and AMP steps lose the same milliseconds, where AMP's samples are 2.3 times as fast (tests/
 #: test_perfmodel.py). Horovod's compute grows too, by up to 15 % (Zhang et al. 2020, arXiv
-#: 2006.10103); one framework's table fixes this range.
+#: 2006.10103); one framework's table fixes this range. Its unit, a sample of 224-pixel images,
+#: fails a language model's sequences of hundreds of tokens (``presets.TXL_ONE_NODE``).
 #: The model charges it once per round of communication to every algorithm that talks in lock-step
 #: (an assumption: only DDP's was measured), so that they compare fairly.
 FRAMEWORK_RANGE = (1.95, 2.4)
