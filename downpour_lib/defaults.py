@@ -8,7 +8,7 @@ below the config (comm/, the cluster's engines) needs the same value.
 #: Minutes, not torch's 30: a dead rank should end a run while someone is still watching.
 TIMEOUT_S = 300.0
 #: Seconds a rank waits for the others to start: MPI's initialization and the rendezvous, up to
-#: the process group (``System.startup_timeout_s``, ``runtime.init``). Apart from ``TIMEOUT_S``:
+#: the process group (``Runtime.startup_timeout_s``, ``runtime.init``). Apart from ``TIMEOUT_S``:
 #: a job of many nodes (or ranks on a loaded machine) can take minutes to start, where a peer that
 #: goes silent in training should end the job as soon as ``--timeout-s`` says.
 STARTUP_TIMEOUT_S = 300.0
