@@ -25,7 +25,7 @@ from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
 from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError
-from .models import build_model, check_fits
+from .models import build_shaped, check_fits
 from .options import Roles
 from .paths import check_output_dir
 
@@ -76,14 +76,8 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     if rank is None or rank == roles.evaluator:  # the evaluator writes the checkpoints
         check_output_dir("checkpoint_dir", outputs.checkpoint_dir)
     yours = user_code.is_user_code("model", config.model)
-    try:
-        with torch.device("meta"):  # checks the model fits the data, allocating nothing
-            model = build_model(config.model, train.input_shape, train.num_classes)
-    except (RuntimeError, NotImplementedError):
-        if not yours:
-            raise
-        # your constructor computes on tensors (an .item() on the meta device): build it for real
-        model = build_model(config.model, train.input_shape, train.num_classes)
+    # checks the model fits the data, allocating nothing
+    model = build_shaped(config.model, train.input_shape, train.num_classes)
     if yours:  # its output must fit the data
         check_fits(config.model, model, train.batch(torch.arange(min(2, len(train)))),
                    train.num_classes)

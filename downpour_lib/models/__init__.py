@@ -243,6 +243,22 @@ def check_fits(name: str, model: nn.Module, example, num_classes: int) -> None:
                                          f"logits of shape {expected} ({num_classes} classes)")
 
 
+def build_shaped(name: str, input_shape: InputShape, num_classes: int) -> nn.Module:
+    """``name`` as ``build_model`` builds it, on the meta device: its shapes and dtypes, no
+    memory and no random draws (a GPT-2 or a ResNet-152 in a fraction of a second). A model of
+    yours whose constructor computes on tensors (an ``.item()``, which the meta device cannot
+    answer) is built for real instead."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build_model(name, input_shape, num_classes)
+    except (RuntimeError, NotImplementedError):
+        if not user_code.is_user_code("model", name):
+            raise
+        return build_model(name, input_shape, num_classes)
+
+
 def parameter_count(model: nn.Module) -> int:
     """The number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -253,6 +269,7 @@ __all__ = [
     "InputShape",
     "ModelSpec",
     "build_model",
+    "build_shaped",
     "check_fits",
     "model_names",
     "register",

@@ -200,13 +200,15 @@ def _compute_s(rows: pd.DataFrame) -> float:
 
 
 def parameter_bytes(model: str, dataset: str, data_dir: str = "data") -> float:
-    """Bytes of ``model``'s parameters (fp32) as built for ``dataset``'s images: what one
-    allreduce, push or gossip message of it carries."""
+    """Bytes of one copy of ``model``'s parameters as built for ``dataset``'s images (on the meta
+    device: ``models.build_shaped``): what one allreduce, push or gossip message of it carries."""
+    from ..comm.collectives import nbytes
     from ..data import load_dataset
-    from ..models import build_model, parameter_count
+    from ..models import build_shaped
 
     train = load_dataset(dataset, data_dir).train
-    return 4.0 * parameter_count(build_model(model, train.input_shape, train.num_classes))
+    return float(sum(nbytes(p) for p in
+                     build_shaped(model, train.input_shape, train.num_classes).parameters()))
 
 
 def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..perf.calibrate import parameter_bytes  # notebook 04 reads it from here too
 from .figures import figure_row, measured_on, save_figure
 from .gossip import NO_TOPOLOGY, RUN, TABLE_COLUMNS, GossipRuns, default_topology
 
@@ -132,20 +133,6 @@ def accuracy_time_figure(runs: GossipRuns):
     fig.suptitle(f"Gossip against allreduce: {_subtitle(runs)}", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-def parameter_bytes(model: str, dataset: str, data_dir: str = "data") -> int:
-    """Bytes of one copy of ``model``'s parameters for ``dataset`` (built on the meta device)."""
-    import torch
-
-    from ..comm.collectives import nbytes
-    from ..data import load_dataset
-    from ..models import build_model
-
-    train = load_dataset(dataset, data_dir).train
-    with torch.device("meta"):
-        module = build_model(model, train.input_shape, train.num_classes)
-    return sum(nbytes(p) for p in module.parameters())
 
 
 def bytes_figure(runs: GossipRuns, model_bytes: int | None = None):
