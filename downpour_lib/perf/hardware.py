@@ -9,8 +9,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     collective: auto                  # ring, tree, hierarchical, or auto (the faster per bucket)
     bucket_mb: 25                     # DDP's bucket_cap_mb (Horovod's fusion buffer: 64)
     bucketing: fixed                  # fixed (DDP's buckets) or ready (Horovod's Tensor Fusion)
-    overlap: null                     # share of the bucket pipeline achieved; null: a range
-                                      # (terms.OVERLAP_RANGE): each range left makes a band
+    overlap: null                     # bucket pipeline's achieved share; null: terms.OVERLAP_RANGE
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
     device_spread: 0.0                # the devices' own speeds' coefficient of variation; omitted: range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
