@@ -8,14 +8,12 @@ from typing import Any
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..models import MODELS, build_model, parameter_count
+    from ..models import MODELS, build_shaped, parameter_count
 
     rows = []
     for spec in MODELS.values():
-        with torch.device("meta"):  # shapes only: GPT-2's and ResNet-152's weights drawn for nothing
-            model = build_model(spec.name, spec.default_input, spec.default_classes)
+        # shapes only: GPT-2's and ResNet-152's weights are not drawn to be counted
+        model = build_shaped(spec.name, spec.default_input, spec.default_classes)
         shape = "x".join(map(str, spec.default_input))
         rows.append((spec.name, f"{parameter_count(model):,}", f"{shape}/{spec.default_classes}",
                      spec.description))
