@@ -857,13 +857,22 @@ def test_overlap_not_measured_gives_a_band_and_measured_a_point():
 
 
 def test_hardware_files_are_the_presets_and_bad_fields_are_named(tmp_path):
-    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, load_hardware
+    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, load_hardware, with_fields
     from downpour_lib.perf.terms import transport_rate
 
     assert {p.stem for p in HARDWARE_DIR.glob("*.yaml")} == set(PRESETS)
     sgp = PRESETS["sgp-v100-10g"]
     assert sgp.network.inter.bandwidth_Bps == pytest.approx(10 * GBIT * sum(transport_rate("tcp", 10)) / 2)
     assert sgp.overlap is None and "Assran" in sgp.source
+    # a file's and the flags' TCP range is that of the ranks a node puts on the card
+    tcp = {"devices_per_node": 4, "links": {"inter": {"gbit_per_s": 25, "transport": "tcp"}},
+           "models": {"net": {"batch": 32, "step_s": 0.2, "parameters": 1e6}}}
+    shared = sum(transport_rate("tcp", 25, per_node=4)) / 2
+    assert hardware_from_dict(tcp).network.inter.bandwidth_Bps == pytest.approx(25 * GBIT * shared)
+    flags = with_fields(PRESETS["horovod-pascal-25g"], inter_gbit=25, inter_transport="tcp")
+    assert flags.network.inter.bandwidth_Bps == pytest.approx(25 * GBIT * shared)
+    alone = with_fields(flags, devices_per_node=1, inter_gbit=25, inter_transport="tcp")
+    assert alone.network.inter.bandwidth_Bps == pytest.approx(25 * GBIT * sum(transport_rate("tcp", 25)) / 2)
     spec = {"name": "mine", "devices_per_node": 4, "overlap": 0.5,
             "links": {"inter": {"gbit_per_s": 25, "latency_us": 10, "efficiency": 0.9}},
             "models": {"net": {"batch": 32, "step_s": 0.2, "parameters": 1e6}}}
@@ -1294,6 +1303,11 @@ def test_new_terms_against_hand_computed_references():
     assert transport_rate("tcp", 10) == (0.95, 0.98)  # below what its sockets move: the wire's
     assert transport_rate("tcp", 25) == pytest.approx((13.6 / 25, 0.98))  # nccl-tests#83's 13.6
     assert transport_rate("tcp", 100) == pytest.approx((0.136, 0.48))  # nccl#450's best: 48
+    # several ranks a node: no more than nccl#209's 22.9 of 32 Gbit/s, no less than 13.6 Gbit/s
+    assert transport_rate("tcp", 25, per_node=4) == pytest.approx((13.6 / 25, 22.9 / 32))
+    assert transport_rate("tcp", 100, per_node=8) == pytest.approx((0.136, 0.48))
+    assert transport_rate("tcp", 10, per_node=8) == (0.95, 0.98)  # 13.6 Gbit/s: the wire's
+    assert transport_rate("rdma", 25, per_node=4) == (0.90, 0.976)
 
 
 def test_the_band_is_what_was_not_measured_and_the_point_its_middle():

@@ -173,10 +173,10 @@ def _link(name: str, d: Any) -> Link:
     return _link_range(name, d)[0]
 
 
-def _link_range(name: str, d: Any) -> tuple[Link, tuple[float, float]]:
+def _link_range(name: str, d: Any, per_node: int = 1) -> tuple[Link, tuple[float, float]]:
     """A link at its point rate, and the factors on that rate at the favourable and unfavourable
-    ends of its transport's range (``terms.transport_rate``; 1, 1 where the efficiency is given
-    as a number or fitted)."""
+    ends of its transport's range with ``per_node`` ranks on its card (``terms.transport_rate``;
+    1, 1 where the efficiency is given as a number or fitted)."""
     if not isinstance(d, dict):
         raise ConfigError(f"links.{name}", d, "a mapping with gbit_per_s, latency_us, efficiency")
     _unknown(f"links.{name}", d, _LINK)
@@ -192,7 +192,7 @@ def _link_range(name: str, d: Any) -> tuple[Link, tuple[float, float]]:
         if transport not in TRANSPORT_RATE:
             raise ConfigError(f"links.{name}.transport", transport, "efficiency: published takes "
                               "the range of a transport: " + ", ".join(TRANSPORT_RATE))
-        low, high = transport_rate(transport, rate)
+        low, high = transport_rate(transport, rate, per_node)
         eff = (low + high) / 2
         factors = (high / eff, low / eff)
     elif transport is not None and transport not in TRANSPORT_RATE:
@@ -303,7 +303,7 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     _unknown("links", links, {"intra", "inter"})  # a typo would make one link serve both
     # a file with one link uses it for both, and names it as written in its errors
     inter, inter_rate = _link_range("inter" if "inter" in links else "intra",
-                                    links.get("inter", links.get("intra")))
+                                    links.get("inter", links.get("intra")), per_node)
     intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
     node_compute = _node_compute("node_compute", d.get("node_compute", "fitted"), per_node)
     host = d.get("host")
@@ -403,6 +403,9 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     if inter_transport is not None and (inter_gbit is None or link_efficiency is not None):
         raise ConfigError("inter_transport", inter_transport, "it sets the range of the line rate "
                           "given with --inter-gbit, without --link-efficiency (a measured one)")
+    if devices_per_node is not None and not (isinstance(devices_per_node, int)
+                                             and devices_per_node >= 1):
+        raise ConfigError("devices_per_node", devices_per_node, "an integer >= 1")
     links = {"intra": net.intra, "inter": net.inter}
     inter_rate = cal.inter_rate
     for side, rate, latency in (("intra", intra_gbit, intra_latency_us),
@@ -416,12 +419,9 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 if rate is not None else 1.0}
         if side == "inter" and rate is not None and inter_transport is not None:
             spec.update(efficiency="published", transport=inter_transport)
-        links[side], factors = _link_range(side, spec)
+        links[side], factors = _link_range(side, spec, devices_per_node or net.per_node)
         if side == "inter" and rate is not None:
             inter_rate = factors
-    if devices_per_node is not None and not (isinstance(devices_per_node, int)
-                                             and devices_per_node >= 1):
-        raise ConfigError("devices_per_node", devices_per_node, "an integer >= 1")
     network = replace(net, intra=links["intra"], inter=links["inter"],
                       per_node=devices_per_node or net.per_node)
     fields = {"network": network, "inter_rate": inter_rate, **overlap}

@@ -302,9 +302,14 @@ OVERLAP_RANGE = (0.63, 1.0)
 #: whatever the card's: with 4-8 GPUs per node 13.6 Gbit/s of 25 (NVIDIA/nccl-tests#83, Azure),
 #: 14.5-22.9 of 32 (nccl#209), 32-48 of 100 (NVIDIA/nccl#450, 8 V100 per node); Horovod on AWS
 #: gains nothing past 25 of 100 (Zhang et al. 2020, arXiv 2006.10103). So the low end is
-#: min(0.95, 13.6 Gbit/s / line) and the high end min(0.98, 48 Gbit/s / line).
+#: min(0.95, 13.6 Gbit/s / line) and the high end min(0.98, 48 Gbit/s / line). Several ranks
+#: sharing a card's sockets move less of it than one: on nccl#209's same 32 Gbit/s network one
+#: GPU a node moved 0.95-0.98 and eight 0.45-0.72 (2 and 4 nodes), and no source with several
+#: ranks a node moved more than that 0.72 (``TCP_SHARED_HIGH``); their high end is at most it,
+#: and at least what every source's sockets moved (13.6 Gbit/s: on a slow card, the wire's).
 TRANSPORT_RATE = {"rdma": (0.90, 0.976), "tcp": (0.95, 0.98)}
 TCP_CAPS_GBIT = (13.6, 48.0)  # the lowest and highest a node's sockets were reported to move
+TCP_SHARED_HIGH = 22.9 / 32  # the most of its line a node of several ranks was seen to move
 TRANSPORT_SOURCE = {
     "rdma": "NCCL all_reduce bus bandwidth / line rate: 0.976 and 0.96 (NVIDIA/nccl-tests#29), "
             "0.96 (NVIDIA/nccl#812), 0.90 (NVIDIA/nccl#1048)",
@@ -313,14 +318,18 @@ TRANSPORT_SOURCE = {
            "nccl#209, NVIDIA/nccl#450)"}
 
 
-def transport_rate(transport: str, gbit_per_s: float) -> tuple[float, float]:
-    """(low, high) achieved / line rate of ``transport`` at a line rate of ``gbit_per_s``."""
+def transport_rate(transport: str, gbit_per_s: float, per_node: int = 1) -> tuple[float, float]:
+    """(low, high) achieved / line rate of ``transport`` at a line rate of ``gbit_per_s``, with
+    ``per_node`` ranks sharing the node's card."""
     if transport not in TRANSPORT_RATE:
         raise ConfigError("transport", transport, "choose from " + ", ".join(TRANSPORT_RATE)
                           + ", or give the link's measured efficiency")
     low, high = TRANSPORT_RATE[transport]
     if transport == "tcp":  # past what its sockets move, a node's rate is theirs, not the card's
-        low, high = min(low, TCP_CAPS_GBIT[0] / gbit_per_s), min(high, TCP_CAPS_GBIT[1] / gbit_per_s)
+        floor, ceiling = TCP_CAPS_GBIT
+        if per_node > 1:  # several ranks' sockets: never seen above TCP_SHARED_HIGH of the line
+            ceiling = min(ceiling, max(floor, TCP_SHARED_HIGH * gbit_per_s))
+        low, high = min(low, floor / gbit_per_s), min(high, ceiling / gbit_per_s)
     return low, max(low, high)
 
 
