@@ -219,14 +219,24 @@ def test_model_cli_calibrates_and_predicts_as_the_readme_says(collectives, tmp_p
 
 
 def test_published_results_agree_within_the_stated_tolerances():
-    """Overlap is not published for these systems: each prediction is a band between overlap 0
-    and 1, and the published value lies within 10 points of it (Horovod's three: inside it)."""
-    checks = {c.claim.split(" ")[1] if c.claim.startswith("Horovod") else c.claim.split(" ")[0]: c
-              for c in published_checks()}
-    for name in ("ResNet-101", "Inception", "VGG-16"):
-        c = checks[name]
-        assert c.low <= c.predicted <= c.high and c.outside_band == 0, c
-    assert 1.5 <= checks["SGP"].low <= checks["SGP"].high <= 4.5, checks["SGP"]
+    """Overlap is not published for these systems: each prediction is a band, and each of
+    Horovod's published values lies inside it: 90, 90 and 68 % at 512 GPUs on RDMA; at 128 GPUs
+    over plain TCP on the same 25 Gbit/s cards 88 % for ResNet-101 and Inception V3 (within 2
+    points of the point), and VGG-16 about 30 % faster on RDMA than on TCP. The paper's 3-4 % that
+    RDMA gave the other two is the model's too, to a point."""
+    from downpour_lib.perf.presets import HOROVOD_TCP
+
+    checks = published_checks()
+    horovod = [c for c in checks if c.claim.startswith("Horovod")]
+    assert len(horovod) == 6 and all(c.low <= c.predicted <= c.high for c in horovod), horovod
+    assert all(c.outside_band == 0 for c in horovod), horovod
+    assert all(abs(c.error) < 0.02 for c in horovod if "TCP" in c.claim and c.unit == "efficiency")
+    for model in ("resnet101", "inception_v3"):
+        rdma, tcp = (predict(cal, "allreduce", 128, model) for cal in (PRESETS["horovod-pascal-25g"],
+                                                                       HOROVOD_TCP))
+        assert 1.02 <= tcp.step_s / rdma.step_s <= 1.05, (model, tcp.step_s / rdma.step_s)
+    sgp = next(c for c in checks if c.claim.startswith("SGP"))
+    assert 1.5 <= sgp.low <= sgp.high <= 4.5, sgp
 
 
 def test_the_dgx1_fits_give_their_tables_back_and_checks_err_on_both_sides():
@@ -1350,7 +1360,7 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 53 of 81 inside the band
+    command prints those numbers. Where it falls short of the goal: 55 of 83 inside the band
     (five of six asked), and three errors beyond 10 points: NVIDIA's BERT at sequence 512 in TF32
     on 32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows
     that send half the bytes (nothing in the model loses that), and Transformer-XL's 16 GPUs of a
@@ -1367,7 +1377,7 @@ def test_model_check_prints_the_goal_numbers():
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 81 and s["inside"] >= 53, s
+    assert s["checks"] == 83 and s["inside"] >= 55, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node",
