@@ -310,12 +310,6 @@ OVERLAP_RANGE = (0.63, 1.0)
 TRANSPORT_RATE = {"rdma": (0.90, 0.976), "tcp": (0.95, 0.98)}
 TCP_CAPS_GBIT = (13.6, 48.0)  # the lowest and highest a node's sockets were reported to move
 TCP_SHARED_HIGH = 22.9 / 32  # the most of its line a node of several ranks was seen to move
-TRANSPORT_SOURCE = {
-    "rdma": "NCCL all_reduce bus bandwidth / line rate: 0.976 and 0.96 (NVIDIA/nccl-tests#29), "
-            "0.96 (NVIDIA/nccl#812), 0.90 (NVIDIA/nccl#1048)",
-    "tcp": "sandbox gloo 0.95-0.97 (terms.LINK_EFFICIENCY), 0.96-0.98 of 32 Gbit/s with one GPU "
-           "a node (NVIDIA/nccl#209); capped at 13.6-48 Gbit/s with several (NVIDIA/nccl-tests#83, "
-           "nccl#209, NVIDIA/nccl#450)"}
 
 
 def transport_rate(transport: str, gbit_per_s: float, per_node: int = 1) -> tuple[float, float]:
