@@ -881,6 +881,8 @@ def test_hardware_files_are_the_presets_and_bad_fields_are_named(tmp_path):
     assert hardware_from_dict(tcp).network.inter.bandwidth_Bps == pytest.approx(25 * GBIT * shared)
     flags = with_fields(PRESETS["horovod-pascal-25g"], inter_gbit=25, inter_transport="tcp")
     assert flags.network.inter.bandwidth_Bps == pytest.approx(25 * GBIT * shared)
+    assert flags.source.endswith("RoCE 25 Gbit/s (published); assumed 10 us per message; "
+                                 "given: inter_gbit=25, inter_transport=tcp"), flags.source
     alone = with_fields(flags, devices_per_node=1, inter_gbit=25, inter_transport="tcp")
     assert alone.network.inter.bandwidth_Bps == pytest.approx(25 * GBIT * sum(transport_rate("tcp", 25)) / 2)
     spec = {"name": "mine", "devices_per_node": 4, "overlap": 0.5,
