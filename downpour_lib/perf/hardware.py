@@ -424,12 +424,12 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
             inter_rate = factors
     network = replace(net, intra=links["intra"], inter=links["inter"],
                       per_node=devices_per_node or net.per_node)
-    given = {"devices_per_node": devices_per_node, "intra_gbit": intra_gbit,
+    named = {"devices_per_node": devices_per_node, "intra_gbit": intra_gbit,
              "intra_latency_us": intra_latency_us, "inter_gbit": inter_gbit,
              "inter_latency_us": inter_latency_us, "link_efficiency": link_efficiency,
              "inter_transport": inter_transport, "jitter": jitter, "device_spread": device_spread,
              "framework": framework, "node_compute": node_compute, **overlap}
-    given = ", ".join(f"{k}={v}" for k, v in given.items() if v is not None)
+    given = ", ".join(f"{k}={v}" for k, v in named.items() if v is not None)
     fields = {"network": network, "inter_rate": inter_rate, **overlap,
               "source": f"{cal.source}; given: {given}" if given else cal.source}
     if jitter is not None:
