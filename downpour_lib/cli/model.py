@@ -192,7 +192,8 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                     help="share of the bucket pipeline achieved, 0 to 1; none: not measured (a band)")
     hw.add_argument("--inter-transport", choices=("rdma", "tcp"), default=None,
                     help="with --inter-gbit and no --link-efficiency: the published range of that "
-                         "transport's achieved rate across nodes (terms.TRANSPORT_RATE)")
+                         "transport's achieved rate across nodes (terms.TRANSPORT_RATE; tcp's "
+                         "depends on the ranks sharing the card, --devices-per-node)")
     hw.add_argument("--accumulation", type=int, default=None,
                     help="gradient accumulation: forward+backward passes per allreduce")
     hw.add_argument("--jitter", type=float, default=None,
