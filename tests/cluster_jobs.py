@@ -59,3 +59,18 @@ def stop_on_rank(silent_rank: int, world_size: int, timeout_s: float):
             os.kill(os.getpid(), signal.SIGSTOP)
         Comm(ctx).allreduce(tensor)
         return float(tensor.item())
+
+
+def stop_or_end_job(silent_rank: int, after_s: float) -> int:
+    """``silent_rank`` stops its own engine (SIGSTOP); the others end the whole MPI job ``after_s``
+    later, as the mpi backend's watchdog does when a thread stuck inside MPI waits on a silent
+    peer (``job_end.end_job``): every engine of the job dies."""
+    from downpour_lib.cluster.remote import engine_mpi_world
+    from downpour_lib.comm import job_end
+
+    me = whoami()["rank"]
+    if me == silent_rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return me
+    time.sleep(after_s)
+    job_end.end_job(1, engine_mpi_world())

@@ -6,6 +6,7 @@ or an interrupt leaves fresh engines behind.
 """
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -151,6 +152,26 @@ def test_a_stopped_engine_is_named_as_the_silent_rank_not_the_one_that_waited(lo
     assert str(error).startswith("stop_on_rank: rank(s) 1 went silent"), str(error)
     assert "waited 5 s in allreduce" in error.failures[0].error, error.failures[0]
     assert "the engines were restarted" in str(error)
+    assert not alive(stopped), "the stopped engine outlived the restart"
+    assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
+    assert not {e["pid"] for e in local_cluster.engines.values()} & before
+
+
+def test_a_job_that_ends_itself_on_a_stopped_engine_still_names_it(local_cluster):
+    """The mpi backend's watchdog ends the whole MPI job when a thread stuck inside MPI waits on a
+    silent peer, and that can come before the run counts the stopped engine as silent (a race the
+    stopped-engine test below lost once under load): every engine dies, and the run still names
+    the stopped one as the silent rank and restarts the engines, not ClusterRunError with two dead
+    engines left as they are."""
+    before = {e["pid"] for e in local_cluster.engines.values()}
+    stopped = local_cluster.engines[1]["pid"]
+    with pytest.raises(ClusterTimeout) as caught:  # stopped 14 s of the 20 that count as silent
+        local_cluster.run(cluster_jobs.stop_or_end_job, 1, 14, silent_s=20, timeout_s=120)
+    error = caught.value
+    assert error.silent == [1], str(error)
+    assert re.search(rf"pid {stopped}: its process was stopped for \d+ s when the job ended",
+                     str(error)), str(error)
+    assert "the engines were restarted" in str(error) and "Traceback" not in str(error)
     assert not alive(stopped), "the stopped engine outlived the restart"
     assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
     assert not {e["pid"] for e in local_cluster.engines.values()} & before

@@ -64,7 +64,8 @@ class Running:
         (``train`` passes its config's ``timeout_s``): an engine of this machine whose process
         stays stopped (SIGSTOP, a debugger) that long is a silent rank, as one the controller
         loses or a waiting rank's CommTimeout names: the run ends at once with ClusterTimeout
-        naming it, and the engines restart (the next call waits for them)."""
+        naming it, and the engines restart (the next call waits for them). So does a job that
+        ends itself (the mpi backend's watchdog) while a rank was stopped half of ``silent_s``."""
         what = what or getattr(fn, "__name__", "the job")
         self._await_restart()
         self._check_engines(what)
@@ -107,6 +108,17 @@ class Running:
             # Whatever the engines are blocked in (a collective, C code), a restart frees them.
             self.restart_engines()
             raise
+        if failures and silent_s is not None:
+            # the job ended itself while a rank was stopped: a waiting rank stuck inside MPI on a
+            # silent peer ends the whole MPI job (the mpi backend's watchdog, ``job_end``), which
+            # can come before the stop above counts as silence; the stopped rank is still the cause
+            now = time.monotonic()
+            ended = {rank: self._stopped_how(rank, now - since, ended=True)
+                     for rank, since in stopped.items() if now - since >= silent_s / 2}
+            if ended:
+                self._kill_stopped(ended)
+                self.restart_engines(wait=False)
+                raise ClusterTimeout.of_silent(what, ended, cause_first(failures), True)
         if failures:
             failures = cause_first(failures)
             stuck = sorted(futures)
@@ -129,12 +141,17 @@ class Running:
             if self._process_status(rank) == "stopped":
                 stopped.setdefault(rank, now)
                 if now - stopped[rank] >= silent_s:
-                    e = self.engines[rank]
-                    silent[rank] = (f"engine {e['engine_id']} on {e['host']}, pid {e['pid']}: its "
-                                    f"process has been stopped for {now - stopped[rank]:.0f} s")
+                    silent[rank] = self._stopped_how(rank, now - stopped[rank])
             else:
                 stopped.pop(rank, None)
         return silent
+
+    def _stopped_how(self, rank: int, seconds: float, ended: bool = False) -> str:
+        """How a rank whose process was seen stopped for ``seconds`` is named in the timeout."""
+        e = self.engines[rank]
+        return (f"engine {e['engine_id']} on {e['host']}, pid {e['pid']}: its process "
+                + (f"was stopped for {seconds:.0f} s when the job ended" if ended
+                   else f"has been stopped for {seconds:.0f} s"))
 
     def _process_status(self, rank: int) -> str | None:
         """psutil's status of the rank's engine process, where it runs on this machine."""

@@ -15,8 +15,8 @@ already runs a cluster; ``connect(profile)`` attaches to a cluster that ``ipclus
   notebook kernel never needs a restart. When a rank goes silent (stopped or hung), the error is
   ``ClusterTimeout`` naming it in ``.silent``, within the job's timeout and a few seconds: the other
   ranks time out waiting on it (the ``mpi`` backend names it), the controller loses its heartbeat,
-  or (``train``) its engine's process here has been stopped for the config's ``timeout_s``; the
-  engines restart, and the next call waits for them;
+  or (``train``) its engine's process here has been stopped for the config's ``timeout_s`` (or
+  half of it when the job ended itself first); the engines restart, and the next call waits;
 - ``train(config)`` runs a ``TrainConfig`` on the first ``world_size`` ranks and returns rank 0's
   ``RunResult``; ``launch`` is the same as a launcher for ``study.core.run_plan``;
 - ``activate()`` registers ``%px`` and ``%%px`` for interactive cells on all engines.
