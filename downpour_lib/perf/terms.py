@@ -348,8 +348,6 @@ JITTER_RANGE = (0.0, max((p95 - p50 + DDP_BENCH_PRECISION_S) / 1.645 / p50
 #: identical devices to that average one: clusters as uneven as the 22 % lie beyond it, and so
 #: do single outliers (1.5x slower than the median GPU in the same study), which a user who has
 #: one should give as slow_workers.
-DEVICE_SPREAD_SOURCE = ("Sinha et al., \"Not All GPUs Are Created Equal\", SC'22 (arXiv 2208.11035v3): "
-                        "8 % average performance variation among GPUs of one SKU, five clusters")
 DEVICE_SPREAD_WHISKER = 4 * NormalDist().inv_cdf(0.75)  # a quartile plus 1.5 IQR: 2.698 sd
 DEVICE_SPREAD_RANGE = (0.0, 0.08 / (2 * DEVICE_SPREAD_WHISKER))
 
