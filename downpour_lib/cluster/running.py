@@ -138,11 +138,12 @@ class Running:
         if silent_s is None:
             return silent
         for rank in futures:
-            if self._process_status(rank) == "stopped":
+            status = self._process_status(rank)
+            if status == "stopped":
                 stopped.setdefault(rank, now)
                 if now - stopped[rank] >= silent_s:
                     silent[rank] = self._stopped_how(rank, now - stopped[rank])
-            else:
+            elif status not in (None, "zombie"):  # running again; one killed stopped stays so
                 stopped.pop(rank, None)
         return silent
 
