@@ -116,7 +116,7 @@ class Running:
             ended = {rank: self._stopped_how(rank, now - since, ended=True)
                      for rank, since in stopped.items() if now - since >= silent_s / 2}
             if ended:
-                self._kill_stopped(ended)
+                self._kill_stopped(ended, running_too=True)
                 self.restart_engines(wait=False)
                 raise ClusterTimeout.of_silent(what, ended, cause_first(failures), True)
         if failures:
@@ -167,14 +167,17 @@ class Running:
             return None
         return "stopped" if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) else status
 
-    def _kill_stopped(self, ranks) -> None:
+    def _kill_stopped(self, ranks, running_too: bool = False) -> None:
         """SIGKILL the silent ranks' engines that are stopped here: a stopped process defers every
-        other signal, so stopping the engines would wait on it to its launcher's last resort."""
+        other signal, so stopping the engines would wait on it to its launcher's last resort.
+        ``running_too`` (the job ended): also those running again, which the launcher woke with
+        SIGCONT before its SIGTERM and which may still be shutting down (seen in CI)."""
         import psutil
 
         killed = []
         for rank in ranks:
-            if self._process_status(rank) == "stopped":
+            status = self._process_status(rank)
+            if status == "stopped" or (running_too and status not in (None, "zombie")):
                 try:
                     process = psutil.Process(self.engines[rank]["pid"])
                     process.kill()
