@@ -11,6 +11,8 @@ import signal
 import subprocess
 import threading
 import time
+from datetime import datetime
+from pathlib import Path
 
 import cluster_jobs
 import pandas as pd
@@ -374,6 +376,38 @@ def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():
         assert not running_clusters("daemon-test")
     finally:
         stop_clusters("daemon-test")
+
+
+def test_engines_register_with_a_controller_that_answers_late():
+    """A controller busy on a loaded machine answered the engines' registration after ipyparallel's
+    5 s: the engines gave up and exited, and notebook 01 on the running slurm-mpi cluster waited its
+    120 s for none ("0 of 2 engines registered", CI). The bundled profiles wait as long as that."""
+    install_profile("late-test", BUNDLED / "profile_local-mpi")
+    hold_s = 8.0  # past the engines' old limit, 5 s
+    try:
+        ipcluster_daemon("late-test", 2)  # returns once the controller is recorded: engines start
+        [started] = running_clusters("late-test")
+        controller = psutil.Process(started.controller.process.pid)
+        controller.suspend()
+        time.sleep(hold_s)
+        resumed = time.time()
+        controller.resume()
+        session = connect("late-test", started.cluster_id, n=2, timeout_s=120, activate=False)
+        try:
+            assert sorted(session.engines) == [0, 1]  # both registered and answered their ranks
+        finally:
+            session.stop()  # a disconnect: ipcluster started it
+        asked = [line for log in (Path(started.profile_dir) / "log").glob("ipengine-*.log")
+                 for line in log.read_text().splitlines() if "Registering with controller" in line]
+        # the engines asked while the controller could not answer, or this tested nothing
+        assert len(asked) == 2 and all(stamp(line) < resumed for line in asked), asked
+    finally:
+        stop_clusters("late-test")
+
+
+def stamp(log_line: str) -> float:
+    """The time of an ipyparallel log line ("2026-12-05 16:58:25.889 [IPEngine.1] ...")."""
+    return datetime.strptime(log_line[:23], "%Y-%m-%d %H:%M:%S.%f").timestamp()
 
 
 def test_after_an_engine_dies_the_next_run_says_to_restart_the_engines(local_cluster):

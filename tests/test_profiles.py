@@ -18,6 +18,7 @@ def actions(result):
 def test_install_is_idempotent_and_keeps_user_edits(tmp_path):
     first = actions(install_profiles(ipython=tmp_path))
     assert set(first) >= {("local-mpi", "ipcluster_config.py"), ("slurm-mpi", "ipcluster_config.py"),
+                          ("local-mpi", "ipengine_config.py"), ("slurm-mpi", "ipengine_config.py"),
                           ("slurm-mpi", "ipcontroller_config.py")}
     assert set(first.values()) == {"installed"}
     for (profile, name) in first:

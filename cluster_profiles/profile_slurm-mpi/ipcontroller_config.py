@@ -5,3 +5,8 @@
 c = get_config()  # noqa: F821
 
 c.IPController.enable_curve = True
+
+# An engine whose heartbeat the controller has not heard within 30 s of answering its registration
+# (ipyparallel's default) is dropped, and stays unregistered for good: give a loaded machine the same
+# 120 s as the wait for the engines (see ipengine_config.py).
+c.IPController.registration_timeout = 120
