@@ -378,6 +378,7 @@ def test_start_cluster_beside_ipcluster_start_refuses_until_ipcluster_stop():
         stop_clusters("daemon-test")
 
 
+@pytest.mark.cluster  # ipcluster start, not start_cluster: the tiers would call it `ranks`
 def test_engines_register_with_a_controller_that_answers_late():
     """A controller busy on a loaded machine answered the engines' registration after ipyparallel's
     5 s: the engines gave up and exited, and notebook 01 on the running slurm-mpi cluster waited its
