@@ -353,13 +353,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def unmeasured(cal: Calibration) -> list[str]:
     """What ``cal`` did not measure, each with its range (``perf.terms``)."""
+    from ..perf.netmodel import GBIT
     from ..perf.terms import FRAMEWORK_RANGE, OVERLAP_RANGE
 
     out = []
     if cal.overlap is None:
         out.append(f"overlap {OVERLAP_RANGE[0]:g}-{OVERLAP_RANGE[1]:g}")
-    if cal.inter_rate != (1.0, 1.0):
-        out.append(f"cross-node rate x{cal.inter_rate[1]:.2f}-{cal.inter_rate[0]:.2f}")
+    if cal.inter_rate != (1.0, 1.0):  # in Gbit/s, as nccl-tests' bus bandwidth is read
+        gbit = cal.network.inter.bandwidth_Bps / GBIT
+        out.append(f"a node's cross-node rate {gbit * cal.inter_rate[1]:.3g}-"
+                   f"{gbit * cal.inter_rate[0]:.3g} Gbit/s")
     if cal.jitter_high is not None:
         out.append(f"jitter {cal.jitter:.2g}-{cal.jitter_high:.2g}")
     if cal.device_spread_high is not None:
