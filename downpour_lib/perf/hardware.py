@@ -35,6 +35,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         accumulation: 1               # forward+backward passes (batches) per allreduce
         precision: amp                # fp32 (full, TF32 too: the default) or amp (mixed)
         full_precision: resnet50      # amp's twin at full precision: its samples count the framework
+        multiply_adds: 4.09e9         # forward multiply-adds of a sample: the framework's unit
         node_compute: none            # its own input pipeline, where not the file's (tokens: none)
         source: "..."
 """
@@ -53,6 +54,7 @@ from .netmodel import GBIT, Link, Network
 from .perfmodel import MIB, Calibration, Workload, predict
 from .terms import (
     DEVICE_SPREAD_RANGE,
+    FRAMEWORK_MACS_PER_PARAMETER,
     JITTER_RANGE,
     LINK_EFFICIENCY,
     PIPELINES,
@@ -70,7 +72,7 @@ _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucket
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "precision",
-          "full_precision", "node_compute", "source"}
+          "full_precision", "multiply_adds", "node_compute", "source"}
 _HOST = {"cores", "source"}
 _SPREAD = ("a coefficient of variation of the devices' own speeds (each one's mean step time), a "
            "number >= 0, e.g. 0.015")
@@ -252,6 +254,9 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
     params = _number(f"{where}.parameters", d.get("parameters"), "the model's parameter count > 0")
     width = _number(f"{where}.bytes_per_parameter", d.get("bytes_per_parameter", 4),
                     "bytes per gradient element, e.g. 4 (fp32) or 2 (fp16)")
+    if "multiply_adds" in d:
+        _number(f"{where}.multiply_adds", d["multiply_adds"], "forward multiply-adds of one sample "
+                "> 0, e.g. 4.09e9 (ResNet-50 at 224 pixels)")
     extra = {k: d[k] for k in ("backward_fraction", "ready_at", "accumulation") if k in d}
     if "backward_fraction" in extra:
         extra["backward_fraction"] = _share(f"{where}.backward_fraction", extra["backward_fraction"],
@@ -269,22 +274,27 @@ def _at_full_precision(model: dict) -> bool:
     return model.get("full_precision") is None and model.get("precision", "fp32") == "fp32"
 
 
-def _full_precision(models: dict, workloads: dict[str, Workload]) -> dict[str, Workload]:
-    """Each mixed-precision model's framework work counted in the samples of the model it names
-    as its ``full_precision`` (``Workload.framework_sample_s``): tensor cores speed up the math,
-    not the framework."""
+def _framework_units(models: dict, workloads: dict[str, Workload]) -> dict[str, Workload]:
+    """The sample each model's framework work is counted in (``Workload.framework_sample_s``,
+    ``terms.FRAMEWORK_MACS_PER_PARAMETER``): a mixed-precision model's is a sample of the model it
+    names as its ``full_precision`` (tensor cores speed up the math, not the framework); a model
+    that gives ``multiply_adds`` counts it in parameters' worth of its compute, not in samples;
+    half-precision gradients halve it."""
     for name, m in models.items():
         full = m.get("full_precision")
-        if full is None:
-            continue
-        if not isinstance(full, str) or full == name or full not in models \
-                or not _at_full_precision(models[full]):
+        if full is not None and (not isinstance(full, str) or full == name or full not in models
+                                 or not _at_full_precision(models[full])):
             others = sorted(str(k) for k, v in models.items() if k != name and _at_full_precision(v))
             raise ConfigError(f"models.{name}.full_precision", full, "another model of this file, "
                               "run at full precision (no full_precision of its own): "
                               + (", ".join(others) or "add one"))
-        ref = workloads[full]
-        workloads[name] = replace(workloads[name], framework_sample_s=ref.compute_s / ref.batch_size)
+        ref = workloads[name if full is None else full]
+        macs = m.get("multiply_adds", models[full].get("multiply_adds") if full else None)
+        scale = (FRAMEWORK_MACS_PER_PARAMETER * m["parameters"] / macs if macs else 1.0) \
+            * m.get("bytes_per_parameter", 4) / 4
+        if full is not None or scale != 1.0:
+            workloads[name] = replace(workloads[name],
+                                      framework_sample_s=scale * ref.compute_s / ref.batch_size)
     return workloads
 
 
@@ -327,8 +337,8 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         sources.append(f"host: {host['source']}")
     return Calibration(
         str(d.get("name", where)), Network(intra, inter, per_node, cores=cores),
-        _full_precision(models, {name: _workload(name, m, node_compute, per_node)
-                                 for name, m in models.items()}),
+        _framework_units(models, {name: _workload(name, m, node_compute, per_node)
+                                  for name, m in models.items()}),
         collective=str(d.get("collective", "auto")), bucketing=str(d.get("bucketing", "fixed")),
         bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,
         overlap=None if overlap is None else float(overlap), source="; ".join(s for s in sources if s),
@@ -347,13 +357,29 @@ def load_hardware(path: str | os.PathLike) -> Calibration:
     return hardware_from_dict(read_hardware(path), str(path))
 
 
+@cache
+def _loader():
+    """PyYAML's safe loader, reading 4.09e9 as the number it is: YAML 1.1 wants a dot and a signed
+    exponent (4.09e+9) and reads it as a string, and a hardware file means a number."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+        r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    return Loader
+
+
 def read_hardware(path: str | os.PathLike) -> Any:
     """A hardware YAML file's fields, unchecked (``hardware_from_dict`` checks them); a missing
     file or a YAML error is one line naming where."""
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.load(Path(path).read_text(), Loader=_loader())  # noqa: S506 -- a safe loader
     except FileNotFoundError:
         raise ConfigError("hardware", str(path), "no such file: write one as in "
                           f"{HARDWARE_DIR}/*.yaml, or give --preset") from None

@@ -290,7 +290,9 @@ def _bert_checks() -> list[Published]:
 
 #: NVIDIA's Transformer-XL large on WikiText-103 on DGX-2H nodes (preset ``dgx2h-transformer-xl``):
 #: one node's 16 GPUs against one at 8 sequences a GPU, and 2 to 8 nodes against one node at 4
-#: (weak scaling: the same sequences a GPU at every size, no accumulation), in tokens/s
+#: (weak scaling: the same sequences a GPU at every size, no accumulation), in tokens/s. The
+#: one-node rows chose how the framework's work is counted (per parameter and byte of gradient,
+#: ``terms.FRAMEWORK_MACS_PER_PARAMETER``; no number was fitted on them): checks, but not blind ones.
 _TXL = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/Transformer-XL/README.md (commit "
         "0f6e186562e0; pytorch-20.06 NGC container), ")
 TXL_PRESET = "dgx2h-transformer-xl"
