@@ -411,6 +411,26 @@ def stamp(log_line: str) -> float:
     return datetime.strptime(log_line[:23], "%Y-%m-%d %H:%M:%S.%f").timestamp()
 
 
+def test_a_failed_wait_quotes_the_last_complaint_of_the_engines_logs(tmp_path):
+    """What an engine said before it gave up is what a wait that ended without it quotes (the
+    CI's "0 of 2 engines registered" said nothing more): the last CRITICAL or ERROR line of
+    ipyparallel, or an exception's last line, the newest log first."""
+    from downpour_lib.cluster.running import engine_log_complaint
+
+    older, newer, quiet = (tmp_path / f"ipengine-{n}.log" for n in ("older", "newer", "quiet"))
+    older.write_text("2026-12-05 16:58:20.101 [IPEngine.1] INFO | Registering with controller\n"
+                     "2026-12-05 16:58:25.889 [IPEngine.1] CRITICAL | Registration timed out after "
+                     "5.0 seconds\n2026-12-05 16:58:25.889 [IPEngine.1] CRITICAL | \n")
+    newer.write_text("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\n"
+                     "ModuleNotFoundError: No module named 'torch'\n"
+                     "prterun detected that one or more processes exited with non-zero status\n")
+    quiet.write_text("2026-12-05 16:58:25.889 [IPEngine.0] INFO | Completed registration with id 0\n")
+    os.utime(older, (1, 1))  # written first
+    assert engine_log_complaint([older, newer]) == "ModuleNotFoundError: No module named 'torch'"
+    assert engine_log_complaint([older]) == "Registration timed out after 5.0 seconds"
+    assert engine_log_complaint([quiet, tmp_path / "never-written.log"]) == ""
+
+
 def test_after_an_engine_dies_the_next_run_says_to_restart_the_engines(local_cluster):
     killed = local_cluster.engines[1]["pid"]
     os.kill(killed, signal.SIGKILL)

@@ -9,6 +9,7 @@ when DOWNPOUR_REQUIRE_SLURM=1 (CI sets it): there a skip would hide a broken lau
 
 import json
 import os
+import re
 import stat
 import subprocess
 import threading
@@ -98,6 +99,41 @@ def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference, 
     while squeue(env) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert squeue(env) == []  # `ipcluster stop` cancelled the engine job
+
+
+def test_a_wait_on_an_engine_job_still_in_the_queue_says_so(env, monkeypatch):
+    """`ipcluster start --profile=slurm-mpi --daemonize` returns before Slurm runs the engines' job,
+    and on a busy cluster the job waits in the queue. A notebook that connected meanwhile ended its
+    wait with "0 of 2 engines registered" and a pointer to logs that were empty; it now says the
+    job is still PENDING, and why (here a start time an hour away)."""
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # this process's scontrol
+    install = subprocess.run([str(BIN / "downpour"), "profiles", "install"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert install.returncode == 0, explain(install)
+    try:
+        start = subprocess.run([str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", "2",
+                                "--daemonize", "--SlurmMPIEngineSetLauncher.sbatch_args="
+                                "['--begin=now+3600']"], env=env, capture_output=True, text=True,
+                               timeout=180, cwd=ROOT)
+        assert start.returncode == 0, explain(start)
+        deadline = time.monotonic() + 60
+        while squeue(env) != ["ipengine- PENDING"]:
+            assert time.monotonic() < deadline, squeue(env)
+            time.sleep(0.5)
+        with pytest.raises(ClusterError) as caught:
+            connect("slurm-mpi", timeout_s=3, activate=False)
+        message = str(caught.value)
+        assert re.search(r"^0 of 2 engines registered within 3 s \(the engines' Slurm job \d+ is "
+                         r"still PENDING \(BeginTime\): Slurm has not started it; once `squeue -j "
+                         r"\d+` says RUNNING, run this again", message), message
+    finally:
+        subprocess.run([str(BIN / "ipcluster"), "stop", "--profile=slurm-mpi"], env=env,
+                       capture_output=True, text=True, timeout=120)
+        stop_clusters("slurm-mpi")
+    deadline = time.monotonic() + 60
+    while squeue(env) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert squeue(env) == []
 
 
 def preempted_and_resumed(cluster, env, tmp_path: Path, monkeypatch) -> None:

@@ -9,9 +9,11 @@ session's ``engines``, ``client``, ``grace_s`` and ``restart_engines``.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError
@@ -53,6 +55,42 @@ def wait_gone(processes, timeout_s: float) -> list:
         time.sleep(0.1)
         left = [p for p in left if alive(p)]
     return left
+
+
+def _slurm_job_fields(job: str) -> dict[str, str]:
+    """``scontrol show job``'s fields of ``job`` (JobState, Reason, ...); {} if Slurm cannot say."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+#: an ipyparallel log line's complaint ("... [IPEngine.1] CRITICAL | Registration timed out after
+#: 5.0 seconds"), or a Python exception's last line in an engine's output
+_COMPLAINT = re.compile(r"\] (?:CRITICAL|ERROR) \| (\S.*)$|^(\w+(?:Error|Exception): .+)$")
+
+
+def engine_log_complaint(logs) -> str:
+    """The last complaint in the engines' output files ``logs`` (an ipyparallel CRITICAL or ERROR
+    line, or an exception's last line), the newest file first; "" if none says anything."""
+    def newest(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    for log in sorted(map(Path, logs), key=newest, reverse=True):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(lines):
+            found = _COMPLAINT.search(line)
+            if found:
+                return (found.group(1) or found.group(2)).strip()[:300]
+    return ""
 
 
 class Running:
@@ -205,19 +243,32 @@ class Running:
         """How the engines' Slurm job ended, if it did: "the engines' Slurm job 12 is TIMEOUT (it
         reached its time limit)"; None if it runs, or there is none, or Slurm cannot say."""
         job = self.slurm_job()
-        if job is None:
-            return None
-        try:
-            out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
-                                 text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        state = next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+        state = _slurm_job_fields(job).get("JobState", "") if job else ""
         why = {"TIMEOUT": "it reached its time limit", "PREEMPTED": "the site preempted it",
                "NODE_FAIL": "a node failed", "CANCELLED": "it was cancelled",
                "FAILED": "it failed", "COMPLETED": "it ended", "OUT_OF_MEMORY": "out of memory",
                "DEADLINE": "it reached its deadline"}
         return f"the engines' Slurm job {job} is {state} ({why[state]})" if state in why else None
+
+    def unregistered_why(self) -> str:
+        """Why engines have not registered, as far as this machine can tell: the Slurm job still
+        in the queue (and why), or ended; the last complaint in the engines' logs. "" if neither."""
+        said = []
+        job = self.slurm_job()
+        fields = _slurm_job_fields(job) if job else {}
+        if fields.get("JobState") == "PENDING":
+            said.append(f"the engines' Slurm job {job} is still PENDING ({fields.get('Reason', '?')}): "
+                        f"Slurm has not started it; once `squeue -j {job}` says RUNNING, run this "
+                        "again, or give a longer timeout_s")
+        elif fields:
+            said.append(self.slurm_job_ended() or f"the engines' Slurm job {job} is "
+                        f"{fields.get('JobState', '?')}")
+        complaint = engine_log_complaint(getattr(es, "output_file", "") for es in
+                                         (getattr(self.cluster, "engines", None) or {}).values()
+                                         if getattr(es, "output_file", ""))
+        if complaint:
+            said.append(f"an engine's log says: {complaint}")
+        return "; ".join(said)
 
     def _collect(self, rank: int, future, results: dict[int, Any]) -> EngineFailure | None:
         from ipyparallel.error import EngineError, RemoteError

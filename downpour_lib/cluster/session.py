@@ -153,8 +153,10 @@ class ClusterSession(Running):
                     self._map_ranks(seen)
                     return
             if time.monotonic() > deadline:
-                raise ClusterError(f"{len(ids)} of {n} engines registered within {timeout_s:.0f} s; "
-                                   f"see the engine logs in {self.cluster.profile_dir}/log")
+                why = self.unregistered_why()
+                raise ClusterError(f"{len(ids)} of {n} engines registered within {timeout_s:.0f} s"
+                                   + (f" ({why})" if why else "") + "; see the engine logs in "
+                                   f"{self.cluster.profile_dir}/log")
             time.sleep(0.25)
 
     def activate(self) -> None:
