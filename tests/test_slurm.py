@@ -14,6 +14,7 @@ import stat
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,14 +62,32 @@ def test_up_is_idempotent_and_the_node_is_idle(sandbox):
     assert status.returncode == 0 and f"export SLURM_CONF={sandbox.conf}" in status.stdout, explain(status)
 
 
-def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference, tmp_path, monkeypatch):
-    ipcluster = [str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", "2", "--daemonize"]
+@contextmanager
+def ipcluster_started(env, *flags: str):
+    """`ipcluster start --profile=slurm-mpi -n 2 --daemonize FLAGS` (the profiles installed first)
+    for the block; then `ipcluster stop` and every cluster file of the profile, and, when the block
+    ended well, the engines' job gone from the queue."""
     install = subprocess.run([str(BIN / "downpour"), "profiles", "install"], env=env,
                              capture_output=True, text=True, timeout=120)
     assert install.returncode == 0, explain(install)
     try:
-        start = subprocess.run(ipcluster, env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+        start = subprocess.run([str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", "2",
+                                "--daemonize", *flags], env=env, capture_output=True, text=True,
+                               timeout=180, cwd=ROOT)
         assert start.returncode == 0, explain(start)
+        yield
+    finally:
+        subprocess.run([str(BIN / "ipcluster"), "stop", "--profile=slurm-mpi"], env=env,
+                       capture_output=True, text=True, timeout=120)
+        stop_clusters("slurm-mpi")
+    deadline = time.monotonic() + 60
+    while squeue(env) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert squeue(env) == []  # `ipcluster stop` cancelled the engine job
+
+
+def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference, tmp_path, monkeypatch):
+    with ipcluster_started(env):
         cluster = connect("slurm-mpi", timeout_s=300, activate=False)
         try:
             assert squeue(env) == ["ipengine- RUNNING"]  # one job holds every engine
@@ -91,14 +110,6 @@ def test_slurm_mpi_profile_engines_are_one_sbatch_job_and_train(env, reference, 
         logs = (profile_dir("slurm-mpi") / "log").glob("ipengine-*.log")
         engine_logs = "".join(p.read_text() for p in logs)
         assert "Using CurveZMQ security" in engine_logs
-    finally:
-        subprocess.run([str(BIN / "ipcluster"), "stop", "--profile=slurm-mpi"], env=env,
-                       capture_output=True, text=True, timeout=120)
-        stop_clusters("slurm-mpi")
-    deadline = time.monotonic() + 60
-    while squeue(env) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert squeue(env) == []  # `ipcluster stop` cancelled the engine job
 
 
 def test_a_wait_on_an_engine_job_still_in_the_queue_says_so(env, monkeypatch):
@@ -107,15 +118,7 @@ def test_a_wait_on_an_engine_job_still_in_the_queue_says_so(env, monkeypatch):
     wait with "0 of 2 engines registered" and a pointer to logs that were empty; it now says the
     job is still PENDING, and why (here a start time an hour away)."""
     monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # this process's scontrol
-    install = subprocess.run([str(BIN / "downpour"), "profiles", "install"], env=env,
-                             capture_output=True, text=True, timeout=120)
-    assert install.returncode == 0, explain(install)
-    try:
-        start = subprocess.run([str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", "2",
-                                "--daemonize", "--SlurmMPIEngineSetLauncher.sbatch_args="
-                                "['--begin=now+3600']"], env=env, capture_output=True, text=True,
-                               timeout=180, cwd=ROOT)
-        assert start.returncode == 0, explain(start)
+    with ipcluster_started(env, "--SlurmMPIEngineSetLauncher.sbatch_args=['--begin=now+3600']"):
         deadline = time.monotonic() + 60
         while squeue(env) != ["ipengine- PENDING"]:
             assert time.monotonic() < deadline, squeue(env)
@@ -126,14 +129,6 @@ def test_a_wait_on_an_engine_job_still_in_the_queue_says_so(env, monkeypatch):
         assert re.search(r"^0 of 2 engines registered within 3 s \(the engines' Slurm job \d+ is "
                          r"still PENDING \(BeginTime\): Slurm has not started it; once `squeue -j "
                          r"\d+` says RUNNING, run this again", message), message
-    finally:
-        subprocess.run([str(BIN / "ipcluster"), "stop", "--profile=slurm-mpi"], env=env,
-                       capture_output=True, text=True, timeout=120)
-        stop_clusters("slurm-mpi")
-    deadline = time.monotonic() + 60
-    while squeue(env) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert squeue(env) == []
 
 
 def preempted_and_resumed(cluster, env, tmp_path: Path, monkeypatch) -> None:
