@@ -28,6 +28,9 @@ from .failures import (
     silent_in,
 )
 
+#: a rank seen running again at most this long before a run's first failure, after a stop of half
+#: its ``silent_s``, was stopped when its job ended (``run``): the launcher's SIGCONT came first
+WOKEN_AT_END_S = 10.0
 #: how long a stopped engine that was sent SIGKILL may take to exit (a moment, even on a busy machine)
 KILLED_GONE_S = 10.0
 
@@ -114,6 +117,7 @@ class Running:
         deadline = time.monotonic() + timeout_s if timeout_s else None
         first_failure = None
         stopped: dict[int, float] = {}  # rank -> since when its process is seen stopped
+        woken: dict[int, tuple[float, float]] = {}  # rank -> (stopped since, seen running again at)
         silent_seen = None  # when a silent rank was first known
         try:
             while futures:
@@ -126,7 +130,7 @@ class Running:
                 if not futures:
                     break
                 now = time.monotonic()
-                silent = self._silent(futures, failures, stopped, now, silent_s)
+                silent = self._silent(futures, failures, stopped, woken, now, silent_s)
                 silent_seen = (silent_seen or now) if silent else None
                 # a silent rank never answers: once the ranks still running are all silent, or
                 # the others had a moment to report their timeouts, waiting longer tells nothing
@@ -150,9 +154,14 @@ class Running:
             # the job ended itself while a rank was stopped: a waiting rank stuck inside MPI on a
             # silent peer ends the whole MPI job (the mpi backend's watchdog, ``job_end``), which
             # can come before the stop above counts as silence; the stopped rank is still the cause
+            # (the launcher wakes a stopped rank with SIGCONT before its SIGTERM as the job ends,
+            # so one seen running again just before the first failure was stopped when it ended)
             now = time.monotonic()
-            ended = {rank: self._stopped_how(rank, now - since, ended=True)
-                     for rank, since in stopped.items() if now - since >= silent_s / 2}
+            spans = {**{rank: (since, at) for rank, (since, at) in woken.items()
+                        if at >= first_failure - WOKEN_AT_END_S},
+                     **{rank: (since, now) for rank, since in stopped.items()}}
+            ended = {rank: self._stopped_how(rank, until - since, ended=True)
+                     for rank, (since, until) in spans.items() if until - since >= silent_s / 2}
             if ended:
                 self._kill_stopped(ended, running_too=True)
                 self.restart_engines(wait=False)
@@ -167,7 +176,8 @@ class Running:
         return dict(sorted(results.items()))
 
     def _silent(self, futures, failures: list[EngineFailure], stopped: dict[int, float],
-                now: float, silent_s: float | None) -> dict[int, str]:
+                woken: dict[int, tuple[float, float]], now: float,
+                silent_s: float | None) -> dict[int, str]:
         """rank -> how it was seen, of the ranks known to be silent now (see ``run``)."""
         silent = {rank: "" for rank in silent_in(failures)}
         for f in failures:  # lost by the controller, alive here: stopped or hung, not dead
@@ -181,8 +191,8 @@ class Running:
                 stopped.setdefault(rank, now)
                 if now - stopped[rank] >= silent_s:
                     silent[rank] = self._stopped_how(rank, now - stopped[rank])
-            elif status not in (None, "zombie"):  # running again; one killed stopped stays so
-                stopped.pop(rank, None)
+            elif status not in (None, "zombie") and rank in stopped:
+                woken[rank] = (stopped.pop(rank), now)  # running again (a killed one stays stopped)
         return silent
 
     def _stopped_how(self, rank: int, seconds: float, ended: bool = False) -> str:
