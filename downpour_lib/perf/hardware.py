@@ -18,8 +18,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     host: {cores: 128, source: "..."} # physical cores, all sockets (ranks beyond them time-share)
     links:
       intra:                          # between devices of one node
-        gbit_per_s: 1200              # line rate, per direction
-        latency_us: 5
+        gbit_per_s: 1200              # line rate, per direction (latency_us: 5 by default)
         efficiency: fitted            # achieved / line rate: a number (measured), fitted
                                       # (terms.LINK_EFFICIENCY), or published: the range of
         transport: rdma               # its transport (rdma, tcp: terms.TRANSPORT_RATE; across
