@@ -70,6 +70,18 @@ def _slurm_job_fields(job: str) -> dict[str, str]:
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
 
+_ENDED = {"TIMEOUT": "it reached its time limit", "PREEMPTED": "the site preempted it",
+          "NODE_FAIL": "a node failed", "CANCELLED": "it was cancelled", "FAILED": "it failed",
+          "COMPLETED": "it ended", "OUT_OF_MEMORY": "out of memory",
+          "DEADLINE": "it reached its deadline"}
+
+
+def _ended(job: str, state: str) -> str | None:
+    """How the engines' Slurm job in ``state`` ended ("... job 12 is TIMEOUT (it reached its time
+    limit)"); None while it has not."""
+    return f"the engines' Slurm job {job} is {state} ({_ENDED[state]})" if state in _ENDED else None
+
+
 #: an ipyparallel log line's complaint ("... [IPEngine.1] CRITICAL | Registration timed out after
 #: 5.0 seconds"), or a Python exception's last line in an engine's output
 _COMPLAINT = re.compile(r"\] (?:CRITICAL|ERROR) \| (\S.*)$|^(\w+(?:Error|Exception): .+)$")
@@ -253,12 +265,7 @@ class Running:
         """How the engines' Slurm job ended, if it did: "the engines' Slurm job 12 is TIMEOUT (it
         reached its time limit)"; None if it runs, or there is none, or Slurm cannot say."""
         job = self.slurm_job()
-        state = _slurm_job_fields(job).get("JobState", "") if job else ""
-        why = {"TIMEOUT": "it reached its time limit", "PREEMPTED": "the site preempted it",
-               "NODE_FAIL": "a node failed", "CANCELLED": "it was cancelled",
-               "FAILED": "it failed", "COMPLETED": "it ended", "OUT_OF_MEMORY": "out of memory",
-               "DEADLINE": "it reached its deadline"}
-        return f"the engines' Slurm job {job} is {state} ({why[state]})" if state in why else None
+        return _ended(job, _slurm_job_fields(job).get("JobState", "")) if job else None
 
     def unregistered_why(self) -> str:
         """Why engines have not registered, as far as this machine can tell: the Slurm job still
@@ -271,8 +278,8 @@ class Running:
                         f"Slurm has not started it; once `squeue -j {job}` says RUNNING, run this "
                         "again, or give a longer timeout_s")
         elif fields:
-            said.append(self.slurm_job_ended() or f"the engines' Slurm job {job} is "
-                        f"{fields.get('JobState', '?')}")
+            state = fields.get("JobState", "?")
+            said.append(_ended(job, state) or f"the engines' Slurm job {job} is {state}")
         complaint = engine_log_complaint(getattr(es, "output_file", "") for es in
                                          (getattr(self.cluster, "engines", None) or {}).values()
                                          if getattr(es, "output_file", ""))
