@@ -135,7 +135,9 @@ def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
         wrong = downpour("notebook", "run", str(notebook), "-p", "engines=3", "--no-save",
                          timeout=600)
         assert wrong.returncode == 2, explain(wrong)
-        [line] = wrong.stderr.strip().splitlines()
+        lines = wrong.stderr.strip().splitlines()
+        assert len(lines) == 1, explain(wrong)
+        [line] = lines
         assert line.startswith("downpour notebook: error: 00_cluster_quickstart.ipynb: engines=3 is "
                                "not valid: profile 'local-mpi' runs a cluster of 2 engines"), line
         assert "ask for 2 (engines=2)" in line and "Traceback" not in wrong.stdout + wrong.stderr
