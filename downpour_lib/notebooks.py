@@ -39,6 +39,10 @@ class NotebookError(DownpourError):
 BAD_INPUT = ("ConfigError", "DataError", "ClusterError")
 #: Seconds one cell of a headless notebook may run (``run_notebook``, ``downpour notebook run``).
 CELL_TIMEOUT_S = 1800.0
+#: Seconds a cell's output may trail its reply. Past nbclient's default, 4 s, which a loaded machine
+#: can take, the outputs still on their way are missing from the executed notebook. The wait ends
+#: as soon as the kernel says it is idle, so a quiet machine waits no longer.
+IOPUB_TIMEOUT_S = 120
 
 
 def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
@@ -148,7 +152,8 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
     kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     # the kernel's own WARNINGs (e.g. "running over TCP without encryption", on this machine's
     # loopback) would stand above a run's output and its errors: only its errors show
-    client = _client_class(echo)(nb, timeout=int(timeout_s), kernel_name="python3",
+    client = _client_class(echo)(nb, timeout=int(timeout_s), iopub_timeout=IOPUB_TIMEOUT_S,
+                                 kernel_name="python3",
                                  extra_arguments=["--IPKernelApp.log_level=ERROR"],
                                  resources={"metadata": {"path": str(path.parent)}})
     try:
