@@ -155,6 +155,9 @@ def test_a_stopped_engine_is_named_as_the_silent_rank_not_the_one_that_waited(lo
     assert "waited 5 s in allreduce" in error.failures[0].error, error.failures[0]
     assert "the engines were restarted" in str(error)
     assert not alive(stopped), "the stopped engine outlived the restart"
+    table = local_cluster.table()  # the new engines', not the pids the restart ended
+    assert list(table["rank"]) == [0, 1] and not set(table["pid"]) & before, table
+    assert all(alive(pid) for pid in table["pid"]), table
     assert local_cluster.run(cluster_jobs.sleep_on_rank, 1, 0, timeout_s=120) == {0: 0, 1: 1}
     assert not {e["pid"] for e in local_cluster.engines.values()} & before
 

@@ -132,7 +132,10 @@ class ClusterSession(Running):
         return {e["engine_id"]: rank for rank, e in self.engines.items()}
 
     def table(self) -> pd.DataFrame:
-        """One row per engine: its MPI rank, engine id, host and process id."""
+        """One row per engine: its MPI rank, engine id, host and process id. After a restart (a
+        ``ClusterTimeout`` restarts the engines) it waits for the new engines: the old ones' rows
+        would name processes that are gone."""
+        self._await_restart()
         return pd.DataFrame([{"rank": r, **e} for r, e in sorted(self.engines.items())])
 
     def wait_for_engines(self, n: int, stale_pids: set[int] = frozenset(),
