@@ -1384,8 +1384,9 @@ def test_model_check_prints_the_goal_numbers():
     and lie outside their bands by under 3. On the image models, what falls outside is one node's
     8 GPUs, within 3.1 points of its band: mostly a DGX A100's at TF32 (its terms were fitted on
     DGX-1s), and on a DGX-1 only ResNeXt's and SE-ResNeXt's. On BERT every other row on DGX A100s
-    is within 1.5 points of its band (its bands are narrow: one bucket, no overlap); on one DGX-1
-    the model gives 8 GPUs up to 2.5 points more than they keep."""
+    is within 2.5 points of its band (its bands are narrow: one bucket, no overlap; sequence 512
+    with mixed precision at 32 nodes is the farthest, 2.1); on one DGX-1 the model gives 8 GPUs up
+    to 2.5 points more than they keep."""
     from downpour_lib.perf.presets import check_summary
 
     checks = [c for c in published_checks() if c.unit == "efficiency"]
@@ -1402,7 +1403,7 @@ def test_model_check_prints_the_goal_numbers():
     assert all("ResNeXt" in c.claim for c in outside if "DGX-1" in c.claim), outside
     bert = [c for c in checks if "BERT" in c.claim and "sequence 512, TF32" not in c.claim
             and "DGX-1" not in c.claim]
-    assert len(bert) == 18 and all(c.outside_band < 0.015 for c in bert), bert
+    assert len(bert) == 18 and all(c.outside_band < 0.025 for c in bert), bert
     dgx1 = [c for c in checks if "BERT" in c.claim and "DGX-1" in c.claim]  # one node: optimistic
     assert len(dgx1) == 4 and all(0 < c.error < 0.025 for c in dgx1), dgx1
     tf32 = [c.error for c in checks if "sequence 512, TF32" in c.claim and "nodes" in c.claim]
@@ -1443,6 +1444,34 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     at_32 = {c.claim.split(":")[0]: c.predicted for claim, c in checks.items() if "32 DGX" in claim}
     assert at_32["BERT-large, sequence 512, TF32"] < at_32["BERT-large, sequence 512, mixed precision"]
     assert 1 - at_32["BERT-large, sequence 512, TF32"] < lost("bert-large-512") / 5
+
+
+def test_bert_counts_the_mlm_head_on_the_masked_tokens_only():
+    """The BERT presets' ``multiply_adds`` (the framework's unit): NVIDIA's run_pretraining.py (the
+    README's commit) runs its MLM head only on the masked tokens by default (dense sequence output:
+    20 of 128, 80 of 512), the encoder on every token. Counted again here, and the unit it gives:
+    a sequence of 128 does 119 multiply-adds a parameter (more framework work a sample than an
+    image's 172 gives), one of 512, 506 (less); mixed precision halves it (2-byte gradients)."""
+    from downpour_lib.perf.hardware import HARDWARE_DIR, read_hardware
+    from downpour_lib.perf.terms import FRAMEWORK_MACS_PER_PARAMETER
+
+    d, inner, layers, vocab = 1024, 4096, 24, 30528
+
+    def sequence(tokens, masked):  # q, k, v, output; feed-forward; attention; MLM head; pooler, NSP
+        encoder = tokens * layers * (4 * d * d + 2 * d * inner + 2 * tokens * d)
+        return encoder + masked * (d * d + d * vocab) + d * d + 2 * d
+
+    for preset in ("dgx-a100-bert", "dgx1-v100-32g-bert"):
+        models = read_hardware(HARDWARE_DIR / f"{preset}.yaml")["models"]
+        for tokens, masked in ((128, 20), (512, 80)):
+            macs = models[f"bert-large-{tokens}"]["multiply_adds"]
+            assert macs == pytest.approx(sequence(tokens, masked), rel=1e-4), (preset, tokens)
+            w = PRESETS[preset].workloads[f"bert-large-{tokens}"]
+            per_parameter = FRAMEWORK_MACS_PER_PARAMETER * PARAMETERS["bert-large"] / macs
+            assert w.framework_sample_s == pytest.approx(per_parameter * w.compute_s / w.batch_size)
+            assert (per_parameter > 1) == (tokens == 128), per_parameter
+            amp = PRESETS[preset].workloads[f"bert-large-{tokens}-amp"]
+            assert amp.framework_sample_s == pytest.approx(w.framework_sample_s / 2)
 
 
 def test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute():
