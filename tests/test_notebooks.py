@@ -2,9 +2,11 @@
 headless on a 2-engine local-mpi cluster with tiny parameters, its results checked."""
 
 import ast
+import json
 import math
 import shutil
 import subprocess
+from pathlib import Path
 
 import nbformat
 import pandas as pd
@@ -111,6 +113,7 @@ def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
     results/<host>/notebooks/ beside the notebook's results; a count of engines the cluster does
     not have is one line, exit 2, saying what it has."""
     from downpour_lib.cluster import ensure_profile, running_clusters, stop_clusters
+    from downpour_lib.cluster.profiles import profile_dir
     from downpour_lib.study.core import host_dirname
 
     notebook = tmp_path / "notebooks" / "00_cluster_quickstart.ipynb"
@@ -132,6 +135,16 @@ def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
         assert "hello from rank 0 of 2" in outputs(executed, "remote.hello()")
         assert [c.cluster_id for c in running_clusters("local-mpi")] == [started]  # left running
 
+        # a cluster file whose processes are gone (a cluster killed, not stopped), as CI once left
+        # one: ipyparallel's ERROR for it, as the kernel loads it, stood above the one line
+        security = profile_dir("local-mpi") / "security"
+        gone = json.loads((security / f"cluster-{started}.json").read_text())
+        gone["cluster"]["cluster_id"] = "gone"
+        never = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process has this pid
+        gone["controller"]["state"]["pid"] = never
+        for engine_set in gone["engines"]["sets"].values():
+            engine_set["pid"] = never
+        (security / "cluster-gone.json").write_text(json.dumps(gone))
         wrong = downpour("notebook", "run", str(notebook), "-p", "engines=3", "--no-save",
                          timeout=600)
         assert wrong.returncode == 2, explain(wrong)
@@ -142,6 +155,7 @@ def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
                                "not valid: profile 'local-mpi' runs a cluster of 2 engines"), line
         assert "ask for 2 (engines=2)" in line and "Traceback" not in wrong.stdout + wrong.stderr
         assert [c.cluster_id for c in running_clusters("local-mpi")] == [started]
+        assert not (security / "cluster-gone.json").exists()  # forgotten as it was read
     finally:
         subprocess.run([ipcluster[0], "stop", ipcluster[1]], env=launch_env(), capture_output=True,
                        text=True, timeout=120)

@@ -21,12 +21,31 @@ from .profiles import ensure_profile, profile_dir
 from .session import ClusterSession
 
 
+class _GoneProcesses(logging.Filter):
+    """Drops ipyparallel's ERROR for each process of a cluster file that is gone, which it logs as
+    it loads the file (and then forgets the file): housekeeping, not a failure of the cluster in
+    use. In a notebook it went to the kernel's log, above the cell's own output or error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return " not running: " not in record.getMessage()
+
+
+#: the log of the cluster files' scans (running_clusters, stop_clusters); anything else still shows
+_FILES_LOG = logging.getLogger(__name__ + ".files")
+_FILES_LOG.addFilter(_GoneProcesses())
+
+
+def _cluster_files(profile: str, ipython: str | None = None) -> dict:
+    import ipyparallel as ipp
+
+    return ipp.ClusterManager(log=_FILES_LOG).load_clusters(
+        profile_dirs=[str(profile_dir(profile, ipython))])
+
+
 def running_clusters(profile: str, ipython: str | None = None) -> list:
     """The ipyparallel clusters of the profile whose controller is alive (from the cluster files in
     the profile's security directory; loading them removes the files of clusters long gone)."""
-    import ipyparallel as ipp
-
-    clusters = ipp.ClusterManager().load_clusters(profile_dirs=[str(profile_dir(profile, ipython))])
+    clusters = _cluster_files(profile, ipython)
     for cluster in clusters.values():
         # a look, not a takeover: these copies watch the processes too, and must never rewrite
         # the owner's cluster file when one of them stops
@@ -155,11 +174,8 @@ def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None =
 
 def stop_clusters(profile: str, ipython: str | None = None) -> int:
     """Stop every cluster recorded in the profile (what a test's teardown calls); returns how many."""
-    import ipyparallel as ipp
-
     stopped = 0
-    for cluster in ipp.ClusterManager().load_clusters(
-            profile_dirs=[str(profile_dir(profile, ipython))]).values():
+    for cluster in _cluster_files(profile, ipython).values():
         cluster.stop_cluster_sync()
         stopped += 1
     return stopped
