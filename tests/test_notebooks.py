@@ -135,8 +135,8 @@ def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
         assert "hello from rank 0 of 2" in outputs(executed, "remote.hello()")
         assert [c.cluster_id for c in running_clusters("local-mpi")] == [started]  # left running
 
-        # a cluster file whose processes are gone (a cluster killed, not stopped), as CI once left
-        # one: ipyparallel's ERROR for it, as the kernel loads it, stood above the one line
+        # a cluster file whose processes are gone (a cluster killed, not stopped): ipyparallel's
+        # ERRORs for it, as the kernel loads it, stood above the one line
         security = profile_dir("local-mpi") / "security"
         gone = json.loads((security / f"cluster-{started}.json").read_text())
         gone["cluster"]["cluster_id"] = "gone"
