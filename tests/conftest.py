@@ -70,14 +70,14 @@ def one_session(n: int, runs: dict[str, dict], directory: Path, timeout: float =
     return found
 
 
-def ipcluster_daemon(profile: str, n: int) -> None:
-    """``ipcluster start --profile=PROFILE -n N --daemonize``, as a user starts one before a
+def ipcluster_daemon(profile: str, n: int, *flags: str) -> None:
+    """``ipcluster start --profile=PROFILE -n N --daemonize [FLAGS]``, as a user starts one before a
     notebook, returning once its controller is recorded."""
     from downpour_lib.cluster import running_clusters
 
     start = subprocess.run([str(BIN / "ipcluster"), "start", f"--profile={profile}", "-n", str(n),
-                            "--daemonize"], env=launch_env(), capture_output=True, text=True,
-                           timeout=120)
+                            "--daemonize", *flags], env=launch_env(), capture_output=True,
+                           text=True, timeout=120)
     assert start.returncode == 0, explain(start)
     deadline = time.monotonic() + 60
     while not running_clusters(profile):

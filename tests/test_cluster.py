@@ -387,12 +387,21 @@ def test_engines_register_with_a_controller_that_answers_late():
     5 s: the engines gave up and exited, and notebook 01 on the running slurm-mpi cluster waited its
     120 s for none ("0 of 2 engines registered", CI). The bundled profiles wait as long as that."""
     install_profile("late-test", BUNDLED / "profile_local-mpi")
-    hold_s = 8.0  # past the engines' old limit, 5 s
+    delay_s, hold_s = 4.0, 8.0  # engines start delay_s after the controller; held past 5 s
+
+    def stamps(what: str) -> list[float]:  # of the engines' log lines that say ``what``
+        return [stamp(line) for log in (Path(started.profile_dir) / "log").glob("ipengine-*.log")
+                for line in log.read_text().splitlines() if what in line]
+
     try:
-        ipcluster_daemon("late-test", 2)  # returns once the controller is recorded: engines start
-        [started] = running_clusters("late-test")
+        ipcluster_daemon("late-test", 2, f"--delay={delay_s}")  # returns once the controller is
+        [started] = running_clusters("late-test")                # recorded: before the engines
         controller = psutil.Process(started.controller.process.pid)
         controller.suspend()
+        suspended = time.time()
+        while len(stamps("Registering with controller")) < 2:  # both ask, unanswered
+            assert time.time() < suspended + 120, "the engines never asked to register"
+            time.sleep(0.5)
         time.sleep(hold_s)
         resumed = time.time()
         controller.resume()
@@ -401,10 +410,11 @@ def test_engines_register_with_a_controller_that_answers_late():
             assert sorted(session.engines) == [0, 1]  # both registered and answered their ranks
         finally:
             session.stop()  # a disconnect: ipcluster started it
-        asked = [line for log in (Path(started.profile_dir) / "log").glob("ipengine-*.log")
-                 for line in log.read_text().splitlines() if "Registering with controller" in line]
-        # the engines asked while the controller could not answer, or this tested nothing
-        assert len(asked) == 2 and all(stamp(line) < resumed for line in asked), asked
+        # the engines asked while the controller was stopped and were answered once it went on,
+        # hold_s later: otherwise this tested nothing
+        asked, done = stamps("Registering with controller"), stamps("Completed registration")
+        assert len(asked) == 2 and all(t > suspended for t in asked), (asked, suspended)
+        assert len(done) == 2 and all(t > resumed for t in done), (done, resumed)
     finally:
         stop_clusters("late-test")
 
