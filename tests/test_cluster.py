@@ -33,7 +33,7 @@ from downpour_lib.cluster import (
     use_cluster,
 )
 from downpour_lib.cluster.failures import EngineFailure, cause_first
-from downpour_lib.cluster.profiles import BUNDLED, install_profile
+from downpour_lib.cluster.profiles import BUNDLED, install_profile, profile_dir
 from downpour_lib.cluster.session import ClusterSession, rank_map
 from downpour_lib.errors import ConfigError
 from downpour_lib.study.load import COLUMNS as LOAD_COLUMNS
@@ -417,6 +417,38 @@ def test_engines_register_with_a_controller_that_answers_late():
         assert len(done) == 2 and all(t > resumed for t in done), (done, resumed)
     finally:
         stop_clusters("late-test")
+
+
+@pytest.mark.cluster  # ipcluster start, as above
+def test_a_wait_on_engines_that_gave_up_quotes_their_log():
+    """Engines that gave up registering are gone from their launcher, so a wait that ends without
+    them read no output file, and said only "0 of 2 engines registered" (what CI printed, twice).
+    It quotes the profile's engine logs written since the controller started."""
+    install_profile("gave-up-test", BUNDLED / "profile_local-mpi")
+    profile = profile_dir("gave-up-test")
+    with open(profile / "ipengine_config.py", "a") as config:
+        config.write("\nc.IPEngine.timeout = 2.0  # this test: engines that give up soon\n")
+    logs = profile / "log"
+    try:
+        ipcluster_daemon("gave-up-test", 2, "--delay=2")  # the engines start once it is stopped
+        [started] = running_clusters("gave-up-test")
+        controller = psutil.Process(started.controller.process.pid)
+        controller.suspend()
+        deadline = time.time() + 120
+        while not any("Registration timed out" in log.read_text() for log in logs.glob("ipengine-*")):
+            assert time.time() < deadline, "no engine gave up"
+            time.sleep(0.5)
+        controller.resume()
+        while running_clusters("gave-up-test")[0].engines:  # until ipcluster saw their job end
+            assert time.time() < deadline, "ipcluster still lists the engines that gave up"
+            time.sleep(0.5)
+        with pytest.raises(ClusterError) as caught:
+            connect("gave-up-test", started.cluster_id, n=2, timeout_s=5, activate=False)
+        message = str(caught.value)
+        assert message.startswith("0 of 2 engines registered within 5 s (an engine's log says: "
+                                  "Registration timed out after 2.0 seconds)"), message
+    finally:
+        stop_clusters("gave-up-test")
 
 
 def stamp(log_line: str) -> float:

@@ -87,16 +87,18 @@ def _ended(job: str, state: str) -> str | None:
 _COMPLAINT = re.compile(r"\] (?:CRITICAL|ERROR) \| (\S.*)$|^(\w+(?:Error|Exception): .+)$")
 
 
-def engine_log_complaint(logs) -> str:
+def engine_log_complaint(logs, since: float = 0.0) -> str:
     """The last complaint in the engines' output files ``logs`` (an ipyparallel CRITICAL or ERROR
-    line, or an exception's last line), the newest file first; "" if none says anything."""
+    line, or an exception's last line), the newest file first, of those written since ``since``
+    (wall-clock seconds); "" if none says anything."""
     def newest(path: Path) -> float:
         try:
             return path.stat().st_mtime
         except OSError:
             return 0.0
 
-    for log in sorted(map(Path, logs), key=newest, reverse=True):
+    for log in sorted((log for log in map(Path, logs) if newest(log) >= since), key=newest,
+                      reverse=True):
         try:
             lines = log.read_text(errors="replace").splitlines()
         except OSError:
@@ -106,6 +108,18 @@ def engine_log_complaint(logs) -> str:
             if found:
                 return (found.group(1) or found.group(2)).strip()[:300]
     return ""
+
+
+def controller_started(cluster) -> float:
+    """When the cluster's controller process started (wall-clock seconds), if it runs on this
+    machine; else 0.0."""
+    import psutil
+
+    pid = getattr(getattr(getattr(cluster, "controller", None), "process", None), "pid", None)
+    try:
+        return psutil.Process(pid).create_time() if pid else 0.0
+    except psutil.Error:
+        return 0.0
 
 
 class Running:
@@ -267,9 +281,12 @@ class Running:
         job = self.slurm_job()
         return _ended(job, _slurm_job_fields(job).get("JobState", "")) if job else None
 
-    def unregistered_why(self) -> str:
+    def unregistered_why(self, since: float = 0.0) -> str:
         """Why engines have not registered, as far as this machine can tell: the Slurm job still
-        in the queue (and why), or ended; the last complaint in the engines' logs. "" if neither."""
+        in the queue (and why), or ended; the last complaint in the engines' logs: their launchers'
+        output files, or else the profile's engine logs written since ``since`` (wall-clock
+        seconds: the controller's start; engines that gave up are gone from the launchers). ""
+        if neither."""
         said = []
         job = self.slurm_job()
         fields = _slurm_job_fields(job) if job else {}
@@ -283,6 +300,9 @@ class Running:
         complaint = engine_log_complaint(getattr(es, "output_file", "") for es in
                                          (getattr(self.cluster, "engines", None) or {}).values()
                                          if getattr(es, "output_file", ""))
+        if not complaint and since:
+            complaint = engine_log_complaint(Path(self.cluster.profile_dir, "log").glob("ipengine-*.log"),
+                                             since)
         if complaint:
             said.append(f"an engine's log says: {complaint}")
         return "; ".join(said)

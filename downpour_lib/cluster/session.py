@@ -43,7 +43,7 @@ from ..errors import ClusterError, ConfigError
 from . import remote
 from .failures import CONTINUE, ClusterPreempted, ClusterRunError, _preempted
 from .mpiexec import clear_stale_sessions
-from .running import Running, wait_gone
+from .running import Running, controller_started, wait_gone
 
 #: how long a blocking %px waits for the engines' output before it shows progress (``activate``)
 PX_QUIET_S = 15.0
@@ -145,6 +145,7 @@ class ClusterSession(Running):
         then map their ranks."""
         timeout_s = timeout_s or self.timeout_s
         deadline = time.monotonic() + timeout_s
+        since = controller_started(self.cluster) or time.time()  # the engine logs a failure reads
         while True:
             ids = sorted(self.client.ids)
             if len(ids) == n:
@@ -156,7 +157,7 @@ class ClusterSession(Running):
                     self._map_ranks(seen)
                     return
             if time.monotonic() > deadline:
-                why = self.unregistered_why()
+                why = self.unregistered_why(since=since)
                 raise ClusterError(f"{len(ids)} of {n} engines registered within {timeout_s:.0f} s"
                                    + (f" ({why})" if why else "") + "; see the engine logs in "
                                    f"{self.cluster.profile_dir}/log")
