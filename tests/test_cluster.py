@@ -387,7 +387,9 @@ def test_engines_register_with_a_controller_that_answers_late():
     5 s: the engines gave up and exited, and notebook 01 on the running slurm-mpi cluster waited its
     120 s for none ("0 of 2 engines registered", CI). The bundled profiles wait as long as that."""
     install_profile("late-test", BUNDLED / "profile_local-mpi")
-    delay_s, hold_s = 4.0, 8.0  # engines start delay_s after the controller; held past 5 s
+    # the engines start delay_s after the controller (time to stop it first, on a loaded machine
+    # too), and are held hold_s, past their old limit, 5 s
+    delay_s, hold_s = 8.0, 8.0
 
     def stamps(what: str) -> list[float]:  # of the engines' log lines that say ``what``
         return [stamp(line) for log in (Path(started.profile_dir) / "log").glob("ipengine-*.log")
@@ -430,7 +432,7 @@ def test_a_wait_on_engines_that_gave_up_quotes_their_log():
         config.write("\nc.IPEngine.timeout = 2.0  # this test: engines that give up soon\n")
     logs = profile / "log"
     try:
-        ipcluster_daemon("gave-up-test", 2, "--delay=2")  # the engines start once it is stopped
+        ipcluster_daemon("gave-up-test", 2, "--delay=8")  # the engines start once it is stopped
         [started] = running_clusters("gave-up-test")
         controller = psutil.Process(started.controller.process.pid)
         controller.suspend()
