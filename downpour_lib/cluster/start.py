@@ -30,9 +30,11 @@ class _GoneProcesses(logging.Filter):
         return " not running: " not in record.getMessage()
 
 
-#: the log of the cluster files' scans (running_clusters, stop_clusters); anything else still shows
+#: the log of the cluster files' scans (running_clusters, stop_clusters): as a library's, it
+#: prints nothing unless the user's logging shows it (ipyparallel's own defaulted to the kernel's)
 _FILES_LOG = logging.getLogger(__name__ + ".files")
 _FILES_LOG.addFilter(_GoneProcesses())
+_FILES_LOG.addHandler(logging.NullHandler())
 
 
 def _cluster_files(profile: str, ipython: str | None = None) -> dict:
