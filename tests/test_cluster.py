@@ -424,7 +424,7 @@ def test_engines_register_with_a_controller_that_answers_late():
 @pytest.mark.cluster  # ipcluster start, as above
 def test_a_wait_on_engines_that_gave_up_quotes_their_log():
     """Engines that gave up registering are gone from their launcher, so a wait that ends without
-    them read no output file, and said only "0 of 2 engines registered" (what CI printed, twice).
+    them read no output file, and said only "0 of 2 engines registered" (all CI printed once).
     It quotes the profile's engine logs written since the controller started."""
     install_profile("gave-up-test", BUNDLED / "profile_local-mpi")
     profile = profile_dir("gave-up-test")
