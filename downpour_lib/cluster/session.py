@@ -144,8 +144,7 @@ class ClusterSession(Running):
         engines before a restart, which the hub may still list and whose ids the new ones reuse),
         then map their ranks."""
         timeout_s = timeout_s or self.timeout_s
-        deadline = time.monotonic() + timeout_s
-        since = controller_started(self.cluster) or time.time()  # the engine logs a failure reads
+        deadline, began = time.monotonic() + timeout_s, time.time()
         while True:
             ids = sorted(self.client.ids)
             if len(ids) == n:
@@ -157,7 +156,8 @@ class ClusterSession(Running):
                     self._map_ranks(seen)
                     return
             if time.monotonic() > deadline:
-                why = self.unregistered_why(since=since)
+                # the engine logs written since the controller started (else since this wait)
+                why = self.unregistered_why(since=controller_started(self.cluster) or began)
                 raise ClusterError(f"{len(ids)} of {n} engines registered within {timeout_s:.0f} s"
                                    + (f" ({why})" if why else "") + "; see the engine logs in "
                                    f"{self.cluster.profile_dir}/log")
