@@ -12,7 +12,6 @@ import subprocess
 import threading
 import time
 from datetime import datetime
-from pathlib import Path
 
 import cluster_jobs
 import pandas as pd
@@ -387,20 +386,13 @@ def test_engines_register_with_a_controller_that_answers_late():
     5 s: the engines gave up and exited, and notebook 01 on the running slurm-mpi cluster waited its
     120 s for none ("0 of 2 engines registered", CI). The bundled profiles wait as long as that."""
     install_profile("late-test", BUNDLED / "profile_local-mpi")
-    # the engines start delay_s after the controller (time to stop it first, on a loaded machine
-    # too), and are held hold_s, past their old limit, 5 s
-    delay_s, hold_s = 8.0, 8.0
+    hold_s = 8.0  # past the engines' old limit, 5 s
 
     def stamps(what: str) -> list[float]:  # of the engines' log lines that say ``what``
-        return [stamp(line) for log in (Path(started.profile_dir) / "log").glob("ipengine-*.log")
-                for line in log.read_text().splitlines() if what in line]
+        return [stamp(line) for line in engine_log_lines("late-test") if what in line]
 
     try:
-        ipcluster_daemon("late-test", 2, f"--delay={delay_s}")  # returns once the controller is
-        [started] = running_clusters("late-test")                # recorded: before the engines
-        controller = psutil.Process(started.controller.process.pid)
-        controller.suspend()
-        suspended = time.time()
+        started, controller, suspended = controller_stopped_before_its_engines("late-test")
         while len(stamps("Registering with controller")) < 2:  # both ask, unanswered
             assert time.time() < suspended + 120, "the engines never asked to register"
             time.sleep(0.5)
@@ -427,17 +419,12 @@ def test_a_wait_on_engines_that_gave_up_quotes_their_log():
     them read no output file, and said only "0 of 2 engines registered" (all CI printed once).
     It quotes the profile's engine logs written since the controller started."""
     install_profile("gave-up-test", BUNDLED / "profile_local-mpi")
-    profile = profile_dir("gave-up-test")
-    with open(profile / "ipengine_config.py", "a") as config:
+    with open(profile_dir("gave-up-test") / "ipengine_config.py", "a") as config:
         config.write("\nc.IPEngine.timeout = 2.0  # this test: engines that give up soon\n")
-    logs = profile / "log"
     try:
-        ipcluster_daemon("gave-up-test", 2, "--delay=8")  # the engines start once it is stopped
-        [started] = running_clusters("gave-up-test")
-        controller = psutil.Process(started.controller.process.pid)
-        controller.suspend()
-        deadline = time.time() + 120
-        while not any("Registration timed out" in log.read_text() for log in logs.glob("ipengine-*")):
+        started, controller, suspended = controller_stopped_before_its_engines("gave-up-test")
+        deadline = suspended + 120
+        while not any("Registration timed out" in line for line in engine_log_lines("gave-up-test")):
             assert time.time() < deadline, "no engine gave up"
             time.sleep(0.5)
         controller.resume()
@@ -451,6 +438,23 @@ def test_a_wait_on_engines_that_gave_up_quotes_their_log():
                                   "Registration timed out after 2.0 seconds)"), message
     finally:
         stop_clusters("gave-up-test")
+
+
+def controller_stopped_before_its_engines(profile: str, delay_s: float = 8.0):
+    """`ipcluster start --daemonize` of 2 engines that start ``delay_s`` after the controller (time
+    to stop it first, on a loaded machine too), and the controller stopped (SIGSTOP): the cluster,
+    its controller's process and when it was stopped."""
+    ipcluster_daemon(profile, 2, f"--delay={delay_s}")  # returns once the controller is recorded
+    [started] = running_clusters(profile)
+    controller = psutil.Process(started.controller.process.pid)
+    controller.suspend()
+    return started, controller, time.time()
+
+
+def engine_log_lines(profile: str) -> list[str]:
+    """Every line of the profile's engine logs."""
+    return [line for log in (profile_dir(profile) / "log").glob("ipengine-*.log")
+            for line in log.read_text().splitlines()]
 
 
 def stamp(log_line: str) -> float:
