@@ -324,10 +324,8 @@ def test_00_runs_all_in_the_browser_and_shows_the_engine_table(lab):
     rows = cell(done, "use_cluster(")["tables"][0]
     assert [list(r)[1:] for r in rows] == [["rank", "engine_id", "host", "pid"]] * 2, rows
     assert [r["rank"] for r in rows] == ["0", "1"]
-    # each engine's stdout is a stream of its own: ipyparallel's %px stopped showing it 2 s after
-    # the results were in, and under load one rank's never showed (fresh-clone runs read rank 1's
-    # alone, with or without waiting); %px now waits session.PX_QUIET_S for it, and the page
-    # may still draw it a moment after the notebook went idle
+    # every rank's hello: ipyparallel's streamed %px showed rank 1's alone under load (CI; see
+    # test_notebooks' test_px_shows_every_engines_output_...); the page may draw it a moment late
     deadline = time.monotonic() + 15
     while True:
         hello = " ".join(o["text"] for o in cell(done, "remote.hello()")["outputs"])

@@ -106,6 +106,32 @@ def test_00_cluster_quickstart():
     assert allreduce.count("3.0") == 2, allreduce  # 1 + 2 on both ranks
 
 
+def test_px_shows_every_engines_output_also_when_it_came_before_the_cell_looked(tmp_path):
+    """A kernel busy elsewhere (the browser test beside make test's workers) reads a quick %px's
+    replies late, when every engine's output is already in. ipyparallel's streamed %px then showed
+    the last engine's alone (CI: rank 1's hello): its replay of early output gives every engine one
+    display id. Here the kernel reads late on purpose: the view's execute waits for the output."""
+    notebook = tmp_path / "late.ipynb"
+    late = nbformat.v4.new_notebook()
+    late.cells = [nbformat.v4.new_code_cell(source, metadata=metadata) for source, metadata in [
+        ("engines = 2", {"tags": ["parameters"]}),
+        ("from downpour_lib.cluster import use_cluster\n"
+         "cluster = use_cluster('local-mpi', n=engines)", {}),
+        ("%px import downpour_lib.cluster.remote as remote", {}),
+        ("send = cluster._view.execute\n"
+         "def execute_and_read_late(*args, **kwargs):\n"
+         "    result = send(*args, **kwargs)\n"
+         "    assert result.wait_for_output(60), 'no output from the engines in 60 s'\n"
+         "    return result\n"
+         "cluster._view.execute = execute_and_read_late", {}),
+        ("%px print(remote.hello())", {}),
+        ("cluster.stop()", {}),
+    ]]
+    nbformat.write(late, notebook)
+    hello = outputs(run_notebook(notebook), "remote.hello()")
+    assert "hello from rank 0 of 2" in hello and "hello from rank 1 of 2" in hello, hello
+
+
 def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
     """The intended workflow: `ipcluster start --profile=local-mpi -n 2 --daemonize`, then the
     notebook, from the command line. It uses that cluster (it refused it: ClusterError, 24 lines),

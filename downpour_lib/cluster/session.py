@@ -45,9 +45,6 @@ from .failures import CONTINUE, ClusterPreempted, ClusterRunError, _preempted
 from .mpiexec import clear_stale_sessions
 from .running import Running, controller_started, wait_gone
 
-#: how long a blocking %px waits for the engines' output before it shows progress (``activate``)
-PX_QUIET_S = 15.0
-
 
 def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """rank -> {engine_id, host, pid}, from what each engine said about itself (``remote.introduce``,
@@ -165,11 +162,10 @@ class ClusterSession(Running):
 
     def activate(self) -> None:
         """Register %px / %%px in this IPython session, on all engines (also after a restart).
-        A blocking ``%px`` waits ``PX_QUIET_S`` for the engines' printed output, not ipyparallel's
-        2 s: once a cell's results are in, it stops showing output that arrives later, and under
-        load (a browser test beside ``make test``'s workers) one engine's "hello" of a finished
-        ``%px print(...)`` arrived after that and never showed. A cell that runs longer shows its
-        progress bar from then on (from 2 s before)."""
+        A ``%px`` cell shows the engines' printed output once they are done, engine by engine.
+        ipyparallel's default streams it as it comes, and its stream (9.2) loses output: what came in
+        before the stream began is replayed without its message id, every engine's under one display
+        id, so the last engine's replaces the others'. Under load that was rank 1's hello alone."""
         from ipyparallel.client.magics import ParallelMagics
         from IPython import get_ipython
 
@@ -179,7 +175,7 @@ class ClusterSession(Running):
         self._view = self.client.direct_view("all")
         self._view.block = True
         magics = ParallelMagics(shell, self._view)  # what ``view.activate()`` registers
-        magics.progress_after_seconds = PX_QUIET_S
+        magics.stream_output = False
         shell.magics_manager.register(magics)
 
     def train(self, config, world_size: int | None = None, timeout_s: float | None = None):
