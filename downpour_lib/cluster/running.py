@@ -91,14 +91,14 @@ def engine_log_complaint(logs, since: float = 0.0) -> str:
     """The last complaint in the engines' output files ``logs`` (an ipyparallel CRITICAL or ERROR
     line, or an exception's last line), the newest file first, of those written since ``since``
     (wall-clock seconds); "" if none says anything."""
-    def newest(path: Path) -> float:
+    def written(path: Path) -> float:
         try:
             return path.stat().st_mtime
         except OSError:
             return 0.0
 
-    for log in sorted((log for log in map(Path, logs) if newest(log) >= since), key=newest,
-                      reverse=True):
+    stamped = [(written(log), log) for log in map(Path, logs)]  # one stat a file
+    for _, log in sorted((s for s in stamped if s[0] >= since), key=lambda s: s[0], reverse=True):
         try:
             lines = log.read_text(errors="replace").splitlines()
         except OSError:
