@@ -1376,34 +1376,33 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 53 of 83 inside the band
-    (five of six asked), and one error beyond 10 points: NVIDIA's BERT at sequence 512 in TF32 on
-    32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows that
-    send half the bytes (nothing in the model loses that). Transformer-XL's 16 GPUs of a DGX-2H
-    come within 6 points (test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute)
-    and lie outside their bands by under 3. On the image models, what falls outside is one node's
-    8 GPUs, within 3.1 points of its band: mostly a DGX A100's at TF32 (its terms were fitted on
-    DGX-1s), and on a DGX-1 only ResNeXt's and SE-ResNeXt's. On BERT every other row on DGX A100s
-    is within 2.5 points of its band (its bands are narrow: one bucket, no overlap; sequence 512
-    with mixed precision at 32 nodes is the farthest, 2.1); on one DGX-1 the model gives 8 GPUs up
-    to 2.5 points more than they keep."""
+    command prints those numbers. Where it falls short of the goal: 66 of 83 inside the band
+    (five of six asked: 70), and one error beyond 10 points: NVIDIA's BERT at sequence 512 in TF32
+    on 32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows
+    that send half the bytes (nothing in the model loses that). Transformer-XL's 16 GPUs of a
+    DGX-2H come within 6 points (test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute)
+    and lie outside their bands by under 2. On the image models, what falls outside is one node's
+    8 GPUs, within 2 points of its band: ResNeXt's and SE-ResNeXt's. On BERT every other row on DGX
+    A100s is within 1.5 points of its band (its bands are narrow: one bucket, no overlap; sequence
+    512 with mixed precision at 32 nodes is the farthest, 1.3); on one DGX-1 the model gives 8 GPUs
+    up to 2.5 points more than they keep."""
     from downpour_lib.perf.presets import check_summary
 
     checks = [c for c in published_checks() if c.unit == "efficiency"]
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 83 and s["inside"] >= 53, s
+    assert s["checks"] == 83 and s["inside"] >= 66, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node"], beyond
     outside = [c for c in checks if c.outside_band > 0 and "BERT" not in c.claim
                and "Transformer-XL" not in c.claim]
-    assert all("8 GPUs" in c.claim and c.outside_band < 0.031 for c in outside), outside
-    assert all("ResNeXt" in c.claim for c in outside if "DGX-1" in c.claim), outside
+    assert all("8 GPUs" in c.claim and c.outside_band < 0.02 for c in outside), outside
+    assert all("ResNeXt" in c.claim for c in outside), outside
     bert = [c for c in checks if "BERT" in c.claim and "sequence 512, TF32" not in c.claim
             and "DGX-1" not in c.claim]
-    assert len(bert) == 18 and all(c.outside_band < 0.025 for c in bert), bert
+    assert len(bert) == 18 and all(c.outside_band < 0.015 for c in bert), bert
     dgx1 = [c for c in checks if "BERT" in c.claim and "DGX-1" in c.claim]  # one node: optimistic
     assert len(dgx1) == 4 and all(0 < c.error < 0.025 for c in dgx1), dgx1
     tf32 = [c.error for c in checks if "sequence 512, TF32" in c.claim and "nodes" in c.claim]
@@ -1419,8 +1418,8 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     accumulation and one bucket after the last pass. What docs/perf_model.md says of its rows:
     the README measures one node's 8 GPUs twice, under 1 % apart, and 2 nodes faster than twice
     one; one node's 8 GPUs (a DGX A100's, a DGX-1's), charged no input pipeline, lose what the
-    wait for the slowest of 8 devices gives (terms.DEVICE_SPREAD_RANGE), each within 1.2 points of
-    its band and most of them less than its point; sequence 512 in TF32 loses at 32 nodes over three times
+    wait for the slowest of 8 devices gives (terms.DEVICE_SPREAD_RANGE), each within half a point
+    of its band and most of them less than its point; sequence 512 in TF32 loses at 32 nodes over three times
     what its mixed precision (half the bytes) and sequence 128 in TF32 (the same bytes, less
     compute a step) lose, and in seconds a step its loss is a fixed cost from 2 nodes to 32."""
     from downpour_lib.perf.presets import BERT_NODES, BERT_ONE_NODE
@@ -1431,7 +1430,7 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     assert BERT_NODES["bert-large-128-amp"][1][2] > 2 * BERT_NODES["bert-large-128-amp"][0][2]
     checks = {c.claim: c for c in published_checks() if "BERT" in c.claim}
     one_node = [c for claim, c in checks.items() if "8 GPUs of a DGX" in claim]  # A100 and DGX-1
-    assert len(one_node) == 8 and all(c.outside_band < 0.012 for c in one_node), one_node
+    assert len(one_node) == 8 and all(c.outside_band < 0.005 for c in one_node), one_node
     assert sum(c.error > 0 for c in one_node) >= 6, one_node
 
     def lost(model):  # at 32 nodes, against 1
@@ -1451,6 +1450,53 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     at_32 = {c.claim.split(":")[0]: c.predicted for claim, c in checks.items() if "32 DGX" in claim}
     assert at_32["BERT-large, sequence 512, TF32"] < at_32["BERT-large, sequence 512, mixed precision"]
     assert 1 - at_32["BERT-large, sequence 512, TF32"] < lost("bert-large-512") / 5
+
+
+def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
+    """A published efficiency is one measurement of a ratio of two runs. NVIDIA's BERT README
+    measures one DGX A100's 8 GPUs twice (its single-node and its multi-node tables): those pairs
+    are terms.REPEATED_RUNS, and the most they lie apart (0.83 %) is terms.MEASUREMENT_SPREAD. The
+    efficiency's band is moved out by it at each end, for N workers against one and for N nodes
+    against one node alike; the point, the step's band and one worker's efficiency (1, not a
+    ratio of runs) do not move."""
+    from downpour_lib.perf.perfmodel import _predict, unknown_ends
+    from downpour_lib.perf.presets import BERT_NODES, BERT_ONE_NODE
+    from downpour_lib.perf.terms import MEASUREMENT_SPREAD, REPEATED_RUNS
+
+    runs = tuple((eight, BERT_NODES[model][0][2]) for model, _, eight in BERT_ONE_NODE[0][-1])
+    assert sorted(runs) == sorted(REPEATED_RUNS)
+    apart = [max(a, b) / min(a, b) - 1 for a, b in runs]
+    assert MEASUREMENT_SPREAD == max(apart) and 0.008 < MEASUREMENT_SPREAD < 0.009
+    assert min(apart) > 0.005  # every pair: not one outlier
+    cal = PRESETS["horovod-pascal-25g"]
+    best, worst = (_predict(e, "allreduce", 512, "resnet101") for e in unknown_ends(cal))
+    p = predict(cal, "allreduce", 512, "resnet101")
+    assert p.efficiency_low == pytest.approx(worst.efficiency * (1 - MEASUREMENT_SPREAD))
+    assert p.efficiency_high == pytest.approx(best.efficiency * (1 + MEASUREMENT_SPREAD))
+    assert (p.step_s_low, p.step_s_high) == (best.step_s, worst.step_s)
+    assert worst.efficiency < p.efficiency < best.efficiency
+    one = predict(cal, "allreduce", 1, "resnet101")
+    assert one.efficiency_low == one.efficiency_high == 1.0
+    # against one node: the two ends' ratios, moved out by the same spread (it cancels in them)
+    checks = {c.claim: c for c in published_checks()}
+    c = checks["BERT-large, sequence 128, TF32: 32 DGX A100 nodes (256 GPUs), 2 passes a step, "
+               "efficiency against 1 node"]
+    bert = PRESETS["dgx-a100-bert"]
+
+    def at(accumulation, workers):
+        w = replace(bert.workloads["bert-large-128"], accumulation=accumulation)
+        return predict(replace(bert, workloads={**bert.workloads, "bert-large-128": w}), "allreduce",
+                       workers, "bert-large-128")
+
+    far, base = at(2, 256), at(64, 8)
+    ends = (far.efficiency_low / base.efficiency_low, far.efficiency_high / base.efficiency_high)
+    assert c.low == pytest.approx(min(ends) * (1 - MEASUREMENT_SPREAD))
+    assert c.high == pytest.approx(max(ends) * (1 + MEASUREMENT_SPREAD))
+    assert c.predicted == pytest.approx(sum(ends) / 2)
+    # the README's 2 nodes faster than twice its 1 node: inside the spread, not beyond it
+    two = checks["BERT-large, sequence 128, TF32: 2 DGX A100 nodes (16 GPUs), 32 passes a step, "
+                 "efficiency against 1 node"]
+    assert 1 < two.published < 1 + MEASUREMENT_SPREAD and two.outside_band == 0, two
 
 
 def test_bert_counts_the_mlm_head_on_the_masked_tokens_only():
@@ -1515,7 +1561,7 @@ def test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute(
     for model, precision, one, sixteen in TXL_ONE_NODE:
         c = checks[f"Transformer-XL large, {precision}: 16 GPUs of a DGX-2H efficiency"]
         assert c.published == pytest.approx(sixteen / 16 / one)
-        assert -0.06 < c.error < 0 and c.outside_band < 0.03, c
+        assert -0.06 < c.error < 0 and c.outside_band < 0.02, c
         in_samples = replace(cal.workloads[model], framework_sample_s=None if precision == "FP32"
                              else twin.compute_s / twin.batch_size)
         old = predict(replace(cal, workloads={**cal.workloads, model: in_samples}), "allreduce", 16,

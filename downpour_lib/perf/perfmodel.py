@@ -43,7 +43,14 @@ from .netmodel import (
     pipeline_exposed_s,
     ps_transfer_s,
 )
-from .terms import FRAMEWORK_RANGE, OVERLAP_RANGE, NodeCompute, check_precision, straggler_factor
+from .terms import (
+    FRAMEWORK_RANGE,
+    MEASUREMENT_SPREAD,
+    OVERLAP_RANGE,
+    NodeCompute,
+    check_precision,
+    straggler_factor,
+)
 
 MIB = 1 << 20
 
@@ -459,12 +466,15 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
             options: dict[str, Any] | None = None, steps: int | None = None) -> Prediction:
     """The step time of ``algorithm`` at ``workers`` workers training ``model``: where ``cal``
     left quantities unmeasured, the middle of the band their ranges give together
-    (``unknown_ends``), the band in ``step_s_low``/``high`` and ``efficiency_low``/``high``."""
+    (``unknown_ends``), the band in ``step_s_low``/``high`` and ``efficiency_low``/``high``. The
+    efficiency's band also holds how far one measurement of it lies from another
+    (``terms.MEASUREMENT_SPREAD``): the band is what a run of it would measure."""
     ends = unknown_ends(cal)
     if ends is None:
         return _predict(cal, algorithm, workers, model, options, steps)
     best, worst = (_predict(e, algorithm, workers, model, options, steps) for e in ends)
     w = cal.workload(model)
+    spread = MEASUREMENT_SPREAD if workers > 1 else 0.0
     step = (best.step_s + worst.step_s) / 2
     samples = workers * w.batch_size * w.accumulation / step
     return replace(worst, calibration=cal.name, step_s=step, samples_per_s=samples,
@@ -474,7 +484,8 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
                    compute_efficiency=(best.compute_efficiency + worst.compute_efficiency) / 2,
                    straggler=(best.straggler + worst.straggler) / 2,
                    step_s_low=best.step_s, step_s_high=worst.step_s,
-                   efficiency_low=worst.efficiency, efficiency_high=best.efficiency)
+                   efficiency_low=worst.efficiency * (1 - spread),
+                   efficiency_high=best.efficiency * (1 + spread))
 
 
 def _predict(cal: Calibration, algorithm: str, workers: int, model: str,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .hardware import FITTED_MODELS, FITTED_ON, load_hardware, preset_files, with_fields
 from .perfmodel import Calibration, predict
-from .terms import DDP_BENCH, DDP_BENCH_SOURCE
+from .terms import DDP_BENCH, DDP_BENCH_SOURCE, MEASUREMENT_SPREAD
 
 #: parameters of the published models (torchvision's counts; tests check them against torchvision)
 PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_544,
@@ -269,9 +269,11 @@ def _against_one_node(preset: str, model: str, rows, claim: str, source: str) ->
 
 def _relative(p, base) -> tuple[float, float, float]:
     """``p``'s efficiency over ``base``'s, each end of what was not measured over the same end
-    (the same unknowns at both): the middle of the two ratios, the lower and the higher."""
+    (the same unknowns at both): the middle of the two ratios, the lower and the higher, each
+    moved out by how far a measured ratio of two runs strays (``terms.MEASUREMENT_SPREAD``, which
+    the two ends' ratio cancels)."""
     ends = (p.efficiency_low / base.efficiency_low, p.efficiency_high / base.efficiency_high)
-    return sum(ends) / 2, min(ends), max(ends)
+    return sum(ends) / 2, min(ends) * (1 - MEASUREMENT_SPREAD), max(ends) * (1 + MEASUREMENT_SPREAD)
 
 
 def _bert_checks() -> list[Published]:

@@ -289,6 +289,18 @@ DDP_BENCH_PRECISION_S = 0.001  # the table's: each time is within half of it
 #: calibration.json): a CPU calibration measures its own.
 OVERLAP_RANGE = (0.63, 1.0)
 
+#: how far a measured efficiency lies from the one its run would give again: a published value is
+#: one measurement, and an efficiency divides two (N workers' throughput by one's). NVIDIA's BERT
+#: README (DeepLearningExamples at a07d20a1cb2c, PyTorch/LanguageModeling/BERT) measures one DGX
+#: A100's 8 GPUs twice, in its single-node and its multi-node tables (the same benchmark, batch and
+#: accumulation), in sequences/s: ``REPEATED_RUNS``, 0.55-0.83 % apart. Two runs of a setting, each
+#: within s of its own middle, lie up to 2s apart; a ratio of two runs lies up to about 2s from its
+#: middle, the most two runs were seen apart (0.0083). Only multi-worker efficiencies carry it
+#: (one worker's is 1 by definition). The same README's 2 nodes run 1.009 times as fast as 2 of
+#: its 1 node, above what any term can give: that is this spread, not a speed-up.
+REPEATED_RUNS = ((2505, 2486), (4591, 4553), (860, 854), (1657, 1648))  # TF32, mixed: 128, 512
+MEASUREMENT_SPREAD = max(max(a, b) / min(a, b) - 1 for a, b in REPEATED_RUNS)
+
 #: achieved / line rate of a collective across nodes, by transport, where it was not measured.
 #: rdma (InfiniBand, RoCE): NCCL's all_reduce bus bandwidth against the cards' line rate, as its
 #: maintainers and users report it: 12.2 GB/s on one 100 Gbit/s card, "as good as you can get",
