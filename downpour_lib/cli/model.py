@@ -333,10 +333,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(f"calibration {cal.name}" + (f" ({path})" if path else "") + f": {cal.source}")
     columns = ["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]
     from ..perf.perfmodel import unknown_ends
+    from ..perf.terms import MEASUREMENT_SPREAD
 
     if unknown_ends(cal) is not None:
         print("not measured: " + ", ".join(unmeasured(cal)) + ". efficiency is the middle of the "
-              "band they give together (efficiency_low, efficiency_high; band: its width in points)")
+              "band they give together (efficiency_low, efficiency_high; band: its width in points), "
+              f"each end moved out {100 * MEASUREMENT_SPREAD:.2f} % more: how far two runs of one "
+              "setting were measured apart")
         table["band"] = 100 * (table.efficiency_high - table.efficiency_low)
         columns[5:5] = ["efficiency_low", "efficiency_high", "band"]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
