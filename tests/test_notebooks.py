@@ -132,6 +132,46 @@ def test_px_shows_every_engines_output_also_when_it_came_before_the_cell_looked(
     assert "hello from rank 0 of 2" in hello and "hello from rank 1 of 2" in hello, hello
 
 
+def test_an_interrupted_px_cell_ends_though_its_engines_ignore_the_interrupt(tmp_path):
+    """Ctrl-C on a %px cell whose engines do not stop (stuck in C, or ignoring SIGINT): ipyparallel
+    sends them the signal and the cell ends, so the kernel can stop or restart them. With its
+    output shown only when done (our mend for the lost output before), the cell waited for the
+    engines' output instead, here 10 minutes. Output streamed before the interrupt is kept, and
+    restart_engines ends the engines that ignored it."""
+    notebook = tmp_path / "interrupt.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source, metadata=metadata) for source, metadata in [
+        ("engines = 2", {"tags": ["parameters"]}),
+        ("from downpour_lib.cluster import use_cluster\n"
+         "cluster = use_cluster('local-mpi', n=engines)", {}),
+        # the kernel interrupts itself (what Ctrl-C sends it) once both engines are asleep
+        ("import os, pathlib, signal, threading, time\n"
+         f"marks = pathlib.Path({str(tmp_path)!r})\n"
+         "def interrupt_when_asleep():\n"
+         "    while len(list(marks.glob('asleep-*'))) < engines:\n"
+         "        time.sleep(0.2)\n"
+         "    time.sleep(1)  # the engines' printed lines reach the kernel\n"
+         "    os.kill(os.getpid(), signal.SIGINT)\n"
+         "threading.Thread(target=interrupt_when_asleep, daemon=True).start()", {}),
+        ("%%px\n"
+         "import os, pathlib, signal, time\n"
+         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+         "print('asleep', flush=True)\n"
+         f"pathlib.Path({str(tmp_path)!r}, f'asleep-{{os.getpid()}}').touch()\n"
+         "time.sleep(600)", {}),
+        ("print('the kernel is back')\ncluster.restart_engines()", {}),  # ends the sleepers
+        ("%px print('awake again')", {}),
+        ("cluster.stop()", {}),
+    ]]
+    nbformat.write(nb, notebook)
+    done = run_notebook(notebook, timeout_s=300)
+    assert "the kernel is back" in outputs(done, "the kernel is back"), done.cells[-1]
+    px = outputs(done, "time.sleep(600)")
+    assert "Sending signal SIGINT to engines" in px, px
+    assert px.count("asleep") == 2, px  # each engine's line, streamed before the interrupt
+    assert outputs(done, "awake again").count("awake again") == 2
+
+
 def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
     """The intended workflow: `ipcluster start --profile=local-mpi -n 2 --daemonize`, then the
     notebook, from the command line. It uses that cluster (it refused it: ClusterError, 24 lines),

@@ -46,6 +46,31 @@ from .mpiexec import clear_stale_sessions
 from .running import Running, controller_started, wait_gone
 
 
+def _mend_stream_replay() -> None:
+    """Mend ipyparallel 9.2's streamed ``%px``, once per process. ``AsyncResult.stream_output``
+    first replays the output that came in before it began, as messages without a parent header;
+    its callback names each engine's display by the parent's message id, so every replayed engine
+    got the one id ``"-stdout"`` and the last one's output replaced the others' (CI, a kernel that
+    read its replies late: rank 1's hello alone). A replayed message is given its own request's id,
+    the one the engine's live messages carry: each engine keeps its own display, and a message
+    both replayed and streamed (the race ipyparallel's FIXME names) updates that display with
+    the same full text. Turning streaming off instead left an interrupted cell waiting for the
+    output of an engine that ignores the interrupt."""
+    from ipyparallel.client.asyncresult import AsyncResult
+
+    streamed = AsyncResult._iopub_streaming_output_callback
+    if getattr(streamed, "downpour_mended", False):
+        return
+
+    def callback(self, eid, msg_future, msg):
+        if "parent_header" not in msg:
+            msg = {**msg, "parent_header": {"msg_id": msg_future.msg_id}}
+        return streamed(self, eid, msg_future, msg)
+
+    callback.downpour_mended = True
+    AsyncResult._iopub_streaming_output_callback = callback
+
+
 def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """rank -> {engine_id, host, pid}, from what each engine said about itself (``remote.introduce``,
     keyed by engine id). The engines must be ranks 0..n-1 of one MPI world of n."""
@@ -162,21 +187,18 @@ class ClusterSession(Running):
 
     def activate(self) -> None:
         """Register %px / %%px in this IPython session, on all engines (also after a restart).
-        A ``%px`` cell shows the engines' printed output once they are done, engine by engine.
-        ipyparallel's default streams it as it comes, and its stream (9.2) loses output: what came in
-        before the stream began is replayed without its message id, every engine's under one display
-        id, so the last engine's replaces the others'. Under load that was rank 1's hello alone."""
+        A ``%px`` cell streams each engine's printed output as it comes (ipyparallel's default),
+        with ipyparallel's replay of early output mended (``_mend_stream_replay``)."""
         from ipyparallel.client.magics import ParallelMagics
         from IPython import get_ipython
 
         shell = get_ipython()
         if shell is None:
             return
+        _mend_stream_replay()
         self._view = self.client.direct_view("all")
         self._view.block = True
-        magics = ParallelMagics(shell, self._view)  # what ``view.activate()`` registers
-        magics.stream_output = False
-        shell.magics_manager.register(magics)
+        shell.magics_manager.register(ParallelMagics(shell, self._view))  # ``view.activate()``'s
 
     def train(self, config, world_size: int | None = None, timeout_s: float | None = None):
         """Train ``config`` (a TrainConfig or a mapping) on ranks 0..world_size-1 (default: all);
