@@ -486,6 +486,10 @@ def test_preset_parameter_counts_are_the_published_models():
     for model, w in {**PRESETS["dgx-a100-bert"].workloads,
                      **PRESETS["dgx1-v100-32g-bert"].workloads}.items():
         assert w.param_bytes == (2 if model.endswith("-amp") else 4) * PARAMETERS["bert-large"]
+    # TensorFlow's BERT keeps Google's vocabulary of 30522 words: 6 rows and 6 biases fewer
+    assert PARAMETERS["bert-large"] - PARAMETERS["bert-large-tf"] == 6 * hidden + 6
+    for model, w in PRESETS["dgx-a100-bert-tf"].workloads.items():
+        assert w.param_bytes == (2 if model.endswith("-amp") else 4) * PARAMETERS["bert-large-tf"]
     # Transformer-XL large as NVIDIA's example builds it (MemTransformerLM, wt103_large.yaml): 18
     # layers of 1024 (relative attention: qkv, output and position projections, no biases), an
     # adaptive input of four clusters (widths 1024 to 16, each projected to 1024) tied to the
@@ -1376,10 +1380,12 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 66 of 83 inside the band
-    (five of six asked: 70), and one error beyond 10 points: NVIDIA's BERT at sequence 512 in TF32
-    on 32 nodes, whose TF32 rows at 512 lose far more across nodes than its mixed-precision rows
-    that send half the bytes (nothing in the model loses that). Transformer-XL's 16 GPUs of a
+    command prints those numbers. Where it falls short of the goal: 71 of 99 inside the band
+    (five of six asked: 83), and two errors beyond 10 points at 32 nodes: NVIDIA's PyTorch BERT at
+    sequence 512 in TF32, whose TF32 rows at 512 lose far more across nodes than its mixed-precision
+    rows that send half the bytes (nothing in the model loses that), and its TensorFlow BERT at
+    sequence 128 in mixed precision
+    (test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow). Transformer-XL's 16 GPUs of a
     DGX-2H come within 6 points (test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute)
     and lie outside their bands by under 2. On the image models, what falls outside is one node's
     8 GPUs, within 2 points of its band: ResNeXt's and SE-ResNeXt's. On BERT every other row on DGX
@@ -1392,20 +1398,22 @@ def test_model_check_prints_the_goal_numbers():
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 83 and s["inside"] >= 66, s
+    assert s["checks"] == 99 and s["inside"] >= 71, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
-                      "step, efficiency against 1 node"], beyond
+                      "step, efficiency against 1 node",
+                      "BERT-large, sequence 128, mixed precision, TensorFlow: 32 DGX A100 nodes "
+                      "(256 GPUs), 4 passes a step, efficiency against 1 node"], beyond
     outside = [c for c in checks if c.outside_band > 0 and "BERT" not in c.claim
                and "Transformer-XL" not in c.claim]
     assert all("8 GPUs" in c.claim and c.outside_band < 0.02 for c in outside), outside
     assert all("ResNeXt" in c.claim for c in outside), outside
     bert = [c for c in checks if "BERT" in c.claim and "sequence 512, TF32" not in c.claim
-            and "DGX-1" not in c.claim]
+            and "DGX-1" not in c.claim and "TensorFlow" not in c.claim]
     assert len(bert) == 18 and all(c.outside_band < 0.015 for c in bert), bert
     dgx1 = [c for c in checks if "BERT" in c.claim and "DGX-1" in c.claim]  # one node: optimistic
     assert len(dgx1) == 4 and all(0 < c.error < 0.025 for c in dgx1), dgx1
-    tf32 = [c.error for c in checks if "sequence 512, TF32" in c.claim and "nodes" in c.claim]
+    tf32 = [c.error for c in checks if "sequence 512, TF32:" in c.claim and "nodes" in c.claim]
     assert tf32 == sorted(tf32) and tf32[-1] > 0.15, tf32  # grows with the nodes
     assert all(c.outside_band == 0 for c in checks if "512 GPUs" in c.claim)
     proc = downpour("model", "check")
@@ -1428,7 +1436,8 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
         again = BERT_NODES[model][0][2]
         assert eight != again and abs(eight / again - 1) < 0.01, model
     assert BERT_NODES["bert-large-128-amp"][1][2] > 2 * BERT_NODES["bert-large-128-amp"][0][2]
-    checks = {c.claim: c for c in published_checks() if "BERT" in c.claim}
+    checks = {c.claim: c for c in published_checks() if "BERT" in c.claim
+              and "TensorFlow" not in c.claim}
     one_node = [c for claim, c in checks.items() if "8 GPUs of a DGX" in claim]  # A100 and DGX-1
     assert len(one_node) == 8 and all(c.outside_band < 0.005 for c in one_node), one_node
     assert sum(c.error > 0 for c in one_node) >= 6, one_node
@@ -1499,6 +1508,46 @@ def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
     assert 1 < two.published < 1 + MEASUREMENT_SPREAD and two.outside_band == 0, two
 
 
+def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
+    """NVIDIA's TensorFlow BERT (Horovod) on DGX A100 40GB nodes (presets.BERT_TF_ONE_NODE,
+    BERT_TF_NODES), a check in another framework taken as found. One node's 8 GPUs are within a
+    tenth of a point of their bands. Across nodes every setting loses more than the model at 16
+    and 32 nodes, the more the more nodes, 5 to 13 points at 32. Counted per pass (one GPU's batch),
+    the README's loss against one node grows with the ranks: at most 9.5 ms at 32 GPUs, 6-21 at
+    128, 14-35 at 256 (its optimization.py allreduces a flag every pass: each pass waits for every
+    rank; the model's slowest pass of 256 at the jitter's range is under 2.5 ms, docs/perf_model.md)."""
+    from downpour_lib.perf.presets import BERT_TF_NODES, BERT_TF_PRESET
+    from downpour_lib.perf.terms import JITTER_RANGE, expected_max_of_normals
+
+    checks = [c for c in published_checks() if "TensorFlow" in c.claim]
+    assert len(checks) == 16 and all(c.source.startswith("NVIDIA DeepLearningExamples, TensorFlow/")
+                                     for c in checks)
+    one_node = [c for c in checks if "8 GPUs of a DGX A100" in c.claim]
+    assert len(one_node) == 4 and all(c.outside_band < 0.002 for c in one_node), one_node
+    cal = PRESETS[BERT_TF_PRESET]
+    per_pass_ms = {}
+    for model, rows in BERT_TF_NODES.items():
+        setting = [c for c in checks if c.claim.startswith(_bert_tf_label(model)) and "nodes" in c.claim]
+        errors = [c.error for c in setting]
+        assert len(errors) == 3 and errors == sorted(errors) and errors[1] > 0.015, (model, errors)
+        assert 0.04 < errors[2] < 0.14, (model, errors)
+        b = cal.workloads[model].batch_size
+        (_, _, one), *more = rows
+        per_pass_ms[model] = [1000 * b * 8 * (nodes / rate - 1 / one) for nodes, _, rate in more]
+    at = list(zip(*per_pass_ms.values(), strict=True))  # 32 GPUs, 128, 256: the four settings each
+    assert max(at[0]) < 9.5 and 6 < min(at[1]) <= max(at[1]) < 21 and 14 < min(at[2]) < max(at[2]) < 35
+    # the wait for the slowest pass of 256 GPUs over 8, at the jitter's range, is under 2.5 ms
+    pass_s = max(w.compute_s for w in cal.workloads.values())  # one GPU's pass, the longest
+    slowest = (expected_max_of_normals(256) - expected_max_of_normals(8)) * JITTER_RANGE[1] * pass_s
+    assert slowest < 0.0025 < min(at[2]) / 1000, slowest
+
+
+def _bert_tf_label(model: str) -> str:
+    from downpour_lib.perf.presets import _bert_label
+
+    return _bert_label(model) + ", TensorFlow:"
+
+
 def test_bert_counts_the_mlm_head_on_the_masked_tokens_only():
     """The BERT presets' ``multiply_adds`` (the framework's unit): NVIDIA's run_pretraining.py (the
     README's commit) runs its MLM head only on the masked tokens by default (dense sequence output:
@@ -1514,13 +1563,14 @@ def test_bert_counts_the_mlm_head_on_the_masked_tokens_only():
         encoder = tokens * layers * (4 * d * d + 2 * d * inner + 2 * tokens * d)
         return encoder + masked * (d * d + d * vocab) + d * d + 2 * d
 
-    for preset in ("dgx-a100-bert", "dgx1-v100-32g-bert"):
+    for preset, count in (("dgx-a100-bert", "bert-large"), ("dgx1-v100-32g-bert", "bert-large"),
+                          ("dgx-a100-bert-tf", "bert-large-tf")):  # TensorFlow's: 30522 words
         models = read_hardware(HARDWARE_DIR / f"{preset}.yaml")["models"]
         for tokens, masked in ((128, 20), (512, 80)):
             macs = models[f"bert-large-{tokens}"]["multiply_adds"]
             assert macs == pytest.approx(sequence(tokens, masked), rel=1e-4), (preset, tokens)
             w = PRESETS[preset].workloads[f"bert-large-{tokens}"]
-            per_parameter = FRAMEWORK_MACS_PER_PARAMETER * PARAMETERS["bert-large"] / macs
+            per_parameter = FRAMEWORK_MACS_PER_PARAMETER * PARAMETERS[count] / macs
             assert w.framework_sample_s == pytest.approx(per_parameter * w.compute_s / w.batch_size)
             assert (per_parameter > 1) == (tokens == 128), per_parameter
             amp = PRESETS[preset].workloads[f"bert-large-{tokens}-amp"]

@@ -26,6 +26,7 @@ PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_
               "inception_v3": 23_834_568, "resnext101-32x4d": 44_177_704,
               "se-resnext101-32x4d": 45_251_128,  # DLE's: ResNeXt with SE blocks of 16 channels
               "bert-large": 336_232_258,  # with its pre-training heads, vocabulary padded to 30528
+              "bert-large-tf": 336_226_108,  # the same with Google's vocabulary of 30522 (TensorFlow's)
               "transformer-xl-large": 285_167_482}  # DLE's, WikiText-103: adaptive input and softmax
 
 _HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
@@ -290,6 +291,40 @@ def _bert_checks() -> list[Published]:
     return out
 
 
+#: NVIDIA's BERT-large pre-training in TensorFlow (Horovod) on DGX A100 40GB nodes (preset
+#: ``dgx-a100-bert-tf``): one node's 8 GPUs against one, and 4 to 32 nodes against one node, each
+#: row with the accumulation it ran. Its DGX-2H multi-node table is left out: its one-node row is
+#: the single-node table's (TensorFlow 20.06), its other rows another container's (19.08), and 4
+#: nodes at FP32 run 1.11 times one node's rate a GPU, which no term can give.
+_BERT_TF = ("NVIDIA DeepLearningExamples, TensorFlow/LanguageModeling/BERT/README.md (commit 96138d50, "
+            "unchanged to 9de48bc9; TensorFlow 20.06-py3 NGC container), ")
+BERT_TF_PRESET = "dgx-a100-bert-tf"
+BERT_TF_ONE_NODE = (  # (model, 1 GPU, 8 GPUs), sequences/s
+    ("bert-large-128-amp", 356.845, 2871.89), ("bert-large-128", 238.10, 1889.71),
+    ("bert-large-512-amp", 70.856, 572.112), ("bert-large-512", 39.96, 316.51))
+BERT_TF_NODES = {  # model: ((nodes, accumulation steps, sequences/s), ...), the first row 1 node
+    "bert-large-128-amp": ((1, 128, 2871.89), (4, 32, 11159), (16, 8, 41144), (32, 4, 77479.87)),
+    "bert-large-128": ((1, 128, 1889.71), (4, 32, 7532.00), (16, 8, 28605.62), (32, 4, 53585.82)),
+    "bert-large-512-amp": ((1, 256, 572.112), (4, 128, 2197.44), (16, 32, 8723.1), (32, 16, 16705)),
+    "bert-large-512": ((1, 512, 316.51), (4, 128, 1268.43), (16, 32, 4903.39), (32, 16, 9463.80)),
+}
+
+
+def _bert_tf_checks() -> list[Published]:
+    """TensorFlow BERT's rows: 8 GPUs against 1, and N nodes against 1 at N's accumulation."""
+    section = 'section "Pre-training training performance: {} on DGX A100 40GB"'
+    out = [_efficiency(f"{_bert_label(model)}, TensorFlow: 8 GPUs of a DGX A100 efficiency",
+                       _BERT_TF + section.format("single-node"), BERT_TF_PRESET, model, 8,
+                       eight / (8 * one), tolerance="reported")
+           for model, one, eight in BERT_TF_ONE_NODE]
+    for model, rows in BERT_TF_NODES.items():
+        out += _against_one_node(
+            BERT_TF_PRESET, model, rows, _bert_label(model) + ", TensorFlow: {nodes} DGX A100 nodes "
+            "({gpus} GPUs), {passes} passes a step, efficiency against 1 node",
+            _BERT_TF + section.format("multi-node"))
+    return out
+
+
 #: NVIDIA's Transformer-XL large on WikiText-103 on DGX-2H nodes (preset ``dgx2h-transformer-xl``):
 #: one node's 16 GPUs against one at 8 sequences a GPU, and 2 to 8 nodes against one node at 4
 #: (weak scaling: the same sequences a GPU at every size, no accumulation), in tokens/s. The
@@ -363,7 +398,7 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
                                       "the fit: inside the band" if fitted else "reported"))
-    checks += _bert_checks() + _txl_checks()
+    checks += _bert_checks() + _bert_tf_checks() + _txl_checks()
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
                                DDP_BENCH_SOURCE, DDP_BENCH_PRESET, model, n, row["alone"][0] / row[n],
