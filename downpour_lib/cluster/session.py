@@ -55,11 +55,12 @@ def _mend_stream_replay() -> None:
     the one the engine's live messages carry: each engine keeps its own display, and a message
     both replayed and streamed (the race ipyparallel's FIXME names) updates that display with
     the same full text. Turning streaming off instead left an interrupted cell waiting for the
-    output of an engine that ignores the interrupt."""
+    output of an engine that ignores the interrupt. An ipyparallel without that callback (another
+    release than the 9.x this mends) is left as it is."""
     from ipyparallel.client.asyncresult import AsyncResult
 
-    streamed = AsyncResult._iopub_streaming_output_callback
-    if getattr(streamed, "downpour_mended", False):
+    streamed = getattr(AsyncResult, "_iopub_streaming_output_callback", None)
+    if streamed is None or getattr(streamed, "downpour_mended", False):
         return
 
     def callback(self, eid, msg_future, msg):
