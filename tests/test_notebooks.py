@@ -106,28 +106,33 @@ def test_00_cluster_quickstart():
     assert allreduce.count("3.0") == 2, allreduce  # 1 + 2 on both ranks
 
 
+def cluster_notebook(path: Path, *cells: str) -> Path:
+    """A notebook at ``path``: ``engines = 2`` (its parameters cell), ``use_cluster``, ``cells``,
+    and ``cluster.stop()``."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("engines = 2", metadata={"tags": ["parameters"]})]
+    nb.cells += [nbformat.v4.new_code_cell(source) for source in (
+        "from downpour_lib.cluster import use_cluster\ncluster = use_cluster('local-mpi', n=engines)",
+        *cells, "cluster.stop()")]
+    nbformat.write(nb, path)
+    return path
+
+
 def test_px_shows_every_engines_output_also_when_it_came_before_the_cell_looked(tmp_path):
     """A kernel busy elsewhere (the browser test beside make test's workers) reads a quick %px's
     replies late, when every engine's output is already in. ipyparallel's streamed %px then showed
     the last engine's alone (CI: rank 1's hello): its replay of early output gives every engine one
     display id. Here the kernel reads late on purpose: the view's execute waits for the output."""
-    notebook = tmp_path / "late.ipynb"
-    late = nbformat.v4.new_notebook()
-    late.cells = [nbformat.v4.new_code_cell(source, metadata=metadata) for source, metadata in [
-        ("engines = 2", {"tags": ["parameters"]}),
-        ("from downpour_lib.cluster import use_cluster\n"
-         "cluster = use_cluster('local-mpi', n=engines)", {}),
-        ("%px import downpour_lib.cluster.remote as remote", {}),
-        ("send = cluster._view.execute\n"
-         "def execute_and_read_late(*args, **kwargs):\n"
-         "    result = send(*args, **kwargs)\n"
-         "    assert result.wait_for_output(60), 'no output from the engines in 60 s'\n"
-         "    return result\n"
-         "cluster._view.execute = execute_and_read_late", {}),
-        ("%px print(remote.hello())", {}),
-        ("cluster.stop()", {}),
-    ]]
-    nbformat.write(late, notebook)
+    notebook = cluster_notebook(
+        tmp_path / "late.ipynb",
+        "%px import downpour_lib.cluster.remote as remote",
+        "send = cluster._view.execute\n"
+        "def execute_and_read_late(*args, **kwargs):\n"
+        "    result = send(*args, **kwargs)\n"
+        "    assert result.wait_for_output(60), 'no output from the engines in 60 s'\n"
+        "    return result\n"
+        "cluster._view.execute = execute_and_read_late",
+        "%px print(remote.hello())")
     hello = outputs(run_notebook(notebook), "remote.hello()")
     assert "hello from rank 0 of 2" in hello and "hello from rank 1 of 2" in hello, hello
 
@@ -138,32 +143,25 @@ def test_an_interrupted_px_cell_ends_though_its_engines_ignore_the_interrupt(tmp
     output shown only when done (our mend for the lost output before), the cell waited for the
     engines' output instead, here 10 minutes. Output streamed before the interrupt is kept, and
     restart_engines ends the engines that ignored it."""
-    notebook = tmp_path / "interrupt.ipynb"
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source, metadata=metadata) for source, metadata in [
-        ("engines = 2", {"tags": ["parameters"]}),
-        ("from downpour_lib.cluster import use_cluster\n"
-         "cluster = use_cluster('local-mpi', n=engines)", {}),
+    notebook = cluster_notebook(
+        tmp_path / "interrupt.ipynb",
         # the kernel interrupts itself (what Ctrl-C sends it) once both engines are asleep
-        ("import os, pathlib, signal, threading, time\n"
-         f"marks = pathlib.Path({str(tmp_path)!r})\n"
-         "def interrupt_when_asleep():\n"
-         "    while len(list(marks.glob('asleep-*'))) < engines:\n"
-         "        time.sleep(0.2)\n"
-         "    time.sleep(1)  # the engines' printed lines reach the kernel\n"
-         "    os.kill(os.getpid(), signal.SIGINT)\n"
-         "threading.Thread(target=interrupt_when_asleep, daemon=True).start()", {}),
-        ("%%px\n"
-         "import os, pathlib, signal, time\n"
-         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-         "print('asleep', flush=True)\n"
-         f"pathlib.Path({str(tmp_path)!r}, f'asleep-{{os.getpid()}}').touch()\n"
-         "time.sleep(600)", {}),
-        ("print('the kernel is back')\ncluster.restart_engines()", {}),  # ends the sleepers
-        ("%px print('awake again')", {}),
-        ("cluster.stop()", {}),
-    ]]
-    nbformat.write(nb, notebook)
+        "import os, pathlib, signal, threading, time\n"
+        f"marks = pathlib.Path({str(tmp_path)!r})\n"
+        "def interrupt_when_asleep():\n"
+        "    while len(list(marks.glob('asleep-*'))) < engines:\n"
+        "        time.sleep(0.2)\n"
+        "    time.sleep(1)  # the engines' printed lines reach the kernel\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "threading.Thread(target=interrupt_when_asleep, daemon=True).start()",
+        "%%px\n"
+        "import os, pathlib, signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "print('asleep', flush=True)\n"
+        f"pathlib.Path({str(tmp_path)!r}, f'asleep-{{os.getpid()}}').touch()\n"
+        "time.sleep(600)",
+        "print('the kernel is back')\ncluster.restart_engines()",  # ends the sleepers
+        "%px print('awake again')")
     done = run_notebook(notebook, timeout_s=300)
     assert "the kernel is back" in outputs(done, "the kernel is back"), done.cells[-1]
     px = outputs(done, "time.sleep(600)")
