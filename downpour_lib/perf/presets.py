@@ -48,8 +48,8 @@ class Published:
     """A published scaling result and what the model predicts for it: the band that the ranges of
     what the preset does not measure give together (``low``, ``high``: overlap, cross-node rate,
     jitter, the devices' spread, the framework's work, a busy node's shares;
-    ``perfmodel.unknown_ends``) and its
-    middle."""
+    ``perfmodel.unknown_ends``; and how far two runs lie apart, ``terms.MEASUREMENT_SPREAD``) and
+    its middle."""
 
     claim: str
     source: str
