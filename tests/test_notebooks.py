@@ -145,20 +145,22 @@ def test_an_interrupted_px_cell_ends_though_its_engines_ignore_the_interrupt(tmp
     restart_engines ends the engines that ignored it."""
     notebook = cluster_notebook(
         tmp_path / "interrupt.ipynb",
-        # the kernel interrupts itself (what Ctrl-C sends it) once both engines are asleep
-        "import os, pathlib, signal, threading, time\n"
-        f"marks = pathlib.Path({str(tmp_path)!r})\n"
+        # the kernel interrupts itself (what Ctrl-C sends it) once both engines' lines, printed
+        # after they turned SIGINT off, have reached it (the %px magics' last result)
+        "import os, signal, threading, time\n"
+        "px = get_ipython().magics_manager.registry['ParallelMagics']\n"
+        "def asleep():\n"
+        "    result = px.last_result\n"
+        "    return 0 if result is None else sum('asleep' in (out or '') for out in result.stdout)\n"
         "def interrupt_when_asleep():\n"
-        "    while len(list(marks.glob('asleep-*'))) < engines:\n"
+        "    while asleep() < engines:\n"
         "        time.sleep(0.2)\n"
-        "    time.sleep(1)  # the engines' printed lines reach the kernel\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "threading.Thread(target=interrupt_when_asleep, daemon=True).start()",
         "%%px\n"
-        "import os, pathlib, signal, time\n"
+        "import signal, time\n"
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "print('asleep', flush=True)\n"
-        f"pathlib.Path({str(tmp_path)!r}, f'asleep-{{os.getpid()}}').touch()\n"
         "time.sleep(600)",
         "print('the kernel is back')\ncluster.restart_engines()",  # ends the sleepers
         "%px print('awake again')")
