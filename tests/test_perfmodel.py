@@ -1449,9 +1449,8 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     assert lost("bert-large-512") > 3 * max(lost("bert-large-512-amp"), lost("bert-large-128"))
     # in seconds a step (a GPU's batch times its passes), what 2 to 32 nodes lose against one is a
     # fixed cost: 0.23-0.36 s for sequence 512 in TF32, under 0.1 s for the other three settings
-    batch = {model: w.batch_size for model, w in PRESETS["dgx-a100-bert"].workloads.items()}
-    seconds = {model: [batch[model] * passes * 8 * (nodes / rate - 1 / rows[0][2])
-                       for nodes, passes, rate in rows[1:]] for model, rows in BERT_NODES.items()}
+    seconds = {model: [passes * s for (_, passes, _), s in zip(rows[1:], lost_a_pass_s(
+        "dgx-a100-bert", model, rows), strict=True)] for model, rows in BERT_NODES.items()}
     assert all(0.2 < s < 0.4 for s in seconds.pop("bert-large-512")), seconds
     assert all(s < 0.1 for lost_s in seconds.values() for s in lost_s), seconds
     # the model, whose bytes and framework's work (per byte of gradient) halve at 2 bytes, gives
@@ -1516,7 +1515,7 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
     the README's loss against one node grows with the ranks: at most 9.5 ms at 32 GPUs, 6-21 at
     128, 14-35 at 256 (its optimization.py allreduces a flag every pass: each pass waits for every
     rank; the model's slowest pass of 256 at the jitter's range is under 2.5 ms, docs/perf_model.md)."""
-    from downpour_lib.perf.presets import BERT_TF_NODES, BERT_TF_PRESET
+    from downpour_lib.perf.presets import BERT_TF_NODES, BERT_TF_PRESET, _bert_label
     from downpour_lib.perf.terms import JITTER_RANGE, expected_max_of_normals
 
     checks = [c for c in published_checks() if "TensorFlow" in c.claim]
@@ -1527,13 +1526,12 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
     cal = PRESETS[BERT_TF_PRESET]
     per_pass_ms = {}
     for model, rows in BERT_TF_NODES.items():
-        setting = [c for c in checks if c.claim.startswith(_bert_tf_label(model)) and "nodes" in c.claim]
+        setting = [c for c in checks if c.claim.startswith(_bert_label(model) + ", TensorFlow:")
+                   and "nodes" in c.claim]
         errors = [c.error for c in setting]
         assert len(errors) == 3 and errors == sorted(errors) and errors[1] > 0.015, (model, errors)
         assert 0.04 < errors[2] < 0.14, (model, errors)
-        b = cal.workloads[model].batch_size
-        (_, _, one), *more = rows
-        per_pass_ms[model] = [1000 * b * 8 * (nodes / rate - 1 / one) for nodes, _, rate in more]
+        per_pass_ms[model] = [1000 * s for s in lost_a_pass_s(BERT_TF_PRESET, model, rows)]
     at = list(zip(*per_pass_ms.values(), strict=True))  # 32 GPUs, 128, 256: the four settings each
     assert max(at[0]) < 9.5 and 6 < min(at[1]) <= max(at[1]) < 21 and 14 < min(at[2]) < max(at[2]) < 35
     # the wait for the slowest pass of 256 GPUs over 8, at the jitter's range, is under 2.5 ms
@@ -1542,10 +1540,12 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
     assert slowest < 0.0025 < min(at[2]) / 1000, slowest
 
 
-def _bert_tf_label(model: str) -> str:
-    from downpour_lib.perf.presets import _bert_label
-
-    return _bert_label(model) + ", TensorFlow:"
+def lost_a_pass_s(preset: str, model: str, rows) -> list[float]:
+    """Seconds a pass (one GPU's batch of ``preset``'s ``model``) takes at each row of N DGX A100
+    nodes (``presets.BERT_NODES``' rows: the first one node) beyond the one node's pass."""
+    batch = PRESETS[preset].workloads[model].batch_size
+    (_, _, one), *more = rows
+    return [batch * 8 * (nodes / rate - 1 / one) for nodes, _, rate in more]
 
 
 def test_bert_counts_the_mlm_head_on_the_masked_tokens_only():

@@ -277,17 +277,21 @@ def _relative(p, base) -> tuple[float, float, float]:
     return sum(ends) / 2, min(ends) * (1 - MEASUREMENT_SPREAD), max(ends) * (1 + MEASUREMENT_SPREAD)
 
 
-def _bert_checks() -> list[Published]:
-    """BERT's rows: 8 GPUs against 1, and N nodes against 1 at N's accumulation."""
-    out = [_efficiency(f"{_bert_label(model, full)}: 8 GPUs of a {node} efficiency",
-                       _BERT + f'section "{section}"', preset, model, 8, eight / (8 * one),
+def _bert_checks(source: str = _BERT, one_node=BERT_ONE_NODE, preset: str = BERT_PRESET,
+                 nodes=BERT_NODES, nodes_section: str = "Pre-training NVIDIA DGX A100 (8x A100 80GB) "
+                 "Multi-node Scaling", framework: str = "") -> list[Published]:
+    """A BERT README's rows: 8 GPUs against 1 (``one_node``, as ``BERT_ONE_NODE``), and N DGX A100
+    nodes against 1 at N's accumulation (``nodes``, as ``BERT_NODES``, on ``preset``);
+    ``framework`` follows the setting in each claim (", TensorFlow")."""
+    out = [_efficiency(f"{_bert_label(model, full)}{framework}: 8 GPUs of a {node} efficiency",
+                       source + f'section "{section}"', node_preset, model, 8, eight / (8 * one),
                        tolerance="reported")
-           for preset, node, full, section, rows in BERT_ONE_NODE for model, one, eight in rows]
-    for model, rows in BERT_NODES.items():
+           for node_preset, node, full, section, rows in one_node for model, one, eight in rows]
+    for model, rows in nodes.items():
         out += _against_one_node(
-            BERT_PRESET, model, rows, _bert_label(model) + ": {nodes} DGX A100 nodes ({gpus} GPUs), "
-            "{passes} passes a step, efficiency against 1 node",
-            _BERT + 'section "Pre-training NVIDIA DGX A100 (8x A100 80GB) Multi-node Scaling"')
+            preset, model, rows, _bert_label(model) + framework + ": {nodes} DGX A100 nodes "
+            "({gpus} GPUs), {passes} passes a step, efficiency against 1 node",
+            source + f'section "{nodes_section}"')
     return out
 
 
@@ -299,30 +303,16 @@ def _bert_checks() -> list[Published]:
 _BERT_TF = ("NVIDIA DeepLearningExamples, TensorFlow/LanguageModeling/BERT/README.md (commit 96138d50, "
             "unchanged to 9de48bc9; TensorFlow 20.06-py3 NGC container), ")
 BERT_TF_PRESET = "dgx-a100-bert-tf"
-BERT_TF_ONE_NODE = (  # (model, 1 GPU, 8 GPUs), sequences/s
-    ("bert-large-128-amp", 356.845, 2871.89), ("bert-large-128", 238.10, 1889.71),
-    ("bert-large-512-amp", 70.856, 572.112), ("bert-large-512", 39.96, 316.51))
+BERT_TF_ONE_NODE = (  # as BERT_ONE_NODE: preset, node, its full precision, section, rows
+    (BERT_TF_PRESET, "DGX A100", "TF32", "Pre-training training performance: single-node on DGX A100 40GB",
+     (("bert-large-128-amp", 356.845, 2871.89), ("bert-large-128", 238.10, 1889.71),
+      ("bert-large-512-amp", 70.856, 572.112), ("bert-large-512", 39.96, 316.51))),)  # sequences/s
 BERT_TF_NODES = {  # model: ((nodes, accumulation steps, sequences/s), ...), the first row 1 node
     "bert-large-128-amp": ((1, 128, 2871.89), (4, 32, 11159), (16, 8, 41144), (32, 4, 77479.87)),
     "bert-large-128": ((1, 128, 1889.71), (4, 32, 7532.00), (16, 8, 28605.62), (32, 4, 53585.82)),
     "bert-large-512-amp": ((1, 256, 572.112), (4, 128, 2197.44), (16, 32, 8723.1), (32, 16, 16705)),
     "bert-large-512": ((1, 512, 316.51), (4, 128, 1268.43), (16, 32, 4903.39), (32, 16, 9463.80)),
 }
-
-
-def _bert_tf_checks() -> list[Published]:
-    """TensorFlow BERT's rows: 8 GPUs against 1, and N nodes against 1 at N's accumulation."""
-    section = 'section "Pre-training training performance: {} on DGX A100 40GB"'
-    out = [_efficiency(f"{_bert_label(model)}, TensorFlow: 8 GPUs of a DGX A100 efficiency",
-                       _BERT_TF + section.format("single-node"), BERT_TF_PRESET, model, 8,
-                       eight / (8 * one), tolerance="reported")
-           for model, one, eight in BERT_TF_ONE_NODE]
-    for model, rows in BERT_TF_NODES.items():
-        out += _against_one_node(
-            BERT_TF_PRESET, model, rows, _bert_label(model) + ", TensorFlow: {nodes} DGX A100 nodes "
-            "({gpus} GPUs), {passes} passes a step, efficiency against 1 node",
-            _BERT_TF + section.format("multi-node"))
-    return out
 
 
 #: NVIDIA's Transformer-XL large on WikiText-103 on DGX-2H nodes (preset ``dgx2h-transformer-xl``):
@@ -398,7 +388,10 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
                                       "the fit: inside the band" if fitted else "reported"))
-    checks += _bert_checks() + _bert_tf_checks() + _txl_checks()
+    checks += _bert_checks() + _bert_checks(
+        _BERT_TF, BERT_TF_ONE_NODE, BERT_TF_PRESET, BERT_TF_NODES,
+        "Pre-training training performance: multi-node on DGX A100 40GB", ", TensorFlow")
+    checks += _txl_checks()
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
                                DDP_BENCH_SOURCE, DDP_BENCH_PRESET, model, n, row["alone"][0] / row[n],
