@@ -490,6 +490,9 @@ def test_preset_parameter_counts_are_the_published_models():
     assert PARAMETERS["bert-large"] - PARAMETERS["bert-large-tf"] == 6 * hidden + 6
     for model, w in PRESETS["dgx-a100-bert-tf"].workloads.items():
         assert w.param_bytes == (2 if model.endswith("-amp") else 4) * PARAMETERS["bert-large-tf"]
+    # PaddlePaddle's too; its mixed precision keeps fp32 parameters, so fp32 gradients
+    for model, w in PRESETS["dgx-a100-bert-paddle"].workloads.items():
+        assert w.param_bytes == 4 * PARAMETERS["bert-large-tf"], model
     # Transformer-XL large as NVIDIA's example builds it (MemTransformerLM, wt103_large.yaml): 18
     # layers of 1024 (relative attention: qkv, output and position projections, no biases), an
     # adaptive input of four clusters (widths 1024 to 16, each projected to 1024) tied to the
@@ -1380,12 +1383,14 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 71 of 99 inside the band
-    (five of six asked: 83), and two errors beyond 10 points at 32 nodes: NVIDIA's PyTorch BERT at
+    command prints those numbers. Where it falls short of the goal: 75 of 123 inside the band
+    (five of six asked: 103), and two errors beyond 10 points at 32 nodes: NVIDIA's PyTorch BERT at
     sequence 512 in TF32, whose TF32 rows at 512 lose far more across nodes than its mixed-precision
     rows that send half the bytes (nothing in the model loses that), and its TensorFlow BERT at
     sequence 128 in mixed precision
-    (test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow). Transformer-XL's 16 GPUs of a
+    (test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow). PaddlePaddle's BERT across
+    nodes lies below every band, by under 10 points
+    (test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes). Transformer-XL's 16 GPUs of a
     DGX-2H come within 6 points (test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute)
     and lie outside their bands by under 2. On the image models, what falls outside is one node's
     8 GPUs, within 2 points of its band: ResNeXt's and SE-ResNeXt's. On BERT every other row on DGX
@@ -1398,7 +1403,7 @@ def test_model_check_prints_the_goal_numbers():
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 99 and s["inside"] >= 71, s
+    assert s["checks"] == 123 and s["inside"] >= 75, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node",
@@ -1409,7 +1414,8 @@ def test_model_check_prints_the_goal_numbers():
     assert all("8 GPUs" in c.claim and c.outside_band < 0.02 for c in outside), outside
     assert all("ResNeXt" in c.claim for c in outside), outside
     bert = [c for c in checks if "BERT" in c.claim and "sequence 512, TF32" not in c.claim
-            and "DGX-1" not in c.claim and "TensorFlow" not in c.claim]
+            and "DGX-1" not in c.claim and "TensorFlow" not in c.claim
+            and "PaddlePaddle" not in c.claim]
     assert len(bert) == 18 and all(c.outside_band < 0.015 for c in bert), bert
     dgx1 = [c for c in checks if "BERT" in c.claim and "DGX-1" in c.claim]  # one node: optimistic
     assert len(dgx1) == 4 and all(0 < c.error < 0.025 for c in dgx1), dgx1
@@ -1437,7 +1443,7 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
         assert eight != again and abs(eight / again - 1) < 0.01, model
     assert BERT_NODES["bert-large-128-amp"][1][2] > 2 * BERT_NODES["bert-large-128-amp"][0][2]
     checks = {c.claim: c for c in published_checks() if "BERT" in c.claim
-              and "TensorFlow" not in c.claim}
+              and "TensorFlow" not in c.claim and "PaddlePaddle" not in c.claim}
     one_node = [c for claim, c in checks.items() if "8 GPUs of a DGX" in claim]  # A100 and DGX-1
     assert len(one_node) == 8 and all(c.outside_band < 0.005 for c in one_node), one_node
     assert sum(c.error > 0 for c in one_node) >= 6, one_node
@@ -1540,6 +1546,39 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
     assert slowest < 0.0025 < min(at[2]) / 1000, slowest
 
 
+def test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes():
+    """NVIDIA's PaddlePaddle BERT (fleet) on the PyTorch README's DGX A100 80GB nodes
+    (presets.BERT_PADDLE_ONE_NODE, BERT_PADDLE_NODES), a check taken as found. One node's 8 GPUs
+    are inside their bands. Across nodes every row loses more than the model and lies below its
+    band, by 2 to 10 points: already at 2 nodes each setting loses 3.5-6 % against one node, where
+    PyTorch's BERT on the same nodes loses at most 1.4 %. The loss is a share of each pass, not
+    seconds: at each count of nodes the four settings (two precisions, two sequence lengths; passes
+    of 0.12 to 0.42 s) lose within about three points of each other, so the milliseconds a pass lose
+    differ by about three times; at 32 nodes 10-12 % (docs/perf_model.md)."""
+    from downpour_lib.perf.presets import BERT_NODES, BERT_PADDLE_NODES, BERT_PADDLE_PRESET
+
+    checks = [c for c in published_checks() if "PaddlePaddle" in c.claim]
+    assert len(checks) == 24 and all(
+        c.source.startswith("NVIDIA DeepLearningExamples, PaddlePaddle/") for c in checks)
+    one_node = [c for c in checks if "8 GPUs of a DGX A100" in c.claim]
+    assert len(one_node) == 4 and all(c.outside_band == 0 for c in one_node), one_node
+    across = [c for c in checks if "nodes" in c.claim]
+    assert len(across) == 20 and all(0.015 < c.error < 0.10 and c.outside_band > 0
+                                     for c in across), across
+
+    def share(rows):  # what each count of nodes loses against one node
+        (_, _, one), *more = rows
+        return [1 - rate / one / nodes for nodes, _, rate in more]
+
+    shares = {model: share(rows) for model, rows in BERT_PADDLE_NODES.items()}
+    at = list(zip(*shares.values(), strict=True))  # 2, 4, 8, 16, 32 nodes: the four settings each
+    assert all(0.035 < s < 0.06 for s in at[0]) and all(0.10 < s < 0.12 for s in at[-1]), at
+    assert all(max(settings) - min(settings) < 0.035 for settings in at), at
+    assert max(s for rows in BERT_NODES.values() for s in share(rows)[:1]) < 0.015
+    ms = [1000 * s for model, rows in BERT_PADDLE_NODES.items()
+          for s in lost_a_pass_s(BERT_PADDLE_PRESET, model, rows)[-1:]]
+    assert max(ms) > 3 * min(ms), ms  # at 32 nodes, per pass: not a fixed cost
+
 def lost_a_pass_s(preset: str, model: str, rows) -> list[float]:
     """Seconds a pass (one GPU's batch of ``preset``'s ``model``) takes at each row of N DGX A100
     nodes (``presets.BERT_NODES``' rows: the first one node) beyond the one node's pass."""
@@ -1564,7 +1603,8 @@ def test_bert_counts_the_mlm_head_on_the_masked_tokens_only():
         return encoder + masked * (d * d + d * vocab) + d * d + 2 * d
 
     for preset, count in (("dgx-a100-bert", "bert-large"), ("dgx1-v100-32g-bert", "bert-large"),
-                          ("dgx-a100-bert-tf", "bert-large-tf")):  # TensorFlow's: 30522 words
+                          ("dgx-a100-bert-tf", "bert-large-tf"),  # TensorFlow's: 30522 words
+                          ("dgx-a100-bert-paddle", "bert-large-tf")):  # and PaddlePaddle's
         models = read_hardware(HARDWARE_DIR / f"{preset}.yaml")["models"]
         for tokens, masked in ((128, 20), (512, 80)):
             macs = models[f"bert-large-{tokens}"]["multiply_adds"]
@@ -1574,7 +1614,8 @@ def test_bert_counts_the_mlm_head_on_the_masked_tokens_only():
             assert w.framework_sample_s == pytest.approx(per_parameter * w.compute_s / w.batch_size)
             assert (per_parameter > 1) == (tokens == 128), per_parameter
             amp = PRESETS[preset].workloads[f"bert-large-{tokens}-amp"]
-            assert amp.framework_sample_s == pytest.approx(w.framework_sample_s / 2)
+            halved = amp.param_bytes / w.param_bytes  # 2-byte gradients: PaddlePaddle's are 4
+            assert amp.framework_sample_s == pytest.approx(w.framework_sample_s * halved)
 
 
 def test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute():

@@ -26,7 +26,7 @@ PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_
               "inception_v3": 23_834_568, "resnext101-32x4d": 44_177_704,
               "se-resnext101-32x4d": 45_251_128,  # DLE's: ResNeXt with SE blocks of 16 channels
               "bert-large": 336_232_258,  # with its pre-training heads, vocabulary padded to 30528
-              "bert-large-tf": 336_226_108,  # the same with Google's vocabulary of 30522 (TensorFlow's)
+              "bert-large-tf": 336_226_108,  # Google's vocabulary of 30522 (TensorFlow's, PaddlePaddle's)
               "transformer-xl-large": 285_167_482}  # DLE's, WikiText-103: adaptive input and softmax
 
 _HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
@@ -315,6 +315,28 @@ BERT_TF_NODES = {  # model: ((nodes, accumulation steps, sequences/s), ...), the
 }
 
 
+#: NVIDIA's BERT-large pre-training in PaddlePaddle (fleet) on DGX A100 80GB nodes (preset
+#: ``dgx-a100-bert-paddle``), the PyTorch README's hardware and tables: one node's 8 GPUs against
+#: one, and 2 to 32 nodes against one node at the same global batch, each row with the
+#: accumulation it ran. The single-node table's 8-GPU rows are the multi-node table's 1-node rows.
+_BERT_PADDLE = ("NVIDIA DeepLearningExamples, PaddlePaddle/LanguageModeling/BERT/README.md (commit "
+                "a5388a45; PaddlePaddle 22.12-py3 NGC container), ")
+BERT_PADDLE_PRESET = "dgx-a100-bert-paddle"
+BERT_PADDLE_ONE_NODE = (  # as BERT_ONE_NODE: preset, node, its full precision, section, rows
+    (BERT_PADDLE_PRESET, "DGX A100", "TF32", "Pre-training NVIDIA DGX A100 (8x A100 80GB)",
+     (("bert-large-128", 307, 2428), ("bert-large-128-amp", 694, 5541),
+      ("bert-large-512", 107, 851), ("bert-large-512-amp", 264, 2109))),)  # sequences/s
+BERT_PADDLE_NODES = {  # model: ((nodes, accumulation steps, sequences/s), ...), the first row 1 node
+    "bert-large-128-amp": ((1, 32, 5541), (2, 16, 10646), (4, 8, 21389), (8, 4, 41681),
+                           (16, 2, 79023), (32, 1, 157952)),
+    "bert-large-128": ((1, 64, 2428), (2, 32, 4638), (4, 16, 9445), (8, 8, 18335), (16, 4, 35526),
+                       (32, 2, 69701)),
+    "bert-large-512-amp": ((1, 128, 2109), (2, 64, 4051), (4, 32, 7972), (8, 16, 15760),
+                           (16, 8, 31129), (32, 4, 60206)),
+    "bert-large-512": ((1, 256, 851), (2, 128, 1601), (4, 64, 3240), (8, 32, 6329), (16, 16, 12273),
+                       (32, 8, 24047)),
+}
+
 #: NVIDIA's Transformer-XL large on WikiText-103 on DGX-2H nodes (preset ``dgx2h-transformer-xl``):
 #: one node's 16 GPUs against one at 8 sequences a GPU, and 2 to 8 nodes against one node at 4
 #: (weak scaling: the same sequences a GPU at every size, no accumulation), in tokens/s. The
@@ -390,7 +412,9 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       "the fit: inside the band" if fitted else "reported"))
     checks += _bert_checks() + _bert_checks(
         _BERT_TF, BERT_TF_ONE_NODE, BERT_TF_PRESET, BERT_TF_NODES,
-        "Pre-training training performance: multi-node on DGX A100 40GB", ", TensorFlow")
+        "Pre-training training performance: multi-node on DGX A100 40GB", ", TensorFlow") + _bert_checks(
+        _BERT_PADDLE, BERT_PADDLE_ONE_NODE, BERT_PADDLE_PRESET, BERT_PADDLE_NODES,
+        framework=", PaddlePaddle")
     checks += _txl_checks()
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
