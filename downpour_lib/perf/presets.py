@@ -410,11 +410,11 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
                                       source + f'section "{section}"', preset, model, 8,
                                       eight / (8 * one), fitted,
                                       "the fit: inside the band" if fitted else "reported"))
-    checks += _bert_checks() + _bert_checks(
-        _BERT_TF, BERT_TF_ONE_NODE, BERT_TF_PRESET, BERT_TF_NODES,
-        "Pre-training training performance: multi-node on DGX A100 40GB", ", TensorFlow") + _bert_checks(
-        _BERT_PADDLE, BERT_PADDLE_ONE_NODE, BERT_PADDLE_PRESET, BERT_PADDLE_NODES,
-        framework=", PaddlePaddle")
+    checks += _bert_checks()
+    checks += _bert_checks(_BERT_TF, BERT_TF_ONE_NODE, BERT_TF_PRESET, BERT_TF_NODES,
+                           "Pre-training training performance: multi-node on DGX A100 40GB", ", TensorFlow")
+    checks += _bert_checks(_BERT_PADDLE, BERT_PADDLE_ONE_NODE, BERT_PADDLE_PRESET, BERT_PADDLE_NODES,
+                           framework=", PaddlePaddle")  # its multi-node section is named as PyTorch's
     checks += _txl_checks()
     if include_fitted:  # the rows the overlap's and the framework's ranges are chosen on
         checks += [_efficiency(f"PyTorch DDP benchmark, {model}, {n} GPUs ({n // 8} DGX-1) efficiency",
