@@ -12,12 +12,13 @@ import subprocess
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import cluster_jobs
 import pandas as pd
 import psutil
 import pytest
-from conftest import BIN, alive, explain, ipcluster_daemon, launch_env, mpiexec, read_json
+from conftest import BIN, alive, engine_pythonpath, explain, ipcluster_daemon, launch_env, mpiexec, read_json
 
 from downpour_lib import TrainConfig
 from downpour_lib.cluster import (
@@ -439,6 +440,36 @@ def test_a_wait_on_engines_that_gave_up_quotes_their_log():
     finally:
         stop_clusters("gave-up-test")
 
+
+def test_a_failed_wait_after_a_restart_quotes_no_log_of_the_engines_before_it():
+    """A wait that ends without its engines quotes the profile's engine logs written since the
+    controller started; after a restart those hold the engines before it too, whose complaint is
+    not why the new ones are missing. It quotes only what was written since the restart, and says
+    the controller may still list the old engines. (The complaint is written here, as an earlier
+    engine of this controller would have left it.)"""
+    install_profile("restart-test", BUNDLED / "profile_local-mpi")
+    session = start_cluster("restart-test", n=2, activate=False, timeout_s=300,
+                            engine_env={"PYTHONPATH": engine_pythonpath()})
+    try:
+        older = Path(session.cluster.profile_dir, "log", "ipengine-before-the-restart.log")
+        older.write_text("2026-12-06 05:00:00.000 [IPEngine.0] CRITICAL | an engine before the restart\n")
+        controller = psutil.Process(session.cluster.controller.process.pid)
+        controller.suspend()  # the new engines cannot register
+        try:
+            session.restart_engines(wait=False)
+            with pytest.raises(ClusterError) as caught:
+                session.wait_for_engines(2, stale_pids=session._restarting, timeout_s=5)
+        finally:
+            controller.resume()
+    finally:
+        try:
+            session.stop()
+        finally:
+            stop_clusters("restart-test")
+    message = str(caught.value)  # the old engines, dead, are still listed by the stopped controller
+    assert message.startswith("0 of 2 restarted engines answered (the controller lists 2, the old "
+                              "ones among them until it sees they are gone) within 5 s; see the "
+                              "engine logs in "), message
 
 def controller_stopped_before_its_engines(profile: str, delay_s: float = 8.0):
     """`ipcluster start --daemonize` of 2 engines that start ``delay_s`` after the controller (time

@@ -98,6 +98,7 @@ class ClusterSession(Running):
         self.local_ranks: set[int] = set()  # the ranks whose engines run on this machine
         self._view = None
         self._restarting: set[int] | None = None  # the old engines' pids, while a restart is pending
+        self._restarted_at = 0.0  # when the engines were last restarted (wall clock): older logs are theirs
         # pid -> psutil.Process: this machine's processes of a cluster we started (controller,
         # mpiexec, engines, their nannies), all of which stop() waits for
         self._processes: dict[int, Any] = {}
@@ -168,6 +169,7 @@ class ClusterSession(Running):
         then map their ranks."""
         timeout_s = timeout_s or self.timeout_s
         deadline, began = time.monotonic() + timeout_s, time.time()
+        fresh = 0  # engines that answered and are not the old ones
         while True:
             ids = sorted(self.client.ids)
             if len(ids) == n:
@@ -175,15 +177,20 @@ class ClusterSession(Running):
                     seen = self._ask(ids, timeout_s=max(1.0, deadline - time.monotonic()))
                 except Exception:  # noqa: BLE001 -- an engine that is going away: ask again
                     seen = {}
-                if len(seen) == n and not {me["pid"] for me in seen.values()} & set(stale_pids):
+                fresh = sum(me["pid"] not in stale_pids for me in seen.values())
+                if len(seen) == n and fresh == n:
                     self._map_ranks(seen)
                     return
             if time.monotonic() > deadline:
-                # the engine logs written since the controller started (else since this wait)
-                why = self.unregistered_why(since=controller_started(self.cluster) or began)
-                raise ClusterError(f"{len(ids)} of {n} engines registered within {timeout_s:.0f} s"
-                                   + (f" ({why})" if why else "") + "; see the engine logs in "
-                                   f"{self.cluster.profile_dir}/log")
+                # the engine logs written since the controller started or the engines were last
+                # restarted, whichever is later (else since this wait): not the old engines'
+                why = self.unregistered_why(
+                    since=max(controller_started(self.cluster) or began, self._restarted_at))
+                count = (f"{fresh} of {n} restarted engines answered (the controller lists {len(ids)}, "
+                         "the old ones among them until it sees they are gone)" if stale_pids
+                         else f"{len(ids)} of {n} engines registered")
+                raise ClusterError(f"{count} within {timeout_s:.0f} s" + (f" ({why})" if why else "")
+                                   + f"; see the engine logs in {self.cluster.profile_dir}/log")
             time.sleep(0.25)
 
     def activate(self) -> None:
@@ -255,6 +262,7 @@ class ClusterSession(Running):
         job waits for them to register."""
         self._await_restart()
         stale = {e["pid"] for e in self.engines.values()}
+        self._restarted_at = time.time()
         self.cluster.restart_engines_sync()
         self._restarting = stale
         if wait:
