@@ -1425,6 +1425,19 @@ def test_model_check_prints_the_goal_numbers():
     proc = downpour("model", "check")
     assert proc.returncode == 0 and "mean absolute error" in proc.stdout, explain(proc)
     assert f"inside the band: {s['inside']} of {s['checks']}" in proc.stdout
+    # each kind of check apart (presets.KINDS), every efficiency check in one: where the band holds
+    # (images, and one node's devices: 58 of 65 inside) and where it does not (language models
+    # across nodes, whose bands are narrow: one bucket, no overlap)
+    from downpour_lib.perf.presets import KINDS, check_groups
+
+    groups = check_groups()
+    assert list(groups) == list(KINDS) and sum(g["checks"] for g in groups.values()) == s["checks"]
+    for kind, g in groups.items():
+        assert f"  {kind}: {g['checks']}; point: mean absolute error {g['mae']:.1f}" in proc.stdout
+    elsewhere = [g for kind, g in groups.items() if kind != "language models, across nodes"]
+    assert sum(g["inside"] for g in elsewhere) >= 58 and sum(g["checks"] for g in elsewhere) == 65
+    lm = groups["language models, across nodes"]
+    assert lm["inside"] / lm["checks"] < 0.3 and lm["above"] > 5 * lm["below"], lm
 
 
 def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():

@@ -433,13 +433,19 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..perf.presets import check_summary, published_table
+    from ..perf.presets import check_groups, check_summary, published_checks, published_table
 
     table = published_table().drop(columns="source")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    s = check_summary()
-    print(f"efficiency checks: {s['checks']}; point: mean absolute error {s['mae']:.1f} points, "
-          f"largest {s['max_error']:.1f}, {s['below']} below and {s['above']} above the published "
-          f"value; inside the band: {s['inside']} of {s['checks']}; band width: mean "
-          f"{s['band_mean']:.1f} points, widest {s['band_max']:.1f}")
+    checks = published_checks()
+    print("efficiency checks: " + _summary_line(check_summary(checks)))
+    for kind, s in check_groups(checks).items():  # where the band holds, and where it does not
+        print(f"  {kind}: " + _summary_line(s))
     return 0
+
+
+def _summary_line(s: dict[str, float]) -> str:
+    return (f"{s['checks']}; point: mean absolute error {s['mae']:.1f} points, largest "
+            f"{s['max_error']:.1f}, {s['below']} below and {s['above']} above the published value; "
+            f"inside the band: {s['inside']} of {s['checks']}; band width: mean {s['band_mean']:.1f} "
+            f"points, widest {s['band_max']:.1f}")

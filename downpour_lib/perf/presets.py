@@ -60,6 +60,7 @@ class Published:
     low: float = math.nan
     high: float = math.nan
     fitted: bool = False  # a row of the table the model is fitted on: not a check
+    kind: str = ""  # which models, inside one node or across nodes (``KINDS``)
 
     @property
     def error(self) -> float:
@@ -73,12 +74,25 @@ class Published:
         return max(0.0, low - self.published, self.published - high)
 
 
+#: the kinds of check ``check_groups`` reports apart: a language model's sequences or images, on
+#: one node's devices or across nodes (where the model misses most: docs/perf_model.md)
+KINDS = ("images, one node", "images, across nodes", "language models, one node",
+         "language models, across nodes")
+_LANGUAGE_MODELS = ("bert-", "transformer-xl")  # the presets' language models, by name
+
+
+def _kind(cal: Calibration, model: str, workers: int) -> str:
+    models = "language models" if model.startswith(_LANGUAGE_MODELS) else "images"
+    return f"{models}, {'one node' if workers <= cal.network.per_node else 'across nodes'}"
+
+
 def _efficiency(claim: str, source: str, preset: str | Calibration, model: str, workers: int,
                 published: float, fitted: bool = False,
                 tolerance: str = "within 10 points of the band") -> Published:
-    p = predict(PRESETS[preset] if isinstance(preset, str) else preset, "allreduce", workers, model)
+    cal = PRESETS[preset] if isinstance(preset, str) else preset
+    p = predict(cal, "allreduce", workers, model)
     return Published(claim, source, published, p.efficiency, "efficiency", tolerance,
-                     p.efficiency_low, p.efficiency_high, fitted)
+                     p.efficiency_low, p.efficiency_high, fitted, _kind(cal, model, workers))
 
 
 #: NVIDIA's DeepLearningExamples ResNet-50 v1.5 PyTorch README: training throughput, 1 and 8 GPUs
@@ -264,7 +278,8 @@ def _against_one_node(preset: str, model: str, rows, claim: str, source: str) ->
     for nodes, accumulation, rate in more:
         point, low, high = _relative(at(accumulation, per_node * nodes), base)
         out.append(Published(claim.format(nodes=nodes, gpus=per_node * nodes, passes=accumulation),
-                             source, rate / one / nodes, point, "efficiency", "reported", low, high))
+                             source, rate / one / nodes, point, "efficiency", "reported", low, high,
+                             kind=_kind(cal, model, per_node * nodes)))
     return out
 
 
@@ -446,11 +461,19 @@ def check_summary(checks: list[Published] | None = None) -> dict[str, float]:
             "band_mean": sum(widths) / len(rows), "band_max": max(widths)}
 
 
+def check_groups(checks: list[Published] | None = None) -> dict[str, dict[str, float]]:
+    """``check_summary`` of each kind of efficiency check (``KINDS``) that has any, in that order."""
+    rows = checks if checks is not None else published_checks()
+    return {kind: check_summary(group) for kind in KINDS
+            if (group := [c for c in rows if c.kind == kind and c.unit == "efficiency"])}
+
+
 def published_table():
     """``published_checks`` as a table: claim, published, predicted, error, what counts as agreement."""
     import pandas as pd
 
-    return pd.DataFrame([{"claim": c.claim, "published": c.published, "predicted": c.predicted,
+    return pd.DataFrame([{"claim": c.claim, "kind": c.kind, "published": c.published,
+                          "predicted": c.predicted,
                           "low": c.low, "high": c.high, "error": c.error,
                           "band": c.high - c.low,
                           "outside_band": c.outside_band, "agreement": c.tolerance,
