@@ -471,6 +471,7 @@ def test_a_failed_wait_after_a_restart_quotes_no_log_of_the_engines_before_it():
                               "ones among them until it sees they are gone) within 5 s; see the "
                               "engine logs in "), message
 
+
 def controller_stopped_before_its_engines(profile: str, delay_s: float = 8.0):
     """`ipcluster start --daemonize` of 2 engines that start ``delay_s`` after the controller (time
     to stop it first, on a loaded machine too), and the controller stopped (SIGSTOP): the cluster,
