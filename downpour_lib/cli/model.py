@@ -435,9 +435,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from ..perf.presets import check_groups, check_summary, published_checks, published_table
 
-    table = published_table().drop(columns="source")
+    checks = published_checks()  # predicted once, for the table and its summaries
+    table = published_table(checks).drop(columns="source")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    checks = published_checks()
     print("efficiency checks: " + _summary_line(check_summary(checks)))
     for kind, s in check_groups(checks).items():  # where the band holds, and where it does not
         print(f"  {kind}: " + _summary_line(s))

@@ -468,8 +468,9 @@ def check_groups(checks: list[Published] | None = None) -> dict[str, dict[str, f
             if (group := [c for c in rows if c.kind == kind and c.unit == "efficiency"])}
 
 
-def published_table():
-    """``published_checks`` as a table: claim, published, predicted, error, what counts as agreement."""
+def published_table(checks: list[Published] | None = None):
+    """``published_checks`` (or ``checks``) as a table: claim, published, predicted, error, what
+    counts as agreement."""
     import pandas as pd
 
     return pd.DataFrame([{"claim": c.claim, "kind": c.kind, "published": c.published,
@@ -477,4 +478,5 @@ def published_table():
                           "low": c.low, "high": c.high, "error": c.error,
                           "band": c.high - c.low,
                           "outside_band": c.outside_band, "agreement": c.tolerance,
-                          "source": c.source} for c in published_checks()])
+                          "source": c.source}
+                         for c in (checks if checks is not None else published_checks())])
