@@ -74,6 +74,19 @@ BAD_INPUTS = [
     # the data set it names fits the model: cnn1d takes MNIST-1D's signals, not CIFAR's images
     (["model", "predict", "--model", "cnn1d", "--calibration", "{cal}"],
      "Measure cnn1d on this machine: `downpour train --model cnn1d --dataset mnist1d ", 2),
+    # a model the preset has no rate for, downpour's or only a preset's: the presets that have
+    # it, and the file to add it to (it was a KeyError's traceback)
+    (["model", "predict", "--preset", "dgx-h100-ib400", "--model", "bert-large-128"],
+     "model='bert-large-128' is not valid: preset 'dgx-h100-ib400' has compute for gpt2, resnet101, "
+     "resnet50 only. Presets with bert-large-128: dgx-a100-bert, dgx-a100-bert-paddle, "
+     "dgx-a100-bert-tf, dgx1-v100-32g-bert (--preset NAME). Or copy "
+     "downpour_lib/perf/hardware/dgx-h100-ib400.yaml, add bert-large-128 under `models:`", 2),
+    (["model", "predict", "--model", "bert-large-128", "--calibration", "{cal}"],
+     "has compute for inception_small only. downpour does not train bert-large-128, so it cannot "
+     "be measured here. Presets with bert-large-128: dgx-a100-bert, ", 2),
+    (["model", "predict", "--model", "mine", "--hardware", "{hw}"],
+     "model='mine' is not valid: hardware file 'sgp-v100-10g' ({hw}) has compute for resnet50 only. "
+     "To predict it, add mine under `models:`", 2),
     (["model", "calibrate", "--collectives", "{coll}", "--summary", "{tmp}/none.json"],
      "summary='{tmp}/none.json' is not valid: no such file: write one with `downpour train", 2),
     (["model", "calibrate", "--collectives", "{coll}", "--summary", "{json}"],
@@ -98,7 +111,8 @@ def test_bad_input_exits_with_a_useful_message(capsys, tmp_path, args, expected,
               "json": str(tmp_path / "run.json"),
               "nb": str(ROOT / "notebooks" / "02_scaling_study.ipynb"),
               "cal": str(ROOT / "results/reference/scaling/calibration.json"),
-              "coll": str(ROOT / "results/reference/scaling/collectives.json")}
+              "coll": str(ROOT / "results/reference/scaling/collectives.json"),
+              "hw": str(ROOT / "downpour_lib/perf/hardware/sgp-v100-10g.yaml")}
     (tmp_path / "afile").write_text("")
     (tmp_path / "run.yaml").write_text("algorithm: local\n  steps: 3\n")
     (tmp_path / "run.json").write_text('{"steps": 3,}')

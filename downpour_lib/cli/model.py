@@ -60,17 +60,37 @@ def check_names(model: str, algorithms: list[str], any_model: bool = False) -> N
             raise unknown_name("algorithm", name, MODELLED_ALGORITHMS)
 
 
-def no_compute(cal: Calibration, model: str, path: Path | None) -> ConfigError:
-    """The error for a model the calibration has no compute time for: how to measure it here.
-    No guess stands in for it (a FLOP count misses the memory traffic a CPU step is bound by)."""
+def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: str | None = None,
+               hardware: bool = False) -> ConfigError:
+    """The error for a model the calibration (measured, at ``path``; the hardware file at ``path``
+    with ``hardware``; or the preset ``preset``) has no compute time for: how to measure or add
+    it, and the presets that have it. No guess stands in for it (a FLOP count misses the memory
+    traffic a CPU step is bound by)."""
+    from ..models import MODELS
+    from ..perf.presets import PRESETS
+
+    has = f"has compute for {', '.join(sorted(cal.workloads))} only."
+    holders = sorted(name for name, other in PRESETS.items() if model in other.workloads)
+    elsewhere = f" Presets with {model}: {', '.join(holders)} (--preset NAME)." if holders else ""
+    add = (f"add {model} under `models:` (batch, images_per_s: one device's samples/s alone, "
+           "parameters, source; the fields: downpour_lib/perf/hardware.py)")
+    if preset:
+        return ConfigError("model", model, f"preset {preset!r} {has}{elsewhere} Or copy "
+                           f"downpour_lib/perf/hardware/{preset}.yaml, {add}, and give "
+                           "--hardware FILE.yaml")
+    if hardware:
+        return ConfigError("model", model, f"hardware file {cal.name!r} ({path}) {has} To predict "
+                           f"it, {add}.{elsewhere}")
     where = f" ({path})" if path else ""
-    return ConfigError("model", model, f"calibration {cal.name!r}{where} has compute for "
-                       f"{', '.join(sorted(cal.workloads))} only. Measure {model} on this machine: "
-                       f"`downpour train --model {model} --dataset {_data_for(model)} --algorithm "
-                       f"allreduce --steps 30 --warmup-steps 10 --eval-every 0 --summary-json "
-                       f"{model}.json`, then `downpour model calibrate --collectives FILE "
-                       f"--summary {model}.json` (FILE: `downpour bench collectives --json FILE` "
-                       "under mpiexec across your nodes; README: \"Your model, your links\")")
+    if model not in MODELS:  # a published model, not one downpour trains here
+        return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} downpour does "
+                           f"not train {model}, so it cannot be measured here.{elsewhere}")
+    return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} Measure {model} on "
+                       f"this machine: `downpour train --model {model} --dataset {_data_for(model)} "
+                       f"--algorithm allreduce --steps 30 --warmup-steps 10 --eval-every 0 "
+                       f"--summary-json {model}.json`, then `downpour model calibrate --collectives "
+                       f"FILE --summary {model}.json` (FILE: `downpour bench collectives --json FILE` "
+                       "under mpiexec across your nodes; README: \"Your model, your links\")." + elsewhere)
 
 
 def _data_for(model: str) -> str:
@@ -303,7 +323,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         path = None if args.preset else (args.calibration or find_calibration())
         cal = PRESETS[args.preset] if args.preset else load(path)
     if args.model not in cal.workloads:  # named before predicting, with the way to measure it
-        raise no_compute(cal, args.model, path)
+        raise no_compute(cal, args.model, path, args.preset, hardware=bool(args.hardware))
     if args.collective:
         cal = replace(cal, collective=args.collective)
     cal = with_fields(cal, devices_per_node=args.devices_per_node, intra_gbit=args.intra_gbit,
