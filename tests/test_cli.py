@@ -65,6 +65,15 @@ BAD_INPUTS = [
     (["model", "predict", "--model", "nope"], "model='nope' is not valid: choose one of ", 2),
     (["model", "predict", "--model", "inception_small", "--algorithm", "allreduce,nope"],
      "algorithm='nope' is not valid: choose one of ", 2),
+    # an option's value is checked by its algorithm's options, as a run's is (period=0 divided by
+    # 0), and an option its algorithm does not have is named, not ignored
+    (["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16", "--algorithm",
+      "localsgd", "--option", "localsgd.period=0"],
+     "period=0 is not valid: must be a whole number >= 1", 2),
+    (["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16", "--algorithm",
+      "localsgd", "--option", "localsgd.servers=4"],
+     "option='localsgd.servers=4' is not valid: the model reads period, slow_workers, slowdown of "
+     "localsgd", 2),
     (["model", "predict", "--model", "inception_small", "--calibration", "{tmp}/none.json"],
      "calibration='{tmp}/none.json' is not valid: no such file", 2),
     # a model the calibration has no compute for: the two commands that measure it, not a guess

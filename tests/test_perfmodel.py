@@ -96,8 +96,9 @@ def test_gossip_fanout_is_read_from_the_options_the_algorithms_take():
     assert predict(cal, "dpsgd", 2, "m").comm_s == pytest.approx(one)  # a ring of two: one peer
     # four ranks' exponential graph has two hops (1, 2): a sweep asking for more gets both
     assert predict(cal, "sgp", 4, "m", {"peers_per_step": 9}).comm_s == pytest.approx(2 * one)
-    with pytest.raises(ConfigError, match="topology.*torus.*complete, exponential, ring"):
+    with pytest.raises(ConfigError, match="topology='torus' is not valid: choose one of") as bad:
         predict(cal, "sgp", 8, "m", {"topology": "torus"})
+    assert all(name in str(bad.value) for name in ("complete", "exponential", "ring"))
 
 
 def test_predictions_reduce_to_their_references():

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..perf.netmodel import COLLECTIVES
-from ..perf.perfmodel import MODELLED_ALGORITHMS, MODELLED_OPTIONS, Calibration
+from ..perf.perfmodel import MODELLED_ALGORITHMS, Calibration, readable_options
 from ..study.core import reference_dir, results_dir
 from ..study.model_plots import model_dir
 
@@ -344,9 +344,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if algorithm not in algorithms:
             raise ConfigError("option", f"{algorithm}.{key}={value}",
                               f"an option of one of the --algorithm list ({', '.join(algorithms)})")
-        if key not in MODELLED_OPTIONS:
+        if key not in readable_options(algorithm):
             raise ConfigError("option", f"{algorithm}.{key}={value}",
-                              "the model reads " + ", ".join(MODELLED_OPTIONS))
+                              f"the model reads {', '.join(readable_options(algorithm))} of "
+                              f"{algorithm}")
         options.setdefault(algorithm, {})[key] = value
     rows = predict_rows(cal, algorithms, args.workers, args.model, options)
     table = pd.DataFrame(rows)

@@ -302,12 +302,26 @@ def options_for(algorithm: str, options: dict[str, Any] | None = None) -> dict[s
     so that a prediction models what runs."""
     import dataclasses
 
+    from ..options.base import build_options
+
     registry = MODELLED_ALGORITHMS
     if algorithm not in registry:
         raise ConfigError("algorithm", algorithm, "choose from " + ", ".join(registry))
-    fields = {f.name: f.default for f in dataclasses.fields(registry[algorithm])
-              if f.name in MODELLED_OPTIONS and f.default is not dataclasses.MISSING}
-    return {**{k: v for k, v in fields.items() if v is not None}, **(options or {})}
+    cls, given = registry[algorithm], dict(options or {})
+    own = {f.name for f in dataclasses.fields(cls)}
+    # the options class checks what it holds, as a run's would (localsgd.period=0 divided by 0)
+    built = build_options(algorithm, cls, {k: v for k, v in given.items() if k in own})
+    fields = {name: getattr(built, name) for name in own if name in MODELLED_OPTIONS}
+    return {**given, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def readable_options(algorithm: str) -> tuple[str, ...]:
+    """The options of ``algorithm`` a prediction reads: its options class's modelled fields, and
+    the slow workers every synchronous wait takes."""
+    import dataclasses
+
+    own = {f.name for f in dataclasses.fields(MODELLED_ALGORITHMS[algorithm])}
+    return tuple(k for k in MODELLED_OPTIONS if k in own) + _SIMULATION_ONLY
 
 
 def traffic(algorithm: str) -> str:
