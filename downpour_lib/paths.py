@@ -32,7 +32,7 @@ def _check(field: str, path: Path, want_dir: bool) -> None:
                               "directory (it is created if missing)")
         if not want_dir and path.is_dir():
             raise ConfigError(field, str(path), "is a directory, and a file is wanted here: give "
-                              "a file's path, e.g. " + str(path / "summary.json"))
+                              "a file's path, e.g. " + str(path / _example_name(field)))
         target = path if want_dir else path.parent
         problem = _unwritable(target)
         if problem:
@@ -46,6 +46,15 @@ def _check(field: str, path: Path, want_dir: bool) -> None:
     if problem:
         raise ConfigError(field, str(path), f"cannot be created: {there}: {problem}; give a "
                           "directory you can write to")
+
+
+def _example_name(field: str) -> str:
+    """A file name for ``field``'s example: summary_json -> summary.json, json -> rows.json,
+    csv -> rows.csv, anything else -> FIELD.json."""
+    stem, _, kind = field.rpartition("_")
+    if kind in ("json", "csv"):
+        return f"{stem or 'rows'}.{kind}"
+    return f"{field}.ipynb" if field == "output" else f"{field}.json"
 
 
 def _unwritable(directory: Path) -> str | None:

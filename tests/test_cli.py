@@ -102,6 +102,21 @@ BAD_INPUTS = [
      "summary='{json}' is not valid: not JSON", 2),
     (["model", "calibrate", "--collectives", "{coll}", "--summary", "{nb}"],
      "summary='{nb}' is not valid: lacks ['algorithm', 'batch_size', ", 2),
+    # a path a command writes is checked before it runs, not at its end (a traceback after the
+    # work: predict's rows, calibrate's fit, a study's runs)
+    (["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16", "--json", "{tmp}"],
+     "json='{tmp}' is not valid: is a directory, and a file is wanted here: give a file's path, "
+     "e.g. {tmp}/rows.json", 2),
+    (["model", "calibrate", "--collectives", "{coll}", "--out", "{tmp}"],
+     "out='{tmp}' is not valid: is a directory, and a file is wanted", 2),
+    (["model", "calibrate", "--collectives", "{coll}", "--steps", "{steps}", "--out", "{tmp}/c.json"],
+     "steps='{steps}' is not valid: no step past the first 5 (the warm-up)", 2),
+    (["study", "--out", "{file}", "--steps", "4", "--warmup-steps", "1"],
+     "out='{file}' is not valid: is a file, and a directory is wanted", 2),
+    (["plot", "--reference", "--figures", "{file}"],
+     "figures='{file}' is not valid: is a file, and a directory is wanted", 2),
+    (["evaluate", "--checkpoint-dir", "{tmp}", "--csv", "{tmp}"],
+     "csv='{tmp}' is not valid: is a directory, and a file is wanted", 2),
     # validate's arguments, checked before any sandbox starts: 3 nodes and any model pass them
     (["model", "validate", "--nodes", "1"], "nodes=1 is not valid: at least 2", 2),
     (["model", "validate", "--model", "nope"], "model='nope' is not valid: choose one of cnn1d, ", 2),
@@ -110,7 +125,7 @@ BAD_INPUTS = [
     (["model", "validate", "--nodes", "3", "--model", "resnet20", "--algorithms", "sync_ps"],
      "algorithms='sync_ps' is not valid: one worker per node and no server rank", 2),
 ]
-COMMANDS = ("notebook", "model")
+COMMANDS = ("notebook", "model", "study", "plot", "evaluate")
 
 
 @pytest.mark.parametrize("args, expected, status", BAD_INPUTS,
@@ -121,15 +136,42 @@ def test_bad_input_exits_with_a_useful_message(capsys, tmp_path, args, expected,
               "nb": str(ROOT / "notebooks" / "02_scaling_study.ipynb"),
               "cal": str(ROOT / "results/reference/scaling/calibration.json"),
               "coll": str(ROOT / "results/reference/scaling/collectives.json"),
-              "hw": str(ROOT / "downpour_lib/perf/hardware/sgp-v100-10g.yaml")}
+              "hw": str(ROOT / "downpour_lib/perf/hardware/sgp-v100-10g.yaml"),
+              "steps": str(tmp_path / "steps.csv")}
     (tmp_path / "afile").write_text("")
     (tmp_path / "run.yaml").write_text("algorithm: local\n  steps: 3\n")
     (tmp_path / "run.json").write_text('{"steps": 3,}')
+    (tmp_path / "steps.csv").write_text("step,step_s\n0,0.1\n1,0.1\n")  # warm-up steps alone
     argv = [a.format(**places) for a in args]
     assert main(argv if args[0] in COMMANDS else ["train", *argv]) == status
     err = capsys.readouterr().err
     assert expected.format(**places) in err and "Traceback" not in err
     assert "-------" not in err and "Kernel" not in err  # no dump of a notebook's cell
+
+
+def test_every_output_a_command_checks_is_one_of_its_flags():
+    """The dispatcher checks the paths each parser names (``output_files``, ``output_dirs``)
+    before the command runs; a name that is no flag's dest would check nothing."""
+    import argparse
+
+    from downpour_lib.cli import build_parser
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in dict.fromkeys(action.choices.values()):
+                    yield from parsers(sub)
+
+    declared = 0
+    for parser in parsers(build_parser()):
+        dests = {a.dest for a in parser._actions}
+        for kind in ("output_files", "output_dirs"):
+            names = parser.get_default(kind) or ()
+            declared += len(names)
+            assert set(names) <= dests, (parser.prog, kind, names)
+    assert declared >= 11  # predict's two, calibrate's, validate's, study's, plot's, evaluate's,
+    # notebook's and four benchmarks' (collectives checks on its rank 0 itself)
 
 
 @pytest.mark.parametrize("action", ["up", "down"])

@@ -46,6 +46,7 @@ from ..checkpoint import atomic_write_text
 from ..comm import Communicator, new_group, runtime
 from ..errors import ConfigError
 from ..launch_env import Placement, discover
+from ..paths import check_output_file
 from ..traffic import ring_share
 from .timing import Sync, buffer_size, measure, measure_paired
 
@@ -256,6 +257,8 @@ def check(args: argparse.Namespace, placement: Placement | None = None) -> Cases
     backends = parse_list("backends", args.backends or default, BACKENDS)
     ops = parse_list("ops", args.ops, OPS)
     sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
+    if placement is None or placement.rank == 0:  # rank 0 writes the rows; the launcher ends the rest
+        check_output_file("json", args.json)
     if placement is not None and placement.world_size < 2:
         raise ConfigError("world size", placement.world_size,
                           "run under a launcher with 2 or more ranks, e.g. mpiexec -n 2 downpour bench ...")

@@ -70,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
                    help="seconds per run (default: %(default)g)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
-    p.set_defaults(func=cmd_bench_emulated)
+    p.set_defaults(func=cmd_bench_emulated, output_files=("json",))
 
 
 def _config(args: argparse.Namespace, algorithm: str, compute: str, trace_dir: str | None

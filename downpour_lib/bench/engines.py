@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds every engine sleeps while its CPU is measured (default: 5)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to start (default: 600)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
-    p.set_defaults(func=cmd_bench_engines)
+    p.set_defaults(func=cmd_bench_engines, output_files=("json",))
 
 
 def _import_all() -> float:

@@ -76,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="DataLoader workers for the pipeline (default: every core)")
     p.add_argument("--json", default=None,
                    help="write the rows here (default: results/<host>/gpu/bench.json)")
-    p.set_defaults(func=main)
+    p.set_defaults(func=main, output_files=("json",))
 
 
 def pipeline(images: int, batch: int, workers: int, rounds: int, device: torch.device) -> float:

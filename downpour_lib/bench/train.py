@@ -90,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
                    help="seconds per run (default: %(default)g)")
     p.add_argument("--json", help="write the rows here (a JSON list)")
-    p.set_defaults(func=cmd_bench_train)
+    p.set_defaults(func=cmd_bench_train, output_files=("json",))
 
 
 def known_backends() -> tuple[str, ...]:

@@ -117,6 +117,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reader_gone()
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every path the command will write (its parser's ``output_files`` and ``output_dirs``
+    defaults name the flags' dests) can be written, before it runs: a study or a calibration
+    that ends in a traceback at its last line has lost its work."""
+    from ..paths import check_output_dir, check_output_file
+
+    for dest in getattr(args, "output_files", ()):
+        check_output_file(dest, getattr(args, dest, None))
+    for dest in getattr(args, "output_dirs", ()):
+        check_output_dir(dest, getattr(args, dest, None))
+
+
 def _run(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command(argv)
@@ -132,6 +144,7 @@ def _run(argv: Sequence[str] | None) -> int:
         return _usage_error(exc, argv)
     args.unknown_args = unknown
     try:
+        check_outputs(args)
         return args.func(args)
     except (ConfigError, DataError) as exc:
         print(f"downpour {args.command}: error: {exc}", file=sys.stderr)

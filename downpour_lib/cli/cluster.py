@@ -33,7 +33,7 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
                        help="do not save the executed notebook")
     p.add_argument("--timeout", type=float, default=CELL_TIMEOUT_S,
                    help="seconds per cell (default: %(default)g)")
-    p.set_defaults(func=cmd_notebook)
+    p.set_defaults(func=cmd_notebook, output_files=("output",))
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:

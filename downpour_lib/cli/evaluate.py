@@ -30,7 +30,7 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
                    help="(default: %(default)s, a run's eval_batch_size)")
     p.add_argument("--data-dir", help="where the data set's files are (default: the run's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    p.set_defaults(func=cmd_evaluate)
+    p.set_defaults(func=cmd_evaluate, output_files=("csv",))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -179,7 +179,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                         "times, for the slowest-of-N wait of synchronous steps (default: none)")
     p.add_argument("--out", default=None, help=f"where the calibration goes "
                                                f"(default: {default_calibration()})")
-    p.set_defaults(func=cmd_calibrate)
+    p.set_defaults(func=cmd_calibrate, output_files=("out",))
 
     p = verbs.add_parser("predict", help="step time, throughput and efficiency at N workers")
     where = p.add_mutually_exclusive_group()
@@ -235,7 +235,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                         "localsgd.period=8, downpour.slow_workers=1 (repeat for more)")
     p.add_argument("--json", default=None, help="write the rows here (a JSON list)")
     p.add_argument("--csv", default=None, help="write the rows here")
-    p.set_defaults(func=cmd_predict)
+    p.set_defaults(func=cmd_predict, output_files=("json", "csv"))
 
     p = verbs.add_parser("validate", help="measure and predict across the multi-node Slurm sandbox's "
                                           "shaped links (root)")
@@ -256,7 +256,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                    help="where validation.csv goes (default: results/<host>/model/sandbox-<N>nodes)")
     p.add_argument("--sandbox-dir", default=None,
                    help="a running sandbox to borrow (default: the usual one, started if needed)")
-    p.set_defaults(func=cmd_validate)
+    p.set_defaults(func=cmd_validate, output_dirs=("out",))
 
     p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
     p.set_defaults(func=cmd_presets)

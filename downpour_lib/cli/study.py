@@ -62,7 +62,7 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None,
                    help=f"where runs.csv and figures/ go (default: {study_dir()}, this machine's)")
     p.add_argument("--fresh", action="store_true", help="start a new CSV instead of resuming")
-    p.set_defaults(func=cmd_study)
+    p.set_defaults(func=cmd_study, output_dirs=("out",))
 
     p = sub.add_parser("plot", help="redraw every study's figures from its CSVs",
                        description="Redraw figures from study CSVs alone: by default every study of "
@@ -79,7 +79,7 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
                    help="a scaling study's CSV (same as its directory with --study scaling)")
     p.add_argument("--figures", default=None,
                    help="where the PNGs go, for one study (default: figures/ beside its CSVs)")
-    p.set_defaults(func=cmd_plot)
+    p.set_defaults(func=cmd_plot, output_dirs=("figures",))
 
 
 def study_base(args: argparse.Namespace) -> dict:

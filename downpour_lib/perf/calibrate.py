@@ -190,6 +190,9 @@ def jitter_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> float:
         raise ConfigError("steps", str(path), "has no step_s column: give a run's steps.csv")
     if "step" in steps:
         steps = steps[steps["step"] >= warmup_steps]
+    if steps.empty:
+        raise ConfigError("steps", str(path), f"no step past the first {warmup_steps} (the warm-up): "
+                          "give a run's steps.csv of more steps, e.g. --steps 30")
     busy = steps["step_s"] - steps[[c for c in _NOT_COMPUTE if c in steps]].sum(axis=1)
     ranks = steps["rank"] if "rank" in steps else pd.Series(0, index=steps.index)
     return float(np.mean([step_spread(list(group)) for _, group in busy.groupby(ranks)]))
