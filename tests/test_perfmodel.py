@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -641,6 +642,51 @@ def test_calibrate_from_a_run_summary_predicts_that_run(tmp_path, capsys):
     ring = ring_allreduce_s(2, w.param_bytes, link) + w.param_bytes / 2 * gamma
     assert two["comm_s"] == pytest.approx(ring, rel=1e-9)
     assert two["step_s"] == pytest.approx(run["step_s"] + ring, rel=1e-9)
+
+
+def test_your_own_model_is_calibrated_and_predicted_by_its_import_path(tmp_path, capsys,
+                                                                      monkeypatch):
+    """docs/own_model.md's model, trained once by its import path as a user would, calibrated from
+    that run's summary and predicted by the same name: the one-worker prediction is the measured
+    step (``model predict`` refused the name, knowing only downpour's and the presets' models). A
+    calibration without it says how to measure it, with the user's own data set."""
+    from conftest import BIN, launch_env
+
+    from downpour_lib.cli import main
+
+    (tmp_path / "mine.py").write_text(
+        "import math\nfrom torch import nn\n\n"
+        "def build(input_shape, num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 64), nn.ReLU(),\n"
+        "                         nn.Linear(64, num_classes))\n")
+    summary = tmp_path / "mine.json"
+    proc = subprocess.run(
+        [str(BIN / "downpour"), "train", "--model", "mine:build", "--dataset", "synthetic-cifar",
+         "--algorithm", "allreduce", "--steps", "12", "--warmup-steps", "4", "--eval-every", "0",
+         "--threads", "1", "--summary-json", str(summary)],
+        env={**launch_env(), "PYTHONPATH": str(tmp_path)}, cwd=tmp_path, capture_output=True,
+        text=True, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    run = json.loads(summary.read_text())
+    assert run["model"] == "mine:build"
+    monkeypatch.syspath_prepend(str(tmp_path))  # the user's directory, where the next two run
+    collectives = ROOT / "results" / "reference" / "model" / "sandbox-2nodes" / \
+        "collectives-100mbit.json"
+    cal = tmp_path / "cal.json"
+    assert main(["model", "calibrate", "--collectives", str(collectives), "--summary",
+                 str(summary), "--out", str(cal)]) == 0
+    rows = tmp_path / "rows.json"
+    assert main(["model", "predict", "--calibration", str(cal), "--model", "mine:build",
+                 "--workers", "1,2", "--json", str(rows)]) == 0
+    one, two = json.loads(rows.read_text())
+    assert one["step_s"] == pytest.approx(run["step_s"], rel=1e-9)
+    assert two["comm_s"] > 0 and two["model"] == "mine:build"
+    capsys.readouterr()
+    other = ROOT / "results" / "reference" / "scaling" / "calibration.json"
+    assert main(["model", "predict", "--calibration", str(other), "--model", "mine:build"]) == 2
+    err = capsys.readouterr().err
+    assert "has compute for inception_small only. Measure mine:build on this machine: `downpour " \
+           "train --model mine:build --dataset YOURS" in err and "Traceback" not in err, err
 
 
 def test_the_backend_a_one_process_run_is_fitted_with():

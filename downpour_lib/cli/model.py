@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -43,21 +44,35 @@ def find_calibration() -> Path:
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
-def check_names(model: str, algorithms: list[str], any_model: bool = False) -> None:
-    """--model and --algorithm against the names that exist, before any file is read (any model
-    where a hardware file names its own)."""
+def check_names(model: str, algorithms: list[str], any_model: bool = False,
+                measured: Iterable[str] = ()) -> None:
+    """--model and --algorithm against the names that exist, before the prediction: downpour's
+    models, the presets', the ``measured`` ones of the calibration it will read, and your own
+    (an import path, ``package.module:function``); any model where a hardware file names its
+    own."""
     from ..errors import unknown_name
     from ..models import MODELS
     from ..perf.presets import PRESETS
 
-    models = set(MODELS) | {m for cal in PRESETS.values() for m in cal.workloads}
-    if model not in models and not any_model:
-        raise unknown_name("model", model, models)
+    models = set(MODELS) | {m for cal in PRESETS.values() for m in cal.workloads} | set(measured)
+    if model not in models and ":" not in model and not any_model:
+        raise unknown_name("model", model, [*sorted(models), "package.module:function"])
     if not algorithms:
         raise ConfigError("algorithm", "", "give one or more of " + ", ".join(MODELLED_ALGORITHMS))
     for name in algorithms:
         if name not in MODELLED_ALGORITHMS:
             raise unknown_name("algorithm", name, MODELLED_ALGORITHMS)
+
+
+def _measured_models(path: str | None) -> set[str]:
+    """The models of the calibration ``predict`` will read (``path``, else the newest of this
+    machine's), none where there is none to read: its own error comes with the reading."""
+    from ..perf.calibrate import load
+
+    try:
+        return set(load(path or find_calibration()).workloads)
+    except ConfigError:
+        return set()
 
 
 def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: str | None = None,
@@ -82,6 +97,13 @@ def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: st
         return ConfigError("model", model, f"hardware file {cal.name!r} ({path}) {has} To predict "
                            f"it, {add}.{elsewhere}")
     where = f" ({path})" if path else ""
+    if ":" in model:  # yours: measured as downpour's are, on your data set
+        return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} Measure {model} "
+                           f"on this machine: `downpour train --model {model} --dataset YOURS "
+                           "--algorithm allreduce --steps 30 --warmup-steps 10 --eval-every 0 "
+                           "--summary-json mine.json`, then `downpour model calibrate --collectives "
+                           "FILE --summary mine.json` (docs/own_model.md; README: \"Your model, your "
+                           "links\")")
     if model not in MODELS:  # a published model, not one downpour trains here
         return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} downpour does "
                            f"not train {model}, so it cannot be measured here.{elsewhere}")
@@ -316,7 +338,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ..perf.presets import PRESETS
 
     algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
-    check_names(args.model, algorithms, any_model=bool(args.hardware))
+    check_names(args.model, algorithms, any_model=bool(args.hardware),
+                measured=() if args.hardware or args.preset else _measured_models(args.calibration))
     if args.hardware:
         path, cal = Path(args.hardware), load_hardware(args.hardware)
     else:
