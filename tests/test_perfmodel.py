@@ -689,6 +689,50 @@ def test_your_own_model_is_calibrated_and_predicted_by_its_import_path(tmp_path,
            "train --model mine:build --dataset YOURS" in err and "Traceback" not in err, err
 
 
+def test_describe_counts_a_models_entry_for_a_hardware_file(tmp_path, capsys, monkeypatch):
+    """`downpour model describe` prints what a hardware file needs of a model but its measured
+    rate: ResNet-50's parameters, multiply-adds and gradient readiness as the presets hold them
+    (counted the same way); yours, by its import path, pasted into a file, predicts. Without a
+    data set for yours, or with a batch of 0, one line says what to give."""
+    import yaml
+
+    from downpour_lib.cli import main
+    from downpour_lib.perf.hardware import hardware_from_dict
+
+    assert main(["model", "describe", "--model", "resnet50"]) == 0
+    out = capsys.readouterr().out
+    assert "add images_per_s" in out
+    entry = yaml.safe_load(out)["resnet50"]
+    preset = PRESETS["horovod-pascal-25g"].workloads["resnet50"]
+    assert entry["parameters"] == PARAMETERS["resnet50"] and entry["batch"] == 32
+    assert tuple(entry["ready_at"]) == preset.ready_at
+    assert entry["multiply_adds"] == pytest.approx(4.09e9, rel=1e-3)  # terms: ResNet-50 at 224
+    assert "images_per_s" not in entry
+
+    (tmp_path / "mine.py").write_text(
+        "import math\nfrom torch import nn\n\n"
+        "def build(input_shape, num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 64), nn.ReLU(),\n"
+        "                         nn.Linear(64, num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["model", "describe", "--model", "mine:build", "--dataset", "synthetic-cifar",
+                 "--batch", "64", "--images-per-s", "5000", "--source", "one V100"]) == 0
+    mine = yaml.safe_load(capsys.readouterr().out)["mine:build"]
+    assert mine["parameters"] == 3 * 32 * 32 * 64 + 64 + 64 * 10 + 10
+    assert mine["multiply_adds"] == pytest.approx(3 * 32 * 32 * 64 + 64 * 10 + 64 + 10, rel=0.01)
+    assert mine["images_per_s"] == 5000 and "one V100" in mine["source"]
+    cal = hardware_from_dict({"devices_per_node": 8, "links": {
+        "intra": {"gbit_per_s": 2400}, "inter": {"gbit_per_s": 200, "transport": "rdma"}},
+        "models": {"mine:build": mine}})
+    p = predict(cal, "allreduce", 64, "mine:build")
+    assert 0 < p.efficiency_low <= p.efficiency <= p.efficiency_high <= 1.01
+
+    assert main(["model", "describe", "--model", "mine:build"]) == 2
+    assert "give --dataset" in capsys.readouterr().err
+    assert main(["model", "describe", "--model", "resnet50", "--batch", "0"]) == 2
+    assert "batch=0 is not valid: samples per worker per step" in capsys.readouterr().err
+
+
 def test_the_backend_a_one_process_run_is_fitted_with():
     """A one-process run's summary says backend "none": fit what a launch of several would use
     under its launcher, or what the file measured; a run of several on an unmeasured backend is

@@ -87,8 +87,10 @@ def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: st
     has = f"has compute for {', '.join(sorted(cal.workloads))} only."
     holders = sorted(name for name, other in PRESETS.items() if model in other.workloads)
     elsewhere = f" Presets with {model}: {', '.join(holders)} (--preset NAME)." if holders else ""
+    counted = (f"`downpour model describe --model {model}` counts all but images_per_s"
+               if model in MODELS or ":" in model else "the fields: downpour_lib/perf/hardware.py")
     add = (f"add {model} under `models:` (batch, images_per_s: one device's samples/s alone, "
-           "parameters, source; the fields: downpour_lib/perf/hardware.py)")
+           f"parameters, source; {counted})")
     if preset:
         return ConfigError("model", model, f"preset {preset!r} {has}{elsewhere} Or copy "
                            f"downpour_lib/perf/hardware/{preset}.yaml, {add}, and give "
@@ -280,6 +282,21 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                    help="a running sandbox to borrow (default: the usual one, started if needed)")
     p.set_defaults(func=cmd_validate, output_dirs=("out",))
 
+    p = verbs.add_parser("describe", help="a hardware file's entry for a model: its parameters, "
+                                          "multiply-adds and gradient readiness, counted here")
+    p.add_argument("--model", required=True,
+                   help="downpour's, or yours: package.module:function (docs/own_model.md)")
+    p.add_argument("--dataset", default=None,
+                   help="samples of the shape it trains on (default for downpour's models: a "
+                        "synthetic set of their input's shape; yours: required)")
+    p.add_argument("--data-dir", default="data", help="where the data set's files are (default: data)")
+    p.add_argument("--batch", type=int, default=32, help="samples per worker per step (default: 32)")
+    p.add_argument("--images-per-s", type=float, default=None,
+                   help="one device's samples/s alone, measured on it (the one number no count "
+                        "gives; without it the entry says to add it)")
+    p.add_argument("--source", default=None, help="where --images-per-s was measured")
+    p.set_defaults(func=cmd_describe)
+
     p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
     p.set_defaults(func=cmd_presets)
     p = verbs.add_parser("check", help="the model against published scaling results")
@@ -461,6 +478,31 @@ def verdict(table: pd.DataFrame, tolerance: float) -> int:
     print(f"downpour model validate: worst error {worst:.1%}, outside the tolerance of "
           f"{tolerance:.0%}: {rows}", file=sys.stderr)
     return 1
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """Print a ``models:`` entry to paste into a hardware file (``perf.hardware.model_entry``)."""
+    import yaml
+
+    from ..models import MODELS
+    from ..perf.hardware import model_entry
+
+    dataset = args.dataset
+    if dataset is None:
+        if args.model not in MODELS:
+            raise ConfigError("dataset", None, f"the data set {args.model} trains on (its samples' "
+                              "shape sets the counts): give --dataset, e.g. mymodels:blobs")
+        dataset = _data_for(args.model)
+    entry = model_entry(args.model, dataset, args.data_dir, args.batch, args.images_per_s,
+                        args.source)
+    print(f"# {args.model} for a hardware file's `models:` (downpour_lib/perf/hardware.py), "
+          "counted on the meta device")
+    if args.images_per_s is None:
+        print("# add images_per_s: one device's samples/s alone, measured on it (e.g. `downpour "
+              "bench gpu`); the file is refused without it")
+    text = yaml.safe_dump({args.model: entry}, sort_keys=False, default_flow_style=None, width=100)
+    print(text, end="")
+    return 0
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

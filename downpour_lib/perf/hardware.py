@@ -467,3 +467,43 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
         fields.update(node_compute=_node_compute("node_compute", node_compute, network.per_node),
                       workloads={k: replace(w, node_compute=None) for k, w in cal.workloads.items()})
     return replace(cal, **fields)
+
+
+def model_entry(model: str, dataset: str, data_dir: str | os.PathLike = "data", batch: int = 32,
+                images_per_s: float | None = None, source: str | None = None) -> dict[str, Any]:
+    """A hardware file's ``models:`` entry for ``model`` (downpour's, or yours by its import path)
+    on samples of ``dataset``: its parameters, the forward multiply-adds of one sample (the
+    framework's unit, ``terms.FRAMEWORK_MACS_PER_PARAMETER``) and when its gradient is ready in
+    backward (``terms.gradient_ready_at``), all counted on the meta device: nothing computed,
+    nothing allocated. ``images_per_s``, one device's samples/s alone, is what no count gives:
+    measure it on the device (``downpour bench gpu``, or one run's summary) and give it."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..data import load_dataset
+    from ..models import build_shaped
+    from .terms import gradient_ready_at
+
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError("batch", batch, "samples per worker per step, an integer >= 1")
+    if images_per_s is not None:
+        _number("images_per_s", images_per_s, "one device's samples/s alone > 0, e.g. 1200")
+    train = load_dataset(dataset, data_dir).train
+    net = build_shaped(model, train.input_shape, train.num_classes)
+    device = next(net.parameters()).device  # meta, unless your constructor computes on tensors
+    example = train.batch(torch.arange(1))[0].to(device)
+    parameters = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        net.train()(example)
+    language = len(train.input_shape) == 1  # token ids: no images for a pipeline to decode
+    entry: dict[str, Any] = {"batch": batch}
+    if images_per_s is not None:
+        entry["images_per_s"] = images_per_s
+    entry.update(parameters=parameters, multiply_adds=float(f"{counter.get_total_flops() / 2:.4g}"),
+                 ready_at=list(gradient_ready_at(net, example)))
+    if language:
+        entry["node_compute"] = "none"
+    entry["source"] = (f"parameters, multiply_adds (one sample of {dataset}, "
+                       f"{'x'.join(map(str, train.input_shape))}) and ready_at counted by `downpour "
+                       f"model describe`; images_per_s: {source or 'give where it was measured'}")
+    return entry
