@@ -50,7 +50,7 @@ def _check(field: str, path: Path, want_dir: bool) -> None:
 
 def _example_name(field: str) -> str:
     """A file name for ``field``'s example: summary_json -> summary.json, json -> rows.json,
-    csv -> rows.csv, anything else -> FIELD.json."""
+    csv -> rows.csv, output (a notebook run's) -> output.ipynb, anything else -> FIELD.json."""
     stem, _, kind = field.rpartition("_")
     if kind in ("json", "csv"):
         return f"{stem or 'rows'}.{kind}"
