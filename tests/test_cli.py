@@ -183,6 +183,17 @@ def test_the_sandbox_refuses_a_timeout_that_is_not_positive_before_touching_anyt
     assert not where.exists()
 
 
+def test_the_sandbox_refuses_a_directory_that_is_a_file_before_touching_anything(capsys, tmp_path):
+    """`up` writes its slurm.conf, keys and logs under --dir: a file there was a traceback from
+    deep in the start-up."""
+    where = tmp_path / "afile"
+    where.write_text("")
+    assert main(["sandbox", "slurm", "up", "--dir", str(where)]) == 2
+    assert f"--dir='{where}' is not valid: is a file, and a directory is wanted" in \
+        capsys.readouterr().out
+    assert where.read_text() == ""
+
+
 @pytest.fixture
 def unwritable(tmp_path):
     """A directory no file can be made in: a read-only mount as root (root passes permission

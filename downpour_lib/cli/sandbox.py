@@ -41,6 +41,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
                               f"they belong to `up`, not `{args.action}`")
         if args.timeout is not None and not args.timeout > 0:
             raise ConfigError("--timeout", args.timeout, "seconds to wait, > 0")
+        if args.action == "up":  # it writes its config, keys and logs there
+            from ..paths import check_output_dir
+
+            check_output_dir("--dir", args.dir)
         sandbox = SlurmSandbox(args.dir, link_system_conf=not args.no_system_conf, nodes=args.nodes)
         waits = {} if args.timeout is None else {"timeout_s": args.timeout}  # else up's and down's own
         if args.action == "up":
