@@ -44,6 +44,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for name, ok in checks.items():
         if not ok:
             raise ConfigError(name, getattr(args, name), "must be a finite number > 0")
+    if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+        # watched, it would poll a file for checkpoints until its timeout
+        raise ConfigError("checkpoint_dir", args.checkpoint_dir,
+                          "is a file, and a directory is wanted: give a run's checkpoint_dir")
     if not args.watch and not os.path.isdir(args.checkpoint_dir):
         raise ConfigError("checkpoint_dir", args.checkpoint_dir,
                           "no such directory; give a run's checkpoint_dir (or --watch to wait "
