@@ -644,6 +644,15 @@ def test_calibrate_from_a_run_summary_predicts_that_run(tmp_path, capsys):
     assert two["step_s"] == pytest.approx(run["step_s"] + ring, rel=1e-9)
 
 
+def write_own_model(where: Path) -> None:
+    """A model of the user's, ``mine:build`` from ``where``: docs/own_model.md's two linear layers."""
+    (where / "mine.py").write_text(
+        "import math\nfrom torch import nn\n\n"
+        "def build(input_shape, num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 64), nn.ReLU(),\n"
+        "                         nn.Linear(64, num_classes))\n")
+
+
 def test_your_own_model_is_calibrated_and_predicted_by_its_import_path(tmp_path, capsys,
                                                                       monkeypatch):
     """docs/own_model.md's model, trained once by its import path as a user would, calibrated from
@@ -654,11 +663,7 @@ def test_your_own_model_is_calibrated_and_predicted_by_its_import_path(tmp_path,
 
     from downpour_lib.cli import main
 
-    (tmp_path / "mine.py").write_text(
-        "import math\nfrom torch import nn\n\n"
-        "def build(input_shape, num_classes):\n"
-        "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 64), nn.ReLU(),\n"
-        "                         nn.Linear(64, num_classes))\n")
+    write_own_model(tmp_path)
     summary = tmp_path / "mine.json"
     proc = subprocess.run(
         [str(BIN / "downpour"), "train", "--model", "mine:build", "--dataset", "synthetic-cifar",
@@ -709,11 +714,7 @@ def test_describe_counts_a_models_entry_for_a_hardware_file(tmp_path, capsys, mo
     assert entry["multiply_adds"] == pytest.approx(4.09e9, rel=1e-3)  # terms: ResNet-50 at 224
     assert "images_per_s" not in entry
 
-    (tmp_path / "mine.py").write_text(
-        "import math\nfrom torch import nn\n\n"
-        "def build(input_shape, num_classes):\n"
-        "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 64), nn.ReLU(),\n"
-        "                         nn.Linear(64, num_classes))\n")
+    write_own_model(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["model", "describe", "--model", "mine:build", "--dataset", "synthetic-cifar",
                  "--batch", "64", "--images-per-s", "5000", "--source", "one V100"]) == 0

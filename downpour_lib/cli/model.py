@@ -64,17 +64,6 @@ def check_names(model: str, algorithms: list[str], any_model: bool = False,
             raise unknown_name("algorithm", name, MODELLED_ALGORITHMS)
 
 
-def _measured_models(path: str | None) -> set[str]:
-    """The models of the calibration ``predict`` will read (``path``, else the newest of this
-    machine's), none where there is none to read: its own error comes with the reading."""
-    from ..perf.calibrate import load
-
-    try:
-        return set(load(path or find_calibration()).workloads)
-    except ConfigError:
-        return set()
-
-
 def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: str | None = None,
                hardware: bool = False) -> ConfigError:
     """The error for a model the calibration (measured, at ``path``; the hardware file at ``path``
@@ -99,21 +88,17 @@ def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: st
         return ConfigError("model", model, f"hardware file {cal.name!r} ({path}) {has} To predict "
                            f"it, {add}.{elsewhere}")
     where = f" ({path})" if path else ""
-    if ":" in model:  # yours: measured as downpour's are, on your data set
-        return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} Measure {model} "
-                           f"on this machine: `downpour train --model {model} --dataset YOURS "
-                           "--algorithm allreduce --steps 30 --warmup-steps 10 --eval-every 0 "
-                           "--summary-json mine.json`, then `downpour model calibrate --collectives "
-                           "FILE --summary mine.json` (docs/own_model.md; README: \"Your model, your "
-                           "links\")")
-    if model not in MODELS:  # a published model, not one downpour trains here
+    if model not in MODELS and ":" not in model:  # a published model, not one downpour trains
         return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} downpour does "
                            f"not train {model}, so it cannot be measured here.{elsewhere}")
+    # downpour's on a data set of its shape; yours (an import path) on yours
+    dataset = _data_for(model) if model in MODELS else "YOURS"
+    summary = model.replace(":", "-") + ".json"
     return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} Measure {model} on "
-                       f"this machine: `downpour train --model {model} --dataset {_data_for(model)} "
+                       f"this machine: `downpour train --model {model} --dataset {dataset} "
                        f"--algorithm allreduce --steps 30 --warmup-steps 10 --eval-every 0 "
-                       f"--summary-json {model}.json`, then `downpour model calibrate --collectives "
-                       f"FILE --summary {model}.json` (FILE: `downpour bench collectives --json FILE` "
+                       f"--summary-json {summary}`, then `downpour model calibrate --collectives "
+                       f"FILE --summary {summary}` (FILE: `downpour bench collectives --json FILE` "
                        "under mpiexec across your nodes; README: \"Your model, your links\")." + elsewhere)
 
 
@@ -355,13 +340,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ..perf.presets import PRESETS
 
     algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
-    check_names(args.model, algorithms, any_model=bool(args.hardware),
-                measured=() if args.hardware or args.preset else _measured_models(args.calibration))
-    if args.hardware:
-        path, cal = Path(args.hardware), load_hardware(args.hardware)
-    else:
-        path = None if args.preset else (args.calibration or find_calibration())
-        cal = PRESETS[args.preset] if args.preset else load(path)
+    if args.hardware or args.preset:
+        check_names(args.model, algorithms, any_model=bool(args.hardware))
+        path = Path(args.hardware) if args.hardware else None
+        cal = load_hardware(args.hardware) if args.hardware else PRESETS[args.preset]
+    else:  # read first: the models it measured are names too; a name is checked without one
+        try:
+            path = args.calibration or find_calibration()
+            cal, unread = load(path), None
+        except ConfigError as exc:
+            cal, unread = None, exc
+        check_names(args.model, algorithms, measured=cal.workloads if cal else ())
+        if unread is not None:
+            raise unread
     if args.model not in cal.workloads:  # named before predicting, with the way to measure it
         raise no_compute(cal, args.model, path, args.preset, hardware=bool(args.hardware))
     if args.collective:
