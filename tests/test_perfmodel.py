@@ -937,15 +937,29 @@ def test_the_devices_own_spread_waits_at_every_accumulation_and_is_a_range_from_
 
 
 def test_a_collective_per_size_and_n_and_a_crowded_node():
-    """auto picks tree where latency dominates (small messages, many ranks), ring where bytes
-    do; on one node the ranks share its memory and cores (issue 34: comm grew 2.5 -> 363 ms from
-    2 to 32 ranks on 2 cores), so per-rank comm grows with ranks instead of staying flat."""
+    """auto is NCCL's tuner: the least of its algorithms under its protocols, a tree with LL where
+    latency dominates (small messages, many ranks), a ring with Simple where bytes do, as NCCL's
+    maintainers describe its choices (nccl#754: "tree/LL -> ring/LL -> ... ring/simple"); on one
+    node the ranks share its memory and cores (issue 34: comm grew 2.5 -> 363 ms from 2 to 32
+    ranks on 2 cores), so per-rank comm grows with ranks instead of staying flat."""
+    from downpour_lib.perf.netmodel import nccl_choices
+
     net = Network(Link(1e-6, 100e9), Link(1e-5, 10e9), per_node=8)
-    for n, size in ((1024, 1e3), (1024, 1e9), (16, 1e8)):
-        best = min(allreduce_s(n, size, net, "ring"), allreduce_s(n, size, net, "tree"))
-        assert allreduce_s(n, size, net, "auto") == best
-    assert allreduce_s(1024, 1e3, net, "auto") == allreduce_s(1024, 1e3, net, "tree")
-    assert allreduce_s(16, 1e8, net, "auto") == allreduce_s(16, 1e8, net, "ring")
+
+    def chosen(n, size):
+        times = nccl_choices(n, size, net)
+        assert allreduce_s(n, size, net, "auto") == min(times.values())
+        return min(times, key=times.get)
+
+    assert chosen(1024, 1e3) == chosen(16, 1e3) == ("tree", "LL")
+    assert chosen(8, 1e3) == ("ring", "LL")  # one node: no tree
+    assert chosen(16, 1e8) == chosen(1024, 1e9) == chosen(8, 1e9) == ("ring", "Simple")
+    # a protocol's bytes never move faster than Simple's, its hops never cost more than Simple's
+    for n in (8, 16, 1024):
+        big = nccl_choices(n, 1e10, net)
+        assert big["ring", "Simple"] < big["ring", "LL128"] < big["ring", "LL"]
+        small = nccl_choices(n, 8, net)
+        assert small["ring", "LL"] < small["ring", "Simple"]
     free = Network(Link(1e-4, 4e9), Link(1e-4, 4e9), per_node=32)
     crowded = replace(free, gamma_s_per_byte=1e-9, node_Bps=14e9, cores=2)
     grow = {n: allreduce_s(n, 6.6e6, crowded) / allreduce_s(n, 6.6e6, free) for n in (2, 8, 32)}
@@ -1413,7 +1427,21 @@ def test_new_terms_against_hand_computed_references():
     assert halving_doubling_allreduce_s(6, 1e6, LINK) == pytest.approx(4e-5 + 1.5e-3 + 2.02e-3)
     one_node = Network(Link(1e-5, 1e9), LINK, per_node=8)
     assert allreduce_s(8, 1e3, one_node, "tree") < allreduce_s(8, 1e3, one_node, "ring")
-    assert allreduce_s(8, 1e3, one_node, "auto") == allreduce_s(8, 1e3, one_node, "ring")
+    # NCCL on one node runs a ring (its tree is a chain there), under its fastest protocol: LL's
+    # base latency and 14 hops of 0.6/3.4 the link's, its bytes at a quarter of the rate
+    assert allreduce_s(8, 1e3, one_node, "auto") == pytest.approx(
+        6.6e-6 + 14 * 1e-5 * 0.6 / 3.4 + 1.75 * 1e3 / (1e9 / 4))
+    # two nodes of 8 (NCCL's tuning.cc): a ring hop of LL128 costs 1.9/3.4 of the intra-node
+    # latency inside a node and 4/14 of the card's across; a tree's Simple hop 28/3.4 of it in the
+    # node's chain and 28/14 across, its bytes at 0.92 of the rate and by size (1e6 bytes: 0.5)
+    from downpour_lib.perf.netmodel import nccl_choices
+
+    two = Network(Link(1e-6, 100e9), Link(1e-5, 10e9), per_node=8)
+    times = nccl_choices(16, 1e6, two)
+    hop = (2 * 1e-5 * 4 / 14 + 14 * 1e-6 * 1.9 / 3.4) / 16
+    assert times["ring", "LL128"] == pytest.approx(14e-6 + 30 * hop + 30 / 16 * 1e6 / (10e9 * 0.92))
+    assert times["tree", "Simple"] == pytest.approx(
+        2 * (7 * 1e-6 * 28 / 3.4 + 1 * 1e-5 * 2) + 2 * 1e6 / (10e9 * 0.92 * 0.5))
     # accumulation 4, no overlap: four passes of 0.1 s, then four 25 MB buckets' ring allreduces
     cal = toy(overlap=0.0)
     acc = replace(cal, workloads={"m": replace(cal.workloads["m"], accumulation=4)})
@@ -1475,7 +1503,7 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 75 of 123 inside the band
+    command prints those numbers. Where it falls short of the goal: 77 of 123 inside the band
     (five of six asked: 103), and two errors beyond 10 points at 32 nodes: NVIDIA's PyTorch BERT at
     sequence 512 in TF32, whose TF32 rows at 512 lose far more across nodes than its mixed-precision
     rows that send half the bytes (nothing in the model loses that), and its TensorFlow BERT at
@@ -1495,7 +1523,7 @@ def test_model_check_prints_the_goal_numbers():
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 123 and s["inside"] >= 75, s
+    assert s["checks"] == 123 and s["inside"] >= 77, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node",
@@ -1529,7 +1557,7 @@ def test_model_check_prints_the_goal_numbers():
     elsewhere = [g for kind, g in groups.items() if kind != "language models, across nodes"]
     assert sum(g["inside"] for g in elsewhere) >= 58 and sum(g["checks"] for g in elsewhere) == 65
     lm = groups["language models, across nodes"]
-    assert lm["inside"] / lm["checks"] < 0.3 and lm["above"] > 5 * lm["below"], lm
+    assert lm["inside"] / lm["checks"] < 1 / 3 and lm["above"] > 5 * lm["below"], lm
 
 
 def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
@@ -1696,8 +1724,8 @@ def test_paddles_eight_messages_are_not_what_the_model_misses():
     """fleet's graph path (program.py does not set without_graph_optimization) fuses the merged
     gradients into messages of 50 (fuse_grad_size_in_TFLOPS's default, by count where
     fuse_grad_size_in_MB is 0): 8 for BERT-large's 398 tensors. Sent after the last pass, 8 cost
-    the model at most 0.14 point against the one its preset assumes; sent as the last pass's
-    backward makes them (overlap not measured: its range), they keep up to 2.4 points more. One
+    the model at most 0.21 point against the one its preset assumes; sent as the last pass's
+    backward makes them (overlap not measured: its range), they keep up to 2.7 points more. One
     message after the last pass is the least the model keeps, and every row lies below even that
     (docs/perf_model.md)."""
     from downpour_lib.perf.presets import BERT_PADDLE_NODES, BERT_PADDLE_PRESET
@@ -1717,8 +1745,8 @@ def test_paddles_eight_messages_are_not_what_the_model_misses():
     one = kept(cal)
     after = kept(replace(cal, bucket_bytes=eight, overlap=0.0))
     overlapped = kept(replace(cal, bucket_bytes=eight))
-    assert all(0 <= a - b < 0.0015 for a, b in zip(one, after, strict=True)), (one, after)
-    assert 0.02 < max(b - a for a, b in zip(one, overlapped, strict=True)) < 0.025
+    assert all(0 <= a - b < 0.0025 for a, b in zip(one, after, strict=True)), (one, after)
+    assert 0.025 < max(b - a for a, b in zip(one, overlapped, strict=True)) < 0.03
     published = [rate / rows[0][2] / n for rows in BERT_PADDLE_NODES.values()
                  for n, _, rate in rows[1:]]
     assert all(p < a for p, a in zip(published, after, strict=True))
@@ -1778,8 +1806,9 @@ def test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute(
     (terms.FRAMEWORK_MACS_PER_PARAMETER: a sequence does 440 multiply-adds a parameter, an image
     of DDP's benchmark 172) and per byte of gradient (apex O2's are 2), both rows come within 6
     points, below the README. These two rows chose that unit; they are not blind checks any more.
-    Across nodes (4 sequences a GPU, weak scaling) the model loses less than the README: the gap
-    grows with the nodes, as BERT's TF32 rows do, and is largest at full precision."""
+    Across nodes (4 sequences a GPU, weak scaling) the model loses less than the README past 2
+    nodes (at 2, within a fifth of a point): the gap grows with the nodes, as BERT's TF32 rows
+    do, and is largest at full precision."""
     from downpour_lib.perf.hardware import HARDWARE_DIR, read_hardware
     from downpour_lib.perf.presets import TXL_NODES, TXL_ONE_NODE, TXL_PRESET
     from downpour_lib.perf.terms import FRAMEWORK_MACS_PER_PARAMETER
@@ -1813,10 +1842,11 @@ def test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute(
     for precision in ("FP32", "mixed precision"):
         errors = [c.error for claim, c in checks.items() if claim.startswith(
             f"Transformer-XL large, {precision}: ") and "nodes" in claim]
-        assert len(errors) == 3 and errors == sorted(errors) and errors[0] > 0, errors
+        assert len(errors) == 3 and errors == sorted(errors) and abs(errors[0]) < 0.002, errors
+        assert errors[1] > 0.005, errors
     at_8 = {p: checks[f"Transformer-XL large, {p}: 8 DGX-2H nodes (128 GPUs), 4 sequences a GPU, "
                       "efficiency against 1 node"] for p in ("FP32", "mixed precision")}
-    assert at_8["FP32"].error > at_8["mixed precision"].error > 0.03, at_8
+    assert at_8["FP32"].error > at_8["mixed precision"].error > 0.025, at_8
 
 
 def test_the_framework_unit_is_the_mean_image_of_ddps_benchmark():

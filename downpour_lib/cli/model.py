@@ -206,8 +206,8 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated, of {', '.join(MODELLED_ALGORITHMS)}")
     p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
     p.add_argument("--collective", choices=COLLECTIVES, default=None,
-                   help="the allreduce algorithm (default: the calibration's; auto: the faster of "
-                        "ring and tree per bucket, as NCCL)")
+                   help="the allreduce algorithm (default: the calibration's; auto: what NCCL's "
+                        "tuner would run per bucket, ring or tree under LL, LL128 or Simple)")
     hw = p.add_argument_group("hardware fields (override the calibration's, preset's or file's)")
     hw.add_argument("--devices-per-node", type=int, default=None, help="workers (GPUs) per node")
     for side, what in (("intra", "between devices of a node"), ("inter", "a node's network card")):

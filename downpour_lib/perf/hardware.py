@@ -6,7 +6,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     name: my-cluster                  # what prediction rows name as their calibration
     source: "where the description comes from"
     devices_per_node: 8               # workers (GPUs) per node
-    collective: auto                  # ring, tree, hierarchical, or auto (the faster per bucket)
+    collective: auto                  # ring, tree, hierarchical, or auto (NCCL's tuner per bucket)
     bucket_mb: 25                     # DDP's bucket_cap_mb (Horovod's fusion buffer: 64)
     bucketing: fixed                  # fixed (DDP's buckets) or ready (Horovod's Tensor Fusion)
     overlap: null                     # bucket pipeline's achieved share; null: terms.OVERLAP_RANGE

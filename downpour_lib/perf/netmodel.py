@@ -17,6 +17,9 @@ and Yuan 2009 for the bandwidth-optimal ring):
 - hierarchical allreduce (g ranks per node, k nodes): reduce-scatter inside the node, the g slices
   allreduced across nodes at once (together the card carries 2(k-1)/k of M), allgather inside; what
   our mpi backend does across nodes.
+- ``auto``: what NCCL's own tuner would run for each message (``nccl_allreduce_s``): its model of
+  every algorithm (ring, tree) under every protocol (LL, LL128, Simple), with the links' latencies
+  and rates for the hardware's, and the least of them.
 - parameter server: each of S server shards receives M/S from each of N workers (and sends as much
   back), so a server's card carries N*M/S each way and is the bottleneck once N > S.
 - gossip: a worker sends its model to ``peers`` others and receives as many (SGP's one peer per step).
@@ -163,17 +166,98 @@ def hierarchical_allreduce_s(n: int, nbytes: float, net: Network) -> float:
     return inside + ring_allreduce_s(k, nbytes, net.inter)
 
 
-def _ring_link(n: int, net: Network) -> Link:
+def _ring_link(n: int, net: Network, intra_scale: float = 1.0, inter_scale: float = 1.0) -> Link:
     """The link a ring of ``n`` ranks ordered by node runs at: its slowest hop's bandwidth, and
     the mean latency of its hops, since a pipelined ring (NCCL's) streams each chunk through every
     hop in turn: of n hops, one per node crosses a card, the others stay inside a node (NCCL's
-    tuning model charges them so: intra-node steps at the intra-node latency)."""
+    tuning model charges them so: intra-node steps at the intra-node latency). A protocol's hops
+    take ``intra_scale`` and ``inter_scale`` of the links' latencies (``Protocol``)."""
     link = net.shared(n)
     if not n > net.per_node > 1:
-        return link
+        scale = intra_scale if n <= net.per_node else inter_scale
+        return Link(link.alpha_s * scale, link.bandwidth_Bps)
     k = net.nodes(n)
-    hop = (k * net.inter.alpha_s + (n - k) * net.intra.alpha_s) / n
+    hop = (k * net.inter.alpha_s * inter_scale + (n - k) * net.intra.alpha_s * intra_scale) / n
     return Link(hop * net.crowding(n), link.bandwidth_Bps)
+
+
+#: where NCCL's tuning model is read: ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``
+NCCL_TUNING_SOURCE = "NVIDIA/nccl src/graph/tuning.cc (commit b6475625fbca, NCCL 2.2x)"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One of NCCL's protocols as its tuner prices it (``NCCL_TUNING_SOURCE``), against the links:
+    a link's latency is what a Simple ring hop pays (its ``hwLat``: 3.4 us on NVLink, 14 across
+    nodes), its rate what a Simple ring moves, and each protocol's hops and rate are the shares of
+    those that NCCL's tables give. LL sends 4 bytes of data with each 4-byte flag: a quarter of
+    the ring's rate, with the least latency; LL128 keeps 120 of each 128 bytes; Simple moves whole
+    chunks behind a fence. A tree's Simple hop is its 28 us chunk, twice a network ring hop."""
+
+    name: str
+    ring_rate: float  # share of the ring's rate, several ranks a node (``ring_rate_alone``: one)
+    ring_rate_alone: float
+    tree_rate: float  # share of the ring's rate a tree's bus moves (NCCL's 0.92 included)
+    ring_intra: float  # a ring hop inside a node (NVLink), in Simple ring hops
+    ring_inter: float  # a ring hop across nodes, in Simple ring hops (the network's)
+    tree_intra: float  # a tree hop inside a node (its chain), in Simple ring hops inside one
+    tree_inter: float  # a tree level across nodes, in Simple ring hops across them
+    ring_base_s: float  # latency of a call, beyond its hops (``baseLat``)
+    tree_base_s: float
+    #: the tree's rate by message size (``treeCorrectionFactor``): entry i for 64 * 2**i bytes
+    #: and up; 1 past the table
+    tree_correction: tuple[float, ...]
+
+    def tree_factor(self, nbytes: float) -> float:
+        i = max(0, int(math.log2(max(nbytes, 64) / 64)))
+        return self.tree_correction[i] if i < len(self.tree_correction) else 1.0
+
+
+_TREE_SHARE = 0.92  # a tree's bus rate against a ring's on the same channels (NCCL: busBw * .92)
+PROTOCOLS = (
+    Protocol("LL", 1 / 4, 1 / 4, _TREE_SHARE / 3.8, 0.6 / 3.4, 2.7 / 14, 0.6 / 3.4, 5.0 / 14,
+             6.6e-6, 6.8e-6, (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6,
+                              .7, .8, .9, 1.0, 1.0, 1.0, 1.0)),
+    Protocol("LL128", 0.92, 0.7, _TREE_SHARE * 120 / 128, 1.9 / 3.4, 4.0 / 14, 1.25 / 3.4,
+             8.5 / 14, 14e-6, 14e-6, (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6,
+                                      .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0)),
+    Protocol("Simple", 1.0, 1.0, _TREE_SHARE, 1.0, 1.0, 28 / 3.4, 28 / 14, 8.4e-6, 0.0,
+             (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8,
+              .9, .9)),
+)
+
+
+def nccl_choices(n: int, nbytes: float, net: Network) -> dict[tuple[str, str], float]:
+    """Seconds NCCL's tuner predicts for ``n`` ranks to allreduce ``nbytes`` by each algorithm and
+    protocol it would weigh, keyed ``(algorithm, protocol)``, with the links' latencies and rates
+    for its hardware tables (``Protocol``). The ring: ``baseLat`` plus each of its 2(n-1) steps at
+    its hop's latency, ``2(n-1)/n * M`` at the protocol's share of the ring's rate. The tree (across
+    nodes only; inside one NCCL's tree is a chain, and the ring is the rule there): ``baseLat``
+    plus, each way, the node's chain of ``per_node - 1`` hops and ``floor(log2 nodes)`` levels
+    across them, ``2 M`` at its share of the slower link's rate, corrected by size as NCCL does.
+    Left out, as nothing here knows them: NCCL's channel count and the per-channel caps it sets on
+    LL and LL128, the ring's plateau (its latency x1.4-1.9 for large messages across nodes, by GPU
+    generation), and the cases where NCCL disables LL128 (no NVLink, GPUs before Volta)."""
+    out = {}
+    reduce_s = nbytes * net.gamma_s_per_byte * net.crowding(n)
+    several = net.per_node >= 2
+    for p in PROTOCOLS:
+        ring = _ring_link(n, net, p.ring_intra, p.ring_inter)
+        rate = p.ring_rate if several else p.ring_rate_alone
+        moved = ring_allreduce_s(n, nbytes, Link(ring.alpha_s, ring.bandwidth_Bps * rate))
+        out["ring", p.name] = p.ring_base_s + moved + (n - 1) / n * reduce_s
+        if n > net.per_node:
+            link, crowd = net.shared(n), net.crowding(n)
+            hops = 2 * ((net.per_node - 1) * net.intra.alpha_s * p.tree_intra
+                        + int(math.log2(net.nodes(n))) * net.inter.alpha_s * p.tree_inter)
+            rate = link.bandwidth_Bps * p.tree_rate * p.tree_factor(nbytes)
+            out["tree", p.name] = p.tree_base_s + hops * crowd + 2 * nbytes / rate + reduce_s
+    return out
+
+
+def nccl_allreduce_s(n: int, nbytes: float, net: Network) -> float:
+    """The least of ``nccl_choices``: what NCCL's tuner would run (0 for one rank)."""
+    return 0.0 if n <= 1 else min(nccl_choices(n, nbytes, net).values())
 
 
 COLLECTIVES = ("ring", "tree", "hierarchical", "halving_doubling", "auto")
@@ -181,17 +265,16 @@ COLLECTIVES = ("ring", "tree", "hierarchical", "halving_doubling", "auto")
 
 def allreduce_s(n: int, nbytes: float, net: Network, collective: str = "ring") -> float:
     """Seconds for ``n`` workers to allreduce ``nbytes`` each. ``auto`` is NCCL's rule: for each
-    message its tuner predicts every algorithm's time from the size, the node count, the devices
-    per node and the intra- and inter-node bandwidth, and runs the least (NVIDIA/nccl
-    src/graph/tuning.cc; S. Jeaugey in NVIDIA/nccl#754: "tree/LL -> ring/LL -> ... ring/simple"
-    as the size grows). Trees are NCCL's across nodes only (since 2.4; within a node a tree is a
-    chain, NVIDIA/nccl-tests#196), so on one node ``auto`` is the ring. Protocols (LL, LL128,
-    Simple) are not modelled apart: a link's latency and rate are what its messages achieve."""
+    message its tuner predicts every algorithm's time under every protocol from the size, the
+    node count, the devices per node and the links, and runs the least (``nccl_allreduce_s``;
+    S. Jeaugey in NVIDIA/nccl#754: "tree/LL -> ring/LL -> ... ring/simple" as the size grows).
+    Trees are NCCL's across nodes only (since 2.4; within a node a tree is a chain,
+    NVIDIA/nccl-tests#196), so on one node ``auto`` is the ring. The others are the textbook
+    algorithms above, each message at the links' latency and rate."""
     if collective not in COLLECTIVES:
         raise ConfigError("collective", collective, "choose from " + ", ".join(COLLECTIVES))
     if collective == "auto":
-        ring = allreduce_s(n, nbytes, net, "ring")
-        return ring if n <= net.per_node else min(ring, allreduce_s(n, nbytes, net, "tree"))
+        return nccl_allreduce_s(n, nbytes, net)
     if n <= 1:
         return 0.0
     # a ring's rank reduces (n-1)/n of the buffer; a tree's, up to the whole of it

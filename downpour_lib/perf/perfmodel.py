@@ -7,9 +7,9 @@ devices' own spread, or ``slow_workers``), plus the
 communication its algorithm cannot hide, on a network of alpha-beta links (``netmodel``). What an
 algorithm sends is what its options class declares (``traffic``, one of ``TRAFFIC``):
 
-- ``collective`` (allreduce, ddp): the gradients allreduced (ring, tree, hierarchical, or the faster
-  of ring and tree per bucket) in buckets that start as backward produces them
-  (``pipeline_exposed_s``); ``overlap`` in [0, 1] says how much of that ideal pipeline a system
+- ``collective`` (allreduce, ddp): the gradients allreduced (ring, tree, hierarchical, or what
+  NCCL's tuner would run per bucket: ``netmodel.nccl_choices``) in buckets that start as backward
+  produces them (``pipeline_exposed_s``); ``overlap`` in [0, 1] says how much of that ideal pipeline a system
   achieves (measured: ``calibrate.overlap_from_study``; not measured: a band from 0 to 1);
 - ``push_pull`` (sync_ps): push to and pull from S server shards, whose cards are the bottleneck;
 - ``gossip`` (sgp, dpsgd): to one peer (SGP, Assran et al. 2019) or to both ring neighbours
