@@ -7,11 +7,15 @@ Logical bytes, the ones a bandwidth-optimal algorithm moves on each rank, as ncc
 factor, which makes a measured bandwidth comparable to a link's. Rooted operations are counted at the
 root: a broadcast's root sends the buffer to each of the N-1 others, each of which receives it once;
 a reduce the reverse (their bus factor is 1: a pipelined ring passes the whole buffer over each link).
+Sizes are written as nccl-tests writes them (``parse_size``: binary K, M, G).
 """
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
+
+from .errors import ConfigError
 
 RING_OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 ROOTED_OPS = ("broadcast", "reduce")
@@ -46,3 +50,16 @@ def collective_bytes(op: str, nbytes: int, size: int, rank: int = 0,
     num, den = _share(op, size)  # integers: a byte count is exact, however large
     moved = nbytes * num // den
     return moved, moved
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30,
+          "GB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``4K`` -> 4096, ``64M`` -> 67108864 (binary units, as nccl-tests uses)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", text.upper())
+    if not match:
+        raise ConfigError("sizes", text, "sizes are bytes with an optional K, M or G suffix, "
+                          "e.g. 4K,64K,1M")
+    return int(match.group(1)) * _UNITS[match.group(2)]

@@ -1416,6 +1416,33 @@ def test_input_that_lied_is_named_in_one_line(tmp_path):
     assert ok.returncode == 0, explain(ok)
 
 
+def test_model_nccl_prints_the_tuners_table_and_what_it_runs(tmp_path):
+    """`downpour model nccl`: NCCL's Latency/AlgBw table (as NCCL_DEBUG_SUBSYS=TUNING prints its
+    own at init) and its choice per size, as `auto` prices them on a preset's links. On one DGX
+    A100 (8 ranks, NVLink at 288 GB/s achieved, 5 us a hop) a Simple ring's latency is its base
+    8.4 us and 14 hops, its bandwidth the link's over the ring's 2(7)/8 of the buffer."""
+    from downpour_lib.perf.netmodel import nccl_choices
+
+    out = tmp_path / "nccl.csv"
+    proc = downpour("model", "nccl", "--preset", "dgx-a100", "--workers", "8,256",
+                    "--sizes", "8,25M,1G", "--csv", str(out))
+    assert proc.returncode == 0, explain(proc)
+    assert "tuning.cc" in proc.stdout and "NCCL_DEBUG_SUBSYS=TUNING" in proc.stdout
+    net = PRESETS["dgx-a100"].network
+    assert net.intra.bandwidth_Bps == pytest.approx(288e9) and net.intra.alpha_s == pytest.approx(5e-6)
+    eight = next(line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["8"])
+    assert eight[3] == f"{8.4 + 14 * 5:.1f}/{288 / 1.75:.1f}" and eight[4:] == ["-"] * 3, eight
+    rows = pd.read_csv(out)
+    assert list(rows.workers) == [8] * 3 + [256] * 3 and list(rows.bytes[:3]) == [8, 25 << 20, 1 << 30]
+    for row in rows.itertuples():
+        times = nccl_choices(row.workers, row.bytes, net)
+        assert (row.algorithm, row.protocol) == min(times, key=times.get)
+        assert row.time_us == pytest.approx(1e6 * min(times.values()))
+    # small messages go by LL, large by Simple; across nodes the tree takes them first
+    assert list(rows.protocol) == ["LL", "LL128", "Simple", "LL", "LL128", "Simple"]
+    assert list(rows.algorithm[3:]) == ["tree"] * 3
+
+
 def test_new_terms_against_hand_computed_references():
     """Issue 65, item 2: halving-doubling, NCCL's rule on one node, gradient accumulation and the
     transports' ranges, each against its value worked by hand."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ from ..comm import Communicator, new_group, runtime
 from ..errors import ConfigError
 from ..launch_env import Placement, discover
 from ..paths import check_output_file
-from ..traffic import ring_share
+from ..traffic import parse_size, ring_share
 from .timing import Sync, buffer_size, measure, measure_paired
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce")
@@ -57,19 +56,6 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 BACKENDS = ("gloo", "mpi", "nccl")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30,
-          "GB": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """``4K`` -> 4096, ``64M`` -> 67108864 (binary units, as nccl-tests uses)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", text.upper())
-    if not match:
-        raise ConfigError("sizes", text, "sizes are bytes with an optional K, M or G suffix, "
-                          "e.g. 4K,64K,1M")
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
 def parse_list(field: str, text: str, choices: tuple[str, ...] | None = None) -> list[str]:
     items = [s.strip() for s in text.split(",") if s.strip()]
     if not items:

@@ -1,5 +1,6 @@
-"""``downpour model``: calibrate the performance model on measurements, predict with it, list the
-presets of published hardware and check the model against published results."""
+"""``downpour model``: calibrate the performance model on measurements, predict with it, show what
+NCCL's tuner would run on a hardware file's links, list the presets of published hardware and
+check the model against published results."""
 
 from __future__ import annotations
 
@@ -167,7 +168,8 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     # every training rank's included
     from ..perf.hardware import preset_files
 
-    model = sub.add_parser("model", help="the performance model: calibrate, predict, presets, check",
+    model = sub.add_parser("model", help="the performance model: calibrate, predict, nccl, presets, "
+                                         "check",
                            description=__doc__.split("\n\n")[0])
     verbs = model.add_subparsers(dest="verb", required=True)
 
@@ -281,6 +283,17 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                         "gives; without it the entry says to add it)")
     p.add_argument("--source", default=None, help="where --images-per-s was measured")
     p.set_defaults(func=cmd_describe)
+
+    p = verbs.add_parser("nccl", help="what NCCL's tuner would run for each allreduce, as the "
+                                      "model prices it (auto)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--preset", choices=sorted(preset_files()), help="published hardware")
+    where.add_argument("--hardware", default=None, metavar="FILE.yaml", help="your hardware")
+    p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
+    p.add_argument("--sizes", default="8,64K,1M,25M,1G",
+                   help="allreduce sizes in bytes, K, M or G (binary, as nccl-tests)")
+    p.add_argument("--csv", default=None, help="write the sizes' rows here")
+    p.set_defaults(func=cmd_nccl, output_files=("csv",))
 
     p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
     p.set_defaults(func=cmd_presets)
@@ -493,6 +506,50 @@ def cmd_describe(args: argparse.Namespace) -> int:
               "bench gpu`); the file is refused without it")
     text = yaml.safe_dump({args.model: entry}, sort_keys=False, default_flow_style=None, width=100)
     print(text, end="")
+    return 0
+
+
+def cmd_nccl(args: argparse.Namespace) -> int:
+    """NCCL's table (latency and bandwidth of each algorithm and protocol) and its choice for each
+    size, as ``netmodel.nccl_choices`` models them on the hardware's links."""
+    from ..perf.hardware import load_hardware
+    from ..perf.netmodel import NCCL_TUNING_SOURCE, nccl_choices, nccl_table
+    from ..perf.presets import PRESETS
+    from ..traffic import parse_size
+
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if not sizes:
+        raise ConfigError("sizes", args.sizes, "comma-separated sizes, e.g. 8,64K,1M,25M,1G")
+    cal = load_hardware(args.hardware) if args.hardware else PRESETS[args.preset]
+    net = cal.network
+
+    def link(side) -> str:
+        return f"{side.bandwidth_Bps / 1e9:g} GB/s and {side.alpha_s * 1e6:g} us a hop"
+
+    print(f"NCCL's tuner as the model prices it, read from {NCCL_TUNING_SOURCE}, on {cal.name}: "
+          f"{net.per_node} per node; inside {link(net.intra)}, across {link(net.inter)} (rates "
+          "achieved; where a rate is a range, its middle)")
+    print("allreduce Latency (us) / AlgBw (GB/s), the table NCCL_DEBUG=INFO "
+          "NCCL_DEBUG_SUBSYS=TUNING prints at init (a tree only across nodes):")
+    table = pd.DataFrame([{"workers": n} | {f"{a}/{p}": f"{lat * 1e6:.1f}/{bw / 1e9:.1f}"
+                                            for (a, p), (lat, bw) in nccl_table(n, net).items()}
+                          for n in args.workers]).fillna("-")
+    print(table.to_string(index=False))
+    rows = []
+    for n in args.workers:
+        for size in sizes:
+            times = nccl_choices(n, size, net)
+            algorithm, protocol = min(times, key=times.get) if times else ("-", "-")
+            rows.append({"workers": n, "bytes": size, "algorithm": algorithm, "protocol": protocol,
+                         "time_us": 1e6 * times[algorithm, protocol] if times else 0.0}
+                        | {f"{a}/{p}_us": 1e6 * t for (a, p), t in times.items()})
+    runs = pd.DataFrame(rows)
+    print("what it runs for each size (bytes), and its time:")
+    print(runs[["workers", "bytes", "algorithm", "protocol", "time_us"]].to_string(
+        index=False, float_format=lambda v: f"{v:.1f}"))
+    if args.csv:
+        runs.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
     return 0
 
 

@@ -229,35 +229,51 @@ PROTOCOLS = (
 
 def nccl_choices(n: int, nbytes: float, net: Network) -> dict[tuple[str, str], float]:
     """Seconds NCCL's tuner predicts for ``n`` ranks to allreduce ``nbytes`` by each algorithm and
-    protocol it would weigh, keyed ``(algorithm, protocol)``, with the links' latencies and rates
-    for its hardware tables (``Protocol``). The ring: ``baseLat`` plus each of its 2(n-1) steps at
-    its hop's latency, ``2(n-1)/n * M`` at the protocol's share of the ring's rate. The tree (across
-    nodes only; inside one NCCL's tree is a chain, and the ring is the rule there): ``baseLat``
-    plus, each way, the node's chain of ``per_node - 1`` hops and ``floor(log2 nodes)`` levels
-    across them, ``2 M`` at its share of the slower link's rate, corrected by size as NCCL does.
-    Left out, as nothing here knows them: NCCL's channel count and the per-channel caps it sets on
-    LL and LL128, the ring's plateau (its latency x1.4-1.9 for large messages across nodes, by GPU
-    generation), and the cases where NCCL disables LL128 (no NVLink, GPUs before Volta)."""
-    out = {}
+    protocol it would weigh (none for one rank), keyed ``(algorithm, protocol)``, with the links'
+    latencies and rates for its hardware tables (``Protocol``). The ring: ``baseLat`` plus each of
+    its 2(n-1) steps at its hop's latency, ``2(n-1)/n * M`` at the protocol's share of the ring's
+    rate. The tree (across nodes only; inside one NCCL's tree is a chain, and the ring is the rule
+    there): ``baseLat`` plus, each way, the node's chain of ``per_node - 1`` hops and
+    ``floor(log2 nodes)`` levels across them, ``2 M`` at its share of the slower link's rate,
+    corrected by size as NCCL does. Left out, as nothing here knows them: NCCL's channel count and
+    the per-channel caps it sets on LL and LL128, the ring's plateau (its latency x1.4-1.9 for
+    large messages across nodes, by GPU generation), and the cases where NCCL disables LL128 (no
+    NVLink, GPUs before Volta)."""
+    out: dict[tuple[str, str], float] = {}
+    if n <= 1:  # nothing to run
+        return out
     reduce_s = nbytes * net.gamma_s_per_byte * net.crowding(n)
-    several = net.per_node >= 2
     for p in PROTOCOLS:
         ring = _ring_link(n, net, p.ring_intra, p.ring_inter)
-        rate = p.ring_rate if several else p.ring_rate_alone
+        rate = p.ring_rate if net.per_node >= 2 else p.ring_rate_alone
         moved = ring_allreduce_s(n, nbytes, Link(ring.alpha_s, ring.bandwidth_Bps * rate))
         out["ring", p.name] = p.ring_base_s + moved + (n - 1) / n * reduce_s
-        if n > net.per_node:
-            link, crowd = net.shared(n), net.crowding(n)
-            hops = 2 * ((net.per_node - 1) * net.intra.alpha_s * p.tree_intra
-                        + int(math.log2(net.nodes(n))) * net.inter.alpha_s * p.tree_inter)
-            rate = link.bandwidth_Bps * p.tree_rate * p.tree_factor(nbytes)
-            out["tree", p.name] = p.tree_base_s + hops * crowd + 2 * nbytes / rate + reduce_s
+    for p in PROTOCOLS if n > net.per_node else ():
+        link, crowd = net.shared(n), net.crowding(n)
+        hops = 2 * ((net.per_node - 1) * net.intra.alpha_s * p.tree_intra
+                    + int(math.log2(net.nodes(n))) * net.inter.alpha_s * p.tree_inter)
+        rate = link.bandwidth_Bps * p.tree_rate * p.tree_factor(nbytes)
+        out["tree", p.name] = p.tree_base_s + hops * crowd + 2 * nbytes / rate + reduce_s
     return out
 
 
 def nccl_allreduce_s(n: int, nbytes: float, net: Network) -> float:
     """The least of ``nccl_choices``: what NCCL's tuner would run (0 for one rank)."""
     return 0.0 if n <= 1 else min(nccl_choices(n, nbytes, net).values())
+
+
+#: a size past the tree's correction by size (``Protocol.tree_correction``): its rate, uncorrected
+_LARGE = float(1 << 30)
+
+
+def nccl_table(n: int, net: Network) -> dict[tuple[str, str], tuple[float, float]]:
+    """NCCL's own table of an allreduce over ``n`` ranks, as ``nccl_choices`` models it: for each
+    (algorithm, protocol), its latency in seconds and its algorithm bandwidth in bytes/s (what
+    NCCL prints at init as ``Latency/AlgBw`` with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING, in us
+    and GB/s). A message of M bytes takes the latency plus M over the bandwidth (a tree's
+    corrected by size below 256 MiB)."""
+    empty, large = nccl_choices(n, 0.0, net), nccl_choices(n, _LARGE, net)
+    return {key: (empty[key], _LARGE / (large[key] - empty[key])) for key in empty}
 
 
 COLLECTIVES = ("ring", "tree", "hierarchical", "halving_doubling", "auto")
