@@ -1419,7 +1419,7 @@ def test_input_that_lied_is_named_in_one_line(tmp_path):
 def test_model_nccl_prints_the_tuners_table_and_what_it_runs(tmp_path):
     """`downpour model nccl`: NCCL's Latency/AlgBw table (as NCCL_DEBUG_SUBSYS=TUNING prints its
     own at init) and its choice per size, as `auto` prices them on a preset's links. On one DGX
-    A100 (8 ranks, NVLink at 288 GB/s achieved, 5 us a hop) a Simple ring's latency is its base
+    A100 (8 ranks, NVLink at 288 GB/s achieved, 3.4 us a hop) a Simple ring's latency is its base
     8.4 us and 14 hops, its bandwidth the link's over the ring's 2(7)/8 of the buffer."""
     from downpour_lib.perf.netmodel import nccl_choices
 
@@ -1429,9 +1429,9 @@ def test_model_nccl_prints_the_tuners_table_and_what_it_runs(tmp_path):
     assert proc.returncode == 0, explain(proc)
     assert "tuning.cc" in proc.stdout and "NCCL_DEBUG_SUBSYS=TUNING" in proc.stdout
     net = PRESETS["dgx-a100"].network
-    assert net.intra.bandwidth_Bps == pytest.approx(288e9) and net.intra.alpha_s == pytest.approx(5e-6)
+    assert net.intra.bandwidth_Bps == pytest.approx(288e9) and net.intra.alpha_s == pytest.approx(3.4e-6)
     eight = next(line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["8"])
-    assert eight[3] == f"{8.4 + 14 * 5:.1f}/{288 / 1.75:.1f}" and eight[4:] == ["-"] * 3, eight
+    assert eight[3] == f"{8.4 + 14 * 3.4:.1f}/{288 / 1.75:.1f}" and eight[4:] == ["-"] * 3, eight
     rows = pd.read_csv(out)
     assert list(rows.workers) == [8] * 3 + [256] * 3 and list(rows.bytes[:3]) == [8, 25 << 20, 1 << 30]
     for row in rows.itertuples():
@@ -1751,7 +1751,7 @@ def test_paddles_eight_messages_are_not_what_the_model_misses():
     """fleet's graph path (program.py does not set without_graph_optimization) fuses the merged
     gradients into messages of 50 (fuse_grad_size_in_TFLOPS's default, by count where
     fuse_grad_size_in_MB is 0): 8 for BERT-large's 398 tensors. Sent after the last pass, 8 cost
-    the model at most 0.21 point against the one its preset assumes; sent as the last pass's
+    the model at most 0.3 point against the one its preset assumes; sent as the last pass's
     backward makes them (overlap not measured: its range), they keep up to 2.7 points more. One
     message after the last pass is the least the model keeps, and every row lies below even that
     (docs/perf_model.md)."""
@@ -1772,7 +1772,7 @@ def test_paddles_eight_messages_are_not_what_the_model_misses():
     one = kept(cal)
     after = kept(replace(cal, bucket_bytes=eight, overlap=0.0))
     overlapped = kept(replace(cal, bucket_bytes=eight))
-    assert all(0 <= a - b < 0.0025 for a, b in zip(one, after, strict=True)), (one, after)
+    assert all(0 <= a - b < 0.003 for a, b in zip(one, after, strict=True)), (one, after)
     assert 0.025 < max(b - a for a, b in zip(one, overlapped, strict=True)) < 0.03
     published = [rate / rows[0][2] / n for rows in BERT_PADDLE_NODES.values()
                  for n, _, rate in rows[1:]]
