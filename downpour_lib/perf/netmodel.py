@@ -190,9 +190,10 @@ class Protocol:
     """One of NCCL's protocols as its tuner prices it (``NCCL_TUNING_SOURCE``), against the links:
     a link's latency is what a Simple ring hop pays (its ``hwLat``: 3.4 us on NVLink, 14 across
     nodes), its rate what a Simple ring moves, and each protocol's hops and rate are the shares of
-    those that NCCL's tables give. LL sends 4 bytes of data with each 4-byte flag: a quarter of
-    the ring's rate, with the least latency; LL128 keeps 120 of each 128 bytes; Simple moves whole
-    chunks behind a fence. A tree's Simple hop is its 28 us chunk, twice a network ring hop."""
+    those that NCCL's tables give. LL sends 4 bytes of data with each 4-byte flag (half the bytes
+    on the wire, priced at a quarter of the ring's rate) for the least latency; LL128 keeps 120 of
+    each 128 bytes; Simple moves whole chunks behind a fence. A tree's Simple hop is its 28 us
+    chunk, twice a network ring hop."""
 
     name: str
     ring_rate: float  # share of the ring's rate, several ranks a node (``ring_rate_alone``: one)
