@@ -7,7 +7,7 @@ Logical bytes, the ones a bandwidth-optimal algorithm moves on each rank, as ncc
 factor, which makes a measured bandwidth comparable to a link's. Rooted operations are counted at the
 root: a broadcast's root sends the buffer to each of the N-1 others, each of which receives it once;
 a reduce the reverse (their bus factor is 1: a pipelined ring passes the whole buffer over each link).
-Sizes are written as nccl-tests writes them (``parse_size``: binary K, M, G).
+Sizes are written as nccl-tests writes them (``parse_size``, ``parse_sizes``: binary K, M, G).
 """
 
 from __future__ import annotations
@@ -63,3 +63,11 @@ def parse_size(text: str) -> int:
         raise ConfigError("sizes", text, "sizes are bytes with an optional K, M or G suffix, "
                           "e.g. 4K,64K,1M")
     return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``4K,64K,1M`` -> their bytes (``parse_size``); a ConfigError names ``sizes`` when none."""
+    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
+    if not sizes:
+        raise ConfigError("sizes", text, "give a comma-separated list, e.g. 4K,64K,1M")
+    return sizes

@@ -16,7 +16,7 @@ import torch
 from conftest import BIN, ONE_LINER, explain, launch_env, mpi_python, mpiexec, read_json
 
 from downpour_lib.bench import collectives as bench
-from downpour_lib.bench.collectives import BUS_FACTOR, parse_size
+from downpour_lib.bench.collectives import BUS_FACTOR
 from downpour_lib.cli import build_parser
 from downpour_lib.cluster.mpiexec import run_mpiexec
 from downpour_lib.comm.mpi import backend as mpi_backend
@@ -24,6 +24,7 @@ from downpour_lib.comm.mpi import paths, tuning
 from downpour_lib.comm.mpi import types as mpi_types
 from downpour_lib.comm.runtime import pick_backend
 from downpour_lib.errors import ConfigError
+from downpour_lib.traffic import parse_size, parse_sizes
 
 
 def json_lines(proc):
@@ -444,6 +445,9 @@ def test_bench_collectives_refuses_bad_input_before_starting():
 def test_parse_size_uses_binary_units():
     assert [parse_size(s) for s in ("4K", "64k", "1M", "4MB", "2G", "100")] == [
         4096, 65536, 1 << 20, 4 << 20, 2 << 30, 100]
+    assert parse_sizes(" 4K, ,1M ") == [4096, 1 << 20]  # bench collectives' and model nccl's list
+    with pytest.raises(ConfigError, match="sizes"):
+        parse_sizes(" , ")
 
 
 # What auto takes under an MPI launch: ours, or gloo on a torch before 2.14 (a GPU node's own,

@@ -46,7 +46,7 @@ from ..comm import Communicator, new_group, runtime
 from ..errors import ConfigError
 from ..launch_env import Placement, discover
 from ..paths import check_output_file
-from ..traffic import parse_size, ring_share
+from ..traffic import parse_sizes, ring_share
 from .timing import Sync, buffer_size, measure, measure_paired
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce")
@@ -242,7 +242,7 @@ def check(args: argparse.Namespace, placement: Placement | None = None) -> Cases
     default = "gloo,mpi" if runtime.backend_usable("mpi") else "gloo"
     backends = parse_list("backends", args.backends or default, BACKENDS)
     ops = parse_list("ops", args.ops, OPS)
-    sizes = [parse_size(s) for s in parse_list("sizes", args.sizes)]
+    sizes = parse_sizes(args.sizes)
     if placement is None or placement.rank == 0:  # rank 0 writes the rows; the launcher ends the rest
         check_output_file("json", args.json)
     if placement is not None and placement.world_size < 2:

@@ -513,13 +513,11 @@ def cmd_nccl(args: argparse.Namespace) -> int:
     """NCCL's table (latency and bandwidth of each algorithm and protocol) and its choice for each
     size, as ``netmodel.nccl_choices`` models them on the hardware's links."""
     from ..perf.hardware import load_hardware
-    from ..perf.netmodel import NCCL_TUNING_SOURCE, nccl_choices, nccl_table
+    from ..perf.netmodel import NCCL_TUNING_SOURCE, nccl_choice, nccl_choices, nccl_table
     from ..perf.presets import PRESETS
-    from ..traffic import parse_size
+    from ..traffic import parse_sizes
 
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    if not sizes:
-        raise ConfigError("sizes", args.sizes, "comma-separated sizes, e.g. 8,64K,1M,25M,1G")
+    sizes = parse_sizes(args.sizes)
     cal = load_hardware(args.hardware) if args.hardware else PRESETS[args.preset]
     net = cal.network
 
@@ -538,11 +536,10 @@ def cmd_nccl(args: argparse.Namespace) -> int:
     rows = []
     for n in args.workers:
         for size in sizes:
-            times = nccl_choices(n, size, net)
-            algorithm, protocol = min(times, key=times.get) if times else ("-", "-")
+            (algorithm, protocol), seconds = nccl_choice(n, size, net)
             rows.append({"workers": n, "bytes": size, "algorithm": algorithm, "protocol": protocol,
-                         "time_us": 1e6 * times[algorithm, protocol] if times else 0.0}
-                        | {f"{a}/{p}_us": 1e6 * t for (a, p), t in times.items()})
+                         "time_us": 1e6 * seconds}
+                        | {f"{a}/{p}_us": 1e6 * t for (a, p), t in nccl_choices(n, size, net).items()})
     runs = pd.DataFrame(rows)
     print("what it runs for each size (bytes), and its time:")
     print(runs[["workers", "bytes", "algorithm", "protocol", "time_us"]].to_string(

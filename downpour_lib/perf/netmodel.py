@@ -249,18 +249,31 @@ def nccl_choices(n: int, nbytes: float, net: Network) -> dict[tuple[str, str], f
         rate = p.ring_rate if net.per_node >= 2 else p.ring_rate_alone
         moved = ring_allreduce_s(n, nbytes, Link(ring.alpha_s, ring.bandwidth_Bps * rate))
         out["ring", p.name] = p.ring_base_s + moved + (n - 1) / n * reduce_s
-    for p in PROTOCOLS if n > net.per_node else ():
-        link, crowd = net.shared(n), net.crowding(n)
+    if n <= net.per_node:
+        return out
+    rate, crowd = net.shared(n).bandwidth_Bps, net.crowding(n)
+    levels = net.nodes(n).bit_length() - 1  # floor(log2 nodes)
+    for p in PROTOCOLS:
         hops = 2 * ((net.per_node - 1) * net.intra.alpha_s * p.tree_intra
-                    + int(math.log2(net.nodes(n))) * net.inter.alpha_s * p.tree_inter)
-        rate = link.bandwidth_Bps * p.tree_rate * p.tree_factor(nbytes)
-        out["tree", p.name] = p.tree_base_s + hops * crowd + 2 * nbytes / rate + reduce_s
+                    + levels * net.inter.alpha_s * p.tree_inter)
+        moved = 2 * nbytes / (rate * p.tree_rate * p.tree_factor(nbytes))
+        out["tree", p.name] = p.tree_base_s + hops * crowd + moved + reduce_s
     return out
 
 
+def nccl_choice(n: int, nbytes: float, net: Network) -> tuple[tuple[str, str], float]:
+    """What NCCL's tuner would run, the least of ``nccl_choices``: ``((algorithm, protocol),
+    seconds)``; ``(("-", "-"), 0.0)`` for one rank, which runs nothing."""
+    times = nccl_choices(n, nbytes, net)
+    if not times:
+        return ("-", "-"), 0.0
+    best = min(times, key=times.get)
+    return best, times[best]
+
+
 def nccl_allreduce_s(n: int, nbytes: float, net: Network) -> float:
-    """The least of ``nccl_choices``: what NCCL's tuner would run (0 for one rank)."""
-    return 0.0 if n <= 1 else min(nccl_choices(n, nbytes, net).values())
+    """Seconds of what NCCL's tuner would run (``nccl_choice``; 0 for one rank)."""
+    return nccl_choice(n, nbytes, net)[1]
 
 
 #: a size past the tree's correction by size (``Protocol.tree_correction``): its rate, uncorrected
