@@ -228,16 +228,20 @@ def test_model_cli_calibrates_and_predicts_as_the_readme_says(collectives, tmp_p
 
 def test_published_results_agree_within_the_stated_tolerances():
     """Overlap is not published for these systems: each prediction is a band, and each of
-    Horovod's published values lies inside it: 90, 90 and 68 % at 512 GPUs on RDMA; at 128 GPUs
-    over plain TCP on the same 25 Gbit/s cards 88 % for ResNet-101 and Inception V3 (within 2
-    points of the point), and VGG-16 about 30 % faster on RDMA than on TCP. The paper's 3-4 % that
-    RDMA gave the other two is the model's too, to a point."""
+    Horovod's published values lies inside it: 90, 90 and 68 % at 512 GPUs on RDMA, and 90, 90 and
+    79 % at 128 (the chart the README showed before); at 128 GPUs over plain TCP on the same 25
+    Gbit/s cards 88 % for ResNet-101 and Inception V3 (within 2 points of the point), and VGG-16
+    about 30 % faster on RDMA than on TCP. The paper's 3-4 % that RDMA gave the other two is the
+    model's too, to a point. VGG-16 keeps more than the band's middle at both sizes: its
+    published values lie where the overlap is near ideal (the band's top at 128)."""
     from downpour_lib.perf.presets import HOROVOD_TCP
 
     checks = published_checks()
     horovod = [c for c in checks if c.claim.startswith("Horovod")]
-    assert len(horovod) == 6 and all(c.low <= c.predicted <= c.high for c in horovod), horovod
+    assert len(horovod) == 9 and all(c.low <= c.predicted <= c.high for c in horovod), horovod
     assert all(c.outside_band == 0 for c in horovod), horovod
+    vgg = [c for c in horovod if c.claim.startswith("Horovod VGG-16 scaling")]
+    assert len(vgg) == 2 and all(c.predicted < c.published for c in vgg), vgg
     assert all(abs(c.error) < 0.02 for c in horovod if "TCP" in c.claim and c.unit == "efficiency")
     for model in ("resnet101", "inception_v3"):
         rdma, tcp = (predict(cal, "allreduce", 128, model) for cal in (PRESETS["horovod-pascal-25g"],
@@ -1530,8 +1534,8 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 77 of 123 inside the band
-    (five of six asked: 103), and two errors beyond 10 points at 32 nodes: NVIDIA's PyTorch BERT at
+    command prints those numbers. Where it falls short of the goal: 80 of 126 inside the band
+    (five of six asked: 105), and two errors beyond 10 points at 32 nodes: NVIDIA's PyTorch BERT at
     sequence 512 in TF32, whose TF32 rows at 512 lose far more across nodes than its mixed-precision
     rows that send half the bytes (nothing in the model loses that), and its TensorFlow BERT at
     sequence 128 in mixed precision
@@ -1550,7 +1554,7 @@ def test_model_check_prints_the_goal_numbers():
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 123 and s["inside"] >= 77, s
+    assert s["checks"] == 126 and s["inside"] >= 80, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node",
@@ -1573,7 +1577,7 @@ def test_model_check_prints_the_goal_numbers():
     assert proc.returncode == 0 and "mean absolute error" in proc.stdout, explain(proc)
     assert f"inside the band: {s['inside']} of {s['checks']}" in proc.stdout
     # each kind of check apart (presets.KINDS), every efficiency check in one: where the band holds
-    # (images, and one node's devices: 58 of 65 inside) and where it does not (language models
+    # (images, and one node's devices: 61 of 68 inside) and where it does not (language models
     # across nodes, whose bands are narrow: one bucket, no overlap)
     from downpour_lib.perf.presets import KINDS, check_groups
 
@@ -1582,7 +1586,7 @@ def test_model_check_prints_the_goal_numbers():
     for kind, g in groups.items():
         assert f"  {kind}: {g['checks']}; point: mean absolute error {g['mae']:.1f}" in proc.stdout
     elsewhere = [g for kind, g in groups.items() if kind != "language models, across nodes"]
-    assert sum(g["inside"] for g in elsewhere) >= 58 and sum(g["checks"] for g in elsewhere) == 65
+    assert sum(g["inside"] for g in elsewhere) >= 61 and sum(g["checks"] for g in elsewhere) == 68
     lm = groups["language models, across nodes"]
     assert lm["inside"] / lm["checks"] < 1 / 3 and lm["above"] > 5 * lm["below"], lm
 

@@ -31,6 +31,11 @@ PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "vgg16": 138_357_
 
 _HOROVOD = ('Sergeev & Del Balso 2018, "Horovod: fast and easy distributed deep learning in '
             'TensorFlow"; horovod docs/benchmarks.rst')
+#: the chart Horovod's README and benchmarks page showed before the 512-GPU one: the same servers
+#: (4 Pascal GPUs, RoCE 25 Gbit/s), 32 of them
+_HOROVOD_128 = ("horovod/horovod README.md and docs/benchmarks.md from 6bb6a2db (2017-10-17) until "
+                "8318a898 (2018-05-10) replaced the chart with 512 GPUs: 32 servers with 4 Pascal "
+                "GPUs each, RoCE 25 Gbit/s")
 
 PRESETS: dict[str, Calibration] = {name: load_hardware(path) for name, path in preset_files().items()}
 
@@ -399,6 +404,11 @@ def published_checks(include_fitted: bool = False) -> list[Published]:
               for name, model, value in (("ResNet-101", "resnet101", 0.90),
                                          ("Inception V3", "inception_v3", 0.90),
                                          ("VGG-16", "vgg16", 0.68))]
+    checks += [_efficiency(f"Horovod {name} scaling efficiency at 128 GPUs", _HOROVOD_128,
+                           "horovod-pascal-25g", model, 128, value)
+               for name, model, value in (("ResNet-101", "resnet101", 0.90),
+                                          ("Inception V3", "inception_v3", 0.90),
+                                          ("VGG-16", "vgg16", 0.79))]
     checks += [_efficiency(f"Horovod {name} scaling efficiency at 128 GPUs over 25 GbE TCP",
                            _HOROVOD_PAPER + "Figure 6: 88 % for both", HOROVOD_TCP, model, 128, 0.88,
                            tolerance="reported")
