@@ -66,6 +66,9 @@ BAD_INPUTS = [
     (["model", "nccl", "--preset", "dgx-a100", "--sizes", "8,4X"],
      "sizes='4X' is not valid: sizes are bytes with an optional K, M or G suffix", 2),
     (["model", "nccl", "--preset", "dgx-a100", "--csv", "{tmp}"], "is a directory, and a file", 2),
+    (["model", "check", "--figure", "{tmp}/checks.txt"],
+     "figure='{tmp}/checks.txt' is not valid: a file ending in .png, .pdf or .svg", 2),
+    (["model", "check", "--figure", "{tmp}"], "figure='{tmp}' is not valid: is a directory", 2),
     (["model", "predict", "--model", "inception_small", "--algorithm", "allreduce,nope"],
      "algorithm='nope' is not valid: choose one of ", 2),
     # an option's value is checked by its algorithm's options, as a run's is (period=0 divided by

@@ -412,7 +412,7 @@ def test_07_lm_time_to_loss(tmp_path):
 def test_06_at_scale(tmp_path):
     """The model calibrated here (a real bench collectives on 2 MPI ranks) on the committed scaling
     and staleness references: every measured point predicted, the simulated staleness beside the
-    measured, the published table, the curves and the map, all written to ``out``."""
+    measured, the published table and its figure, the curves and the map, all written to ``out``."""
     nb = run_notebook(ROOT / "notebooks" / "06_at_scale.ipynb",
                       {"out": str(tmp_path), "gbits": [1, 100]})
     reference = pd.read_csv(ROOT / "results" / "reference" / "scaling" / "runs.csv")
@@ -426,8 +426,8 @@ def test_06_at_scale(tmp_path):
     for name in ("collectives.json", "calibration.json", "predictions.csv"):
         assert (tmp_path / name).is_file(), name
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
-        "fastest.png", "scaling_model.png", "staleness_model.png"]
-    assert images(nb) == 3
+        "fastest.png", "published.png", "scaling_model.png", "staleness_model.png"]
+    assert images(nb) == 4
 
 
 def test_this_machines_results_are_git_ignored_and_the_committed_ones_are_not():

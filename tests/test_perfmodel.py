@@ -1591,6 +1591,38 @@ def test_model_check_prints_the_goal_numbers():
     assert lm["inside"] / lm["checks"] < 1 / 3 and lm["above"] > 5 * lm["below"], lm
 
 
+def test_model_check_draws_each_check_beside_its_band(tmp_path):
+    """`downpour model check --figure` (and notebook 06) draw the table: a panel per kind of
+    check, titled with how many published values lie inside their bands; one marker per check at
+    (published, point), filled inside its band and hollow outside, its band a bar from low to
+    high. A figure it cannot write names the flag."""
+    import numpy as np
+
+    from downpour_lib.perf.presets import check_groups, published_table
+    from downpour_lib.study.model_plots import published_figure
+
+    checks = published_checks()
+    groups = check_groups(checks)
+    table = published_table(checks)
+    fig = published_figure(table)
+    assert [ax.get_title() for ax in fig.axes] == [
+        f"{kind}: {g['inside']} of {g['checks']} inside" for kind, g in groups.items()]
+    for ax, (kind, g) in zip(fig.axes, groups.items(), strict=True):
+        rows = table[table.kind == kind]
+        drawn = {c.get_label(): c for c in ax.containers}
+        assert set(drawn) <= {"inside its band", "outside its band"}
+        counts = {label: len(c.lines[0].get_xdata()) for label, c in drawn.items()}
+        assert counts.get("inside its band", 0) == g["inside"], (kind, counts)
+        assert counts.get("outside its band", 0) == g["checks"] - g["inside"], (kind, counts)
+        bands = sorted((round(seg[:, 1].min(), 9), round(seg[:, 1].max(), 9))
+                       for c in drawn.values() for seg in map(np.asarray, c.lines[2][0].get_segments()))
+        assert bands == sorted(zip(rows.low.round(9), rows.high.round(9), strict=True)), kind
+    proc = downpour("model", "check", "--figure", str(tmp_path / "checks.png"))
+    assert proc.returncode == 0, explain(proc)
+    assert (tmp_path / "checks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {tmp_path / 'checks.png'}" in proc.stdout
+
+
 def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     """NVIDIA's BERT-large pre-training on DGX A100 nodes (presets.BERT_NODES): gradient
     accumulation and one bucket after the last pass. What docs/perf_model.md says of its rows:

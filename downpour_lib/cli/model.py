@@ -298,7 +298,10 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
     p.set_defaults(func=cmd_presets)
     p = verbs.add_parser("check", help="the model against published scaling results")
-    p.set_defaults(func=cmd_check)
+    p.add_argument("--figure", default=None,
+                   help="draw each check's published value beside the point and band here "
+                        "(.png, .pdf or .svg)")
+    p.set_defaults(func=cmd_check, output_files=("figure",))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -563,15 +566,26 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from ..perf.presets import check_groups, check_summary, published_checks, published_table
 
-    checks = published_checks()  # predicted once, for the table and its summaries
-    table = published_table(checks).drop(columns="source")
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.figure and Path(args.figure).suffix.lower() not in FIGURE_SUFFIXES:
+        raise ConfigError("figure", args.figure, "a file ending in " + ", ".join(FIGURE_SUFFIXES[:-1])
+                          + " or " + FIGURE_SUFFIXES[-1])
+    checks = published_checks()  # predicted once, for the table, its summaries and the figure
+    table = published_table(checks)
+    print(table.drop(columns="source").to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("efficiency checks: " + _summary_line(check_summary(checks)))
     for kind, s in check_groups(checks).items():  # where the band holds, and where it does not
         print(f"  {kind}: " + _summary_line(s))
+    if args.figure:
+        from ..study.figures import save_figure
+        from ..study.model_plots import published_figure
+
+        print(f"wrote {save_figure(published_figure(table), args.figure)}")
     return 0
 
 

@@ -8,6 +8,8 @@ is fastest.
 - ``staleness_model_figure``: a measured Downpour staleness distribution beside the simulated one.
 - ``fastest_map`` and ``fastest_map_figure``: for workers x bandwidth of the card between nodes,
   which algorithm has the highest throughput (notebook 06, "at scale").
+- ``published_figure``: the model against published results (``downpour model check``), per kind
+  of check: each published efficiency beside the model's point and band.
 
 Figures come from CSVs and calibrations only, like every study figure; the curves beside a scaling
 study's measured points are ``scaling_model_plots.scaling_model_figure``, drawn by
@@ -174,4 +176,42 @@ def fastest_map_figure(table: pd.DataFrame):
     first = table.iloc[0]
     ax.set_title(f"Fastest algorithm (and its efficiency), {first.model}, calibration "
                  f"{first.calibration}; of {', '.join(names)}", fontsize=9)
+    return fig
+
+
+def published_figure(table: pd.DataFrame):
+    """The model against published results (``presets.published_table``, or its CSV), one panel per
+    kind of check (``presets.KINDS``): each published efficiency (x) against the model's point
+    (y), the band a vertical bar. On the diagonal the point is right; the dashed lines are 10
+    points either side, the goal's largest error. A published value outside its band is drawn
+    hollow and red. Speedups (no kind) are left to the table."""
+    from ..perf.presets import KINDS
+
+    kinds = table.kind.fillna("")
+    efficiency = table[kinds != ""]
+    present = [k for k in KINDS if (efficiency.kind == k).any()]
+    fig, axes = figure_row(len(present), 3.4 * len(present))
+    for ax, kind in zip(axes, present, strict=True):
+        part = efficiency[efficiency.kind == kind]
+        inside = (part.low <= part.published) & (part.published <= part.high)
+        low = min(part.published.min(), part.low.min()) - 0.01
+        high = max(part.published.max(), part.high.max()) + 0.01
+        ax.plot([low, high], [low, high], color="0.25", lw=0.8)
+        for off, label in ((-0.1, "10 points off"), (0.1, None)):
+            ax.plot([low, high], [low + off, high + off], color="0.6", lw=0.8, ls="--", label=label)
+        for mask, label, style in ((inside, "inside its band", {"color": "C0"}),
+                                   (~inside, "outside its band", {"color": "C3", "mfc": "none"})):
+            rows = part[mask]
+            if len(rows):
+                ax.errorbar(rows.published, rows.predicted,
+                            yerr=[rows.predicted - rows.low, rows.high - rows.predicted], fmt="o",
+                            ms=3.5, elinewidth=0.8, capsize=1.5, label=label, **style)
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        ax.set_aspect("equal")
+        ax.set_title(f"{kind}: {int(inside.sum())} of {len(part)} inside", fontsize=8)
+        ax.set_xlabel("published efficiency")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("the model: point and band")
+    axes[0].legend(fontsize=7, loc="upper left")
     return fig
