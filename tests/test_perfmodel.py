@@ -1623,6 +1623,61 @@ def test_model_check_draws_each_check_beside_its_band(tmp_path):
     assert f"wrote {tmp_path / 'checks.png'}" in proc.stdout
 
 
+def test_your_own_results_are_checked_as_the_packages_are(tmp_path):
+    """`downpour model check --checks FILE.csv` (presets.checks_from_file): a reviewer's or a
+    user's own results, a row each naming a preset or a hardware file beside the CSV, checked as
+    the package's table is. Rows that restate the package's checks (one worker against 512; 32
+    nodes against one at their accumulations; a preset copied to a file of one's own) get their
+    point and band exactly; bad input names the row, the field and what would work."""
+    import shutil
+
+    from downpour_lib.perf.hardware import HARDWARE_DIR
+    from downpour_lib.perf.presets import check_summary, checks_from_file
+
+    shutil.copy(HARDWARE_DIR / "horovod-pascal-25g.yaml", tmp_path / "ours.yaml")
+    theirs = {c.claim: c for c in published_checks()}
+    same = {  # our row's claim: the package's check it restates
+        "a": "Horovod ResNet-101 scaling efficiency at 512 GPUs",
+        "b": "BERT-large, sequence 128, mixed precision: 32 DGX A100 nodes (256 GPUs), 1 passes a "
+             "step, efficiency against 1 node",
+        "c": "Horovod VGG-16 scaling efficiency at 128 GPUs"}
+    (tmp_path / "mine.csv").write_text(
+        "claim,hardware,model,workers,against,accumulation,against_accumulation,published,source\n"
+        "a,horovod-pascal-25g,resnet101,512,,,,0.90,a README\n"
+        "b,dgx-a100-bert,bert-large-128-amp,256,8,1,32,0.949,\n"
+        "c,ours.yaml,vgg16,128,,,,0.79,\n")
+    mine = checks_from_file(tmp_path / "mine.csv")
+    assert [c.claim for c in mine] == ["a", "b", "c"] and mine[0].source == "a README"
+    for c in mine:
+        ref = theirs[same[c.claim]]
+        assert (c.predicted, c.low, c.high, c.kind) == (ref.predicted, ref.low, ref.high, ref.kind)
+    assert check_summary(mine)["inside"] == 3
+    proc = downpour("model", "check", "--checks", str(tmp_path / "mine.csv"))
+    assert proc.returncode == 0, explain(proc)
+    assert "efficiency checks: 3;" in proc.stdout and "inside the band: 3 of 3" in proc.stdout
+
+    header = "claim,hardware,model,workers,against,published\n"
+    for row, match in (
+            ("x,horovod-pascal-25g,resnet101,512,,90", "checks row 1 published='90'.*0.9 for 90 %"),
+            ("x,dgx-a100-nope,resnet101,512,,0.9", "checks row 1 hardware='dgx-a100-nope'.*a preset"),
+            ("x,horovod-pascal-25g,bert-large-128,512,,0.9",
+             "checks row 1 model='bert-large-128'.*horovod-pascal-25g has compute for inception_v3"),
+            ("x,horovod-pascal-25g,resnet101,0,,0.9", "checks row 1 workers='0'.*whole number >= 1"),
+            ("x,horovod-pascal-25g,resnet101,8,16,0.9", "checks row 1 against=16.*at most the row's"),
+            ("x,missing.yaml,resnet101,8,,0.9", "hardware=.*missing.yaml.*no such file")):
+        (tmp_path / "bad.csv").write_text(header + row + "\n")
+        with pytest.raises(ConfigError, match=match):
+            checks_from_file(tmp_path / "bad.csv")
+    (tmp_path / "bad.csv").write_text("claim,hardware,model,published,speed\nx,a,b,0.9,1\n")
+    with pytest.raises(ConfigError, match="lacks workers: give a row a check with claim"):
+        checks_from_file(tmp_path / "bad.csv")
+    with pytest.raises(ConfigError, match="checks=.*no such file"):
+        checks_from_file(tmp_path / "none.csv")
+    proc = downpour("model", "check", "--checks", str(tmp_path / "bad.csv"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, explain(proc)
+    assert "checks=" in proc.stderr and "lacks workers" in proc.stderr
+
+
 def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     """NVIDIA's BERT-large pre-training on DGX A100 nodes (presets.BERT_NODES): gradient
     accumulation and one bucket after the last pass. What docs/perf_model.md says of its rows:

@@ -298,6 +298,11 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
     p.set_defaults(func=cmd_presets)
     p = verbs.add_parser("check", help="the model against published scaling results")
+    p.add_argument("--checks", default=None, metavar="FILE.csv",
+                   help="your own results instead of the package's: a row each with claim, "
+                        "hardware (a preset or a .yaml file), model, workers, published "
+                        "(efficiency); optional source, against, accumulation, "
+                        "against_accumulation (docs/perf_model.md)")
     p.add_argument("--figure", default=None,
                    help="draw each check's published value beside the point and band here "
                         "(.png, .pdf or .svg)")
@@ -570,12 +575,19 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..perf.presets import check_groups, check_summary, published_checks, published_table
+    from ..perf.presets import (
+        check_groups,
+        check_summary,
+        checks_from_file,
+        published_checks,
+        published_table,
+    )
 
     if args.figure and Path(args.figure).suffix.lower() not in FIGURE_SUFFIXES:
         raise ConfigError("figure", args.figure, "a file ending in " + ", ".join(FIGURE_SUFFIXES[:-1])
                           + " or " + FIGURE_SUFFIXES[-1])
-    checks = published_checks()  # predicted once, for the table, its summaries and the figure
+    # predicted once, for the table, its summaries and the figure
+    checks = checks_from_file(args.checks) if args.checks else published_checks()
     table = published_table(checks)
     print(table.drop(columns="source").to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("efficiency checks: " + _summary_line(check_summary(checks)))

@@ -83,7 +83,7 @@ class Published:
 #: one node's devices or across nodes (where the model misses most: docs/perf_model.md)
 KINDS = ("images, one node", "images, across nodes", "language models, one node",
          "language models, across nodes")
-_LANGUAGE_MODELS = ("bert-", "transformer-xl")  # the presets' language models, by name
+_LANGUAGE_MODELS = ("bert-", "transformer-xl", "gpt")  # language models, by name
 
 
 def _kind(cal: Calibration, model: str, workers: int) -> str:
@@ -268,24 +268,28 @@ def _against_one_node(preset: str, model: str, rows, claim: str, source: str) ->
     """Rows of N nodes against one node (the first row), each ``(nodes, accumulation, rate)``:
     the published ratio of rates over N, and the model's ratio of its two predictions at each end
     of what was not measured (the same ends at both node counts), the point their middle."""
-    from dataclasses import replace
-
     cal = PRESETS[preset]
     per_node = cal.network.per_node
-
-    def at(accumulation: int, workers: int):
-        w = replace(cal.workloads[model], accumulation=accumulation)
-        return predict(replace(cal, workloads={**cal.workloads, model: w}), "allreduce", workers, model)
-
     (_, acc_one, one), *more = rows
-    base = at(acc_one, per_node)
+    base = _accumulating(cal, model, acc_one, per_node)
     out = []
     for nodes, accumulation, rate in more:
-        point, low, high = _relative(at(accumulation, per_node * nodes), base)
+        point, low, high = _relative(_accumulating(cal, model, accumulation, per_node * nodes), base)
         out.append(Published(claim.format(nodes=nodes, gpus=per_node * nodes, passes=accumulation),
                              source, rate / one / nodes, point, "efficiency", "reported", low, high,
                              kind=_kind(cal, model, per_node * nodes)))
     return out
+
+
+def _accumulating(cal: Calibration, model: str, accumulation: int | None, workers: int):
+    """``predict``'s allreduce of ``model`` at ``workers``, each step accumulating
+    ``accumulation`` passes (None: the calibration's)."""
+    from dataclasses import replace
+
+    w = cal.workloads[model]
+    if accumulation is not None:
+        w = replace(w, accumulation=accumulation)
+    return predict(replace(cal, workloads={**cal.workloads, model: w}), "allreduce", workers, model)
 
 
 def _relative(p, base) -> tuple[float, float, float]:
@@ -490,3 +494,94 @@ def published_table(checks: list[Published] | None = None):
                           "outside_band": c.outside_band, "agreement": c.tolerance,
                           "source": c.source}
                          for c in (checks if checks is not None else published_checks())])
+
+
+#: a checks file's columns (``checks_from_file``): those every row gives, then the optional ones
+CHECK_COLUMNS = ("claim", "hardware", "model", "workers", "published")
+CHECK_OPTIONAL = ("source", "against", "accumulation", "against_accumulation")
+
+
+def checks_from_file(path) -> list[Published]:
+    """Scaling results of your own (published, or measured on your cluster) as checks, from a CSV
+    with a row each: ``claim``; ``hardware``, a preset's name or a hardware YAML file (a path
+    relative to the CSV's folder); ``model``, one of that file's; ``workers``; ``published``, the
+    efficiency measured at ``workers`` against ``against`` workers (a share: 0.9 for 90 %).
+    Optional: ``source``; ``against`` (1 when empty: against one worker alone; a node's devices
+    for "N nodes against one node"); ``accumulation`` and ``against_accumulation``, the passes a
+    step each run accumulated (the hardware file's when empty). Each row is predicted as the
+    package's own checks are (``published_checks``): synchronous allreduce, the band of what the
+    hardware file does not measure, its middle the point."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from ..errors import ConfigError
+
+    path = Path(path)
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise ConfigError("checks", str(path), "no such file: a CSV with columns "
+                          + ", ".join(CHECK_COLUMNS)) from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError("checks", str(path), f"not a CSV ({str(exc).strip()})") from None
+    missing = [c for c in CHECK_COLUMNS if c not in table.columns]
+    unknown = [c for c in table.columns if c not in CHECK_COLUMNS + CHECK_OPTIONAL]
+    if missing or unknown or table.empty:
+        why = (f"lacks {', '.join(missing)}" if missing else
+               f"has unknown columns {', '.join(unknown)}" if unknown else "has no rows")
+        raise ConfigError("checks", str(path), f"{why}: give a row a check with "
+                          + ", ".join(CHECK_COLUMNS) + " (optional: " + ", ".join(CHECK_OPTIONAL)
+                          + ")")
+
+    def whole(row: int, field: str, text: str, default: int | None) -> int | None:
+        if text.strip() == "":
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ConfigError(f"checks row {row} {field}", text, "a whole number >= 1")
+        return value
+
+    hardware: dict[str, Calibration] = {}
+    checks = []
+    for i, row in enumerate(table.to_dict("records"), start=1):
+        name = row["hardware"].strip()
+        if name not in hardware:
+            if name in PRESETS:
+                hardware[name] = PRESETS[name]
+            elif name.endswith((".yaml", ".yml")):
+                hardware[name] = load_hardware(path.parent / name)
+            else:
+                raise ConfigError(f"checks row {i} hardware", name, "a preset ("
+                                  + ", ".join(PRESETS) + ") or a hardware .yaml file")
+        cal, model = hardware[name], row["model"].strip()
+        if model not in cal.workloads:
+            raise ConfigError(f"checks row {i} model", model, f"{name} has compute for "
+                              + ", ".join(sorted(cal.workloads)))
+        workers = whole(i, "workers", row["workers"], None)
+        against = whole(i, "against", row.get("against", ""), 1)
+        if against > workers:
+            raise ConfigError(f"checks row {i} against", against,
+                              f"at most the row's workers ({workers})")
+        own = whole(i, "accumulation", row.get("accumulation", ""), None)
+        theirs = whole(i, "against_accumulation", row.get("against_accumulation", ""), own)
+        try:
+            published = float(row["published"])
+        except ValueError:
+            published = math.nan
+        if not 0 < published <= 1.5:
+            raise ConfigError(f"checks row {i} published", row["published"],
+                              "an efficiency as a share, e.g. 0.9 for 90 %")
+        claim, source = row["claim"].strip(), row.get("source", "").strip()
+        if against == 1 and own is None:  # as the package's checks against one worker
+            p = predict(cal, "allreduce", workers, model)
+            point, low, high = p.efficiency, p.efficiency_low, p.efficiency_high
+        else:
+            point, low, high = _relative(_accumulating(cal, model, own, workers),
+                                         _accumulating(cal, model, theirs, against))
+        checks.append(Published(claim, source, published, point, "efficiency", "reported", low,
+                                high, kind=_kind(cal, model, workers)))
+    return checks
