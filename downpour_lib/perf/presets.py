@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .hardware import FITTED_MODELS, FITTED_ON, load_hardware, preset_files, with_fields
 from .perfmodel import Calibration, predict
 from .terms import DDP_BENCH, DDP_BENCH_SOURCE, MEASUREMENT_SPREAD
@@ -515,8 +516,6 @@ def checks_from_file(path) -> list[Published]:
 
     import pandas as pd
 
-    from ..errors import ConfigError
-
     path = Path(path)
     try:
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -533,55 +532,58 @@ def checks_from_file(path) -> list[Published]:
         raise ConfigError("checks", str(path), f"{why}: give a row a check with "
                           + ", ".join(CHECK_COLUMNS) + " (optional: " + ", ".join(CHECK_OPTIONAL)
                           + ")")
+    hardware: dict[str, Calibration] = {}  # each file read once
+    return [_check_from_row(i, row, path.parent, hardware)
+            for i, row in enumerate(table.to_dict("records"), start=1)]
 
-    def whole(row: int, field: str, text: str, default: int | None) -> int | None:
-        if text.strip() == "":
-            return default
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ConfigError(f"checks row {row} {field}", text, "a whole number >= 1")
-        return value
 
-    hardware: dict[str, Calibration] = {}
-    checks = []
-    for i, row in enumerate(table.to_dict("records"), start=1):
-        name = row["hardware"].strip()
-        if name not in hardware:
-            if name in PRESETS:
-                hardware[name] = PRESETS[name]
-            elif name.endswith((".yaml", ".yml")):
-                hardware[name] = load_hardware(path.parent / name)
-            else:
-                raise ConfigError(f"checks row {i} hardware", name, "a preset ("
-                                  + ", ".join(PRESETS) + ") or a hardware .yaml file")
-        cal, model = hardware[name], row["model"].strip()
-        if model not in cal.workloads:
-            raise ConfigError(f"checks row {i} model", model, f"{name} has compute for "
-                              + ", ".join(sorted(cal.workloads)))
-        workers = whole(i, "workers", row["workers"], None)
-        against = whole(i, "against", row.get("against", ""), 1)
-        if against > workers:
-            raise ConfigError(f"checks row {i} against", against,
-                              f"at most the row's workers ({workers})")
-        own = whole(i, "accumulation", row.get("accumulation", ""), None)
-        theirs = whole(i, "against_accumulation", row.get("against_accumulation", ""), own)
-        try:
-            published = float(row["published"])
-        except ValueError:
-            published = math.nan
-        if not 0 < published <= 1.5:
-            raise ConfigError(f"checks row {i} published", row["published"],
-                              "an efficiency as a share, e.g. 0.9 for 90 %")
-        claim, source = row["claim"].strip(), row.get("source", "").strip()
-        if against == 1 and own is None:  # as the package's checks against one worker
-            p = predict(cal, "allreduce", workers, model)
-            point, low, high = p.efficiency, p.efficiency_low, p.efficiency_high
+def _check_from_row(i: int, row: dict[str, str], folder, hardware: dict[str, Calibration]) -> Published:
+    """Row ``i`` of a checks file (``checks_from_file``) predicted; ``hardware``: the files read
+    so far, by the name the rows give."""
+    name = row["hardware"].strip()
+    if name not in hardware:
+        if name in PRESETS:
+            hardware[name] = PRESETS[name]
+        elif name.endswith((".yaml", ".yml")):
+            hardware[name] = load_hardware(folder / name)
         else:
-            point, low, high = _relative(_accumulating(cal, model, own, workers),
-                                         _accumulating(cal, model, theirs, against))
-        checks.append(Published(claim, source, published, point, "efficiency", "reported", low,
-                                high, kind=_kind(cal, model, workers)))
-    return checks
+            raise ConfigError(f"checks row {i} hardware", name, "a preset ("
+                              + ", ".join(PRESETS) + ") or a hardware .yaml file")
+    cal, model = hardware[name], row["model"].strip()
+    if model not in cal.workloads:
+        raise ConfigError(f"checks row {i} model", model, f"{name} has compute for "
+                          + ", ".join(sorted(cal.workloads)))
+    workers = _whole_number(i, "workers", row["workers"], None)
+    against = _whole_number(i, "against", row.get("against", ""), 1)
+    if against > workers:
+        raise ConfigError(f"checks row {i} against", against, f"at most the row's workers ({workers})")
+    own = _whole_number(i, "accumulation", row.get("accumulation", ""), None)
+    theirs = _whole_number(i, "against_accumulation", row.get("against_accumulation", ""), own)
+    try:
+        published = float(row["published"])
+    except ValueError:
+        published = math.nan
+    if not 0 < published <= 1.5:
+        raise ConfigError(f"checks row {i} published", row["published"],
+                          "an efficiency as a share, e.g. 0.9 for 90 %")
+    if against == 1 and own is None:  # as the package's checks against one worker
+        p = predict(cal, "allreduce", workers, model)
+        point, low, high = p.efficiency, p.efficiency_low, p.efficiency_high
+    else:
+        point, low, high = _relative(_accumulating(cal, model, own, workers),
+                                     _accumulating(cal, model, theirs, against))
+    return Published(row["claim"].strip(), row.get("source", "").strip(), published, point,
+                     "efficiency", "reported", low, high, kind=_kind(cal, model, workers))
+
+
+def _whole_number(i: int, field: str, text: str, default: int | None) -> int | None:
+    """A checks file's whole number >= 1 in ``field`` of row ``i``; ``default`` where empty."""
+    if text.strip() == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"checks row {i} {field}", text, "a whole number >= 1")
+    return value
