@@ -193,7 +193,7 @@ def published_figure(table: pd.DataFrame):
     fig, axes = figure_row(len(present), 3.4 * len(present))
     for ax, kind in zip(axes, present, strict=True):
         part = efficiency[efficiency.kind == kind]
-        inside = (part.low <= part.published) & (part.published <= part.high)
+        inside = part.outside_band == 0  # presets.Published.outside_band, as check counts it
         low = min(part.published.min(), part.low.min()) - 0.01
         high = max(part.published.max(), part.high.max()) + 0.01
         ax.plot([low, high], [low, high], color="0.25", lw=0.8)
