@@ -1,6 +1,7 @@
 """``downpour model``: calibrate the performance model on measurements, predict with it, show what
 NCCL's tuner would run on a hardware file's links, list the presets of published hardware and
-check the model against published results."""
+check the model against published results. The verbs about hardware files and published results
+(describe, nccl, presets, check) are ``model_hardware``'s."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..perf.netmodel import COLLECTIVES
 from ..perf.perfmodel import MODELLED_ALGORITHMS, Calibration, readable_options
 from ..study.core import reference_dir, results_dir
 from ..study.model_plots import model_dir
+from .model_hardware import add_hardware_verbs, data_for, worker_counts
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
 REFERENCE_STUDY = str(reference_dir("scaling") / "runs.csv")
@@ -93,7 +95,7 @@ def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: st
         return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} downpour does "
                            f"not train {model}, so it cannot be measured here.{elsewhere}")
     # downpour's on a data set of its shape; yours (an import path) on yours
-    dataset = _data_for(model) if model in MODELS else "YOURS"
+    dataset = data_for(model) if model in MODELS else "YOURS"
     summary = model.replace(":", "-") + ".json"
     return ConfigError("model", model, f"calibration {cal.name!r}{where} {has} Measure {model} on "
                        f"this machine: `downpour train --model {model} --dataset {dataset} "
@@ -101,28 +103,6 @@ def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: st
                        f"--summary-json {summary}`, then `downpour model calibrate --collectives "
                        f"FILE --summary {summary}` (FILE: `downpour bench collectives --json FILE` "
                        "under mpiexec across your nodes; README: \"Your model, your links\")." + elsewhere)
-
-
-def _data_for(model: str) -> str:
-    """A data set of the shape ``model`` was made for, offline: synthetic where one has that
-    shape (throughput is all a calibration needs), else a bundled one (cnn1d's MNIST-1D)."""
-    from ..data.catalog import DATASETS
-    from ..models import MODELS
-
-    shape = MODELS[model].default_input
-    fits = [spec for spec in DATASETS.values() if spec.input_shape == shape and spec.kind != "real"]
-    fits.sort(key=lambda spec: spec.kind != "synthetic")
-    return fits[0].name if fits else "synthetic-cifar"
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give worker counts, e.g. 8,64,512") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give worker counts >= 1, e.g. 8,64,512")
-    return values
 
 
 def _option(text: str) -> tuple[str, str, object]:
@@ -206,7 +186,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="a model the calibration has compute for")
     p.add_argument("--algorithm", default="allreduce",
                    help=f"comma-separated, of {', '.join(MODELLED_ALGORITHMS)}")
-    p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
+    p.add_argument("--workers", type=worker_counts, default=[8, 64, 512], help="comma-separated counts")
     p.add_argument("--collective", choices=COLLECTIVES, default=None,
                    help="the allreduce algorithm (default: the calibration's; auto: what NCCL's "
                         "tuner would run per bucket, ring or tree under LL, LL128 or Simple)")
@@ -268,45 +248,8 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sandbox-dir", default=None,
                    help="a running sandbox to borrow (default: the usual one, started if needed)")
     p.set_defaults(func=cmd_validate, output_dirs=("out",))
+    add_hardware_verbs(verbs)
 
-    p = verbs.add_parser("describe", help="a hardware file's entry for a model: its parameters, "
-                                          "multiply-adds and gradient readiness, counted here")
-    p.add_argument("--model", required=True,
-                   help="downpour's, or yours: package.module:function (docs/own_model.md)")
-    p.add_argument("--dataset", default=None,
-                   help="samples of the shape it trains on (default for downpour's models: a "
-                        "synthetic set of their input's shape; yours: required)")
-    p.add_argument("--data-dir", default="data", help="where the data set's files are (default: data)")
-    p.add_argument("--batch", type=int, default=32, help="samples per worker per step (default: 32)")
-    p.add_argument("--images-per-s", type=float, default=None,
-                   help="one device's samples/s alone, measured on it (the one number no count "
-                        "gives; without it the entry says to add it)")
-    p.add_argument("--source", default=None, help="where --images-per-s was measured")
-    p.set_defaults(func=cmd_describe)
-
-    p = verbs.add_parser("nccl", help="what NCCL's tuner would run for each allreduce, as the "
-                                      "model prices it (auto)")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--preset", choices=sorted(preset_files()), help="published hardware")
-    where.add_argument("--hardware", default=None, metavar="FILE.yaml", help="your hardware")
-    p.add_argument("--workers", type=_ints, default=[8, 64, 512], help="comma-separated counts")
-    p.add_argument("--sizes", default="8,64K,1M,25M,1G",
-                   help="allreduce sizes in bytes, K, M or G (binary, as nccl-tests)")
-    p.add_argument("--csv", default=None, help="write the sizes' rows here")
-    p.set_defaults(func=cmd_nccl, output_files=("csv",))
-
-    p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
-    p.set_defaults(func=cmd_presets)
-    p = verbs.add_parser("check", help="the model against published scaling results")
-    p.add_argument("--checks", default=None, metavar="FILE.csv",
-                   help="your own results instead of the package's: a row each with claim, "
-                        "hardware (a preset or a .yaml file), model, workers, published "
-                        "(efficiency); optional source, against, accumulation, "
-                        "against_accumulation (docs/perf_model.md)")
-    p.add_argument("--figure", default=None,
-                   help="draw each check's published value beside the point and band here "
-                        "(.png, .pdf or .svg)")
-    p.set_defaults(func=cmd_check, output_files=("figure",))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -490,119 +433,3 @@ def verdict(table: pd.DataFrame, tolerance: float) -> int:
     print(f"downpour model validate: worst error {worst:.1%}, outside the tolerance of "
           f"{tolerance:.0%}: {rows}", file=sys.stderr)
     return 1
-
-
-def cmd_describe(args: argparse.Namespace) -> int:
-    """Print a ``models:`` entry to paste into a hardware file (``perf.hardware.model_entry``)."""
-    import yaml
-
-    from ..models import MODELS
-    from ..perf.hardware import model_entry
-
-    dataset = args.dataset
-    if dataset is None:
-        if args.model not in MODELS:
-            raise ConfigError("dataset", None, f"the data set {args.model} trains on (its samples' "
-                              "shape sets the counts): give --dataset, e.g. mymodels:blobs")
-        dataset = _data_for(args.model)
-    entry = model_entry(args.model, dataset, args.data_dir, args.batch, args.images_per_s,
-                        args.source)
-    print(f"# {args.model} for a hardware file's `models:` (downpour_lib/perf/hardware.py), "
-          "counted on the meta device")
-    if args.images_per_s is None:
-        print("# add images_per_s: one device's samples/s alone, measured on it (e.g. `downpour "
-              "bench gpu`); the file is refused without it")
-    text = yaml.safe_dump({args.model: entry}, sort_keys=False, default_flow_style=None, width=100)
-    print(text, end="")
-    return 0
-
-
-def cmd_nccl(args: argparse.Namespace) -> int:
-    """NCCL's table (latency and bandwidth of each algorithm and protocol) and its choice for each
-    size, as ``netmodel.nccl_choices`` models them on the hardware's links."""
-    from ..perf.hardware import load_hardware
-    from ..perf.netmodel import NCCL_TUNING_SOURCE, nccl_choice, nccl_choices, nccl_table
-    from ..perf.presets import PRESETS
-    from ..traffic import parse_sizes
-
-    sizes = parse_sizes(args.sizes)
-    cal = load_hardware(args.hardware) if args.hardware else PRESETS[args.preset]
-    net = cal.network
-
-    def link(side) -> str:
-        return f"{side.bandwidth_Bps / 1e9:g} GB/s and {side.alpha_s * 1e6:g} us a hop"
-
-    print(f"NCCL's tuner as the model prices it, read from {NCCL_TUNING_SOURCE}, on {cal.name}: "
-          f"{net.per_node} per node; inside {link(net.intra)}, across {link(net.inter)} (rates "
-          "achieved; where a rate is a range, its middle)")
-    print("allreduce Latency (us) / AlgBw (GB/s), the table NCCL_DEBUG=INFO "
-          "NCCL_DEBUG_SUBSYS=TUNING prints at init (a tree only across nodes):")
-    table = pd.DataFrame([{"workers": n} | {f"{a}/{p}": f"{lat * 1e6:.1f}/{bw / 1e9:.1f}"
-                                            for (a, p), (lat, bw) in nccl_table(n, net).items()}
-                          for n in args.workers]).fillna("-")
-    print(table.to_string(index=False))
-    rows = []
-    for n in args.workers:
-        for size in sizes:
-            (algorithm, protocol), seconds = nccl_choice(n, size, net)
-            rows.append({"workers": n, "bytes": size, "algorithm": algorithm, "protocol": protocol,
-                         "time_us": 1e6 * seconds}
-                        | {f"{a}/{p}_us": 1e6 * t for (a, p), t in nccl_choices(n, size, net).items()})
-    runs = pd.DataFrame(rows)
-    print("what it runs for each size (bytes), and its time:")
-    print(runs[["workers", "bytes", "algorithm", "protocol", "time_us"]].to_string(
-        index=False, float_format=lambda v: f"{v:.1f}"))
-    if args.csv:
-        runs.to_csv(args.csv, index=False)
-        print(f"wrote {args.csv}")
-    return 0
-
-
-def cmd_presets(args: argparse.Namespace) -> int:
-    from ..perf.presets import PRESETS
-
-    for cal in PRESETS.values():
-        net = cal.network
-        print(f"{cal.name}: {net.per_node} per node; inside {net.intra.bandwidth_Bps / 1e9:g} GB/s, "
-              f"across {net.inter.bandwidth_Bps / 1e9:g} GB/s; {cal.collective} allreduce")
-        print(f"  {cal.source}")
-        for w in cal.workloads.values():
-            print(f"  {w.model}: {w.compute_s * 1e3:.0f} ms per {w.batch_size} samples ({w.source})")
-    return 0
-
-
-FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    from ..perf.presets import (
-        check_groups,
-        check_summary,
-        checks_from_file,
-        published_checks,
-        published_table,
-    )
-
-    if args.figure and Path(args.figure).suffix.lower() not in FIGURE_SUFFIXES:
-        raise ConfigError("figure", args.figure, "a file ending in " + ", ".join(FIGURE_SUFFIXES[:-1])
-                          + " or " + FIGURE_SUFFIXES[-1])
-    # predicted once, for the table, its summaries and the figure
-    checks = checks_from_file(args.checks) if args.checks else published_checks()
-    table = published_table(checks)
-    print(table.drop(columns="source").to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("efficiency checks: " + _summary_line(check_summary(checks)))
-    for kind, s in check_groups(checks).items():  # where the band holds, and where it does not
-        print(f"  {kind}: " + _summary_line(s))
-    if args.figure:
-        from ..study.figures import save_figure
-        from ..study.model_plots import published_figure
-
-        print(f"wrote {save_figure(published_figure(table), args.figure)}")
-    return 0
-
-
-def _summary_line(s: dict[str, float]) -> str:
-    return (f"{s['checks']}; point: mean absolute error {s['mae']:.1f} points, largest "
-            f"{s['max_error']:.1f}, {s['below']} below and {s['above']} above the published value; "
-            f"inside the band: {s['inside']} of {s['checks']}; band width: mean {s['band_mean']:.1f} "
-            f"points, widest {s['band_max']:.1f}")
