@@ -940,6 +940,64 @@ def test_the_devices_own_spread_waits_at_every_accumulation_and_is_a_range_from_
     assert with_fields(cal, device_spread=0.0).device_spread_high is None
 
 
+def test_the_nodes_spread_costs_only_across_nodes_and_is_the_rest_of_the_clusters():
+    """A node's devices share its node's speed (its power, cooling, host): across nodes a
+    synchronous step also waits for the slowest node (terms.straggler_factor's node_cv). It is
+    exact where either spread is 0 or a node has one worker, checked against draws between; one
+    node's devices never pay it, so the one-node tables the model is fitted on are given back as
+    before. Not measured, it is a range (terms.NODE_SPREAD_RANGE): at both unfavourable ends a
+    cluster's devices spread as Sinha et al.'s most uneven cluster (22 %), of which the devices'
+    own range holds 8 %; given (node_spread, --node-spread), it is a point."""
+    import numpy as np
+
+    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, read_hardware, with_fields
+    from downpour_lib.perf.terms import (
+        DEVICE_SPREAD_RANGE,
+        DEVICE_SPREAD_WHISKER,
+        NODE_SPREAD_RANGE,
+        expected_max_of_normals,
+        sd_max_of_normals,
+        straggler_factor,
+    )
+
+    draws = np.random.default_rng(1).standard_normal((40000, 8)).max(axis=1)
+    assert sd_max_of_normals(8) == pytest.approx(draws.std(), abs=0.01) and sd_max_of_normals(1) == 1
+    assert straggler_factor(256, 0.02, 0.0, 8) == straggler_factor(256, 0.02)
+    assert straggler_factor(8, 0.02, 0.05, 8) == straggler_factor(8, 0.02)  # one node: none
+    # a node of one worker: its time is the sum of two independent normals
+    assert straggler_factor(32, 0.02, 0.03, 1) == pytest.approx(
+        1 + math.hypot(0.02, 0.03) * expected_max_of_normals(32))
+    # nodes of 8: the expected slowest of 256 drawn times, within a third of a point (the
+    # slowest of a node's 8 is skewed, not normal: the sum reads it a little slow)
+    rng = np.random.default_rng(2)
+    times = 1 + 0.03 * rng.standard_normal((4000, 32, 1)) + 0.015 * rng.standard_normal((4000, 32, 8))
+    drawn = times.max(axis=(1, 2)).mean()
+    assert drawn < straggler_factor(256, 0.015, 0.03, 8) < drawn + 0.003
+    with pytest.raises(ConfigError, match="node_spread"):
+        straggler_factor(16, 0.01, -0.01, 8)
+
+    total = math.hypot(DEVICE_SPREAD_RANGE[1], NODE_SPREAD_RANGE[1]) * 2 * DEVICE_SPREAD_WHISKER
+    assert NODE_SPREAD_RANGE[0] == 0 and total == pytest.approx(0.22)
+    assert 0.037 < NODE_SPREAD_RANGE[1] < 0.039
+
+    spec = read_hardware(HARDWARE_DIR / "dgx-a100-bert.yaml")
+    cal = hardware_from_dict(spec)
+    assert (cal.node_spread, cal.node_spread_high) == NODE_SPREAD_RANGE
+    even = replace(cal, node_spread_high=None)
+    for workers, moved in ((8, False), (16, True), (256, True)):
+        ranged, alike = (predict(c, "allreduce", workers, "bert-large-512") for c in (cal, even))
+        assert (ranged.efficiency_low < alike.efficiency_low) == moved, workers
+        assert ranged.efficiency_high == alike.efficiency_high  # the favourable end: alike
+    given = hardware_from_dict(dict(spec, node_spread=0.02))
+    assert (given.node_spread, given.node_spread_high) == (0.02, None)
+    for bad in (-0.01, "some", True, float("nan")):
+        with pytest.raises(ConfigError, match="node_spread"):
+            hardware_from_dict(dict(spec, node_spread=bad))
+    with pytest.raises(ConfigError, match="node_spread"):
+        with_fields(cal, node_spread=-1)
+    assert with_fields(cal, node_spread=0.0).node_spread_high is None
+
+
 def test_a_collective_per_size_and_n_and_a_crowded_node():
     """auto is NCCL's tuner: the least of its algorithms under its protocols, a tree with LL where
     latency dominates (small messages, many ranks), a ring with Simple where bytes do, as NCCL's
@@ -1056,8 +1114,8 @@ def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
     assert base["efficiency_low"] < base["efficiency"] < base["efficiency_high"]
     assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
                  "32", "--inter-gbit", "100", "--overlap", "1", "--jitter", "0", "--framework",
-                 "2.5", "--node-compute", "0.01,0.1", "--device-spread", "0.01", "--json",
-                 str(rows_at)]) == 0
+                 "2.5", "--node-compute", "0.01,0.1", "--device-spread", "0.01", "--node-spread",
+                 "0.02", "--json", str(rows_at)]) == 0
     (fast,) = json.loads(rows_at.read_text())
     assert fast["efficiency"] > base["efficiency_high"]
     assert fast["efficiency_low"] == fast["efficiency"] == fast["efficiency_high"]
@@ -1496,19 +1554,19 @@ def test_new_terms_against_hand_computed_references():
 
 def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
     """Issue 65, item 3: a file that measures everything predicts a point; one that leaves the
-    overlap, the cross-node rate, the jitter, the devices' spread and the framework's work open
-    predicts a band, its
-    point the middle, and each range given as a measured value narrows it."""
+    overlap, the cross-node rate, the jitter, the devices' and the nodes' spread and the framework's
+    work open predicts a band, its point the middle, and each range given as a measured value narrows it."""
     from downpour_lib.perf.hardware import hardware_from_dict, with_fields
 
     spec = {"devices_per_node": 4, "overlap": 0.8, "jitter": 0.0, "framework": 2.0,
-            "device_spread": 0.01, "node_compute": {"fp32": 0.01, "amp": 0.1},
+            "device_spread": 0.01, "node_spread": 0.02, "node_compute": {"fp32": 0.01, "amp": 0.1},
             "links": {"intra": {"gbit_per_s": 96}, "inter": {"gbit_per_s": 25, "efficiency": 0.9}},
             "models": {"vgg16": {"batch": 64, "images_per_s": 154, "parameters": 138357544}}}
     point = predict(hardware_from_dict(spec), "allreduce", 64, "vgg16")
     assert point.efficiency_low == point.efficiency == point.efficiency_high
     open_spec = {k: v for k, v in spec.items()
-                 if k not in ("overlap", "jitter", "framework", "device_spread", "node_compute")}
+                 if k not in ("overlap", "jitter", "framework", "device_spread", "node_spread",
+                              "node_compute")}
     open_spec["links"] = {"intra": {"gbit_per_s": 96},
                           "inter": {"gbit_per_s": 25, "transport": "rdma"}}
     cal = hardware_from_dict(dict(open_spec, overlap=None))
@@ -1529,37 +1587,44 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
     spread = predict(with_fields(cal, jitter=0.0, overlap=0.8, framework=2.0, device_spread=0.01,
                                  node_compute={"fp32": 0.01, "amp": 0.1}), "allreduce", 64, "vgg16")
     assert spread.efficiency_high - spread.efficiency_low < node.efficiency_high - node.efficiency_low
+    nodes = predict(with_fields(cal, jitter=0.0, overlap=0.8, framework=2.0, device_spread=0.01,
+                                node_spread=0.02, node_compute={"fp32": 0.01, "amp": 0.1}),
+                    "allreduce", 64, "vgg16")
+    assert nodes.efficiency_high - nodes.efficiency_low \
+        < spread.efficiency_high - spread.efficiency_low
 
 
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 80 of 126 inside the band
-    (five of six asked: 105), and two errors beyond 10 points at 32 nodes: NVIDIA's PyTorch BERT at
-    sequence 512 in TF32, whose TF32 rows at 512 lose far more across nodes than its mixed-precision
-    rows that send half the bytes (nothing in the model loses that), and its TensorFlow BERT at
-    sequence 128 in mixed precision
-    (test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow). PaddlePaddle's BERT across
-    nodes lies below every band, by under 10 points
-    (test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes). Transformer-XL's 16 GPUs of a
-    DGX-2H come within 6 points (test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute)
-    and lie outside their bands by under 2. On the image models, what falls outside is one node's
-    8 GPUs, within 2 points of its band: ResNeXt's and SE-ResNeXt's. On BERT every other row on DGX
-    A100s is within 1.5 points of its band (its bands are narrow: one bucket, no overlap; sequence
-    512 with mixed precision at 32 nodes is the farthest, 1.3); on one DGX-1 the model gives 8 GPUs
-    up to 2.5 points more than they keep."""
+    command prints those numbers. Where it falls short of the goal: 101 of 126 inside the band
+    (five of six asked: 105), one band 0.2 points wider than 20 (VGG-16 at 128 GPUs, whose
+    overlap, cross-node rate and nodes' spread are all ranges), and two errors beyond 10 points:
+    NVIDIA's PyTorch BERT at sequence 512 in TF32 at 32 nodes, whose TF32 rows at 512 lose far more
+    across nodes than its mixed-precision rows that send half the bytes (nothing in the model loses
+    that), and Horovod's VGG-16 at 128 GPUs, at the top of its band. PaddlePaddle's BERT across
+    nodes loses more than every point, by under 7 points
+    (test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes), TensorFlow's at 32 nodes
+    by up to 10 (test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow). Transformer-XL's
+    16 GPUs of a DGX-2H come within 6 points
+    (test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute) and lie outside
+    their bands by under 2. On the image models, what falls outside is one node's 8 GPUs, within 2
+    points of its band: ResNeXt's and SE-ResNeXt's. On BERT every other row on DGX A100s is within
+    1.5 points of its band; on one DGX-1 the model gives 8 GPUs up to 2.5 points more than they
+    keep."""
     from downpour_lib.perf.presets import check_summary
 
     checks = [c for c in published_checks() if c.unit == "efficiency"]
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
-    assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 126 and s["inside"] >= 80, s
+    assert s["band_max"] <= 20.5, s  # points: the goal's 20, less than half a point short
+    assert [c.claim for c in checks if c.high - c.low > 0.20] == [
+        "Horovod VGG-16 scaling efficiency at 128 GPUs"]
+    assert s["checks"] == 126 and s["inside"] >= 101, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
-    assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
-                      "step, efficiency against 1 node",
-                      "BERT-large, sequence 128, mixed precision, TensorFlow: 32 DGX A100 nodes "
-                      "(256 GPUs), 4 passes a step, efficiency against 1 node"], beyond
+    assert beyond == ["Horovod VGG-16 scaling efficiency at 128 GPUs",
+                      "BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
+                      "step, efficiency against 1 node"], beyond
     outside = [c for c in checks if c.outside_band > 0 and "BERT" not in c.claim
                and "Transformer-XL" not in c.claim]
     assert all("8 GPUs" in c.claim and c.outside_band < 0.02 for c in outside), outside
@@ -1577,8 +1642,8 @@ def test_model_check_prints_the_goal_numbers():
     assert proc.returncode == 0 and "mean absolute error" in proc.stdout, explain(proc)
     assert f"inside the band: {s['inside']} of {s['checks']}" in proc.stdout
     # each kind of check apart (presets.KINDS), every efficiency check in one: where the band holds
-    # (images, and one node's devices: 61 of 68 inside) and where it does not (language models
-    # across nodes, whose bands are narrow: one bucket, no overlap)
+    # (images, and one node's devices: 61 of 68 inside) and where it holds least (language models
+    # across nodes, whose bands are narrow: one bucket, no overlap; more often above the value)
     from downpour_lib.perf.presets import KINDS, check_groups
 
     groups = check_groups()
@@ -1588,7 +1653,7 @@ def test_model_check_prints_the_goal_numbers():
     elsewhere = [g for kind, g in groups.items() if kind != "language models, across nodes"]
     assert sum(g["inside"] for g in elsewhere) >= 61 and sum(g["checks"] for g in elsewhere) == 68
     lm = groups["language models, across nodes"]
-    assert lm["inside"] / lm["checks"] < 1 / 3 and lm["above"] > 5 * lm["below"], lm
+    assert lm["inside"] >= 40 and lm["checks"] == 58 and lm["above"] > 1.5 * lm["below"], lm
 
 
 def test_model_check_draws_each_check_beside_its_band(tmp_path):
@@ -1710,10 +1775,15 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     assert all(0.2 < s < 0.4 for s in seconds.pop("bert-large-512")), seconds
     assert all(s < 0.1 for lost_s in seconds.values() for s in lost_s), seconds
     # the model, whose bytes and framework's work (per byte of gradient) halve at 2 bytes, gives
-    # the same order, and under a fifth of what sequence 512 in TF32 loses
+    # the same order, and (its wait for the slowest node the same for every setting) under a third
+    # of what sequence 512 in TF32 loses
     at_32 = {c.claim.split(":")[0]: c.predicted for claim, c in checks.items() if "32 DGX" in claim}
     assert at_32["BERT-large, sequence 512, TF32"] < at_32["BERT-large, sequence 512, mixed precision"]
-    assert 1 - at_32["BERT-large, sequence 512, TF32"] < lost("bert-large-512") / 5
+    assert 1 - at_32["BERT-large, sequence 512, TF32"] < lost("bert-large-512") / 3
+    # the other three settings lie on both sides of the point across nodes, each inside its band
+    others = [c for claim, c in checks.items() if "nodes" in claim and "512, TF32" not in claim]
+    assert len(others) == 15 and all(c.outside_band == 0 or c.published > 1 for c in others)
+    assert any(c.error > 0 for c in others) and any(c.error < 0 for c in others), others
 
 
 def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
@@ -1766,11 +1836,12 @@ def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
 def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
     """NVIDIA's TensorFlow BERT (Horovod) on DGX A100 40GB nodes (presets.BERT_TF_ONE_NODE,
     BERT_TF_NODES), a check in another framework taken as found. One node's 8 GPUs are within a
-    tenth of a point of their bands. Across nodes every setting loses more than the model at 16
-    and 32 nodes, the more the more nodes, 5 to 13 points at 32. Counted per pass (one GPU's batch),
-    the README's loss against one node grows with the ranks: at most 9.5 ms at 32 GPUs, 6-21 at
-    128, 14-35 at 256 (its optimization.py allreduces a flag every pass: each pass waits for every
-    rank; the model's slowest pass of 256 at the jitter's range is under 2.5 ms, docs/perf_model.md)."""
+    tenth of a point of their bands. Across nodes every setting loses more than the model at 32
+    nodes, by 1.5 to 10 points, its largest error of the three counts of nodes. Counted per pass
+    (one GPU's batch), the README's loss against one node grows with the ranks: at most 9.5 ms at
+    32 GPUs, 6-21 at 128, 14-35 at 256 (its optimization.py allreduces a flag every pass: each pass
+    waits for every rank; the model's slowest pass of 256 at the jitter's range is under 2.5 ms,
+    docs/perf_model.md)."""
     from downpour_lib.perf.presets import BERT_TF_NODES, BERT_TF_PRESET, _bert_label
     from downpour_lib.perf.terms import JITTER_RANGE, expected_max_of_normals
 
@@ -1785,8 +1856,8 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
         setting = [c for c in checks if c.claim.startswith(_bert_label(model) + ", TensorFlow:")
                    and "nodes" in c.claim]
         errors = [c.error for c in setting]
-        assert len(errors) == 3 and errors == sorted(errors) and errors[1] > 0.015, (model, errors)
-        assert 0.04 < errors[2] < 0.14, (model, errors)
+        assert len(errors) == 3 and errors[2] == max(errors), (model, errors)
+        assert 0.015 < errors[2] < 0.10, (model, errors)
         per_pass_ms[model] = [1000 * s for s in lost_a_pass_s(BERT_TF_PRESET, model, rows)]
     at = list(zip(*per_pass_ms.values(), strict=True))  # 32 GPUs, 128, 256: the four settings each
     assert max(at[0]) < 9.5 and 6 < min(at[1]) <= max(at[1]) < 21 and 14 < min(at[2]) < max(at[2]) < 35
@@ -1799,13 +1870,15 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
 def test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes():
     """NVIDIA's PaddlePaddle BERT (fleet) on the PyTorch README's DGX A100 80GB nodes
     (presets.BERT_PADDLE_ONE_NODE, BERT_PADDLE_NODES), a check taken as found. One node's 8 GPUs
-    are inside their bands. Across nodes every row loses more than the model and lies below its
-    band, by 2 to 9 points: already at 2 nodes each setting loses 3.5-6 % against one node, where
-    PyTorch's BERT on the same nodes loses at most 1.4 %. The loss is a share of each pass, not
-    seconds: at each count of nodes the four settings (two precisions, two sequence lengths; passes
-    of 0.12 to 0.42 s) lose within about three points of each other, so the milliseconds a pass lose
-    differ by about three times; at 32 nodes 10-12 %. Its multi-node table's one node is its
-    single-node table's rows, not a run beside the others (docs/perf_model.md)."""
+    are inside their bands. Across nodes every row loses more than the model's point, by under 7
+    points, and 10 of 20 lie inside their bands (the wait for the slowest node, which costs every
+    pass: terms.NODE_SPREAD_RANGE): already at 2 nodes each setting loses 3.5-6 % against one
+    node, below each band, where PyTorch's BERT on the same nodes loses at most 1.4 %. The loss is
+    a share of each pass, not seconds: at each count of nodes the four settings (two precisions,
+    two sequence lengths; passes of 0.12 to 0.42 s) lose within about three points of each other,
+    so the milliseconds a pass lose differ by about three times; at 32 nodes 10-12 %. Its
+    multi-node table's one node is its single-node table's rows, not a run beside the others
+    (docs/perf_model.md)."""
     from downpour_lib.perf.presets import (
         BERT_NODES,
         BERT_ONE_NODE,
@@ -1825,8 +1898,9 @@ def test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes():
     one_node = [c for c in checks if "8 GPUs of a DGX A100" in c.claim]
     assert len(one_node) == 4 and all(c.outside_band == 0 for c in one_node), one_node
     across = [c for c in checks if "nodes" in c.claim]
-    assert len(across) == 20 and all(0.015 < c.error < 0.10 and c.outside_band > 0
-                                     for c in across), across
+    assert len(across) == 20 and all(0.005 < c.error < 0.07 for c in across), across
+    assert sum(c.outside_band == 0 for c in across) >= 10, across
+    assert all(c.outside_band > 0 for c in across if ": 2 DGX A100 nodes" in c.claim), across
 
     shares = {model: lost_share(rows) for model, rows in BERT_PADDLE_NODES.items()}
     at = list(zip(*shares.values(), strict=True))  # 2, 4, 8, 16, 32 nodes: the four settings each
@@ -1924,9 +1998,9 @@ def test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute(
     (terms.FRAMEWORK_MACS_PER_PARAMETER: a sequence does 440 multiply-adds a parameter, an image
     of DDP's benchmark 172) and per byte of gradient (apex O2's are 2), both rows come within 6
     points, below the README. These two rows chose that unit; they are not blind checks any more.
-    Across nodes (4 sequences a GPU, weak scaling) the model loses less than the README past 2
-    nodes (at 2, within a fifth of a point): the gap grows with the nodes, as BERT's TF32 rows
-    do, and is largest at full precision."""
+    Across nodes (4 sequences a GPU, weak scaling) the model gives 2 and 4 nodes within a point
+    and loses less than the README at 8: the gap grows with the nodes, as BERT's TF32 rows do,
+    and is largest at full precision."""
     from downpour_lib.perf.hardware import HARDWARE_DIR, read_hardware
     from downpour_lib.perf.presets import TXL_NODES, TXL_ONE_NODE, TXL_PRESET
     from downpour_lib.perf.terms import FRAMEWORK_MACS_PER_PARAMETER
@@ -1960,11 +2034,11 @@ def test_transformer_xl_counts_the_framework_in_parameters_worth_of_its_compute(
     for precision in ("FP32", "mixed precision"):
         errors = [c.error for claim, c in checks.items() if claim.startswith(
             f"Transformer-XL large, {precision}: ") and "nodes" in claim]
-        assert len(errors) == 3 and errors == sorted(errors) and abs(errors[0]) < 0.002, errors
-        assert errors[1] > 0.005, errors
+        assert len(errors) == 3 and errors == sorted(errors), errors
+        assert all(abs(e) < 0.01 for e in errors[:2]) and errors[2] > 0.01, errors
     at_8 = {p: checks[f"Transformer-XL large, {p}: 8 DGX-2H nodes (128 GPUs), 4 sequences a GPU, "
                       "efficiency against 1 node"] for p in ("FP32", "mixed precision")}
-    assert at_8["FP32"].error > at_8["mixed precision"].error > 0.025, at_8
+    assert at_8["FP32"].error > at_8["mixed precision"].error > 0.01, at_8
 
 
 def test_the_framework_unit_is_the_mean_image_of_ddps_benchmark():

@@ -214,6 +214,10 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                     help="coefficient of variation of the devices' own speeds: the slowest of N "
                          "sets a synchronous step (measured: a point; default: "
                          "terms.DEVICE_SPREAD_RANGE)")
+    hw.add_argument("--node-spread", type=float, default=None,
+                    help="coefficient of variation of the nodes' own speeds, which a node's "
+                         "devices share: across nodes the slowest node sets a synchronous step "
+                         "(measured: a point; default: terms.NODE_SPREAD_RANGE)")
     hw.add_argument("--framework", type=float, default=None,
                     help="the framework's own work a round of communication, in samples' "
                          "compute (measured: a point; default: terms.FRAMEWORK_RANGE)")
@@ -325,6 +329,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                       intra_latency_us=args.intra_latency_us, inter_gbit=args.inter_gbit,
                       inter_latency_us=args.inter_latency_us, link_efficiency=args.link_efficiency,
                       jitter=args.jitter, device_spread=args.device_spread,
+                      node_spread=args.node_spread,
                       framework=args.framework,
                       inter_transport=args.inter_transport, node_compute=args.node_compute,
                       **({"overlap": args.overlap} if "overlap" in args else {}))
@@ -386,6 +391,8 @@ def unmeasured(cal: Calibration) -> list[str]:
         out.append(f"jitter {cal.jitter:.2g}-{cal.jitter_high:.2g}")
     if cal.device_spread_high is not None:
         out.append(f"the devices' spread {cal.device_spread:.2g}-{cal.device_spread_high:.2g}")
+    if cal.node_spread_high is not None:
+        out.append(f"the nodes' spread {cal.node_spread:.2g}-{cal.node_spread_high:.2g}")
     if cal.framework is None:
         out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
                    "samples' compute a step")

@@ -12,6 +12,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     overlap: null                     # bucket pipeline's achieved share; null: terms.OVERLAP_RANGE
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
     device_spread: 0.0                # the devices' own speeds' coefficient of variation; omitted: range
+    node_spread: 0.0                  # the nodes' own speeds' (a node's devices share it); omitted: range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
     node_compute: pytorch             # a busy node's share by input pipeline (terms.PIPELINES): pytorch
                                       # (or fitted; a range), dali-cpu, none, measured {fp32:, amp:}
@@ -56,6 +57,7 @@ from .terms import (
     FRAMEWORK_MACS_PER_PARAMETER,
     JITTER_RANGE,
     LINK_EFFICIENCY,
+    NODE_SPREAD_RANGE,
     PIPELINES,
     PRECISIONS,
     TRANSPORT_RATE,
@@ -67,7 +69,7 @@ from .terms import (
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 
 _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucketing", "overlap", "jitter",
-        "device_spread", "framework", "node_compute", "host", "links", "models"}
+        "device_spread", "node_spread", "framework", "node_compute", "host", "links", "models"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "precision",
@@ -75,6 +77,8 @@ _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter"
 _HOST = {"cores", "source"}
 _SPREAD = ("a coefficient of variation of the devices' own speeds (each one's mean step time), a "
            "number >= 0, e.g. 0.015")
+_NODE_SPREAD = ("a coefficient of variation of the nodes' own speeds (each node's mean step time), "
+                "a number >= 0, e.g. 0.02")
 _NODE_COMPUTE = ("the input pipeline the node's term is fitted for: " + ", ".join(PIPELINES)
                  + " (fitted: pytorch), none, or the shares measured: {fp32: 0.01, amp: 0.1}")
 _NODE_SHARES = ("the share of a step lost at each precision with all the node's devices busy, "
@@ -344,10 +348,12 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         jitter=_share("jitter", d.get("jitter", 0.0), "a coefficient of variation of step times, "
                       "a number >= 0, e.g. 0.05", high=math.inf), node_compute=node_compute,
         device_spread=_share("device_spread", d.get("device_spread", 0.0), _SPREAD, high=math.inf),
-        # what the file does not give is a range (terms): jitter, the devices' spread, the
-        # cross-node rate, the framework's work
+        node_spread=_share("node_spread", d.get("node_spread", 0.0), _NODE_SPREAD, high=math.inf),
+        # what the file does not give is a range (terms): jitter, the devices' and the nodes'
+        # spread, the cross-node rate, the framework's work
         jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
         device_spread_high=None if "device_spread" in d else DEVICE_SPREAD_RANGE[1],
+        node_spread_high=None if "node_spread" in d else NODE_SPREAD_RANGE[1],
         framework=framework)
 
 
@@ -400,14 +406,15 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 intra_gbit: float | None = None, intra_latency_us: float | None = None,
                 inter_gbit: float | None = None, inter_latency_us: float | None = None,
                 link_efficiency: float | None = None, jitter: float | None = None,
-                device_spread: float | None = None,
+                device_spread: float | None = None, node_spread: float | None = None,
                 framework: float | None = None, inter_transport: str | None = None,
                 node_compute: Any = None, **overlap: float | None) -> Calibration:
     """``cal`` with the hardware fields given (``downpour model predict``'s flags) replaced: a
     rate given here is a line rate, times ``link_efficiency`` (measured: a point), else the
     range of ``inter_transport`` across nodes (``terms.transport_rate``), else the fitted one.
-    A value given here is measured: its range (``jitter``'s, ``device_spread``'s, ``overlap``'s,
-    ``framework``'s, the node's shares: ``node_compute``, as a file gives it) becomes a point."""
+    A value given here is measured: its range (``jitter``'s, ``device_spread``'s,
+    ``node_spread``'s, ``overlap``'s, ``framework``'s, the node's shares: ``node_compute``, as a
+    file gives it) becomes a point."""
     from dataclasses import replace
 
     net = cal.network
@@ -421,8 +428,10 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     if jitter is not None:
         _share("jitter", jitter, "a coefficient of variation of step times >= 0, e.g. 0.05",
                high=math.inf)
-    if device_spread is not None:
-        _share("device_spread", device_spread, _SPREAD, high=math.inf)
+    for name, value, expected in (("device_spread", device_spread, _SPREAD),
+                                  ("node_spread", node_spread, _NODE_SPREAD)):
+        if value is not None:
+            _share(name, value, expected, high=math.inf)
     if framework is not None:
         _share("framework", framework, "samples of compute a step >= 0, e.g. 2.5", high=math.inf)
     if inter_transport is not None and (inter_gbit is None or link_efficiency is not None):
@@ -453,6 +462,7 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
              "intra_latency_us": intra_latency_us, "inter_gbit": inter_gbit,
              "inter_latency_us": inter_latency_us, "link_efficiency": link_efficiency,
              "inter_transport": inter_transport, "jitter": jitter, "device_spread": device_spread,
+             "node_spread": node_spread,
              "framework": framework, "node_compute": node_compute, **overlap}
     given = ", ".join(f"{k}={v}" for k, v in named.items() if v is not None)
     fields = {"network": network, "inter_rate": inter_rate, **overlap,
@@ -461,6 +471,8 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
         fields.update(jitter=jitter, jitter_high=None)
     if device_spread is not None:
         fields.update(device_spread=device_spread, device_spread_high=None)
+    if node_spread is not None:
+        fields.update(node_spread=node_spread, node_spread_high=None)
     if framework is not None:
         fields.update(framework=framework)
     if node_compute is not None:  # every model's node, its own included

@@ -1,11 +1,11 @@
 """A performance model of data-parallel training: one worker's step of each algorithm at N workers.
 
 A step is the worker's computation (data, forward, backward, update: measured for the model and the
-device, less what is lost when its node's other devices are busy: ``terms.NodeCompute``), the wait for
-the slowest of N in synchronous algorithms (``terms.straggler_factor`` of a step's jitter and the
-devices' own spread, or ``slow_workers``), plus the
-communication its algorithm cannot hide, on a network of alpha-beta links (``netmodel``). What an
-algorithm sends is what its options class declares (``traffic``, one of ``TRAFFIC``):
+device, less what is lost when its node's other devices are busy: ``terms.NodeCompute``), the wait
+for the slowest of N in synchronous algorithms (``terms.straggler_factor`` of a step's jitter, the
+devices' own spread and, across nodes, the nodes', or ``slow_workers``), plus the communication its
+algorithm cannot hide, on a network of alpha-beta links (``netmodel``). What an algorithm sends is
+what its options class declares (``traffic``, one of ``TRAFFIC``):
 
 - ``collective`` (allreduce, ddp): the gradients allreduced (ring, tree, hierarchical, or what
   NCCL's tuner would run per bucket: ``netmodel.nccl_choices``) in buckets that start as backward
@@ -161,6 +161,8 @@ class Calibration:
         overlap         measured share of the bucket pipeline achieved, or null (a band)
         jitter          coefficient of variation of a step's compute (steps.csv)
         device_spread   coefficient of variation of the devices' own speeds
+        node_spread     coefficient of variation of the nodes' own speeds (a node's devices
+                        share it)
         framework       the framework's own work a round of communication, in samples of
                         compute, or null (a range)
         node_compute    {fp32, amp, at, source}: the share of a step lost when a node's
@@ -197,6 +199,11 @@ class Calibration:
     #: ``terms.DEVICE_SPREAD_RANGE``). A calibration on one host's identical cores: none.
     device_spread: float = 0.0
     device_spread_high: float | None = None
+    #: coefficient of variation of the nodes' own speeds, which a node's devices share: across
+    #: nodes the step waits for the slowest node too; ``node_spread_high`` as above
+    #: (``terms.NODE_SPREAD_RANGE``). A calibration on one host: none.
+    node_spread: float = 0.0
+    node_spread_high: float | None = None
     #: the framework's own work a round of communication beyond the messages (DDP's hooks, bucket
     #: copies, the collective's kernels beside backward), in one sample's compute; None where it
     #: was not measured: a range (``terms.FRAMEWORK_RANGE``). A measured calibration's steps have it.
@@ -207,7 +214,7 @@ class Calibration:
         object.__setattr__(self, "inter_rate", tuple(float(v) for v in self.inter_rate))
         if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("overlap", self.overlap, "a share in [0, 1], or None (not measured)")
-        for name in ("jitter", "device_spread"):
+        for name in ("jitter", "device_spread", "node_spread"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not (math.isfinite(value) and value >= 0):
@@ -444,18 +451,19 @@ def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: s
     # step's jitter averages out over them, a device's own speed does not
     sums = passes * (opts.get("period", 1) if pattern == "periodic" else 1)
     cv = math.hypot(cal.jitter / math.sqrt(sums), cal.device_spread)
-    spread = straggler_factor(workers, cv)
+    spread = straggler_factor(workers, cv, cal.node_spread, cal.network.per_node)
     return max(spread, float(slowdown)) if slow else spread
 
 
 def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
     """``cal`` with every quantity it did not measure at its favourable end, and at its
-    unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the devices'
-    spread, the framework's work, a busy node's shares (its own, and each model's). None: all
+    unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the devices' and
+    the nodes' spread, the framework's work, a busy node's shares (its own, and each model's). None: all
     measured."""
     nodes = [cal.node_compute] + [w.node_compute for w in cal.workloads.values() if w.node_compute]
     if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
-            and cal.device_spread_high is None and cal.framework is not None \
+            and cal.device_spread_high is None and cal.node_spread_high is None \
+            and cal.framework is not None \
             and all(n.measured for n in nodes):
         return None
 
@@ -465,8 +473,11 @@ def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
         jitter = cal.jitter_high if end and cal.jitter_high is not None else cal.jitter
         spread = cal.device_spread_high if end and cal.device_spread_high is not None \
             else cal.device_spread
+        nodes = cal.node_spread_high if end and cal.node_spread_high is not None \
+            else cal.node_spread
         return replace(cal, network=replace(net, inter=inter), jitter=jitter, jitter_high=None,
                        device_spread=spread, device_spread_high=None,
+                       node_spread=nodes, node_spread_high=None,
                        overlap=OVERLAP_RANGE[1 - end] if cal.overlap is None else cal.overlap,
                        framework=FRAMEWORK_RANGE[end] if cal.framework is None else cal.framework,
                        inter_rate=(1.0, 1.0), node_compute=cal.node_compute.end(end),
