@@ -201,6 +201,8 @@ class Lifecycle:
         result = RunResult(config, steps, evals, summary)
         if outputs.output_dir:
             out = Path(outputs.output_dir)
+            if ctx.hosts and "rank" in steps:  # whose node: `downpour model spread` reads it
+                steps = steps.assign(host=steps["rank"].map(dict(enumerate(ctx.hosts))))
             atomic_write_text(out / "steps.csv", steps.to_csv(index=False))
             atomic_write_text(out / "evals.csv", evals.to_csv(index=False))
             result.write_summary_json(str(out / "summary.json"))

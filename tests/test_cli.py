@@ -76,6 +76,9 @@ BAD_INPUTS = [
     (["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16", "--algorithm",
       "localsgd", "--option", "localsgd.period=0"],
      "period=0 is not valid: must be a whole number >= 1", 2),
+    (["model", "spread", "{tmp}/none.csv"],
+     "steps='{tmp}/none.csv' is not valid: no such file: `downpour train --output-dir DIR` writes", 2),
+    (["model", "spread", "{tmp}/none.csv", "--warmup-steps", "-1"], "warmup_steps=-1 is not valid", 2),
     # a spread measured is a coefficient of variation, named with what would work
     (["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16", "--node-spread",
       "-0.1"], "node_spread=-0.1 is not valid: a coefficient of variation of the nodes' own speeds", 2),

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, downpour, explain, mpiexec
+from conftest import BIN, ROOT, downpour, explain, mpiexec
 
 from downpour_lib.errors import ConfigError
 from downpour_lib.perf import calibrate as calib
@@ -996,6 +996,69 @@ def test_the_nodes_spread_costs_only_across_nodes_and_is_the_rest_of_the_cluster
     with pytest.raises(ConfigError, match="node_spread"):
         with_fields(cal, node_spread=-1)
     assert with_fields(cal, node_spread=0.0).node_spread_high is None
+
+
+def test_spreads_from_steps_recovers_the_three_levels_it_was_drawn_with(tmp_path):
+    """`downpour model spread`'s reading (calib.spreads_from_steps): a steps.csv drawn with a
+    node's, a device's and a step's own spread (64 hosts of 4 workers, 40 steps past the warm-up)
+    gives each back within a fifth; the servers' rows and the warm-up are left out; a file without
+    hosts, or with one worker a host, says what it cannot tell. Bad files name `steps`."""
+    rng = np.random.default_rng(7)
+    hosts, per, steps, node, device, jitter = 64, 4, 45, 0.03, 0.015, 0.05
+    node_of = node * rng.standard_normal(hosts)
+    device_of = device * rng.standard_normal((hosts, per))
+    rows = [{"rank": 1 + h * per + d, "role": "worker", "step": k, "comm_s": 0.01, "wait_s": 0.0,
+             "step_s": 0.01 + 0.2 * (1 + node_of[h] + device_of[h, d] + jitter * rng.standard_normal()),
+             "host": f"node{h:02d}"} for h in range(hosts) for d in range(per) for k in range(steps)]
+    rows += [{"rank": 0, "role": "server", "step": k, "comm_s": 0.0, "wait_s": 0.0, "step_s": 9.0,
+              "host": "node00"} for k in range(steps)]
+    rows += [{**r, "step_s": 5.0} for r in rows[:per * steps] if r["step"] < 5]  # ignored: warm-up
+    path = tmp_path / "steps.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    s = calib.spreads_from_steps(path)
+    assert (s.ranks, s.hosts, s.steps) == (hosts * per, hosts, steps - 5)
+    assert s.jitter == pytest.approx(jitter, rel=0.05)
+    assert s.device_spread == pytest.approx(device, rel=0.2)
+    assert s.node_spread == pytest.approx(node, rel=0.2)
+    # one worker a host: the devices' spread is the nodes' (the two cannot be told apart)
+    pd.DataFrame([r for r in rows if r["rank"] % per == 1]).to_csv(path, index=False)
+    alone = calib.spreads_from_steps(path)
+    assert alone.device_spread is None and alone.node_spread == pytest.approx(
+        math.hypot(node, device), rel=0.25)
+    # no host column (a run of an earlier version): no nodes' spread, and hosts 0
+    pd.DataFrame(rows).drop(columns="host").to_csv(path, index=False)
+    unnamed = calib.spreads_from_steps(path)
+    assert (unnamed.hosts, unnamed.node_spread) == (0, None) and unnamed.device_spread > device
+    for text, what in (("rank,step\n1,6\n", "no step_s column"),
+                       ("rank,step,step_s\n1,0,0.1\n1,1,0.1\n", "no worker's step past")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=what):
+            calib.spreads_from_steps(path)
+    with pytest.raises(ConfigError, match="steps=.*no such file"):
+        calib.spreads_from_steps(tmp_path / "none.csv")
+
+
+def test_model_spread_reads_a_slow_workers_run(tmp_path):
+    """A real run of 3 MPI ranks whose last worker is 3 times slower (--slow-workers 1: it sleeps
+    beside its compute, as a slower device would) writes each rank's host beside its steps, and
+    `downpour model spread` on its steps.csv gives the hardware file's lines: that worker's
+    spread as the devices', and no nodes' spread from one host, saying why."""
+    out = tmp_path / "run"
+    proc = mpiexec(3, str(BIN / "downpour"), "train", "--algorithm", "allreduce", "--steps", "12",
+                   "--warmup-steps", "2", "--eval-every", "0", "--threads", "1", "--slow-workers",
+                   "1", "--slowdown", "3", "--output-dir", str(out))
+    assert proc.returncode == 0, explain(proc)
+    steps = pd.read_csv(out / "steps.csv")
+    assert steps["host"].nunique() == 1 and steps["host"].notna().all(), steps
+    s = calib.spreads_from_steps(out / "steps.csv", warmup_steps=2)
+    busy = (steps.step_s - steps.comm_s - steps.wait_s)[steps.step >= 2].groupby(steps["rank"]).mean()
+    assert (s.ranks, s.hosts) == (3, 1) and s.node_spread is None
+    assert s.device_spread == pytest.approx(busy.std() / busy.mean(), rel=0.1) and s.device_spread > 0.3
+    proc = downpour("model", "spread", str(out / "steps.csv"), "--warmup-steps", "2")
+    assert proc.returncode == 0, explain(proc)
+    assert f"device_spread: {s.device_spread:.4f}" in proc.stdout, proc.stdout
+    assert "# node_spread: not measured (every worker ran on one host" in proc.stdout
+    assert proc.stdout.count("\njitter: ") == 1
 
 
 def test_a_collective_per_size_and_n_and_a_crowded_node():

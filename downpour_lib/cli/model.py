@@ -1,7 +1,8 @@
 """``downpour model``: calibrate the performance model on measurements, predict with it, show what
-NCCL's tuner would run on a hardware file's links, list the presets of published hardware and
-check the model against published results. The verbs about hardware files and published results
-(describe, nccl, presets, check) are ``model_hardware``'s."""
+NCCL's tuner would run on a hardware file's links, read a run's spreads for a hardware file, list
+the presets of published hardware and check the model against published results. The verbs about
+hardware files and published results (describe, nccl, spread, presets, check) are
+``model_hardware``'s."""
 
 from __future__ import annotations
 
@@ -148,8 +149,8 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     # every training rank's included
     from ..perf.hardware import preset_files
 
-    model = sub.add_parser("model", help="the performance model: calibrate, predict, nccl, presets, "
-                                         "check",
+    model = sub.add_parser("model", help="the performance model: calibrate, predict, nccl, spread, "
+                                         "presets, check",
                            description=__doc__.split("\n\n")[0])
     verbs = model.add_subparsers(dest="verb", required=True)
 

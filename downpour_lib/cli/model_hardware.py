@@ -1,7 +1,8 @@
 """``downpour model``'s verbs about hardware files and published results: a hardware file's entry
 for a model (``describe``), what NCCL's tuner would run on its links (``nccl``), the presets of
-published hardware (``presets``) and the model against published results, the package's or yours
-(``check``). ``cli.model`` adds them to its parser."""
+published hardware (``presets``), the model against published results, the package's or yours
+(``check``), and a run's spreads measured for a hardware file (``spread``). ``cli.model`` adds them
+to its parser."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def add_hardware_verbs(verbs: argparse._SubParsersAction) -> None:
-    """The parsers of describe, nccl, presets and check, under ``downpour model``'s ``verbs``."""
+    """The parsers of describe, nccl, spread, presets and check, under ``downpour model``'s
+    ``verbs``."""
     # the presets by file name: loading them (perf.presets) costs every command's start
     from ..perf.hardware import preset_files
 
@@ -46,6 +48,15 @@ def add_hardware_verbs(verbs: argparse._SubParsersAction) -> None:
                    help="allreduce sizes in bytes, K, M or G (binary, as nccl-tests)")
     p.add_argument("--csv", default=None, help="write the sizes' rows here")
     p.set_defaults(func=cmd_nccl, output_files=("csv",))
+
+    p = verbs.add_parser("spread", help="a run's jitter, devices' and nodes' spread, measured: "
+                                        "the lines of a hardware file that make them points")
+    p.add_argument("steps", metavar="STEPS.csv",
+                   help="a run's steps.csv (`downpour train --output-dir DIR`), across nodes for "
+                        "the nodes' spread")
+    p.add_argument("--warmup-steps", type=int, default=5,
+                   help="steps of each rank left out first (default: 5)")
+    p.set_defaults(func=cmd_spread)
 
     p = verbs.add_parser("presets", help="the presets of published hardware and their sources")
     p.set_defaults(func=cmd_presets)
@@ -147,6 +158,27 @@ def cmd_nccl(args: argparse.Namespace) -> int:
     if args.csv:
         runs.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
+    return 0
+
+
+def cmd_spread(args: argparse.Namespace) -> int:
+    from ..perf.calibrate import spreads_from_steps
+
+    if args.warmup_steps < 0:
+        raise ConfigError("warmup_steps", args.warmup_steps, "a whole number >= 0, e.g. 5")
+    s = spreads_from_steps(args.steps, args.warmup_steps)
+    on = f"{s.hosts} host(s)" if s.hosts else "hosts it does not name"
+    print(f"# from {args.steps}: {s.ranks} workers on {on}, {s.steps} steps each past the first "
+          f"{args.warmup_steps}; a hardware file's lines (downpour_lib/perf/hardware.py)")
+    print(f"jitter: {s.jitter:.4f}  # a step's compute about its worker's mean")
+    lines = (("device_spread", s.device_spread, "the workers' means about their host's",
+              "every host ran one worker: its spread is the nodes'"),
+             ("node_spread", s.node_spread, "the hosts' means about the run's",
+              "every worker ran on one host: run across nodes to measure it" if s.hosts else
+              "the file has no host column: a run of this version writes it"))
+    for name, value, what, why in lines:
+        print(f"{name}: {value:.4f}  # {what}" if value is not None
+              else f"# {name}: not measured ({why}); left out, it stays a range")
     return 0
 
 

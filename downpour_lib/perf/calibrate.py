@@ -16,8 +16,9 @@ the simulated staleness distribution beside the measured one.
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,69 @@ def jitter_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> float:
     busy = steps["step_s"] - steps[[c for c in _NOT_COMPUTE if c in steps]].sum(axis=1)
     ranks = steps["rank"] if "rank" in steps else pd.Series(0, index=steps.index)
     return float(np.mean([step_spread(list(group)) for _, group in busy.groupby(ranks)]))
+
+
+@dataclass(frozen=True)
+class Spreads:
+    """What one run's ``steps.csv`` says of the three spreads a synchronous step waits on
+    (``terms.straggler_factor``), each a coefficient of variation of the workers' compute a step;
+    None where the run cannot tell it (one host, one rank a host, one rank)."""
+
+    jitter: float  # a step's own, about its rank's mean
+    device_spread: float | None  # the ranks' means about their host's, less what jitter leaves
+    node_spread: float | None  # the hosts' means about the run's, less what the above leave
+    ranks: int
+    hosts: int  # 0: the file names none (a run of a version before the host column)
+    steps: int  # per rank, past the warm-up (the fewest any rank has)
+
+
+def spreads_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> Spreads:
+    """The jitter, the devices' and the nodes' spread of a run across nodes, from its workers'
+    compute per step (``step_s`` less communication and waiting) past ``warmup_steps``, read as
+    nested random effects: a step's own noise about its rank's mean, a rank's mean about its
+    host's, a host's about the run's. A mean of ``k`` draws keeps 1/k of their variance, so each
+    level's variance is what its means spread less what the level below leaves in them (at least
+    0). The hosts are ``steps.csv``'s ``host`` column, written by runs of this version."""
+    try:
+        steps = pd.read_csv(path)
+    except FileNotFoundError:
+        raise ConfigError("steps", str(path), "no such file: `downpour train --output-dir DIR` "
+                          "writes DIR/steps.csv") from None
+    missing = [c for c in ("rank", "step", "step_s") if c not in steps]
+    if missing:
+        raise ConfigError("steps", str(path), f"has no {', '.join(missing)} column: give a run's "
+                          "steps.csv (`downpour train --output-dir DIR`)")
+    if "role" in steps:
+        steps = steps[steps["role"] == "worker"]
+    steps = steps[steps["step"] >= warmup_steps]
+    if steps.empty:
+        raise ConfigError("steps", str(path), f"no worker's step past the first {warmup_steps} "
+                          "(the warm-up): give a run's steps.csv of more steps, e.g. --steps 30")
+    busy = steps["step_s"] - steps[[c for c in _NOT_COMPUTE if c in steps]].sum(axis=1)
+    hosts = steps["host"].astype(str) if "host" in steps else pd.Series("", index=steps.index)
+    per_rank = busy.groupby(steps["rank"])
+    means, counts = per_rank.mean(), per_rank.count()
+    if counts.min() < 2:
+        raise ConfigError("steps", str(path), "a rank with one step past the warm-up: give a "
+                          "run of more steps, e.g. --steps 30")
+    grand = float(means.mean())
+    within = float(per_rank.var(ddof=1).mean())  # a step about its rank's mean
+    n = int(counts.min())
+    host_of = hosts.groupby(steps["rank"]).first()
+    by_host = means.groupby(host_of)
+    per_host = int(by_host.count().min())
+    device = node = None
+    if per_host > 1:  # ranks beside each other on a host
+        spread = float(by_host.var(ddof=1).mean())
+        device = max(0.0, spread - within / n)
+    if "host" in steps and by_host.ngroups > 1:  # hosts beside each other
+        spread = float(by_host.mean().var(ddof=1))
+        node = max(0.0, spread - ((device or 0.0) + within / n) / per_host)
+    def cv(variance: float | None) -> float | None:
+        return None if variance is None else math.sqrt(variance) / grand
+
+    return Spreads(jitter=math.sqrt(within) / grand, device_spread=cv(device), node_spread=cv(node),
+                   ranks=len(means), hosts=by_host.ngroups if "host" in steps else 0, steps=n)
 
 
 def _compute_s(rows: pd.DataFrame) -> float:
