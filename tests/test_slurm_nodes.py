@@ -126,6 +126,31 @@ def test_every_algorithm_across_nodes_through_the_batch_script_with_every_launch
                 (launcher, name, case)
 
 
+def test_model_spread_reads_the_nodes_spread_of_a_run_across_both_nodes(env, tmp_path):
+    """A run through the batch script on 2 nodes x 2 ranks writes each rank's host beside its
+    steps (node1, node2), and `downpour model spread` reads all three spreads from its steps.csv,
+    the nodes' included, as a hardware file's lines."""
+    import pandas as pd
+
+    from downpour_lib.perf.calibrate import spreads_from_steps
+
+    run = tmp_path / "run"
+    flags = [f for f in FLAGS if not f.startswith(("--algorithm", "--steps"))]
+    flags += ["--algorithm=allreduce", "--steps=20", f"--output-dir={run}"]
+    job = submit_batch(env, tmp_path / "job.out", 2, 2, DOWNPOUR_LAUNCHER="mpiexec",
+                       DOWNPOUR_ARGS=" ".join(flags), DOWNPOUR_SUMMARY=str(tmp_path / "summary.json"))
+    state = wait_for_jobs(env, {"run": job}, 300)["run"]
+    assert state == "COMPLETED", f"{state}\n{(tmp_path / 'job.out').read_text()}"
+    steps = pd.read_csv(run / "steps.csv")
+    assert list(steps.groupby("rank").host.first()) == ["node1", "node1", "node2", "node2"], steps
+    s = spreads_from_steps(run / "steps.csv", warmup_steps=2)
+    assert (s.ranks, s.hosts, s.steps) == (4, 2, 18), s
+    assert s.jitter > 0 and s.device_spread is not None and s.node_spread is not None, s
+    proc = downpour("model", "spread", str(run / "steps.csv"), "--warmup-steps", "2")
+    assert proc.returncode == 0, explain(proc)
+    assert f"node_spread: {s.node_spread:.4f}" in proc.stdout and "2 host(s)" in proc.stdout
+
+
 def test_the_one_line_mpi_check_prints_a_hello_a_rank_under_srun_pmix(env, tmp_path):
     """PyTorch's check of an MPI setup, as written (conftest.ONE_LINER), on 2
     nodes x 2 ranks through Slurm's PMIx: "mpi" is ours from ``import torch`` on (the
