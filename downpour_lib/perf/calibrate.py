@@ -255,6 +255,7 @@ def spreads_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> Spread
     if "host" in steps and by_host.ngroups > 1:  # hosts beside each other
         spread = float(by_host.mean().var(ddof=1))
         node = max(0.0, spread - ((device or 0.0) + within / n) / per_host)
+
     def cv(variance: float | None) -> float | None:
         return None if variance is None else math.sqrt(variance) / grand
 
