@@ -890,6 +890,22 @@ def test_slow_workers_and_step_spread_make_a_synchronous_step_wait():
     assert predict(spread, "downpour", 4, "m", steps=20).straggler == 1
 
 
+def given_is_a_point(spec: dict, name: str, value: float) -> None:
+    """A spread a hardware file (or with_fields) gives is measured: a point, its range gone; a bad
+    one names the field."""
+    from downpour_lib.perf.hardware import hardware_from_dict, with_fields
+
+    given = hardware_from_dict(dict(spec, **{name: value}))
+    assert (getattr(given, name), getattr(given, f"{name}_high")) == (value, None)
+    for bad in (-0.01, "some", True, float("nan")):
+        with pytest.raises(ConfigError, match=name):
+            hardware_from_dict(dict(spec, **{name: bad}))
+    cal = hardware_from_dict(spec)
+    with pytest.raises(ConfigError, match=name):
+        with_fields(cal, **{name: -1})
+    assert getattr(with_fields(cal, **{name: 0.0}), f"{name}_high") is None
+
+
 def test_the_devices_own_spread_waits_at_every_accumulation_and_is_a_range_from_its_source():
     """Issue 65, item 3: a step's jitter averages out over the passes a step accumulates (their
     sum's spread shrinks as 1/sqrt(passes)); a device slower than its peers stays slower, so the
@@ -898,7 +914,7 @@ def test_the_devices_own_spread_waits_at_every_accumulation_and_is_a_range_from_
     of one SKU, read as a normal's box-plot whiskers), recomputed here; given, it is a point."""
     from statistics import NormalDist
 
-    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, read_hardware, with_fields
+    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, read_hardware
     from downpour_lib.perf.terms import DEVICE_SPREAD_RANGE, straggler_factor
 
     q1, q3 = NormalDist().inv_cdf(0.25), NormalDist().inv_cdf(0.75)
@@ -930,14 +946,7 @@ def test_the_devices_own_spread_waits_at_every_accumulation_and_is_a_range_from_
                     "bert-large-512-amp") for v in DEVICE_SPREAD_RANGE]
     assert ends[1].straggler > ends[0].straggler > 1  # the jitter's range is left in both
     assert p.efficiency_low < p.efficiency < p.efficiency_high
-    given = hardware_from_dict(dict(spec, device_spread=0.01))
-    assert (given.device_spread, given.device_spread_high) == (0.01, None)
-    for bad in (-0.01, "some", True, float("nan")):
-        with pytest.raises(ConfigError, match="device_spread"):
-            hardware_from_dict(dict(spec, device_spread=bad))
-    with pytest.raises(ConfigError, match="device_spread"):
-        with_fields(cal, device_spread=-1)
-    assert with_fields(cal, device_spread=0.0).device_spread_high is None
+    given_is_a_point(spec, "device_spread", 0.01)
 
 
 def test_the_nodes_spread_costs_only_across_nodes_and_is_the_rest_of_the_clusters():
@@ -950,7 +959,7 @@ def test_the_nodes_spread_costs_only_across_nodes_and_is_the_rest_of_the_cluster
     own range holds 8 %; given (node_spread, --node-spread), it is a point."""
     import numpy as np
 
-    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, read_hardware, with_fields
+    from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, read_hardware
     from downpour_lib.perf.terms import (
         DEVICE_SPREAD_RANGE,
         DEVICE_SPREAD_WHISKER,
@@ -988,14 +997,7 @@ def test_the_nodes_spread_costs_only_across_nodes_and_is_the_rest_of_the_cluster
         ranged, alike = (predict(c, "allreduce", workers, "bert-large-512") for c in (cal, even))
         assert (ranged.efficiency_low < alike.efficiency_low) == moved, workers
         assert ranged.efficiency_high == alike.efficiency_high  # the favourable end: alike
-    given = hardware_from_dict(dict(spec, node_spread=0.02))
-    assert (given.node_spread, given.node_spread_high) == (0.02, None)
-    for bad in (-0.01, "some", True, float("nan")):
-        with pytest.raises(ConfigError, match="node_spread"):
-            hardware_from_dict(dict(spec, node_spread=bad))
-    with pytest.raises(ConfigError, match="node_spread"):
-        with_fields(cal, node_spread=-1)
-    assert with_fields(cal, node_spread=0.0).node_spread_high is None
+    given_is_a_point(spec, "node_spread", 0.02)
 
 
 def test_spreads_from_steps_recovers_the_three_levels_it_was_drawn_with(tmp_path):
