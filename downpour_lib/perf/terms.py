@@ -401,8 +401,8 @@ DEVICE_SPREAD_RANGE = (0.0, 0.08 / (2 * DEVICE_SPREAD_WHISKER))
 #: uneven cluster's variation is put between nodes (an assumption: the paper does not say where
 #: it lies): at the unfavourable end of both ranges a cluster's devices spread as its 22 % did,
 #: sqrt(0.22^2 - 0.08^2) = 0.205 between nodes, the same whiskers' span: 0.038. A node runs alone
-#: in a one-node baseline, so it costs only what is spread over nodes; nodes measured alike (a
-#: cluster's own nccl-tests or step times per node) give ``node_spread``.
+#: in a one-node baseline, so it costs only what is spread over nodes. A run of yours across nodes
+#: measures it (``downpour model spread``, ``calibrate.spreads_from_steps``): ``node_spread``.
 NODE_SPREAD_RANGE = (0.0, math.sqrt(0.22 ** 2 - 0.08 ** 2) / (2 * DEVICE_SPREAD_WHISKER))
 
 #: DDP's own work in a step beyond its allreduce, in one sample's compute (a calibration's
