@@ -957,8 +957,6 @@ def test_the_nodes_spread_costs_only_across_nodes_and_is_the_rest_of_the_cluster
     before. Not measured, it is a range (terms.NODE_SPREAD_RANGE): at both unfavourable ends a
     cluster's devices spread as Sinha et al.'s most uneven cluster (22 %), of which the devices'
     own range holds 8 %; given (node_spread, --node-spread), it is a point."""
-    import numpy as np
-
     from downpour_lib.perf.hardware import HARDWARE_DIR, hardware_from_dict, read_hardware
     from downpour_lib.perf.terms import (
         DEVICE_SPREAD_RANGE,
