@@ -11,8 +11,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     bucketing: fixed                  # fixed (DDP's buckets) or ready (Horovod's Tensor Fusion)
     overlap: null                     # bucket pipeline's achieved share; null: terms.OVERLAP_RANGE
     jitter: 0.0                       # a step's coefficient of variation; omitted: a range
-    device_spread: 0.0                # the devices' own speeds' coefficient of variation; omitted: range
-    node_spread: 0.0                  # the nodes' own speeds' (a node's devices share it); omitted: range
+    device_spread: 0.0                # devices' own speeds' spread (node_spread: nodes'); omitted: a range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
     node_compute: pytorch             # a busy node's share by input pipeline (terms.PIPELINES): pytorch
                                       # (or fitted; a range), dali-cpu, none, measured {fp32:, amp:}
