@@ -175,6 +175,31 @@ def node_memory_Bps(rows: list[dict[str, Any]]) -> float | None:
     return float(largest["bytes"] / largest["p50_s"])
 
 
+def _compute_steps(path: str | os.PathLike, warmup_steps: int, columns: tuple[str, ...] = (),
+                   workers_only: bool = False) -> tuple[pd.DataFrame, pd.Series]:
+    """A run's ``steps.csv`` (``downpour train --output-dir``) past ``warmup_steps`` (and only
+    its workers' rows), and each row's compute: its step less communication and waiting. Every
+    file error names ``steps``."""
+    try:
+        steps = pd.read_csv(path)
+    except FileNotFoundError:
+        raise ConfigError("steps", str(path), "no such file: `downpour train --output-dir DIR` "
+                          "writes DIR/steps.csv") from None
+    missing = [c for c in (*columns, "step_s") if c not in steps]
+    if missing:
+        raise ConfigError("steps", str(path), f"has no {', '.join(missing)} column: give a run's "
+                          "steps.csv (`downpour train --output-dir DIR`)")
+    if workers_only and "role" in steps:
+        steps = steps[steps["role"] == "worker"]
+    if "step" in steps:
+        steps = steps[steps["step"] >= warmup_steps]
+    if steps.empty:
+        whose = "worker's " if workers_only else ""
+        raise ConfigError("steps", str(path), f"no {whose}step past the first {warmup_steps} (the "
+                          "warm-up): give a run's steps.csv of more steps, e.g. --steps 30")
+    return steps, steps["step_s"] - steps[[c for c in _NOT_COMPUTE if c in steps]].sum(axis=1)
+
+
 def jitter_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> float:
     """The spread of a run's compute per step: the coefficient of variation of each worker's
     step less its communication and waiting (``steps.csv`` of ``downpour train --output-dir``),
@@ -182,19 +207,7 @@ def jitter_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> float:
     such draws (``terms.straggler_factor``)."""
     from .terms import step_spread
 
-    try:
-        steps = pd.read_csv(path)
-    except FileNotFoundError:
-        raise ConfigError("steps", str(path), "no such file: `downpour train --output-dir DIR` "
-                          "writes DIR/steps.csv") from None
-    if "step_s" not in steps:
-        raise ConfigError("steps", str(path), "has no step_s column: give a run's steps.csv")
-    if "step" in steps:
-        steps = steps[steps["step"] >= warmup_steps]
-    if steps.empty:
-        raise ConfigError("steps", str(path), f"no step past the first {warmup_steps} (the warm-up): "
-                          "give a run's steps.csv of more steps, e.g. --steps 30")
-    busy = steps["step_s"] - steps[[c for c in _NOT_COMPUTE if c in steps]].sum(axis=1)
+    steps, busy = _compute_steps(path, warmup_steps)
     ranks = steps["rank"] if "rank" in steps else pd.Series(0, index=steps.index)
     return float(np.mean([step_spread(list(group)) for _, group in busy.groupby(ranks)]))
 
@@ -220,23 +233,9 @@ def spreads_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> Spread
     host's, a host's about the run's. A mean of ``k`` draws keeps 1/k of their variance, so each
     level's variance is what its means spread less what the level below leaves in them (at least
     0). The hosts are ``steps.csv``'s ``host`` column, written by runs of this version."""
-    try:
-        steps = pd.read_csv(path)
-    except FileNotFoundError:
-        raise ConfigError("steps", str(path), "no such file: `downpour train --output-dir DIR` "
-                          "writes DIR/steps.csv") from None
-    missing = [c for c in ("rank", "step", "step_s") if c not in steps]
-    if missing:
-        raise ConfigError("steps", str(path), f"has no {', '.join(missing)} column: give a run's "
-                          "steps.csv (`downpour train --output-dir DIR`)")
-    if "role" in steps:
-        steps = steps[steps["role"] == "worker"]
-    steps = steps[steps["step"] >= warmup_steps]
-    if steps.empty:
-        raise ConfigError("steps", str(path), f"no worker's step past the first {warmup_steps} "
-                          "(the warm-up): give a run's steps.csv of more steps, e.g. --steps 30")
-    busy = steps["step_s"] - steps[[c for c in _NOT_COMPUTE if c in steps]].sum(axis=1)
-    hosts = steps["host"].astype(str) if "host" in steps else pd.Series("", index=steps.index)
+    steps, busy = _compute_steps(path, warmup_steps, ("rank", "step"), workers_only=True)
+    named = "host" in steps  # runs before this version's steps.csv name none
+    hosts = steps["host"].astype(str) if named else pd.Series("", index=steps.index)
     per_rank = busy.groupby(steps["rank"])
     means, counts = per_rank.mean(), per_rank.count()
     if counts.min() < 2:
@@ -252,7 +251,7 @@ def spreads_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> Spread
     if per_host > 1:  # ranks beside each other on a host
         spread = float(by_host.var(ddof=1).mean())
         device = max(0.0, spread - within / n)
-    if "host" in steps and by_host.ngroups > 1:  # hosts beside each other
+    if named and by_host.ngroups > 1:  # hosts beside each other
         spread = float(by_host.mean().var(ddof=1))
         node = max(0.0, spread - ((device or 0.0) + within / n) / per_host)
 
@@ -260,7 +259,7 @@ def spreads_from_steps(path: str | os.PathLike, warmup_steps: int = 5) -> Spread
         return None if variance is None else math.sqrt(variance) / grand
 
     return Spreads(jitter=math.sqrt(within) / grand, device_spread=cv(device), node_spread=cv(node),
-                   ranks=len(means), hosts=by_host.ngroups if "host" in steps else 0, steps=n)
+                   ranks=len(means), hosts=by_host.ngroups if named else 0, steps=n)
 
 
 def _compute_s(rows: pd.DataFrame) -> float:
