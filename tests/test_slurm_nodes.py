@@ -343,8 +343,10 @@ def training(tmp_path: Path, job: str):
 def test_a_cut_link_ends_the_job_naming_the_rank_and_host(sandbox, env, tmp_path, launcher):
     """mpiexec: the mpi backend's watchdog names the rank; srun (gloo, the script's default): the
     heartbeat over the rendezvous store does (comm/peers.py). Under srun gloo said only "Timed out
-    waiting 20000ms for recv operation", with a traceback."""
-    timeout_s = 20
+    waiting 20000ms for recv operation", with a traceback. The ranks' timeout is well under the
+    sandbox's SlurmdTimeout (20 s): at 20 both raced, and on a slow spell Slurm declared node2 down
+    and cancelled the job before a rank named the silent one."""
+    timeout_s = 12
     job = submit(env, tmp_path, launcher, LONG + [f"--timeout-s={timeout_s}",
                                                   f"--checkpoint-dir={tmp_path / 'ckpt'}"])
     veth = sandbox.network.node(1).veth  # node2's end of the bridge
@@ -355,13 +357,13 @@ def test_a_cut_link_ends_the_job_naming_the_rank_and_host(sandbox, env, tmp_path
         # silent), and all of the job on node1: its launcher, which cannot reach node2's daemon,
         # goes when Slurm declares node2 down. (node2's daemon waits for the link: unreachable.)
         gone_s = wait_until(lambda: not job_processes(job, ranks_only=True)
-                            and not job_processes(job, node="node1"), 3 * timeout_s, "the job gone")
+                            and not job_processes(job, node="node1"), 60, "the job gone")
         wait_until(lambda: "went silent" in (tmp_path / "job.out").read_text(), 15, "the error")
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
         subprocess.run(["scancel", job], env=env, timeout=30)  # Slurm requeued it (node failure)
     log = (tmp_path / "job.out").read_text()
-    assert gone_s <= 3 * timeout_s, f"{gone_s:.0f} s\n{log}"  # --timeout-s 20: gone in a minute
+    assert gone_s <= 60, f"{gone_s:.0f} s\n{log}"  # gone in a minute
     assert "rank 1 on node2 went silent" in log, log
     if launcher == "srun":  # gloo's raw error came with a traceback
         assert "Traceback" not in log, log
