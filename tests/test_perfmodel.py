@@ -869,6 +869,14 @@ def test_slow_workers_and_step_spread_make_a_synchronous_step_wait():
     slow = predict(cal, "allreduce", 8, "m", {"slow_workers": 1, "slowdown": 2})
     assert slow.step_s == pytest.approx(plain.step_s + 0.1) and slow.straggler == 2
     assert slow.comm_s == pytest.approx(plain.comm_s)
+    # each bucket goes once every worker has it, so the slow worker's longer backward hides more
+    # of an allreduce that outlasts backward: it costs half its compute again here, and all of it
+    # where the allreduce hides behind backward either way (a step ten times as long)
+    for compute_s, costs in ((0.1, 0.05), (1.0, 1.0)):
+        hides = toy(overlap=1.0, compute_s=compute_s)
+        plain, slow = (predict(hides, "allreduce", 8, "m", o)
+                       for o in ({}, {"slow_workers": 1, "slowdown": 2}))
+        assert slow.step_s - plain.step_s == pytest.approx(costs)
     with pytest.raises(ConfigError, match="slowdown"):
         predict(cal, "allreduce", 8, "m", {"slow_workers": 1, "slowdown": 0.5})
     with pytest.raises(ConfigError, match="slow_workers.*workers=8"):
@@ -1186,7 +1194,11 @@ def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
                  "32", "--jitter", "0.1", "--option", "allreduce.slow_workers=1", "--option",
                  "allreduce.slowdown=2", "--json", str(rows_at)]) == 0
     (slow,) = json.loads(rows_at.read_text())
-    assert slow["step_s"] > base["step_s"] + 0.9 * base["compute_s"]
+    # the slow worker's compute is waited for; its longer backward hides more of the allreduce
+    # this 10 Gbit/s link leaves exposed, so the step grows by less than that compute again, and
+    # by no less than its forward (a third of it), which hides nothing
+    grew = slow["step_s"] - base["step_s"]
+    assert base["compute_s"] / 3 <= grew < base["compute_s"]
 
 
 def test_node_compute_is_a_share_of_the_step_by_precision_not_the_rate_or_the_cores():
@@ -1661,11 +1673,11 @@ def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
     command prints those numbers. Where it falls short of the goal: 101 of 126 inside the band
-    (five of six asked: 105), one band 0.2 points wider than 20 (VGG-16 at 128 GPUs, whose
-    overlap, cross-node rate and nodes' spread are all ranges), and two errors beyond 10 points:
-    NVIDIA's PyTorch BERT at sequence 512 in TF32 at 32 nodes, whose TF32 rows at 512 lose far more
-    across nodes than its mixed-precision rows that send half the bytes (nothing in the model loses
-    that), and Horovod's VGG-16 at 128 GPUs, at the top of its band. PaddlePaddle's BERT across
+    (five of six asked: 105), and one error beyond 10 points: NVIDIA's PyTorch BERT at sequence
+    512 in TF32 at 32 nodes, whose TF32 rows at 512 lose far more across nodes than its
+    mixed-precision rows that send half the bytes (nothing in the model loses that). The widest
+    band, VGG-16's at 128 GPUs (its overlap, cross-node rate and nodes' spread all ranges), is 19
+    points: a slow worker's longer backward hides more of its allreduce. PaddlePaddle's BERT across
     nodes loses more than every point, by under 7 points
     (test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes), TensorFlow's at 32 nodes
     by up to 10 (test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow). Transformer-XL's
@@ -1680,13 +1692,10 @@ def test_model_check_prints_the_goal_numbers():
     checks = [c for c in published_checks() if c.unit == "efficiency"]
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
-    assert s["band_max"] <= 20.5, s  # points: the goal's 20, less than half a point short
-    assert [c.claim for c in checks if c.high - c.low > 0.20] == [
-        "Horovod VGG-16 scaling efficiency at 128 GPUs"]
+    assert s["band_max"] <= 20, s  # points
     assert s["checks"] == 126 and s["inside"] >= 101, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
-    assert beyond == ["Horovod VGG-16 scaling efficiency at 128 GPUs",
-                      "BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
+    assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node"], beyond
     outside = [c for c in checks if c.outside_band > 0 and "BERT" not in c.claim
                and "Transformer-XL" not in c.claim]

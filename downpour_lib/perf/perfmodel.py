@@ -535,9 +535,12 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
     if workers == 1 and pattern not in ("push_pull", "async_push_pull"):
         exposed, sent = 0.0, 0.0  # nothing to talk to
     elif pattern == "collective":
-        _, exposed = bucketed_allreduce_s(workers, w, cal, c)  # behind the last pass's backward
+        # behind the last pass's backward of the slowest worker: a bucket goes once every
+        # worker has it, so the slowest sets when each is ready, and a longer backward hides more
+        slowest = c * straggler
+        _, exposed = bucketed_allreduce_s(workers, w, cal, slowest)
         if cal.overlap is None:  # not measured: the band between no overlap and the ideal
-            band = (exposed, bucketed_allreduce_s(workers, w, cal, c, overlap=0.0)[1])
+            band = (exposed, bucketed_allreduce_s(workers, w, cal, slowest, overlap=0.0)[1])
             exposed = sum(band) / 2
         sent = float(ring_share("allreduce", workers)) * m
     elif pattern == "push_pull":
