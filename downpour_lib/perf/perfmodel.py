@@ -491,19 +491,20 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
             options: dict[str, Any] | None = None, steps: int | None = None) -> Prediction:
     """The step time of ``algorithm`` at ``workers`` workers training ``model``: where ``cal``
     left quantities unmeasured, the middle of the band their ranges give together
-    (``unknown_ends``), the band in ``step_s_low``/``high`` and ``efficiency_low``/``high``. The
-    efficiency's band also holds how far one measurement of it lies from another
-    (``terms.MEASUREMENT_SPREAD``): the band is what a run of it would measure."""
+    (``unknown_ends``) in what a user reads, the efficiency (and so the samples a second; the
+    step is the one that rate implies), the band in ``step_s_low``/``high`` and
+    ``efficiency_low``/``high``. The efficiency's band also holds how far one measurement of it
+    lies from another (``terms.MEASUREMENT_SPREAD``): the band is what a run of it would measure."""
     ends = unknown_ends(cal)
     if ends is None:
         return _predict(cal, algorithm, workers, model, options, steps)
     best, worst = (_predict(e, algorithm, workers, model, options, steps) for e in ends)
     w = cal.workload(model)
     spread = MEASUREMENT_SPREAD if workers > 1 else 0.0
-    step = (best.step_s + worst.step_s) / 2
-    samples = workers * w.batch_size * w.accumulation / step
+    samples = (best.samples_per_s + worst.samples_per_s) / 2
+    step = workers * w.batch_size * w.accumulation / samples
     return replace(worst, calibration=cal.name, step_s=step, samples_per_s=samples,
-                   efficiency=best.efficiency * best.step_s / step,
+                   efficiency=(best.efficiency + worst.efficiency) / 2,
                    compute_s=(best.compute_s + worst.compute_s) / 2,
                    comm_s=(best.comm_s + worst.comm_s) / 2,
                    compute_efficiency=(best.compute_efficiency + worst.compute_efficiency) / 2,

@@ -72,7 +72,7 @@ DGX1_TABLE = (TableRow("fp32", 1, 367), TableRow("fp32", 8, 2855),
 #: 857, where the DataLoader of ``DGX1_TABLE`` lost 2.8 % at 367 and 15.4 % at 1200): the pipeline
 #: sets what a busy node loses. Both its steps lose about the same milliseconds, the framework's work
 #: (``FRAMEWORK_RANGE``) and the wait for the slowest device (``DEVICE_SPREAD_RANGE``): at their
-#: middles they leave its node term nothing.
+#: middles they leave its node term all but nothing (a few millionths of a step).
 DLE_DALI_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
                    "README.md of the pytorch-20.06 NGC container (as kept in the IST-DASLab/"
                    "DeepLearningExamples fork, commit cc73a1755fd8), section \"Training "
