@@ -1514,8 +1514,11 @@ def test_input_that_lied_is_named_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="links='intre'.*did you mean inter"):
         hardware_from_dict(typo)
     model = spec["models"]["net"]
+    # a worker of several devices on a node of several workers: the network would count 8
+    # workers a node where 2 (or 1) are; a worker of a whole node is devices_per_node: 1
     for field, bad in (("backward_fraction", "half"), ("backward_fraction", 1.5),
-                       ("devices_per_worker", 16)):
+                       ("devices_per_worker", 16), ("devices_per_worker", 8),
+                       ("devices_per_worker", 4)):
         with pytest.raises(ConfigError, match=f"models.net.{field}"):
             hardware_from_dict(dict(spec, models={"net": {**model, field: bad}}))
     for bad in ("high", True, -0.1):

@@ -29,7 +29,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         batch: 256                    # samples per worker per step
         images_per_s: 367             # samples/s of one device alone; or step_s: s per step
         parameters: 25557032          # what an allreduce carries: parameters x bytes_per_parameter
-        bytes_per_parameter: 4        # devices_per_worker: >1, a worker is that many of a node
+        bytes_per_parameter: 4        # devices_per_worker: >1, a worker is a node (per_node 1)
         ready_at: [0.01, ..., 1.0]    # backward's share done as each tenth of the gradient is ready
         accumulation: 1               # forward+backward passes (batches) per allreduce
         precision: amp                # fp32 (full, TF32 too: the default) or amp (mixed)
@@ -234,10 +234,10 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
     devices = d.get("devices_per_worker", 1)
     if isinstance(devices, bool) or not (isinstance(devices, int) and devices >= 1):
         raise ConfigError(f"{where}.devices_per_worker", devices, "an integer >= 1")
-    if per_node is not None and per_node > 1 and devices > per_node:
-        raise ConfigError(f"{where}.devices_per_worker", devices, f"at most devices_per_node="
-                          f"{per_node}: a worker's devices are of one node (or set devices_per_node: "
-                          "1, a worker per node, as sgp-v100-10g.yaml)")
+    if per_node is not None and per_node > 1 and devices > 1:  # the network counts workers a node
+        raise ConfigError(f"{where}.devices_per_worker", devices, f"1 with devices_per_node={per_node}"
+                          " (a worker a device); a worker of several devices is a whole node's: set "
+                          "devices_per_node: 1, a worker a node, as sgp-v100-10g.yaml")
     if ("images_per_s" in d) == ("step_s" in d):
         raise ConfigError(where, sorted(d), "give one of images_per_s (one device alone) or step_s")
     if "images_per_s" in d:
