@@ -117,6 +117,14 @@ def test_predictions_reduce_to_their_references():
     # OSGP hides its gossip behind the next step's compute: exposed only what outlasts it
     assert predict(cal, "osgp", 8, "m").comm_s == pytest.approx(LINK.transfer_s(100e6) - 0.1)
     assert predict(toy(compute_s=1.0), "osgp", 8, "m").comm_s == 0
+    # ... behind the slowest worker's, whom every step waits for: where the link sets the pace
+    # (0.1 s a message, 0.04 s a step), a worker twice as slow hides 0.04 s more of it, and the
+    # step does not grow
+    short = toy(overlap=0.0, compute_s=0.04)
+    plain, slow = (predict(short, "osgp", 8, "m", o) for o in ({}, {"slow_workers": 1,
+                                                                    "slowdown": 2}))
+    assert slow.comm_s == pytest.approx(plain.comm_s - 0.04)
+    assert slow.step_s == pytest.approx(plain.step_s) == pytest.approx(LINK.transfer_s(100e6))
     ps = predict(cal, "sync_ps", 16, "m")
     assert ps.comm_s == pytest.approx(2 * (16 * 1e-5 + 16 * 100e6 / 1e9))
     ideal = predict(toy(overlap=1.0), "allreduce", 8, "m")

@@ -550,7 +550,7 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
     elif pattern in ("gossip", "overlapped_gossip"):
         peers = gossip_peers(workers, opts)
         comm = gossip_s(m, peers, net.shared(workers))
-        exposed = max(0.0, comm - c_step) if pattern == "overlapped_gossip" else comm
+        exposed = max(0.0, comm - c_sync) if pattern == "overlapped_gossip" else comm
         sent = peers * m
     elif pattern == "periodic":
         period = opts["period"]
