@@ -82,6 +82,9 @@ BAD_INPUTS = [
     # a spread measured is a coefficient of variation, named with what would work
     (["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16", "--node-spread",
       "-0.1"], "node_spread=-0.1 is not valid: a coefficient of variation of the nodes' own speeds", 2),
+    # SGP's workers are whole nodes of 8 V100s: 8 of them a node would be 64 GPUs a node
+    (["model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50", "--devices-per-node",
+      "8"], "devices_per_node=8 is not valid: 1: a worker of resnet50 is a whole node of 8 devices", 2),
     (["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16", "--algorithm",
       "localsgd", "--option", "localsgd.servers=4"],
      "option='localsgd.servers=4' is not valid: the model reads period, slow_workers, slowdown of "

@@ -267,7 +267,7 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
         raise ConfigError(f"{where}.ready_at", extra["ready_at"], "a list of shares of backward")
     try:
         return Workload(name, batch, compute, params * width, source=str(d.get("source", "")),
-                        precision=precision, node_compute=own, **extra)
+                        precision=precision, node_compute=own, devices_per_worker=devices, **extra)
     except ConfigError as exc:  # name the model the bad field belongs to
         raise ConfigError(f"{where}.{exc.field}", exc.value, exc.expected) from None
 
@@ -439,6 +439,11 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     if devices_per_node is not None and not (isinstance(devices_per_node, int)
                                              and devices_per_node >= 1):
         raise ConfigError("devices_per_node", devices_per_node, "an integer >= 1")
+    whole = {k: w.devices_per_worker for k, w in cal.workloads.items() if w.devices_per_worker > 1}
+    if devices_per_node is not None and devices_per_node > 1 and whole:
+        name, devices = next(iter(whole.items()))  # as the file's own check (_workload)
+        raise ConfigError("devices_per_node", devices_per_node, f"1: a worker of {name} is a whole "
+                          f"node of {devices} devices (devices_per_worker), one worker a node")
     links = {"intra": net.intra, "inter": net.inter}
     inter_rate = cal.inter_rate
     for side, rate, latency in (("intra", intra_gbit, intra_latency_us),

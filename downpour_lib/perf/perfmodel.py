@@ -107,9 +107,15 @@ class Workload:
     #: language model reading tokens has no image pipeline: ``NodeCompute()``); None: the
     #: calibration's ``node_compute``
     node_compute: NodeCompute | None = None
+    #: the devices a worker spans (a hardware file's ``devices_per_worker``): more than 1, a
+    #: whole node's, in a network of one worker a node
+    devices_per_worker: int = 1
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        if isinstance(self.devices_per_worker, bool) or not (
+                isinstance(self.devices_per_worker, int) and self.devices_per_worker >= 1):
+            raise ConfigError("devices_per_worker", self.devices_per_worker, "an integer >= 1")
         if isinstance(self.accumulation, bool) or not (isinstance(self.accumulation, int)
                                                        and self.accumulation >= 1):
             raise ConfigError("accumulation", self.accumulation,
@@ -154,7 +160,8 @@ class Calibration:
                          each tenth of the gradient is ready in backward; framework_sample_s, the
                          sample the framework's work is counted in (null: compute_s / batch_size);
                          precision, fp32 or amp (terms.PRECISIONS); node_compute, its own where
-                         its input pipeline is not the calibration's (null: the calibration's)
+                         its input pipeline is not the calibration's (null: the calibration's);
+                         devices_per_worker, more than 1 where a worker is a whole node
         collective      ring, tree, hierarchical or auto
         bucket_bytes    gradient bucket (DDP's bucket_cap_mb in bytes)
         bucketing       fixed (DDP's buckets) or ready (Horovod's fusion of what is ready)
