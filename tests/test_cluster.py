@@ -70,6 +70,26 @@ def test_every_engine_is_an_mpi_rank_and_jobs_come_back_by_rank(local_cluster):
     assert table["received"].tolist() == [3.0, 3.0] and table["sent"].tolist() == [1.0, 2.0]
 
 
+def test_the_controller_listens_below_the_ephemeral_ports(local_cluster):
+    """ipyparallel picks a controller's ports by binding port 0 and closing it, and binds them
+    later: on a busy machine an outgoing connection took one in between (a CI run's "Address
+    already in use" in the controller's output, engines registered that never answered). So
+    start_cluster gives the controller a range of free ports no outgoing connection takes."""
+    import json
+
+    from downpour_lib.cluster.start import controller_ports
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    first, last = map(int, controller_ports().split("-"))
+    assert 10000 <= first and last < low and last - first + 1 == 40
+    cluster = local_cluster.cluster
+    info = json.loads((Path(cluster.profile_dir) / "security"
+                       / f"ipcontroller-{cluster.cluster_id}-engine.json").read_text())
+    ports = [p for v in info.values() for p in (v if isinstance(v, list) else [v])
+             if isinstance(p, int) and p > 1024]
+    assert len(ports) >= 8 and all(10000 <= p < low for p in ports), info
+
+
 def test_training_through_the_cluster_equals_the_same_run_under_mpiexec(local_cluster, tmp_path):
     result = local_cluster.train(TrainConfig(**TINY))
     s = result.summary

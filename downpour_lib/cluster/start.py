@@ -11,8 +11,11 @@ return a ``ClusterSession``.
 from __future__ import annotations
 
 import logging
+import random
+import socket
 from collections import Counter
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from ..defaults import ENGINES_TIMEOUT_S
 from ..errors import ClusterError, ConfigError
@@ -76,6 +79,35 @@ def _already_running(profile: str, clusters: list, who: str = "start_cluster") -
     return "\n".join(lines)
 
 
+def controller_ports(count: int = 40, floor: int = 10000) -> str | None:
+    """A range of ``count`` free ports below the kernel's ephemeral range, for the controller
+    (``ipcontroller --ports A-B``), or None where that range leaves no room. ipyparallel picks its
+    ports by binding port 0 and closing the socket, and a device process binds each later: on a
+    busy machine an outgoing connection can take one in between, that queue dies ("Address
+    already in use" in the controller's output), and the engines register but never answer.
+    Below the ephemeral range no outgoing connection takes a port."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                return False
+            return True
+
+    for _ in range(20):  # at random: controllers started side by side (tests) take other ranges
+        if low - floor <= count:
+            return None
+        start = random.randrange(floor, low - count)
+        if all(free(p) for p in range(start, start + count)):
+            return f"{start}-{start + count - 1}"
+    return None
+
+
 def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping[str, str] = (),
                   engines_per_node: int = 0, timeout_s: float = ENGINES_TIMEOUT_S, activate: bool = True,
                   **cluster_kwargs) -> ClusterSession:
@@ -102,6 +134,9 @@ def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping
     if running:
         raise ClusterError(_already_running(profile, running))
     cluster_kwargs.setdefault("log_level", logging.WARNING)  # ipyparallel's INFO lines drown a notebook
+    ports = controller_ports()
+    if ports and "controller_args" not in cluster_kwargs:
+        cluster_kwargs["controller_args"] = [f"--ports={ports}"]
     cluster = ipp.Cluster(profile=profile, n=n, engine_timeout=int(timeout_s), **cluster_kwargs)
     if engines_per_node:
         launcher = cluster.engine_launcher_class
