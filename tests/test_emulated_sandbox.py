@@ -14,7 +14,8 @@ from conftest import BIN
 from slurm_sandbox import running_sandbox
 
 from downpour_lib.errors import ConfigError
-from downpour_lib.perf.perfmodel import Calibration, predict
+from downpour_lib.perf.calibration import Calibration
+from downpour_lib.perf.perfmodel import predict
 from downpour_lib.study import emulated_check
 from downpour_lib.study.emulated_sandbox import check_links, nodes_for
 from downpour_lib.study.scaling_plots import with_series

@@ -17,6 +17,7 @@ from conftest import BIN, ROOT, downpour, explain, mpiexec
 
 from downpour_lib.errors import ConfigError
 from downpour_lib.perf import calibrate as calib
+from downpour_lib.perf.calibration import Calibration, Workload
 from downpour_lib.perf.netmodel import (
     GBIT,
     Link,
@@ -27,7 +28,7 @@ from downpour_lib.perf.netmodel import (
     ps_transfer_s,
     ring_allreduce_s,
 )
-from downpour_lib.perf.perfmodel import Calibration, Workload, modelled_options, predict
+from downpour_lib.perf.perfmodel import modelled_options, predict
 from downpour_lib.perf.presets import PARAMETERS, PRESETS, published_checks
 from downpour_lib.traffic import ring_share
 

@@ -457,8 +457,8 @@ def test_the_study_says_which_algorithms_it_leaves_out_and_why():
 
 
 def test_the_model_beside_the_emulated_sweep_uses_its_own_compute_and_one_node():
+    from downpour_lib.perf.calibration import Calibration, Workload
     from downpour_lib.perf.netmodel import Link, Network
-    from downpour_lib.perf.perfmodel import Calibration, Workload
     from downpour_lib.study.emulated_check import emulated_vs_model
 
     link = Link(1e-5, 1e9)  # 10 us, 1 GB/s inside the node; the inter link must not be used

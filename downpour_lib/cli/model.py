@@ -15,8 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError
+from ..perf.calibration import Calibration
 from ..perf.netmodel import COLLECTIVES
-from ..perf.perfmodel import MODELLED_ALGORITHMS, Calibration, readable_options
+from ..perf.perfmodel import MODELLED_ALGORITHMS, readable_options
 from ..study.core import reference_dir, results_dir
 from ..study.model_plots import model_dir
 from .model_hardware import add_hardware_verbs, data_for, worker_counts

@@ -28,8 +28,9 @@ import pandas as pd
 from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..traffic import ring_share
+from .calibration import Calibration, Workload
 from .netmodel import Link, Network
-from .perfmodel import Calibration, Workload, bucketed_allreduce_s, modelled_options, predict
+from .perfmodel import bucketed_allreduce_s, modelled_options, predict
 
 #: columns of a study row that are communication or waiting, not computation
 _NOT_COMPUTE = ("comm_s", "wait_s")

@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .calibration import MIB, Calibration, Workload
 from .netmodel import GBIT, Link, Network
-from .perfmodel import MIB, Calibration, Workload, predict
+from .perfmodel import predict
 from .terms import (
     DEVICE_SPREAD_RANGE,
     FRAMEWORK_MACS_PER_PARAMETER,

@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .calibration import Calibration
 from .hardware import FITTED_MODELS, FITTED_ON, load_hardware, preset_files, with_fields
-from .perfmodel import Calibration, predict
+from .perfmodel import predict
 from .terms import DDP_BENCH, DDP_BENCH_SOURCE, MEASUREMENT_SPREAD
 
 #: parameters of the published models (torchvision's counts; tests check them against torchvision)

@@ -419,8 +419,8 @@ def run_calibration(base: Any, row: Mapping[str, Any]) -> Any:
     from dataclasses import replace
 
     from ..perf.calibrate import parameter_bytes
+    from ..perf.calibration import Workload
     from ..perf.netmodel import Link
-    from ..perf.perfmodel import Workload
     from ..perf.terms import LINK_EFFICIENCY
     from ..sandbox.netns import parse_rate
 

@@ -18,7 +18,8 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ..perf.perfmodel import Calibration, predict
+from ..perf.calibration import Calibration
+from ..perf.perfmodel import predict
 from .core import with_series
 
 #: The tolerance the issue sets at 32 workers.

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..perf.calibration import Calibration
 from ..perf.netmodel import GBIT, Link
-from ..perf.perfmodel import Calibration, predict_rows
+from ..perf.perfmodel import predict_rows
 from ..perf.terms import LINK_EFFICIENCY
 from .core import RESULTS_ROOT, host_dirname
 from .figures import figure_row

@@ -43,8 +43,9 @@ from ..config import TrainConfig
 from ..defaults import RUN_TIMEOUT_S
 from ..errors import ConfigError
 from ..perf.calibrate import fit_link, parameter_bytes, read_collectives
+from ..perf.calibration import Calibration, Workload
 from ..perf.netmodel import Link, Network
-from ..perf.perfmodel import Calibration, Workload, modelled_options, predict
+from ..perf.perfmodel import modelled_options, predict
 from .core import StudyError
 
 if TYPE_CHECKING:
