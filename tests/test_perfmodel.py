@@ -1072,7 +1072,12 @@ def test_model_spread_reads_a_slow_workers_run(tmp_path):
     s = calib.spreads_from_steps(out / "steps.csv", warmup_steps=2)
     busy = (steps.step_s - steps.comm_s - steps.wait_s)[steps.step >= 2].groupby(steps["rank"]).mean()
     assert (s.ranks, s.hosts) == (3, 1) and s.node_spread is None
-    assert s.device_spread == pytest.approx(busy.std() / busy.mean(), rel=0.1) and s.device_spread > 0.3
+    # the ranks' mean compute spreads by the devices' variance plus the 1/n of a step's own that a
+    # mean of n steps keeps: a loaded machine's noisier steps move the share between the two (at
+    # one CI run's load the devices' came out 0.60 where the means' spread was 0.67), not the sum
+    assert s.device_spread ** 2 + s.jitter ** 2 / s.steps == pytest.approx(
+        (busy.std() / busy.mean()) ** 2, rel=1e-9)
+    assert s.device_spread > 0.3  # the worker 3 times slower: 0.69 of the mean, were all else equal
     proc = downpour("model", "spread", str(out / "steps.csv"), "--warmup-steps", "2")
     assert proc.returncode == 0, explain(proc)
     assert f"device_spread: {s.device_spread:.4f}" in proc.stdout, proc.stdout
