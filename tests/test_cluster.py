@@ -492,6 +492,43 @@ def test_a_failed_wait_after_a_restart_quotes_no_log_of_the_engines_before_it():
                               "engine logs in "), message
 
 
+def test_engines_behind_a_dead_queue_of_the_controller_are_registered_but_do_not_answer():
+    """A queue process of the controller that dies (in a CI run: its port taken between
+    ipyparallel choosing and binding it) leaves the engines registered with the hub and out of
+    reach. The wait says they registered and did not answer, and where the controller's output
+    is; it used to say "2 of 2 engines registered", which pointed nowhere."""
+    import json
+
+    install_profile("queue-test", BUNDLED / "profile_local-mpi")
+    session = start_cluster("queue-test", n=1, activate=False, timeout_s=300,
+                            engine_env={"PYTHONPATH": engine_pythonpath()})
+    try:
+        cluster = session.cluster
+        engine = json.loads((Path(cluster.profile_dir) / "security"
+                             / f"ipcontroller-{cluster.cluster_id}-engine.json").read_text())
+        output, controller = cluster.controller.output_file, psutil.Process(cluster.controller.process.pid)
+        [queue] = [child for child in controller.children(recursive=True)  # the direct view's
+                   if any(c.status == psutil.CONN_LISTEN and c.laddr.port == engine["mux"]
+                          for c in child.net_connections("tcp"))]
+        queue.kill()
+        deadline = time.monotonic() + 30
+        while alive(queue.pid):  # a zombie until the controller reaps it, which it does not
+            assert time.monotonic() < deadline, "the killed queue process is still running"
+            time.sleep(0.1)
+        with pytest.raises(ClusterError) as caught:
+            session.wait_for_engines(1, timeout_s=5)
+    finally:
+        try:
+            session.stop()
+        finally:
+            stop_clusters("queue-test")
+    message = str(caught.value)
+    assert message.startswith("all 1 engines registered but 0 answered within 5 s (they are still "
+                              "busy (a job still running, or importing slowly on a loaded "
+                              "machine), or a queue of the controller is gone (its output"), message
+    assert output in message and "stop the cluster and start it again" in message
+
+
 def controller_stopped_before_its_engines(profile: str, delay_s: float = 8.0):
     """`ipcluster start --daemonize` of 2 engines that start ``delay_s`` after the controller (time
     to stop it first, on a loaded machine too), and the controller stopped (SIGSTOP): the cluster,
@@ -518,7 +555,7 @@ def test_a_failed_wait_quotes_the_last_complaint_of_the_engines_logs(tmp_path):
     """What an engine said before it gave up is what a wait that ended without it quotes (the
     CI's "0 of 2 engines registered" said nothing more): the last CRITICAL or ERROR line of
     ipyparallel, or an exception's last line, the newest log first."""
-    from downpour_lib.cluster.running import engine_log_complaint
+    from downpour_lib.cluster.running import EXCEPTION_LINE, engine_log_complaint
 
     older, newer, quiet = (tmp_path / f"ipengine-{n}.log" for n in ("older", "newer", "quiet"))
     older.write_text("2026-12-05 16:58:20.101 [IPEngine.1] INFO | Registering with controller\n"
@@ -532,6 +569,16 @@ def test_a_failed_wait_quotes_the_last_complaint_of_the_engines_logs(tmp_path):
     assert engine_log_complaint([older, newer]) == "ModuleNotFoundError: No module named 'torch'"
     assert engine_log_complaint([older]) == "Registration timed out after 5.0 seconds"
     assert engine_log_complaint([quiet, tmp_path / "never-written.log"]) == ""
+    # a controller's output, as a CI run's was when a queue died at its start: the queue's
+    # exception, not the hub's routine complaints after it, is what a wait quotes
+    controller = tmp_path / "ipcontroller.log"
+    controller.write_text(
+        "Process DirectScheduler:\nTraceback (most recent call last):\n  File \"zmq/devices/basedevice.py\""
+        ", line 95, in _setup_sockets\nzmq.error.ZMQError: Address already in use (addr='tcp://127.0."
+        "0.1:43191')\n2026-12-06 05:09:11.412 [IPController] ERROR | Monitor message without topic\n")
+    assert engine_log_complaint([controller], pattern=EXCEPTION_LINE) == (
+        "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:43191')")
+    assert engine_log_complaint([controller]) == "Monitor message without topic"
 
 
 def test_after_an_engine_dies_the_next_run_says_to_restart_the_engines(local_cluster):

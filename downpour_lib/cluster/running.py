@@ -82,15 +82,18 @@ def _ended(job: str, state: str) -> str | None:
     return f"the engines' Slurm job {job} is {state} ({_ENDED[state]})" if state in _ENDED else None
 
 
+#: a Python exception's last line ("zmq.error.ZMQError: Address already in use ...")
+EXCEPTION_LINE = re.compile(r"^([\w.]+(?:Error|Exception): .+)$")
 #: an ipyparallel log line's complaint ("... [IPEngine.1] CRITICAL | Registration timed out after
 #: 5.0 seconds"), or a Python exception's last line in an engine's output
-_COMPLAINT = re.compile(r"\] (?:CRITICAL|ERROR) \| (\S.*)$|^(\w+(?:Error|Exception): .+)$")
+_COMPLAINT = re.compile(r"\] (?:CRITICAL|ERROR) \| (\S.*)$|" + EXCEPTION_LINE.pattern)
 
 
-def engine_log_complaint(logs, since: float = 0.0) -> str:
-    """The last complaint in the engines' output files ``logs`` (an ipyparallel CRITICAL or ERROR
-    line, or an exception's last line), the newest file first, of those written since ``since``
-    (wall-clock seconds); "" if none says anything."""
+def engine_log_complaint(logs, since: float = 0.0, pattern: re.Pattern = _COMPLAINT) -> str:
+    """The last complaint in the output files ``logs`` (an ipyparallel CRITICAL or ERROR line, or
+    an exception's last line; or what else ``pattern`` finds, in its first group that matched),
+    the newest file first, of those written since ``since`` (wall-clock seconds); "" if none says
+    anything."""
     def written(path: Path) -> float:
         try:
             return path.stat().st_mtime
@@ -104,9 +107,9 @@ def engine_log_complaint(logs, since: float = 0.0) -> str:
         except OSError:
             continue
         for line in reversed(lines):
-            found = _COMPLAINT.search(line)
+            found = pattern.search(line)
             if found:
-                return (found.group(1) or found.group(2)).strip()[:300]
+                return next(g for g in found.groups() if g is not None).strip()[:300]
     return ""
 
 

@@ -43,7 +43,7 @@ from ..errors import ClusterError, ConfigError
 from . import remote
 from .failures import CONTINUE, ClusterPreempted, ClusterRunError, _preempted
 from .mpiexec import clear_stale_sessions
-from .running import Running, controller_started, wait_gone
+from .running import EXCEPTION_LINE, Running, controller_started, engine_log_complaint, wait_gone
 
 
 def _mend_stream_replay() -> None:
@@ -169,7 +169,7 @@ class ClusterSession(Running):
         then map their ranks."""
         timeout_s = timeout_s or self.timeout_s
         deadline, began = time.monotonic() + timeout_s, time.time()
-        fresh = 0  # engines that answered and are not the old ones
+        fresh = answered = 0  # engines that answered (and are not the old ones)
         while True:
             ids = sorted(self.client.ids)
             if len(ids) == n:
@@ -177,21 +177,45 @@ class ClusterSession(Running):
                     seen = self._ask(ids, timeout_s=max(1.0, deadline - time.monotonic()))
                 except Exception:  # noqa: BLE001 -- an engine that is going away: ask again
                     seen = {}
+                answered = len(seen)
                 fresh = sum(me["pid"] not in stale_pids for me in seen.values())
                 if len(seen) == n and fresh == n:
                     self._map_ranks(seen)
                     return
             if time.monotonic() > deadline:
-                # the engine logs written since the controller started or the engines were last
-                # restarted, whichever is later (else since this wait): not the old engines'
-                why = self.unregistered_why(
-                    since=max(controller_started(self.cluster) or began, self._restarted_at))
-                count = (f"{fresh} of {n} restarted engines answered (the controller lists {len(ids)}, "
-                         "the old ones among them until it sees they are gone)" if stale_pids
-                         else f"{len(ids)} of {n} engines registered")
-                raise ClusterError(f"{count} within {timeout_s:.0f} s" + (f" ({why})" if why else "")
-                                   + f"; see the engine logs in {self.cluster.profile_dir}/log")
+                raise ClusterError(self._unanswered(n, ids, answered, fresh, stale_pids, began,
+                                                    timeout_s))
             time.sleep(0.25)
+
+    def _unanswered(self, n: int, ids: list[int], answered: int, fresh: int,
+                    stale_pids: set[int], began: float, timeout_s: float) -> str:
+        """What ``wait_for_engines`` says when its time is up: how many engines registered and
+        answered, and why, as far as the logs tell."""
+        logs = f"; see the engine logs in {self.cluster.profile_dir}/log"
+        if stale_pids:
+            count = (f"{fresh} of {n} restarted engines answered (the controller lists {len(ids)}, "
+                     "the old ones among them until it sees they are gone)")
+        elif len(ids) == n:
+            # registered with the hub, but a question sent through the controller's queues went
+            # unanswered: the engines are busy, or a queue process of the controller is gone
+            # (ipyparallel binds their ports after choosing them: on a busy machine an outgoing
+            # connection can take one in between, and the queue dies with "Address already in use")
+            output = getattr(getattr(self.cluster, "controller", None), "output_file", "") or ""
+            said = engine_log_complaint([output], pattern=EXCEPTION_LINE) if output else ""
+            said = (f" (its output, {output}, says: {said})" if said
+                    else f" (its output: {output})" if output else "")
+            why = ("they are still busy (a job still running, or importing slowly on a loaded "
+                   f"machine), or a queue of the controller is gone{said}: stop the cluster and "
+                   "start it again")
+            return (f"all {n} engines registered but {answered} answered within {timeout_s:.0f} s "
+                    f"({why}){logs}")
+        else:
+            count = f"{len(ids)} of {n} engines registered"
+        # the engine logs written since the controller started or the engines were last
+        # restarted, whichever is later (else since this wait): not the old engines'
+        why = self.unregistered_why(
+            since=max(controller_started(self.cluster) or began, self._restarted_at))
+        return f"{count} within {timeout_s:.0f} s" + (f" ({why})" if why else "") + logs
 
     def activate(self) -> None:
         """Register %px / %%px in this IPython session, on all engines (also after a restart).
