@@ -191,6 +191,8 @@ class Length:
     eval_every: int = _help("evaluate every this many steps; 0 evaluates only at the end",
                             identity="measure", default=0)
     eval_batch_size: int = _help("batch size for evaluation", identity="measure", default=512)
+    eval_samples: int = _help("evaluate on this many samples of the test split, spread evenly over "
+                              "it; 0 evaluates on all of it", identity="measure", default=0)
     final_eval: bool = _help("evaluate after the last step; false leaves it out (a throughput "
                              "study, whose test accuracy nobody reads)", identity="measure", default=True)
 
@@ -204,6 +206,7 @@ class Length:
         if self.epochs is not None and not (_finite(self.epochs) and self.epochs > 0):
             raise ConfigError("epochs", self.epochs, "must be a finite number > 0, e.g. 1 or 0.5")
         _at_least("eval_every", self.eval_every, 0)
+        _at_least("eval_samples", self.eval_samples, 0)
         _at_least("warmup_steps", self.warmup_steps, 0)
         if self.steps is not None and self.warmup_steps >= self.steps:
             raise ConfigError("warmup_steps", self.warmup_steps,

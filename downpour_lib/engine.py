@@ -34,7 +34,7 @@ from .comm.collectives import Comm
 from .comm.runtime import DistContext
 from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
-from .data.loader import TrainBatches, eval_batches, loader_batches
+from .data.loader import TrainBatches, eval_batches, eval_indices, loader_batches
 from .data.sources import ImageSource, is_language_model
 from .emulate import EmulatedCompute, emulated_profile
 from .errors import Diverged
@@ -92,14 +92,14 @@ def language_model_summary(summary: dict, context: int) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, source: ImageSource, batch_size: int,
-             device: torch.device, workers: int = 0) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy over the whole split (read by ``workers`` DataLoader
-    workers where the source is read in workers); for a language model, per token (its
-    perplexity is exp of the loss)."""
+             device: torch.device, workers: int = 0, samples: int = 0) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over the whole split, or ``samples`` of it spread evenly
+    over it (read by ``workers`` DataLoader workers where the source is read in workers); for a
+    language model, per token (its perplexity is exp of the loss)."""
     was_training = model.training
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
-    for x, y in eval_batches(source, batch_size, workers):
+    for x, y in eval_batches(source, batch_size, workers, samples):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         out = model(x)
         loss_sum += task_loss(out, y, reduction="sum").item()
@@ -386,11 +386,13 @@ class Trainer:
             self.progress.update(1)
 
     def _evaluate(self, step: int, extras: dict[str, float]) -> None:
+        length = self.config.length
         with self.algorithm.eval_parameters(self.model) as model:
-            loss, accuracy = evaluate(model, self.splits.test, self.config.length.eval_batch_size,
-                                      self.ctx.device, self._data_workers())
+            loss, accuracy = evaluate(model, self.splits.test, length.eval_batch_size,
+                                      self.ctx.device, self._data_workers(), length.eval_samples)
+        samples = len(eval_indices(len(self.splits.test), length.eval_samples))
         self.eval_records.append(EvalRecord(self.ctx.rank, step, time.perf_counter() - self.t_start,
-                                            loss, accuracy, len(self.splits.test), extras))
+                                            loss, accuracy, samples, extras))
 
 
 def _check_finite(record: StepRecord, skipped: bool, floor: bool) -> None:

@@ -216,7 +216,7 @@ def test_sections_hold_every_field_once_and_write_flat():
     config = TrainConfig(algorithm="ddp", batch_size=64, lr=0.1, steps=9, threads=1,
                          checkpoint_dir="ck", preempt_signal="none", slow_workers=1, slowdown=2.0)
     flat = config.to_dict()
-    assert len(flat) == 44 and set(flat) == set(TOP) | set(SECTION_OF)
+    assert len(flat) == 45 and set(flat) == set(TOP) | set(SECTION_OF)
     for name, section in SECTION_OF.items():
         dotted = getattr(getattr(config, section), name)
         assert flat[name] == (list(dotted) if isinstance(dotted, tuple) else dotted)
@@ -286,7 +286,7 @@ OLD_NOT_THE_RUN = {"steps", "epochs", "eval_every", "eval_batch_size", "final_ev
                    "data_workers", "warmup_steps", "timeout_s", "output_dir", "checkpoint_dir",
                    "checkpoint_every", "resume", "preempt_signal", "requeue", "trace", "data_dir",
                    "backend", "device", "keep_checkpoints",
-                   "startup_timeout_s"}  # and a field added since, that is not the run either
+                   "startup_timeout_s", "eval_samples"}  # and fields added since, not the run either
 
 
 def test_every_config_field_declares_its_identity_rule():
@@ -297,7 +297,7 @@ def test_every_config_field_declares_its_identity_rule():
     from downpour_lib.config import IDENTITY, IDENTITY_RULES, _help, identity_rules
 
     fields = TrainConfig.flat_fields()
-    assert set(IDENTITY) == set(fields) and len(fields) == 44
+    assert set(IDENTITY) == set(fields) and len(fields) == 45
     for name, f in fields.items():
         assert f.metadata.get("identity") in IDENTITY_RULES, name
 

@@ -11,7 +11,7 @@ from downpour_lib.data import ShardSampler, load_dataset
 from downpour_lib.data.augment import CropFlip, generator, resized_crop_box
 from downpour_lib.data.catalog import CIFAR_MEAN, CIFAR_STD
 from downpour_lib.data.generate import write_imagefolder, write_mnist
-from downpour_lib.data.loader import TrainBatches
+from downpour_lib.data.loader import TrainBatches, eval_indices
 from downpour_lib.data.sources import TensorSource
 from downpour_lib.engine import evaluate
 from downpour_lib.errors import ConfigError
@@ -101,6 +101,32 @@ def test_imagefolder_jpegs_through_workers_equal_reading_inline(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 3))
     assert evaluate(model, splits.test, 4, CPU, workers=2) == evaluate(model, splits.test, 4, CPU)
+
+
+def test_an_evaluation_of_some_samples_reads_them_evenly_over_the_split():
+    """eval_samples=N evaluates N samples spread evenly over the split (an ImageFolder's test split
+    is sorted by class, so its first N could be one class), through workers as inline, and its
+    loss and accuracy are those of exactly those samples; a run's evaluation reports N."""
+    assert eval_indices(10, 4) == [0, 2, 5, 7]
+    assert eval_indices(10, 0) == eval_indices(10, 10) == eval_indices(10, 99) == list(range(10))
+    source = cifar_like(96)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 10))
+    x, y = source.batch(torch.tensor(eval_indices(96, 20)))  # the reference: those 20, at once
+    with torch.no_grad():
+        out = model(x)
+    reference = (torch.nn.functional.cross_entropy(out, y).item(), (out.argmax(1) == y).float().mean().item())
+    inline = evaluate(model, source, 8, CPU, samples=20)
+    assert inline == pytest.approx(reference, rel=1e-6)
+    assert evaluate(model, source, 8, CPU, workers=2, samples=20) == inline
+    assert evaluate(model, source, 8, CPU) != inline  # all 96 are another mean
+
+    config = TrainConfig(model="mlp", dataset="digits", steps=3, warmup_steps=1, threads=1,
+                         eval_samples=50)
+    result = make_trainer(config, DistContext.single()).run()
+    assert result.evals["samples"].tolist() == [50]
+    with pytest.raises(ConfigError, match="eval_samples=-1"):
+        TrainConfig(eval_samples=-1)
 
 
 def test_real_data_sets_default_to_standard_augmentation_and_others_to_none(tmp_path):

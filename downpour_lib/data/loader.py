@@ -44,17 +44,26 @@ class StepBatches(Sampler):
 
 
 class Chunks(Sampler):
-    """The whole split in order, ``batch_size`` samples at a time (epoch 0): evaluation."""
+    """``indices`` in order, ``batch_size`` samples at a time (epoch 0): evaluation."""
 
-    def __init__(self, num_samples: int, batch_size: int) -> None:
-        self.num_samples, self.batch_size = num_samples, batch_size
+    def __init__(self, indices: list[int], batch_size: int) -> None:
+        self.indices, self.batch_size = indices, batch_size
 
     def __len__(self) -> int:
-        return -(-self.num_samples // self.batch_size)
+        return -(-len(self.indices) // self.batch_size)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        for start in range(0, self.num_samples, self.batch_size):
-            yield [(0, i) for i in range(start, min(start + self.batch_size, self.num_samples))]
+        for start in range(0, len(self.indices), self.batch_size):
+            yield [(0, i) for i in self.indices[start:start + self.batch_size]]
+
+
+def eval_indices(size: int, samples: int = 0) -> list[int]:
+    """The samples of a split of ``size`` an evaluation reads: all of them, or ``samples`` of them
+    spread evenly over it (the i-th at ``i * size // samples``), not the first ones: an
+    ImageFolder's split is sorted by class, and a text's validation split by file."""
+    if not samples or samples >= size:
+        return list(range(size))
+    return [i * size // samples for i in range(samples)]
 
 
 class Samples(Dataset):
@@ -179,15 +188,17 @@ class Ahead:
         join_or_leave(self.thread, 5, at_exit_s=60)
 
 
-def eval_batches(source: ImageSource, batch_size: int, workers: int
+def eval_batches(source: ImageSource, batch_size: int, workers: int, samples: int = 0
                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The whole split, unaugmented, in order, (x, y) on the host: through DataLoader workers
-    for the sources read there (a validation set of JPEGs), else by index."""
+    """The whole split (or ``samples`` of it: ``eval_indices``), unaugmented, in order, (x, y) on
+    the host: through DataLoader workers for the sources read there (a validation set of JPEGs),
+    else by index."""
+    indices = eval_indices(len(source), samples)
     if not source.in_workers or workers == 0:
-        for start in range(0, len(source), batch_size):
-            yield source.batch(torch.arange(start, min(start + batch_size, len(source))))
+        for start in range(0, len(indices), batch_size):
+            yield source.batch(torch.tensor(indices[start:start + batch_size], dtype=torch.long))
         return
-    loader = DataLoader(Samples(source, False, 0), batch_sampler=Chunks(len(source), batch_size),
+    loader = DataLoader(Samples(source, False, 0), batch_sampler=Chunks(indices, batch_size),
                         num_workers=workers, collate_fn=collate)
     for _, _, x, y in loader:
         yield x, y
