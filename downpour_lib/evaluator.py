@@ -28,6 +28,7 @@ from . import checkpoint
 from .checkpoint import atomic_write_text
 from .config import Length
 from .data import Splits, load_dataset
+from .data.loader import eval_indices
 from .defaults import EVAL_POLL_S
 from .engine import evaluate
 from .errors import CheckpointError, DownpourError
@@ -50,6 +51,7 @@ class Evaluator:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     batch_size: int = Length.eval_batch_size
     data_dir: str | None = None  # None: the one the run was configured with
+    samples: int = 0  # of the test split, spread evenly over it (a run's eval_samples); 0: all
     log: Callable[[str], None] = print
     report: Callable[[str], None] = _stderr
     _splits: dict[tuple[str, str], Splits] = field(default_factory=dict)
@@ -101,12 +103,13 @@ class Evaluator:
         splits = self._splits[key]
         model = build_model(config["model"], splits.train.input_shape, splits.train.num_classes)
         model.load_state_dict(state["model"])
-        loss, accuracy = evaluate(model.to(self.device), splits.test, self.batch_size, self.device)
+        loss, accuracy = evaluate(model.to(self.device), splits.test, self.batch_size, self.device,
+                                  samples=self.samples)
         return {"step": int(state["step"]), "final": bool(state["final"]),
                 "time_s": float(state.get("time_s", float("nan"))),
                 "wall_time": float(state.get("wall_time", float("nan"))),
                 "evaluated_at": time.time(), "loss": loss, "accuracy": accuracy,
-                "samples": len(splits.test), "file": path.name}
+                "samples": len(eval_indices(len(splits.test), self.samples)), "file": path.name}
 
     def watch(self, poll_s: float = EVAL_POLL_S, until_step: int | None = None,
               timeout_s: float | None = None) -> str:
@@ -126,12 +129,13 @@ class Evaluator:
 
 def run(directory: str, csv: str | None = None, watch: bool = False, poll_s: float = EVAL_POLL_S,
         until_step: int | None = None, timeout_s: float | None = None, device: str = "cpu",
-        batch_size: int = Length.eval_batch_size, data_dir: str | None = None) -> str:
+        batch_size: int = Length.eval_batch_size, data_dir: str | None = None,
+        samples: int = 0) -> str:
     """Score ``directory``'s checkpoints into ``csv`` (default: DIR/evals.csv), once or watching.
     Once: "once" if it scored any; if none, "scored before" if some are in the CSV already (the
     others, if any, were reported unreadable), "unreadable" if none is."""
     evaluator = Evaluator(Path(directory), Path(csv) if csv else Path(directory) / "evals.csv",
-                          torch.device(device), batch_size, data_dir)
+                          torch.device(device), batch_size, data_dir, samples=samples)
     if not watch:
         if evaluator.poll():
             return "once"

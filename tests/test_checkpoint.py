@@ -225,6 +225,19 @@ def test_torn_and_foreign_files_are_reported_and_skipped(tmp_path):
     assert checkpoint.latest(tmp_path) == checkpoint.checkpoint_path(tmp_path, 12)
 
 
+def test_the_evaluator_scores_the_samples_a_run_evaluates(tmp_path):
+    """--samples N scores N samples spread over the test split, the ones a run's eval_samples=N
+    reads: the final checkpoint scores what the run's own final evaluation did."""
+    _, result = train(algorithm="local", steps=6, checkpoint_dir=str(tmp_path), eval_samples=90)
+    evaluator = Evaluator(tmp_path, tmp_path / "evals.csv", samples=90, log=print, report=print)
+    assert evaluator.poll() == 1
+    evals = pd.read_csv(tmp_path / "evals.csv")
+    assert evals.samples.tolist() == [90] and evals.final.tolist() == [True]
+    assert evals.accuracy.iloc[-1] == result.summary["test_accuracy"]
+    assert evals.loss.iloc[-1] == pytest.approx(result.summary["test_loss"], rel=1e-6)
+    assert result.summary["test_accuracy"] != train(algorithm="local", steps=6)[1].summary["test_accuracy"]
+
+
 def tear(path):
     """Cut ``path`` in half, as a disk that filled up or a copy that stopped would."""
     whole = path.read_bytes()
@@ -283,6 +296,7 @@ def test_watch_stops_at_until_step_or_timeout(tmp_path):
     (["--checkpoint-dir", ".", "--watch", "--poll-s", "inf"], "poll_s=inf is not valid: must be a finite"),
     (["--checkpoint-dir", ".", "--watch", "--timeout-s", "nan"], "timeout_s=nan is not valid"),
     (["--checkpoint-dir", ".", "--until-step", "5"], "only apply with --watch"),
+    (["--checkpoint-dir", ".", "--samples", "-1"], "samples=-1 is not valid: a whole number >= 0"),
 ])
 def test_evaluate_cli_refuses_bad_input(capsys, args, expected):
     from downpour_lib.cli import main

@@ -28,6 +28,9 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="device to evaluate on (default: cpu)")
     p.add_argument("--batch-size", type=int, default=Length.eval_batch_size,
                    help="(default: %(default)s, a run's eval_batch_size)")
+    p.add_argument("--samples", type=int, default=0,
+                   help="score this many samples of the test split, spread evenly over it, as a "
+                        "run's eval_samples (default: 0, all of it)")
     p.add_argument("--data-dir", help="where the data set's files are (default: the run's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     p.set_defaults(func=cmd_evaluate, output_files=("csv",))
@@ -44,6 +47,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for name, ok in checks.items():
         if not ok:
             raise ConfigError(name, getattr(args, name), "must be a finite number > 0")
+    if args.samples < 0:
+        raise ConfigError("samples", args.samples, "a whole number >= 0 (0: all of the test split)")
     if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         # watched, it would poll a file for checkpoints until its timeout
         raise ConfigError("checkpoint_dir", args.checkpoint_dir,
@@ -65,7 +70,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)  # few: the cores belong to the training it watches
     stopped = run(args.checkpoint_dir, args.csv, args.watch, args.poll_s, args.until_step,
-                  args.timeout_s, args.device, args.batch_size, args.data_dir)
+                  args.timeout_s, args.device, args.batch_size, args.data_dir, args.samples)
     if stopped == "timeout":
         print(f"downpour evaluate: stopped after {args.timeout_s} s without the final checkpoint",
               flush=True)
