@@ -202,10 +202,10 @@ class ClusterSession(Running):
             # connection can take one in between, and the queue dies with "Address already in use")
             output = getattr(getattr(self.cluster, "controller", None), "output_file", "") or ""
             said = engine_log_complaint([output], pattern=EXCEPTION_LINE) if output else ""
-            said = (f" (its output, {output}, says: {said})" if said
-                    else f" (its output: {output})" if output else "")
+            where = (f" (its output, {output}, says: {said})" if said
+                     else f" (its output: {output})" if output else "")
             why = ("they are still busy (a job still running, or importing slowly on a loaded "
-                   f"machine), or a queue of the controller is gone{said}: stop the cluster and "
+                   f"machine), or a queue of the controller is gone{where}: stop the cluster and "
                    "start it again")
             return (f"all {n} engines registered but {answered} answered within {timeout_s:.0f} s "
                     f"({why}){logs}")
