@@ -380,15 +380,17 @@ def test_05_time_to_accuracy(tmp_path):
 def test_07_lm_time_to_loss(tmp_path):
     """The language model's time-to-loss study on local ranks (the sandbox's runs are notebook
     05's code path, tested in test_slurm_nodes.py): allreduce and localsgd (period 4) at 2 workers,
-    8 steps of gpt-nano, to a validation loss of 5.0 (uniform over the 256 bytes is 5.55). Both
-    reach it at the first evaluation; local SGD sends a quarter of allreduce's bytes; the model's
-    prediction beside each run; the loss figures and the table."""
+    8 steps of gpt-nano, to a validation loss of 5.0 (uniform over the 256 bytes is 5.55), each
+    evaluation on 128 of the 625 validation windows. Both reach it at the first evaluation; local
+    SGD sends a quarter of allreduce's bytes; the model's prediction beside each run; the loss
+    figures and the table."""
     params = {"algorithms": ["allreduce", "localsgd"], "workers": 2, "network": "local",
-              "steps": 8, "eval_every": 4, "target": 5.0, "out": str(tmp_path)}
+              "steps": 8, "eval_every": 4, "eval_samples": 128, "target": 5.0, "out": str(tmp_path)}
     nb = run_notebook(ROOT / "notebooks" / "07_lm_time_to_loss.ipynb", params)
     runs = pd.read_csv(tmp_path / "runs.csv")
     assert len(runs) == 2 and (runs.network == "local").all() and (runs.model == "gpt-nano").all()
     assert (runs.target_loss == 5.0).all() and "target_accuracy" not in runs
+    assert (runs.eval_samples == 128).all()
     assert (runs.test_loss < math.log(256)).all()  # below a uniform guess over the bytes
     assert list(runs.test_perplexity) == pytest.approx([math.exp(v) for v in runs.test_loss])
     assert (runs.steps_to_target == 4).all()  # the first evaluation, after step 3
