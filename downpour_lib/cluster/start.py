@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..defaults import ENGINES_TIMEOUT_S
 from ..errors import ClusterError, ConfigError
+from ..launch_env import RENDEZVOUS_PORTS
 from .mpiexec import clear_stale_sessions
 from .profiles import ensure_profile, profile_dir
 from .session import ClusterSession
@@ -85,11 +86,13 @@ def controller_ports(count: int = 40, floor: int = 10000) -> str | None:
     ports by binding port 0 and closing the socket, and a device process binds each later: on a
     busy machine an outgoing connection can take one in between, that queue dies ("Address
     already in use" in the controller's output), and the engines register but never answer.
-    Below the ephemeral range no outgoing connection takes a port."""
+    Below the ephemeral range no outgoing connection takes a port; below the ports srun steps'
+    stores listen on (``launch_env.RENDEZVOUS_PORTS``), no step of a job on this node does."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+    low = min(low, RENDEZVOUS_PORTS.start)
 
     def free(port: int) -> bool:
         with socket.socket() as s:
