@@ -743,6 +743,35 @@ def test_describe_counts_a_models_entry_for_a_hardware_file(tmp_path, capsys, mo
     p = predict(cal, "allreduce", 64, "mine:build")
     assert 0 < p.efficiency_low <= p.efficiency <= p.efficiency_high <= 1.01
 
+    # a language model built of torch's own transformer layers, a position table of its own
+    (tmp_path / "encoder.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class LM(nn.Module):\n"
+        "    def __init__(self, context, vocabulary):\n"
+        "        super().__init__()\n"
+        "        self.embed = nn.Embedding(vocabulary, 64)\n"
+        "        self.pos = nn.Parameter(torch.zeros(1, context, 64))\n"
+        "        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(\n"
+        "            64, 4, 256, batch_first=True, norm_first=True), 2, enable_nested_tensor=False)\n"
+        "        self.head = nn.Linear(64, vocabulary)\n\n"
+        "    def forward(self, tokens):\n"
+        "        x = self.embed(tokens) + self.pos[:, :tokens.shape[1]]\n"
+        "        return self.head(self.encoder(x, is_causal=False))\n\n"
+        "def build(input_shape, num_classes):\n"
+        "    return LM(input_shape[0], num_classes)\n")
+    assert main(["model", "describe", "--model", "encoder:build", "--dataset", "stdlib-text",
+                 "--images-per-s", "900"]) == 0
+    lm = yaml.safe_load(capsys.readouterr().out)["encoder:build"]
+    context, vocabulary = 128, 256
+    layer = 4 * (64 * 64 + 64) + 2 * 64 * 256 + 256 + 64 + 4 * 64  # attention, MLP, 2 norms
+    assert lm["parameters"] == vocabulary * 64 + context * 64 + 2 * layer + 64 * vocabulary + \
+        vocabulary
+    # a token's multiply-adds: the layers' weights, the head's, and attention over 128 tokens
+    per_token = 2 * (4 * 64 * 64 + 2 * 64 * 256 + 2 * context * 64) + 64 * vocabulary
+    assert lm["multiply_adds"] == pytest.approx(context * per_token, rel=1e-3)
+    assert lm["node_compute"] == "none" and lm["ready_at"][-1] == 1.0
+    assert lm["ready_at"][0] < 0.5 < lm["ready_at"][-2]  # the head first; the tables last
+
     assert main(["model", "describe", "--model", "mine:build"]) == 2
     assert "give --dataset" in capsys.readouterr().err
     assert main(["model", "describe", "--model", "resnet50", "--batch", "0"]) == 2
@@ -1343,6 +1372,49 @@ def test_gradient_readiness_is_the_models_own_and_the_presets_carry_it():
     assert hw["vgg16"][7] < 0.01 and PRESETS["dgx-a100"].workloads["resnet50"].ready_at
     with pytest.raises(ConfigError, match="ready_at"):
         Workload("m", 32, 0.1, 1e6, ready_at=(0.5, 0.2, 1.0))
+
+
+def test_attention_between_layers_is_backwards_before_the_earlier_layers_gradient():
+    """Attention's scores and their product with the values have no parameters, yet backward
+    runs them between two layers' gradients: hand-derived references, on the CPU (whose fused
+    attention kernel torch does not count) and on the meta device. ``nn.MultiheadAttention``
+    keeps its input projection beside its ``out_proj`` and never calls that as a module: both
+    count where it starts (the old count died on its tuple output)."""
+    import torch
+    from torch import nn
+
+    from downpour_lib.perf.terms import gradient_ready_at
+
+    class Scores(nn.Module):  # 4 tokens of 8: Linear (256 MACs), scores and values (256), Linear
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.a(x).unsqueeze(1)
+            return self.b(nn.functional.scaled_dot_product_attention(h, h, h).squeeze(1))
+
+    # backward: b (256 of 768 MACs) makes half the bytes; then the attention, then a
+    for device in ("cpu", "meta"):
+        net = Scores().to(device)
+        assert gradient_ready_at(net, torch.zeros(1, 4, 8, device=device), points=2) == \
+            (round(256 / 768, 3), 1.0), device
+
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.m = nn.MultiheadAttention(8, 1, batch_first=True)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(self.m(h, h, h)[0])
+
+    # rows: a (256 MACs, 72 parameters); the attention (its projections in, 768, scores and
+    # values, 256, and out, 256: 1280) with 216 + 72 parameters; b (256, 72). Of 1792 and 432:
+    # b's sixth at 256/1792, the attention's four sixths at 1536/1792, a's at the end
+    ready = gradient_ready_at(Heads(), torch.zeros(1, 4, 8), points=6)
+    assert ready == (round(256 / 1792, 3),) + (round(1536 / 1792, 3),) * 4 + (1.0,)
 
 
 def test_readiness_moves_buckets_and_tensor_fusion_sends_what_is_ready():

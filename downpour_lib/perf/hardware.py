@@ -495,11 +495,10 @@ def model_entry(model: str, dataset: str, data_dir: str | os.PathLike = "data", 
     nothing allocated. ``images_per_s``, one device's samples/s alone, is what no count gives:
     measure it on the device (``downpour bench gpu``, or one run's summary) and give it."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from ..data import load_dataset
     from ..models import build_shaped
-    from .terms import gradient_ready_at
+    from .terms import flop_counter, gradient_ready_at
 
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError("batch", batch, "samples per worker per step, an integer >= 1")
@@ -510,7 +509,7 @@ def model_entry(model: str, dataset: str, data_dir: str | os.PathLike = "data", 
     device = next(net.parameters()).device  # meta, unless your constructor computes on tensors
     example = train.batch(torch.arange(1))[0].to(device)
     parameters = sum(p.numel() for p in net.parameters() if p.requires_grad)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with flop_counter() as counter, torch.no_grad():
         net.train()(example)
     language = len(train.input_shape) == 1  # token ids: no images for a pipeline to decode
     entry: dict[str, Any] = {"batch": batch}

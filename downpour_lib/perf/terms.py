@@ -36,7 +36,8 @@ links). Every other published result is a check (``presets.published_checks``), 
   a model whose large layers come last (VGG's fully connected layers: 89 % of its bytes) has most
   of its gradient ready at the start of backward, not spread evenly over it. Measured on the
   model's own layers (parameters and multiply-adds), with backward time taken proportional to
-  multiply-adds (an assumption: memory-bound layers are fast but not free).
+  multiply-adds (an assumption: memory-bound layers are fast but not free); the work between
+  layers that has no parameters (attention's scores) counts too, in the gap backward runs it in.
 """
 
 from __future__ import annotations
@@ -183,37 +184,92 @@ def fit_node_compute(rows: tuple[TableRow, ...] = DGX1_TABLE, added: dict[str, f
     return NodeCompute(**shares, at=at.pop(), source=source)
 
 
+def flop_counter():
+    """torch's ``FlopCounterMode``, which also counts attention on the CPU: there
+    ``scaled_dot_product_attention`` runs a fused kernel torch has no count for (on the meta
+    device, and on GPUs, it counts one already)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def attention(query, key, value, *_args, out_shape=None, **_kwargs) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    fused = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return FlopCounterMode(display=False, custom_mapping={fused: attention} if fused else None)
+
+
 def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
     """When each ``1/points`` of ``model``'s gradient bytes is ready, as shares of backward: the
     k-th number is the share of backward done when (k+1)/points of the bytes are. Backward visits
     the layers with parameters in the reverse of their forward order, each taking time in
     proportion to its forward multiply-adds (convolutions, linear layers; others: one per output
-    element). ``example``: one input batch (its spatial size sets the convolutions' cost)."""
+    element). Work between two such layers that has no parameters of its own (attention's scores
+    and their product with the values; torch's flop counter finds it) is backward's before the
+    earlier layer's gradient: it counts with that layer. A module whose own parameters sit beside
+    its children (a ViT's class token, ``nn.MultiheadAttention``'s input projection) is taken as
+    using them when it starts; its children's parameters that no forward hook sees (such a
+    module's ``out_proj``) count with it. ``example``: one input batch (its spatial size sets the
+    convolutions' cost)."""
     import torch
 
-    layers: list[tuple[int, int]] = []  # (multiply-adds, parameters) in forward order
+    layers: list[list[int]] = []  # [multiply-adds, parameters] in forward order
     seen: set[int] = set()  # a shared weight (a language model's tied head) counts where first used
+    entry: dict[int, int] = {}  # a module with its own parameters: its first row in layers
+    counted = flop_counter()
+    mark = [0]  # the flops counted when the last row's own work ended
 
-    def record(module, _inputs, output) -> None:
-        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        if not own:
-            return
-        params = sum(p.numel() for p in own if id(p) not in seen)
+    def trainable(module) -> list:
+        return [p for p in module.parameters(recurse=False) if p.requires_grad]
+
+    def between() -> None:
+        # parameterless work since the last row's own: backward runs it before that row's
+        # gradient, so it is that row's (before the first row: not backward's at all)
+        flops = counted.get_total_flops()
+        if layers:
+            layers[-1][0] += (flops - mark[0]) // 2
+        mark[0] = flops
+
+    def add(module, macs: int) -> None:
+        own = trainable(module)
+        layers.append([macs, sum(p.numel() for p in own if id(p) not in seen)])
+        entry.setdefault(id(module), len(layers) - 1)
         seen.update(id(p) for p in own)
+
+    def leaf(module) -> bool:
+        return not any(True for c in module.children() for _ in c.parameters())
+
+    def before(module, _inputs) -> None:
+        between()
+        if not leaf(module):
+            add(module, 0)
+
+    def after(module, _inputs, output) -> None:
+        if not leaf(module):
+            return
         macs = output.numel()
         if isinstance(module, torch.nn.Conv2d):
             macs *= module.in_channels // module.groups * math.prod(module.kernel_size)
         elif isinstance(module, torch.nn.Linear):
             macs *= module.in_features
-        layers.append((macs, params))
+        add(module, macs)
+        mark[0] = counted.get_total_flops()
 
-    hooks = [m.register_forward_hook(record) for m in model.modules()]
+    owners = [m for m in model.modules() if trainable(m)]
+    hooks = [h for m in owners for h in (m.register_forward_pre_hook(before),
+                                         m.register_forward_hook(after))]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), counted:
             model.train()(example)
+            between()  # work after the last layer (a head applied as a function) is backward's first
     finally:
         for h in hooks:
             h.remove()
+    # parameters no hook saw count with the nearest module above them that ran (children first)
+    for m in reversed(list(model.modules())):
+        if id(m) in entry:
+            extra = sum(p.numel() for p in m.parameters() if p.requires_grad and id(p) not in seen)
+            seen.update(id(p) for p in m.parameters())
+            layers[entry[id(m)]][1] += extra
     if not layers:
         raise ConfigError("model", type(model).__name__, "a model with trainable parameters")
     total_t, total_b = sum(t for t, _ in layers), sum(b for _, b in layers)
