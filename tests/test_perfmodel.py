@@ -1417,6 +1417,25 @@ def test_attention_between_layers_is_backwards_before_the_earlier_layers_gradien
     assert ready == (round(256 / 1792, 3),) + (round(1536 / 1792, 3),) * 4 + (1.0,)
 
 
+def test_gpt2s_readiness_is_what_an_h200_measured():
+    """GPT-2 small's gradient readiness, counted on the meta device, against the one measured on
+    an H200 in fp32 (results/reference/gpu/ready_at.json: when each tenth of the bytes had its
+    gradient hook fire, batch 16 of 1024 tokens): within 0.01 of backward at every tenth. Left
+    without attention's scores (13 % of its multiply-adds) the count was 0.034 off."""
+    import torch
+
+    from downpour_lib.models import build_model
+    from downpour_lib.perf.terms import gradient_ready_at
+
+    measured = next(r for r in json.loads((ROOT / "results" / "reference" / "gpu" /
+                                           "ready_at.json").read_text())
+                    if r["model"] == "gpt2" and r["precision"] == "fp32")
+    with torch.device("meta"):
+        net = build_model("gpt2", (1024,), 50257)
+        ready = gradient_ready_at(net, torch.randint(0, 50257, (2, 1024)))
+    assert ready == pytest.approx(measured["measured_ready_at"], abs=0.01)
+
+
 def test_readiness_moves_buckets_and_tensor_fusion_sends_what_is_ready():
     """Evenly spread readiness is the old pipeline exactly; front-loaded gradients start the
     link earlier; Tensor Fusion (``bucketing: ready``) against hand-derived references on a
