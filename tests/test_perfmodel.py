@@ -1379,7 +1379,8 @@ def test_attention_between_layers_is_backwards_before_the_earlier_layers_gradien
     runs them between two layers' gradients: hand-derived references, on the CPU (whose fused
     attention kernel torch does not count) and on the meta device. ``nn.MultiheadAttention``
     keeps its input projection beside its ``out_proj`` and never calls that as a module: both
-    count where it starts (the old count died on its tuple output)."""
+    count where it starts (the old count died on its tuple output, as on an LSTM's). A layer of
+    raw weights counts the products the flop counter finds in it."""
     import torch
     from torch import nn
 
@@ -1415,6 +1416,21 @@ def test_attention_between_layers_is_backwards_before_the_earlier_layers_gradien
     # b's sixth at 256/1792, the attention's four sixths at 1536/1792, a's at the end
     ready = gradient_ready_at(Heads(), torch.zeros(1, 4, 8), points=6)
     assert ready == (round(256 / 1792, 3),) + (round(1536 / 1792, 3),) * 4 + (1.0,)
+
+    class Raw(nn.Module):  # a layer of its own weights, no Linear: 4 x 8 x 8 = 256 MACs
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(8, 8))
+
+        def forward(self, x):
+            return x @ self.w
+
+    # the Linear (256 MACs, 72 of 136 parameters) is ready at half of backward, not at 256/288
+    assert gradient_ready_at(nn.Sequential(Raw(), nn.Linear(8, 8)), torch.zeros(4, 8),
+                             points=2) == (0.5, 1.0)
+    # an LSTM returns (output, state): read, not refused
+    lstm = nn.LSTM(8, 16, batch_first=True)
+    assert gradient_ready_at(lstm, torch.zeros(2, 5, 8))[-1] == 1.0
 
 
 def test_gpt2s_readiness_is_what_an_h200_measured():

@@ -203,7 +203,8 @@ def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
     k-th number is the share of backward done when (k+1)/points of the bytes are. Backward visits
     the layers with parameters in the reverse of their forward order, each taking time in
     proportion to its forward multiply-adds (convolutions, linear layers; others: one per output
-    element). Work between two such layers that has no parameters of its own (attention's scores
+    element; a layer holding raw weights, what the flop counter finds it multiply). Work between
+    two such layers that has no parameters of its own (attention's scores
     and their product with the values; torch's flop counter finds it) is backward's before the
     earlier layer's gradient: it counts with that layer. A module whose own parameters sit beside
     its children (a ViT's class token, ``nn.MultiheadAttention``'s input projection) is taken as
@@ -246,13 +247,16 @@ def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
     def after(module, _inputs, output) -> None:
         if not leaf(module):
             return
-        macs = output.numel()
+        while isinstance(output, (tuple, list)) and output:  # an RNN's (output, state): the output
+            output = output[0]
+        macs = output.numel() if isinstance(output, torch.Tensor) else 0
         if isinstance(module, torch.nn.Conv2d):
             macs *= module.in_channels // module.groups * math.prod(module.kernel_size)
         elif isinstance(module, torch.nn.Linear):
             macs *= module.in_features
-        add(module, macs)
-        mark[0] = counted.get_total_flops()
+        flops = counted.get_total_flops()  # its own products, where it holds raw weights
+        add(module, max(macs, (flops - mark[0]) // 2))
+        mark[0] = flops
 
     owners = [m for m in model.modules() if trainable(m)]
     hooks = [h for m in owners for h in (m.register_forward_pre_hook(before),
