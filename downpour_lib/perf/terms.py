@@ -204,13 +204,12 @@ def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
     the layers with parameters in the reverse of their forward order, each taking time in
     proportion to its forward multiply-adds (convolutions, linear layers; others: one per output
     element; a layer holding raw weights, what the flop counter finds it multiply). Work between
-    two such layers that has no parameters of its own (attention's scores
-    and their product with the values; torch's flop counter finds it) is backward's before the
-    earlier layer's gradient: it counts with that layer. A module whose own parameters sit beside
-    its children (a ViT's class token, ``nn.MultiheadAttention``'s input projection) is taken as
-    using them when it starts; its children's parameters that no forward hook sees (such a
-    module's ``out_proj``) count with it. ``example``: one input batch (its spatial size sets the
-    convolutions' cost)."""
+    two such layers that has no parameters of its own (attention's scores and their product with
+    the values; torch's flop counter finds it) is backward's before the earlier layer's gradient:
+    it counts with that layer. A module whose own parameters sit beside its children (a ViT's
+    class token, ``nn.MultiheadAttention``'s input projection) is taken as using them when it
+    starts; its children's parameters that no forward hook sees (such a module's ``out_proj``)
+    count with it. ``example``: one input batch (its spatial size sets the convolutions' cost)."""
     import torch
 
     layers: list[list[int]] = []  # [multiply-adds, parameters] in forward order
