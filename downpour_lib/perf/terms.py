@@ -26,8 +26,7 @@ links). Every other published result is a check (``presets.published_checks``), 
 - **The slowest of N** (``straggler_factor``): a synchronous step waits for the slowest worker.
   With independent normal step times of coefficient of variation ``cv`` the expected maximum of N
   is ``mean * (1 + cv * e_N)``, ``e_N`` the expected largest of N standard normals, integrated
-  (``expected_max_of_normals``: 0.56 at N=2, 3.04 at 512; the asymptote ``sqrt(2 ln N)`` it
-  replaces gave 1.18 and 3.53). ``cv`` joins a step's jitter, which averages out over the passes a
+  (``expected_max_of_normals``). ``cv`` joins a step's jitter, which averages out over the passes a
   step accumulates, and the devices' own spread, which does not (``DEVICE_SPREAD_RANGE``); across
   nodes, the nodes' own spread too (``NODE_SPREAD_RANGE``), which a node's devices share.
 - **The collective chosen per size and N** (``netmodel.nccl_choices``): what NCCL's tuner would
@@ -299,7 +298,8 @@ def _max_of_normals_moment(n: int, k: int) -> float:
 
 
 def expected_max_of_normals(n: int) -> float:
-    """The expected largest of ``n`` independent standard normals (0 for one)."""
+    """The expected largest of ``n`` independent standard normals (0 for one): 0.56 at 2, 3.04 at
+    512, where the asymptote ``sqrt(2 ln n)`` it replaces gave 1.18 and 3.53."""
     return 0.0 if n <= 1 else _max_of_normals_moment(n, 1)
 
 
