@@ -498,7 +498,7 @@ def model_entry(model: str, dataset: str, data_dir: str | os.PathLike = "data", 
 
     from ..data import load_dataset
     from ..models import build_shaped
-    from .terms import flop_counter, gradient_ready_at
+    from .terms import forward_layers, ready_shares
 
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError("batch", batch, "samples per worker per step, an integer >= 1")
@@ -509,14 +509,13 @@ def model_entry(model: str, dataset: str, data_dir: str | os.PathLike = "data", 
     device = next(net.parameters()).device  # meta, unless your constructor computes on tensors
     example = train.batch(torch.arange(1))[0].to(device)
     parameters = sum(p.numel() for p in net.parameters() if p.requires_grad)
-    with flop_counter() as counter, torch.no_grad():
-        net.train()(example)
+    layers, multiply_adds = forward_layers(net, example)  # one forward gives both counts
     language = len(train.input_shape) == 1  # token ids: no images for a pipeline to decode
     entry: dict[str, Any] = {"batch": batch}
     if images_per_s is not None:
         entry["images_per_s"] = images_per_s
-    entry.update(parameters=parameters, multiply_adds=float(f"{counter.get_total_flops() / 2:.4g}"),
-                 ready_at=list(gradient_ready_at(net, example)))
+    entry.update(parameters=parameters, multiply_adds=float(f"{multiply_adds:.4g}"),
+                 ready_at=list(ready_shares(layers)))
     if language:
         entry["node_compute"] = "none"
     entry["source"] = (f"parameters, multiply_adds (one sample of {dataset}, "

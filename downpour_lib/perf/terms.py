@@ -199,10 +199,17 @@ def flop_counter():
 
 def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
     """When each ``1/points`` of ``model``'s gradient bytes is ready, as shares of backward: the
-    k-th number is the share of backward done when (k+1)/points of the bytes are. Backward visits
-    the layers with parameters in the reverse of their forward order, each taking time in
-    proportion to its forward multiply-adds (convolutions, linear layers; others: one per output
-    element; a layer holding raw weights, what the flop counter finds it multiply). Work between
+    k-th number is the share of backward done when (k+1)/points of the bytes are
+    (``ready_shares`` of ``forward_layers``)."""
+    return ready_shares(forward_layers(model, example)[0], points)
+
+
+def forward_layers(model, example) -> tuple[list[list[int]], int]:
+    """The layers with parameters in ``model``'s forward order, ``[multiply-adds, parameters]``
+    each, and the multiply-adds of the whole forward (torch's flop counter's). Backward visits
+    them in reverse, each taking time in proportion to its forward multiply-adds (convolutions,
+    linear layers; others: one per output element; a layer holding raw weights, what the flop
+    counter finds it multiply). Work between
     two such layers that has no parameters of its own (attention's scores and their product with
     the values; torch's flop counter finds it) is backward's before the earlier layer's gradient:
     it counts with that layer. A module whose own parameters sit beside its children (a ViT's
@@ -274,6 +281,11 @@ def gradient_ready_at(model, example, points: int = 10) -> tuple[float, ...]:
             layers[entry[id(m)]][1] += extra
     if not layers:
         raise ConfigError("model", type(model).__name__, "a model with trainable parameters")
+    return layers, counted.get_total_flops() // 2
+
+
+def ready_shares(layers: list[list[int]], points: int = 10) -> tuple[float, ...]:
+    """``gradient_ready_at`` from ``forward_layers``' rows: backward runs them in reverse."""
     total_t, total_b = sum(t for t, _ in layers), sum(b for _, b in layers)
     done_t = done_b = 0
     ready: list[float] = []
