@@ -108,7 +108,7 @@ def test_an_evaluation_of_some_samples_reads_them_evenly_over_the_split():
     is sorted by class, so its first N could be one class), through workers as inline, and its
     loss and accuracy are those of exactly those samples; a run's evaluation reports N."""
     assert eval_indices(10, 4) == [0, 2, 5, 7]
-    assert eval_indices(10, 0) == eval_indices(10, 10) == eval_indices(10, 99) == list(range(10))
+    assert [list(eval_indices(10, n)) for n in (0, 10, 99)] == [list(range(10))] * 3
     source = cifar_like(96)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 10))

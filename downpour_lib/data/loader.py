@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -46,7 +46,7 @@ class StepBatches(Sampler):
 class Chunks(Sampler):
     """``indices`` in order, ``batch_size`` samples at a time (epoch 0): evaluation."""
 
-    def __init__(self, indices: list[int], batch_size: int) -> None:
+    def __init__(self, indices: Sequence[int], batch_size: int) -> None:
         self.indices, self.batch_size = indices, batch_size
 
     def __len__(self) -> int:
@@ -57,12 +57,13 @@ class Chunks(Sampler):
             yield [(0, i) for i in self.indices[start:start + self.batch_size]]
 
 
-def eval_indices(size: int, samples: int = 0) -> list[int]:
-    """The samples of a split of ``size`` an evaluation reads: all of them, or ``samples`` of them
-    spread evenly over it (the i-th at ``i * size // samples``), not the first ones: an
-    ImageFolder's split is sorted by class, and a text's validation split by file."""
+def eval_indices(size: int, samples: int = 0) -> Sequence[int]:
+    """The samples of a split of ``size`` an evaluation reads: all of them (a range: its length
+    costs nothing), or ``samples`` of them spread evenly over it (the i-th at
+    ``i * size // samples``), not the first ones: an ImageFolder's split is sorted by class, and a
+    text's validation split by file."""
     if not samples or samples >= size:
-        return list(range(size))
+        return range(size)
     return [i * size // samples for i in range(samples)]
 
 
