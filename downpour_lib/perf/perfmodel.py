@@ -282,14 +282,30 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
     step is the one that rate implies), the band in ``step_s_low``/``high`` and
     ``efficiency_low``/``high``. The efficiency's band also holds how far one measurement of it
     lies from another (``terms.MEASUREMENT_SPREAD``): the band is what a run of it would measure."""
+    return _merged(cal, *predict_ends(cal, algorithm, workers, model, options, steps))
+
+
+def predict_ends(cal: Calibration, algorithm: str, workers: int, model: str,
+                 options: dict[str, Any] | None = None,
+                 steps: int | None = None) -> tuple[Prediction, Prediction]:
+    """``algorithm``'s prediction at the favourable and at the unfavourable end of what ``cal``
+    did not measure (``unknown_ends``); where it measured everything, the one point twice."""
     ends = unknown_ends(cal)
     if ends is None:
-        return _predict(cal, algorithm, workers, model, options, steps)
+        point = _predict(cal, algorithm, workers, model, options, steps)
+        return point, point
     best, worst = (_predict(e, algorithm, workers, model, options, steps) for e in ends)
-    w = cal.workload(model)
-    spread = MEASUREMENT_SPREAD if workers > 1 else 0.0
+    return best, worst
+
+
+def _merged(cal: Calibration, best: Prediction, worst: Prediction) -> Prediction:
+    """The prediction a user reads from its two ends (``predict``)."""
+    if best is worst:
+        return best
+    w = cal.workload(best.model)
+    spread = MEASUREMENT_SPREAD if best.workers > 1 else 0.0
     samples = (best.samples_per_s + worst.samples_per_s) / 2
-    step = workers * w.batch_size * w.accumulation / samples
+    step = best.workers * w.batch_size * w.accumulation / samples
     return replace(worst, calibration=cal.name, step_s=step, samples_per_s=samples,
                    efficiency=(best.efficiency + worst.efficiency) / 2,
                    compute_s=(best.compute_s + worst.compute_s) / 2,
@@ -299,6 +315,19 @@ def predict(cal: Calibration, algorithm: str, workers: int, model: str,
                    step_s_low=best.step_s, step_s_high=worst.step_s,
                    efficiency_low=worst.efficiency * (1 - spread),
                    efficiency_high=best.efficiency * (1 + spread))
+
+
+def relative(ends: tuple[Prediction, Prediction],
+             base: tuple[Prediction, Prediction]) -> tuple[float, float, float]:
+    """How many times ``base``'s throughput a worker of ``ends`` has (``predict_ends`` of each:
+    another algorithm at the same workers, or the same one at other workers, against one node),
+    where the two share their hardware: what neither measured sits at the same end in both, so
+    each end is divided by the same end. The middle of the two ratios, the lower and the
+    higher, each moved out by how far two measured runs lie apart (``terms.MEASUREMENT_SPREAD``):
+    a ratio of two runs strays by that much whatever the model knows."""
+    ratios = [p.efficiency / b.efficiency for p, b in zip(ends, base, strict=True)]
+    return (sum(ratios) / 2, min(ratios) * (1 - MEASUREMENT_SPREAD),
+            max(ratios) * (1 + MEASUREMENT_SPREAD))
 
 
 def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
@@ -383,7 +412,25 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
 
 
 def predict_rows(cal: Calibration, algorithms: list[str], workers: list[int], model: str,
-                 options: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Every algorithm at every worker count, as rows (the CSV and JSON of ``downpour model``)."""
-    return [predict(cal, a, n, model, (options or {}).get(a)).row()
-            for a in algorithms for n in workers]
+                 options: dict[str, dict[str, Any]] | None = None,
+                 against: str | None = None) -> list[dict[str, Any]]:
+    """Every algorithm at every worker count, as rows (the CSV and JSON of ``downpour model``);
+    with ``against``, each row's ``speedup`` over that algorithm at its worker count and the band
+    of it (``speedup_low``, ``speedup_high``: ``relative``), and ``verdict``: ``faster`` or
+    ``slower`` where the whole band says so, else ``either`` (``reference``: its own rows)."""
+    options = options or {}
+    ends = {(a, n): predict_ends(cal, a, n, model, options.get(a))
+            for a in dict.fromkeys([*algorithms, *([against] if against else [])]) for n in workers}
+    rows = []
+    for a in algorithms:
+        for n in workers:
+            row = _merged(cal, *ends[a, n]).row()
+            if against == a:
+                row.update(against=a, speedup=1.0, speedup_low=1.0, speedup_high=1.0,
+                           verdict="reference")
+            elif against:
+                point, low, high = relative(ends[a, n], ends[against, n])
+                row.update(against=against, speedup=point, speedup_low=low, speedup_high=high,
+                           verdict="faster" if low > 1 else "slower" if high < 1 else "either")
+            rows.append(row)
+    return rows
