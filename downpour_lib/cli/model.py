@@ -189,6 +189,9 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", default="allreduce",
                    help=f"comma-separated, of {', '.join(MODELLED_ALGORITHMS)}")
     p.add_argument("--workers", type=worker_counts, default=[8, 64, 512], help="comma-separated counts")
+    p.add_argument("--against", default=None, metavar="ALGORITHM",
+                   help="each row's speedup over this algorithm at its workers, with the band "
+                        "of it (default: the first of several --algorithm)")
     p.add_argument("--collective", choices=COLLECTIVES, default=None,
                    help="the allreduce algorithm (default: the calibration's; auto: what NCCL's "
                         "tuner would run per bucket, ring or tree under LL, LL128 or Simple)")
@@ -351,20 +354,33 @@ def cmd_predict(args: argparse.Namespace) -> int:
                               f"the model reads {', '.join(readable_options(algorithm))} of "
                               f"{algorithm}")
         options.setdefault(algorithm, {})[key] = value
-    rows = predict_rows(cal, algorithms, args.workers, args.model, options)
+    against = args.against if args.against is not None else \
+        algorithms[0] if len(algorithms) > 1 else None
+    if against is not None and against not in MODELLED_ALGORITHMS:
+        from ..errors import unknown_name
+
+        raise unknown_name("against", against, MODELLED_ALGORITHMS)
+    rows = predict_rows(cal, algorithms, args.workers, args.model, options, against)
     table = pd.DataFrame(rows)
     print(f"calibration {cal.name}" + (f" ({path})" if path else "") + f": {cal.source}")
     columns = ["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]
     from ..perf.perfmodel import unknown_ends
     from ..perf.terms import MEASUREMENT_SPREAD
 
+    spread = f"{100 * MEASUREMENT_SPREAD:.2f} %"
     if unknown_ends(cal) is not None:
         print("not measured: " + ", ".join(unmeasured(cal)) + ". efficiency is the middle of the "
               "band they give together (efficiency_low, efficiency_high; band: its width in points), "
-              f"each end moved out {100 * MEASUREMENT_SPREAD:.2f} % more: how far two runs of one "
-              "setting were measured apart")
+              f"each end moved out {spread} more: how far two runs of one setting were measured "
+              "apart")
         table["band"] = 100 * (table.efficiency_high - table.efficiency_low)
         columns[5:5] = ["efficiency_low", "efficiency_high", "band"]
+    if against is not None:
+        print(f"speedup: samples/s over {against}'s at the same workers, on the same hardware: what "
+              f"it does not measure at the same end for both (speedup_low, speedup_high, each end "
+              f"moved out {spread}); verdict: faster or slower where the whole band says so, "
+              "else either")
+        columns += ["speedup", "speedup_low", "speedup_high", "verdict"]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.json:
         from ..checkpoint import atomic_write_text

@@ -156,6 +156,10 @@ class Calibration:
     #: copies, the collective's kernels beside backward), in one sample's compute; None where it
     #: was not measured: a range (``terms.FRAMEWORK_RANGE``). A measured calibration's steps have it.
     framework: float | None = 0.0
+    #: the cross-node link's transport (``terms.TRANSPORT_RATE``) where ``inter_rate`` is its
+    #: published range, so that the link at another line rate takes that rate's range
+    #: (``hardware.with_fields``); None where the rate was measured or fitted
+    inter_transport: str | None = None
 
     def __post_init__(self) -> None:
         # a JSON list reads back as the tuple

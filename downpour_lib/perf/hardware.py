@@ -354,7 +354,14 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
         device_spread_high=None if "device_spread" in d else DEVICE_SPREAD_RANGE[1],
         node_spread_high=None if "node_spread" in d else NODE_SPREAD_RANGE[1],
-        framework=framework)
+        framework=framework, inter_transport=_published_transport(links.get("inter")))
+
+
+def _published_transport(d: Any) -> str | None:
+    """The transport of a link (a checked ``links.inter``) whose rate is its published range."""
+    if not isinstance(d, dict) or d.get("transport") is None:
+        return None
+    return d["transport"] if d.get("efficiency", "published") == "published" else None
 
 
 def load_hardware(path: str | os.PathLike) -> Calibration:
@@ -471,6 +478,7 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
              "framework": framework, "node_compute": node_compute, **overlap}
     given = ", ".join(f"{k}={v}" for k, v in named.items() if v is not None)
     fields = {"network": network, "inter_rate": inter_rate, **overlap,
+              "inter_transport": inter_transport if inter_gbit is not None else cal.inter_transport,
               "source": f"{cal.source}; given: {given}" if given else cal.source}
     if jitter is not None:
         fields.update(jitter=jitter, jitter_high=None)

@@ -18,15 +18,14 @@ study's measured points are ``scaling_model_plots.scaling_model_figure``, drawn 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from ..perf.calibration import Calibration
+from ..perf.hardware import with_fields
 from ..perf.netmodel import GBIT, Link
 from ..perf.perfmodel import predict_rows
-from ..perf.terms import LINK_EFFICIENCY
 from .core import RESULTS_ROOT, host_dirname
 from .figures import figure_row
 
@@ -133,50 +132,75 @@ def map_preset(preset: str, model: str, algorithms, gbits) -> Calibration:
 def fastest_map(cal: Calibration, algorithms, model: str, workers=WORKERS[1:],
                 gbits=(1, 10, 25, 100, 400)) -> pd.DataFrame:
     """Every algorithm's throughput at every (workers, Gbit/s of a node's card), and which is fastest
-    there; the card's latency stays the calibration's."""
+    there; the card's latency stays the calibration's, and what a collective gets of its line
+    rate is the range of the calibration's transport (``terms.transport_rate``) or the fitted
+    share (``terms.LINK_EFFICIENCY``)."""
     rows = []
     for rate in gbits:
-        # a line rate: what a collective gets of it is the fitted share
-        net = replace(cal.network, inter=Link(cal.network.inter.alpha_s,
-                                              rate * GBIT * LINK_EFFICIENCY))
-        at = replace(cal, network=net)
+        at = with_fields(cal, inter_gbit=rate, inter_transport=cal.inter_transport)
         for r in predict_rows(at, list(algorithms), list(workers), model):
             rows.append({**r, "gbit": rate})
     table = pd.DataFrame(rows)
-    # within 1% of the best counts as a tie, won by the algorithm listed first (list the exact ones,
-    # allreduce, first: at equal speed an exact average beats an approximate one)
-    top = table.groupby(["gbit", "workers"]).samples_per_s.transform("max")
-    near = table[table.samples_per_s >= 0.99 * top]
-    table["fastest"] = table.index.isin(near.groupby(["gbit", "workers"]).head(1).index)
+    table["fastest"] = _fastest(table, table.samples_per_s)
+    # the same at each end of what the calibration does not measure (one model and batch, so the
+    # shorter step is the higher throughput): the cell is settled where the same one wins at both
+    ends = [table.loc[_fastest(table, 1 / table[end]), ["gbit", "workers", "algorithm"]]
+            for end in ("step_s_low", "step_s_high")]
+    winners = table[table.fastest][["gbit", "workers", "algorithm"]]
+    for i, end in enumerate(ends):
+        winners = winners.merge(end.rename(columns={"algorithm": f"end{i}"}), on=["gbit", "workers"])
+    winners["contender"] = [", ".join(dict.fromkeys(e for e in (e0, e1) if e != a)) for a, e0, e1
+                            in zip(winners.algorithm, winners.end0, winners.end1, strict=True)]
+    table = table.merge(winners[["gbit", "workers", "contender"]], on=["gbit", "workers"])
+    table["settled"] = table.contender == ""
     return table
+
+
+def _fastest(table: pd.DataFrame, rate: pd.Series) -> pd.Series:
+    """Which row of each (gbit, workers) is fastest by ``rate``: within 1% of the best counts as a
+    tie, won by the algorithm listed first (list the exact ones, allreduce, first: at equal speed
+    an exact average beats an approximate one)."""
+    top = rate.groupby([table.gbit, table.workers]).transform("max")
+    near = table[rate >= 0.99 * top]
+    return pd.Series(table.index.isin(near.groupby(["gbit", "workers"]).head(1).index),
+                     index=table.index)
 
 
 def fastest_map_figure(table: pd.DataFrame):
     """A grid over workers x bandwidth, each cell coloured by its fastest algorithm and labelled
-    with it and its efficiency."""
+    with it and its efficiency; hatched, and naming them, where other algorithms are the fastest
+    at an end of what the calibration does not measure (``fastest_map``'s ``contender``)."""
     best = table[table.fastest].copy()
     names = sorted(table.algorithm.unique())
     workers = sorted(best.workers.unique())
     gbits = sorted(best.gbit.unique())
     fig, (ax,) = figure_row(1, max(7.0, 0.75 * len(workers) + 2))
     from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Rectangle
 
     grid = best.pivot(index="gbit", columns="workers", values="algorithm").loc[gbits, workers]
     codes = grid.apply(lambda col: col.map(names.index))
     ax.imshow(codes.to_numpy(dtype=float), cmap=ListedColormap([f"C{i}" for i in range(len(names))]),
               vmin=-0.5, vmax=len(names) - 0.5, aspect="auto", origin="lower", alpha=0.55)
     eff = best.pivot(index="gbit", columns="workers", values="efficiency").loc[gbits, workers]
+    rival = best.pivot(index="gbit", columns="workers", values="contender").loc[gbits, workers]
     for y, rate in enumerate(gbits):
         for x, n in enumerate(workers):
-            ax.text(x, y, f"{grid.loc[rate, n]}\n{eff.loc[rate, n]:.0%}", ha="center",
+            other = rival.loc[rate, n]
+            ax.text(x, y, f"{grid.loc[rate, n]}\n{eff.loc[rate, n]:.0%}"
+                    + "".join(f"\nor {o}" for o in other.split(", ") if o), ha="center",
                     va="center", fontsize=6.5)
+            if other:
+                ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch="///",
+                                       edgecolor="0.55", lw=0))
     ax.set_xticks(range(len(workers)), [str(n) for n in workers])
     ax.set_yticks(range(len(gbits)), [f"{g:g}" for g in gbits])
     ax.set_xlabel("workers")
     ax.set_ylabel("Gbit/s of a node's card")
     first = table.iloc[0]
     ax.set_title(f"Fastest algorithm (and its efficiency), {first.model}, calibration "
-                 f"{first.calibration}; of {', '.join(names)}", fontsize=9)
+                 f"{first.calibration}; of {', '.join(names)}; hatched: another wins at one "
+                 "end of what it does not measure", fontsize=9)
     return fig
 
 
