@@ -126,3 +126,49 @@ def test_the_fastest_map_names_the_algorithm_that_wins_at_the_other_end():
     figure = model_plots.fastest_map_figure(table)
     labels = [t.get_text() for t in figure.axes[0].texts]
     assert any("\nor " in label for label in labels), labels
+
+
+def test_a_checks_file_takes_an_algorithm_its_options_and_a_speedup_claim(tmp_path):
+    """perf.checks_file: a row of another algorithm is its efficiency against one worker, as
+    ``predict`` gives it with the row's options; a row with ``against_algorithm`` is a speedup,
+    the same as the package's SGP row where it restates it."""
+    from downpour_lib.errors import ConfigError
+    from downpour_lib.perf.checks_file import checks_from_file
+    from downpour_lib.perf.presets import published_checks
+
+    (tmp_path / "mine.csv").write_text(
+        "claim,hardware,model,workers,algorithm,options,against_algorithm,published\n"
+        "sgp,sgp-v100-10g,resnet50,32,osgp,,allreduce,3.0\n"
+        "local,sgp-v100-10g,resnet50,32,localsgd,period=8,,0.7\n"
+        "ring,sgp-v100-10g,resnet50,32,,,,0.4\n")
+    speedup, local, ring = checks_from_file(tmp_path / "mine.csv")
+    theirs = next(c for c in published_checks() if c.claim.startswith("SGP"))
+    assert (speedup.unit, speedup.kind) == ("speedup", "")
+    assert (speedup.predicted, speedup.low, speedup.high) == (theirs.predicted, theirs.low, theirs.high)
+    cal = PRESETS["sgp-v100-10g"]
+    for check, algorithm, options in ((local, "localsgd", {"period": 8}), (ring, "allreduce", None)):
+        p = predict(cal, algorithm, 32, "resnet50", options)
+        assert (check.unit, check.predicted, check.low, check.high) == (
+            "efficiency", p.efficiency, p.efficiency_low, p.efficiency_high), check
+    assert local.predicted != predict(cal, "localsgd", 32, "resnet50").efficiency  # period read
+    proc = downpour("model", "check", "--checks", str(tmp_path / "mine.csv"))
+    assert proc.returncode == 0, explain(proc)
+    assert "efficiency checks: 2;" in proc.stdout and "speedup checks: 1; inside the band: 0 of 1" \
+        in proc.stdout, proc.stdout
+    header = "claim,hardware,model,workers,against,algorithm,options,against_algorithm,published\n"
+    for row, match in (
+            ("x,sgp-v100-10g,resnet50,32,,localsgd,period=0,,0.7", "row 1 options period=0"),
+            ("x,sgp-v100-10g,resnet50,32,,localsgd,servers=2,,0.7",
+             "row 1 options='servers=2'.*keys a prediction reads: period"),
+            ("x,sgp-v100-10g,resnet50,32,,osgp,,alreduce,3", "row 1 against_algorithm='alreduce'"),
+            ("x,sgp-v100-10g,resnet50,32,,gosip,,,0.5", "row 1 algorithm='gosip'"),
+            ("x,sgp-v100-10g,resnet50,32,4,osgp,,allreduce,3", "row 1 against=4.*empty with against"),
+            ("x,sgp-v100-10g,resnet50,32,,osgp,,allreduce,-1", "row 1 published='-1'.*speedup")):
+        (tmp_path / "bad.csv").write_text(header + row + "\n")
+        with pytest.raises(ConfigError, match=match):
+            checks_from_file(tmp_path / "bad.csv")
+    (tmp_path / "only.csv").write_text(header + "x,sgp-v100-10g,resnet50,32,,osgp,,allreduce,3\n")
+    proc = downpour("model", "check", "--checks", str(tmp_path / "only.csv"), "--figure",
+                    str(tmp_path / "f.png"))
+    assert proc.returncode == 2 and "only speedups" in proc.stderr, explain(proc)
+    assert not (tmp_path / "f.png").exists()

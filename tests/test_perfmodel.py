@@ -1895,15 +1895,16 @@ def test_model_check_draws_each_check_beside_its_band(tmp_path):
 
 
 def test_your_own_results_are_checked_as_the_packages_are(tmp_path):
-    """`downpour model check --checks FILE.csv` (presets.checks_from_file): a reviewer's or a
+    """`downpour model check --checks FILE.csv` (perf.checks_file): a reviewer's or a
     user's own results, a row each naming a preset or a hardware file beside the CSV, checked as
     the package's table is. Rows that restate the package's checks (one worker against 512; 32
     nodes against one at their accumulations; a preset copied to a file of one's own) get their
     point and band exactly; bad input names the row, the field and what would work."""
     import shutil
 
+    from downpour_lib.perf.checks_file import checks_from_file
     from downpour_lib.perf.hardware import HARDWARE_DIR
-    from downpour_lib.perf.presets import check_summary, checks_from_file
+    from downpour_lib.perf.presets import check_summary
 
     shutil.copy(HARDWARE_DIR / "horovod-pascal-25g.yaml", tmp_path / "ours.yaml")
     theirs = {c.claim: c for c in published_checks()}

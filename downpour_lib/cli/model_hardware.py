@@ -196,24 +196,28 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..perf.presets import (
-        check_groups,
-        check_summary,
-        checks_from_file,
-        published_checks,
-        published_table,
-    )
+    from ..perf.checks_file import checks_from_file
+    from ..perf.presets import check_groups, check_summary, published_checks, published_table
 
     if args.figure and Path(args.figure).suffix.lower() not in FIGURE_SUFFIXES:
         raise ConfigError("figure", args.figure, "a file ending in " + ", ".join(FIGURE_SUFFIXES[:-1])
                           + " or " + FIGURE_SUFFIXES[-1])
     # predicted once, for the table, its summaries and the figure
     checks = checks_from_file(args.checks) if args.checks else published_checks()
+    efficiency = any(c.unit == "efficiency" for c in checks)
+    if args.figure and not efficiency:
+        raise ConfigError("figure", args.figure, "the figure draws efficiency rows, and "
+                          f"{args.checks} has only speedups (against_algorithm)")
     table = published_table(checks)
     print(table.drop(columns="source").to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("efficiency checks: " + _summary_line(check_summary(checks)))
+    if efficiency:
+        print("efficiency checks: " + _summary_line(check_summary(checks)))
     for kind, s in check_groups(checks).items():  # where the band holds, and where it does not
         print(f"  {kind}: " + _summary_line(s))
+    speedups = [c for c in checks if c.unit == "speedup"]
+    if speedups:  # one algorithm against another, or one setting against another
+        inside = sum(c.outside_band == 0 for c in speedups)
+        print(f"speedup checks: {len(speedups)}; inside the band: {inside} of {len(speedups)}")
     if args.figure:
         from ..study.figures import save_figure
         from ..study.model_plots import published_figure

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import ConfigError
 from .calibration import Calibration
 from .hardware import FITTED_MODELS, FITTED_ON, load_hardware, preset_files, with_fields
 from .perfmodel import predict, predict_ends, relative
@@ -88,7 +87,7 @@ KINDS = ("images, one node", "images, across nodes", "language models, one node"
 _LANGUAGE_MODELS = ("bert-", "transformer-xl", "gpt")  # language models, by name
 
 
-def _kind(cal: Calibration, model: str, workers: int) -> str:
+def kind_of(cal: Calibration, model: str, workers: int) -> str:
     models = "language models" if model.startswith(_LANGUAGE_MODELS) else "images"
     return f"{models}, {'one node' if workers <= cal.network.per_node else 'across nodes'}"
 
@@ -99,7 +98,7 @@ def _efficiency(claim: str, source: str, preset: str | Calibration, model: str, 
     cal = PRESETS[preset] if isinstance(preset, str) else preset
     p = predict(cal, "allreduce", workers, model)
     return Published(claim, source, published, p.efficiency, "efficiency", tolerance,
-                     p.efficiency_low, p.efficiency_high, fitted, _kind(cal, model, workers))
+                     p.efficiency_low, p.efficiency_high, fitted, kind_of(cal, model, workers))
 
 
 #: NVIDIA's DeepLearningExamples ResNet-50 v1.5 PyTorch README: training throughput, 1 and 8 GPUs
@@ -273,26 +272,27 @@ def _against_one_node(preset: str, model: str, rows, claim: str, source: str) ->
     cal = PRESETS[preset]
     per_node = cal.network.per_node
     (_, acc_one, one), *more = rows
-    base = _accumulating(cal, model, acc_one, per_node)
+    base = accumulating(cal, model, acc_one, per_node)
     out = []
     for nodes, accumulation, rate in more:
-        point, low, high = relative(_accumulating(cal, model, accumulation, per_node * nodes), base)
+        point, low, high = relative(accumulating(cal, model, accumulation, per_node * nodes), base)
         out.append(Published(claim.format(nodes=nodes, gpus=per_node * nodes, passes=accumulation),
                              source, rate / one / nodes, point, "efficiency", "reported", low, high,
-                             kind=_kind(cal, model, per_node * nodes)))
+                             kind=kind_of(cal, model, per_node * nodes)))
     return out
 
 
-def _accumulating(cal: Calibration, model: str, accumulation: int | None, workers: int):
-    """``predict_ends`` of allreduce training ``model`` at ``workers``, each step accumulating
-    ``accumulation`` passes (None: the calibration's)."""
+def accumulating(cal: Calibration, model: str, accumulation: int | None, workers: int,
+                 algorithm: str = "allreduce", options: dict | None = None):
+    """``predict_ends`` of ``algorithm`` (with ``options``) training ``model`` at ``workers``,
+    each step accumulating ``accumulation`` passes (None: the calibration's)."""
     from dataclasses import replace
 
     w = cal.workloads[model]
     if accumulation is not None:
         w = replace(w, accumulation=accumulation)
-    return predict_ends(replace(cal, workloads={**cal.workloads, model: w}), "allreduce", workers,
-                        model)
+    return predict_ends(replace(cal, workloads={**cal.workloads, model: w}), algorithm, workers,
+                        model, options)
 
 
 def _bert_checks(source: str = _BERT, one_node=BERT_ONE_NODE, preset: str = BERT_PRESET,
@@ -489,95 +489,3 @@ def published_table(checks: list[Published] | None = None):
                           "outside_band": c.outside_band, "agreement": c.tolerance,
                           "source": c.source}
                          for c in (checks if checks is not None else published_checks())])
-
-
-#: a checks file's columns (``checks_from_file``): those every row gives, then the optional ones
-CHECK_COLUMNS = ("claim", "hardware", "model", "workers", "published")
-CHECK_OPTIONAL = ("source", "against", "accumulation", "against_accumulation")
-
-
-def checks_from_file(path) -> list[Published]:
-    """Scaling results of your own (published, or measured on your cluster) as checks, from a CSV
-    with a row each: ``claim``; ``hardware``, a preset's name or a hardware YAML file (a path
-    relative to the CSV's folder); ``model``, one of that file's; ``workers``; ``published``, the
-    efficiency measured at ``workers`` against ``against`` workers (a share: 0.9 for 90 %).
-    Optional: ``source``; ``against`` (1 when empty: against one worker alone; a node's devices
-    for "N nodes against one node"); ``accumulation`` and ``against_accumulation``, the passes a
-    step each run accumulated (the hardware file's when empty). Each row is predicted as the
-    package's own checks are (``published_checks``): synchronous allreduce, the band of what the
-    hardware file does not measure, its middle the point."""
-    from pathlib import Path
-
-    import pandas as pd
-
-    path = Path(path)
-    try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except FileNotFoundError:
-        raise ConfigError("checks", str(path), "no such file: a CSV with columns "
-                          + ", ".join(CHECK_COLUMNS)) from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ConfigError("checks", str(path), f"not a CSV ({str(exc).strip()})") from None
-    missing = [c for c in CHECK_COLUMNS if c not in table.columns]
-    unknown = [c for c in table.columns if c not in CHECK_COLUMNS + CHECK_OPTIONAL]
-    if missing or unknown or table.empty:
-        why = (f"lacks {', '.join(missing)}" if missing else
-               f"has unknown columns {', '.join(unknown)}" if unknown else "has no rows")
-        raise ConfigError("checks", str(path), f"{why}: give a row a check with "
-                          + ", ".join(CHECK_COLUMNS) + " (optional: " + ", ".join(CHECK_OPTIONAL)
-                          + ")")
-    hardware: dict[str, Calibration] = {}  # each file read once
-    return [_check_from_row(i, row, path.parent, hardware)
-            for i, row in enumerate(table.to_dict("records"), start=1)]
-
-
-def _check_from_row(i: int, row: dict[str, str], folder, hardware: dict[str, Calibration]) -> Published:
-    """Row ``i`` of a checks file (``checks_from_file``) predicted; ``hardware``: the files read
-    so far, by the name the rows give."""
-    name = row["hardware"].strip()
-    if name not in hardware:
-        if name in PRESETS:
-            hardware[name] = PRESETS[name]
-        elif name.endswith((".yaml", ".yml")):
-            hardware[name] = load_hardware(folder / name)
-        else:
-            raise ConfigError(f"checks row {i} hardware", name, "a preset ("
-                              + ", ".join(PRESETS) + ") or a hardware .yaml file")
-    cal, model = hardware[name], row["model"].strip()
-    if model not in cal.workloads:
-        raise ConfigError(f"checks row {i} model", model, f"{name} has compute for "
-                          + ", ".join(sorted(cal.workloads)))
-    workers = _whole_number(i, "workers", row["workers"], None)
-    against = _whole_number(i, "against", row.get("against", ""), 1)
-    if against > workers:
-        raise ConfigError(f"checks row {i} against", against, f"at most the row's workers ({workers})")
-    own = _whole_number(i, "accumulation", row.get("accumulation", ""), None)
-    theirs = _whole_number(i, "against_accumulation", row.get("against_accumulation", ""), own)
-    try:
-        published = float(row["published"])
-    except ValueError:
-        published = math.nan
-    if not 0 < published <= 1.5:
-        raise ConfigError(f"checks row {i} published", row["published"],
-                          "an efficiency as a share, e.g. 0.9 for 90 %")
-    if against == 1 and own is None:  # as the package's checks against one worker
-        p = predict(cal, "allreduce", workers, model)
-        point, low, high = p.efficiency, p.efficiency_low, p.efficiency_high
-    else:
-        point, low, high = relative(_accumulating(cal, model, own, workers),
-                                    _accumulating(cal, model, theirs, against))
-    return Published(row["claim"].strip(), row.get("source", "").strip(), published, point,
-                     "efficiency", "reported", low, high, kind=_kind(cal, model, workers))
-
-
-def _whole_number(i: int, field: str, text: str, default: int | None) -> int | None:
-    """A checks file's whole number >= 1 in ``field`` of row ``i``; ``default`` where empty."""
-    if text.strip() == "":
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"checks row {i} {field}", text, "a whole number >= 1")
-    return value
