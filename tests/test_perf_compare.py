@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from conftest import downpour, explain
 
@@ -172,3 +173,32 @@ def test_a_checks_file_takes_an_algorithm_its_options_and_a_speedup_claim(tmp_pa
                     str(tmp_path / "f.png"))
     assert proc.returncode == 2 and "only speedups" in proc.stderr, explain(proc)
     assert not (tmp_path / "f.png").exists()
+
+
+def test_model_predict_draws_each_algorithms_band_and_its_speedup(tmp_path):
+    """``model predict --figure``: a curve a panel for each algorithm, its band shaded where the
+    calibration leaves it one, and the speedups beside the efficiencies when there is a reference."""
+    from matplotlib.collections import PolyCollection
+
+    rows = pd.DataFrame(predict_rows(PRESETS["sgp-v100-10g"], ["allreduce", "osgp", "localsgd"],
+                                     [2, 8, 32], "resnet50", against="allreduce"))
+    efficiency, speedup = model_plots.prediction_figure(rows).axes
+    for ax, low, high in ((efficiency, "efficiency_low", "efficiency_high"),
+                          (speedup, "speedup_low", "speedup_high")):
+        assert [line.get_label() for line in ax.get_lines()] == ["allreduce", "osgp", "localsgd"]
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        # allreduce against itself is a point: no band on the speedups
+        assert len(bands) == (3 if ax is efficiency else 2), (ax.get_ylabel(), bands)
+        osgp = rows[rows.algorithm == "osgp"]
+        assert ax.get_lines()[1].get_ydata().tolist() == osgp[low.rsplit("_", 1)[0]].tolist()
+        top = max(v[1] for b in bands for v in b.get_paths()[0].vertices)
+        assert top == pytest.approx(rows[high].max())
+    alone = pd.DataFrame(predict_rows(PRESETS["sgp-v100-10g"], ["osgp"], [2, 8], "resnet50"))
+    assert len(model_plots.prediction_figure(alone).axes) == 1
+    out = tmp_path / "p.png"
+    proc = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
+                    "--algorithm", "allreduce,osgp", "--workers", "2,32", "--figure", str(out))
+    assert proc.returncode == 0 and out.stat().st_size > 0, explain(proc)
+    bad = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
+                   "--figure", str(tmp_path / "p.txt"))
+    assert bad.returncode == 2 and "figure=" in bad.stderr and ".png" in bad.stderr, explain(bad)

@@ -20,7 +20,7 @@ from ..perf.netmodel import COLLECTIVES
 from ..perf.perfmodel import MODELLED_ALGORITHMS, readable_options
 from ..study.core import reference_dir, results_dir
 from ..study.model_plots import model_dir
-from .model_hardware import add_hardware_verbs, data_for, worker_counts
+from .model_hardware import add_hardware_verbs, check_figure_path, data_for, worker_counts
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
 REFERENCE_STUDY = str(reference_dir("scaling") / "runs.csv")
@@ -235,7 +235,10 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                         "localsgd.period=8, downpour.slow_workers=1 (repeat for more)")
     p.add_argument("--json", default=None, help="write the rows here (a JSON list)")
     p.add_argument("--csv", default=None, help="write the rows here")
-    p.set_defaults(func=cmd_predict, output_files=("json", "csv"))
+    p.add_argument("--figure", default=None,
+                   help="draw each algorithm's efficiency and its band over the workers here, and "
+                        "its speedup over --against's (.png, .pdf or .svg)")
+    p.set_defaults(func=cmd_predict, output_files=("json", "csv", "figure"))
 
     p = verbs.add_parser("validate", help="measure and predict across the multi-node Slurm sandbox's "
                                           "shaped links (root)")
@@ -313,6 +316,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ..perf.presets import PRESETS
 
     algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+    check_figure_path(args.figure)
     if args.hardware or args.preset:
         check_names(args.model, algorithms, any_model=bool(args.hardware))
         path = Path(args.hardware) if args.hardware else None
@@ -390,6 +394,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.csv:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
+    if args.figure:
+        from ..study.figures import save_figure
+        from ..study.model_plots import prediction_figure
+
+        print(f"wrote {save_figure(prediction_figure(table), args.figure)}")
     return 0
 
 

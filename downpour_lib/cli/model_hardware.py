@@ -13,8 +13,15 @@ import pandas as pd
 
 from ..errors import ConfigError
 
-#: what ``check --figure`` can write
+#: what ``check --figure`` and ``predict --figure`` can write
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def check_figure_path(path: str | None) -> None:
+    """A ``--figure`` path a figure can be written to, by its suffix (None: no figure asked)."""
+    if path and Path(path).suffix.lower() not in FIGURE_SUFFIXES:
+        raise ConfigError("figure", path, "a file ending in " + ", ".join(FIGURE_SUFFIXES[:-1])
+                          + " or " + FIGURE_SUFFIXES[-1])
 
 
 def add_hardware_verbs(verbs: argparse._SubParsersAction) -> None:
@@ -199,9 +206,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ..perf.checks_file import checks_from_file
     from ..perf.presets import check_groups, check_summary, published_checks, published_table
 
-    if args.figure and Path(args.figure).suffix.lower() not in FIGURE_SUFFIXES:
-        raise ConfigError("figure", args.figure, "a file ending in " + ", ".join(FIGURE_SUFFIXES[:-1])
-                          + " or " + FIGURE_SUFFIXES[-1])
+    check_figure_path(args.figure)
     # predicted once, for the table, its summaries and the figure
     checks = checks_from_file(args.checks) if args.checks else published_checks()
     efficiency = any(c.unit == "efficiency" for c in checks)

@@ -204,6 +204,34 @@ def fastest_map_figure(table: pd.DataFrame):
     return fig
 
 
+def prediction_figure(table: pd.DataFrame):
+    """``downpour model predict``'s rows drawn (``perfmodel.predict_rows``, or its CSV): each
+    algorithm's efficiency over the workers, its band shaded where the calibration left quantities
+    unmeasured; beside it, where the rows carry one, each algorithm's speedup over the reference
+    (``against``) with the band of that comparison, which shares the unknowns."""
+    compare = "speedup" in table and table.speedup.notna().any()
+    fig, axes = figure_row(2 if compare else 1, 10.0 if compare else 5.5)
+    panels = [("efficiency", "efficiency_low", "efficiency_high", "scaling efficiency")]
+    if compare:
+        panels.append(("speedup", "speedup_low", "speedup_high",
+                       f"samples/s over {table.against.dropna().iloc[0]}'s"))
+    for ax, (point, low, high, label) in zip(axes, panels, strict=True):
+        for i, (name, rows) in enumerate(table.groupby("algorithm", sort=False)):
+            rows = rows.sort_values("workers")
+            ax.plot(rows.workers, rows[point], marker="o", ms=3, color=f"C{i}", label=name)
+            if low in rows and (rows[high] > rows[low]).any():
+                ax.fill_between(rows.workers, rows[low], rows[high], color=f"C{i}", alpha=0.18, lw=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    first = table.iloc[0]
+    fig.suptitle(f"{first.model} on {first.calibration}: the point, and shaded the band of what "
+                 "it does not measure", fontsize=9)
+    return fig
+
+
 def published_figure(table: pd.DataFrame):
     """The model against published results (``presets.published_table``, or its CSV), one panel per
     kind of check (``presets.KINDS``): each published efficiency (x) against the model's point
