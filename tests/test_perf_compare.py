@@ -202,3 +202,29 @@ def test_model_predict_draws_each_algorithms_band_and_its_speedup(tmp_path):
     bad = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
                    "--figure", str(tmp_path / "p.txt"))
     assert bad.returncode == 2 and "figure=" in bad.stderr and ".png" in bad.stderr, explain(bad)
+
+
+def test_a_tcp_cards_range_is_taken_again_for_another_count_of_ranks():
+    """A calibration keeps its card's transport (``inter_transport``) where the rate is the
+    published range: more ranks sharing a TCP card take the range again, from its line rate."""
+    from downpour_lib.errors import ConfigError
+    from downpour_lib.perf.hardware import hardware_from_dict
+
+    def card(per_node, **link):
+        return hardware_from_dict({"devices_per_node": per_node,
+                                   "links": {"inter": {"gbit_per_s": 25, **link}},
+                                   "models": {"net": {"batch": 32, "step_s": 0.2,
+                                                      "parameters": 1e6}}})
+
+    one, four, eight = (card(n, transport="tcp") for n in (1, 4, 8))
+    assert (four.inter_transport, card(4, transport="tcp", efficiency=0.5).inter_transport,
+            card(4).inter_transport) == ("tcp", None, None)
+    assert one.inter_rate != four.inter_rate  # one rank a card moves more of it than several
+    with pytest.raises(ConfigError, match="devices_per_node=4 .*--inter-gbit G --inter-transport tcp"):
+        with_fields(one, devices_per_node=4)
+    again = with_fields(one, devices_per_node=4, inter_gbit=25, inter_transport="tcp")
+    assert (again.network.inter, again.inter_rate, again.inter_transport) == (
+        four.network.inter, four.inter_rate, "tcp")
+    more = with_fields(four, devices_per_node=8)  # several ranks either way: the same range
+    assert (more.network.inter, more.inter_rate) == (eight.network.inter, eight.inter_rate)
+    assert with_fields(four, inter_gbit=25).inter_transport is None  # fitted: no range
