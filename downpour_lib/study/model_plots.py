@@ -7,7 +7,10 @@ is fastest.
   as the study's ``predictions.csv``.
 - ``staleness_model_figure``: a measured Downpour staleness distribution beside the simulated one.
 - ``fastest_map`` and ``fastest_map_figure``: for workers x bandwidth of the card between nodes,
-  which algorithm has the highest throughput (notebook 06, "at scale").
+  which algorithm has the highest throughput (notebook 06, "at scale"), and which cells another
+  algorithm wins at an end of what the calibration does not measure.
+- ``prediction_figure``: ``downpour model predict --figure``, each algorithm's efficiency and its
+  speedup over a reference, with their bands.
 - ``published_figure``: the model against published results (``downpour model check``), per kind
   of check: each published efficiency beside the model's point and band.
 
