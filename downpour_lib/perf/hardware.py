@@ -447,17 +447,17 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
     if devices_per_node is not None and not (isinstance(devices_per_node, int)
                                              and devices_per_node >= 1):
         raise ConfigError("devices_per_node", devices_per_node, "an integer >= 1")
+    whole = {k: w.devices_per_worker for k, w in cal.workloads.items() if w.devices_per_worker > 1}
+    if devices_per_node is not None and devices_per_node > 1 and whole:
+        name, devices = next(iter(whole.items()))  # as the file's own check (_workload)
+        raise ConfigError("devices_per_node", devices_per_node, f"1: a worker of {name} is a whole "
+                          f"node of {devices} devices (devices_per_worker), one worker a node")
     if devices_per_node is not None and inter_gbit is None and cal.inter_transport == "tcp" \
             and (devices_per_node > 1) != (cal.network.per_node > 1):
         # one rank a card moves more of it than several sharing its sockets (terms.transport_rate)
         raise ConfigError("devices_per_node", devices_per_node, "give the card's line rate with "
                           "it (--inter-gbit G --inter-transport tcp): a TCP card's range depends "
                           f"on the ranks sharing it, and this one's is for {cal.network.per_node}")
-    whole = {k: w.devices_per_worker for k, w in cal.workloads.items() if w.devices_per_worker > 1}
-    if devices_per_node is not None and devices_per_node > 1 and whole:
-        name, devices = next(iter(whole.items()))  # as the file's own check (_workload)
-        raise ConfigError("devices_per_node", devices_per_node, f"1: a worker of {name} is a whole "
-                          f"node of {devices} devices (devices_per_worker), one worker a node")
     links = {"intra": net.intra, "inter": net.inter}
     inter_rate = cal.inter_rate
     for side, rate, latency in (("intra", intra_gbit, intra_latency_us),
