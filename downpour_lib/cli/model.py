@@ -17,7 +17,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..perf.calibration import Calibration
 from ..perf.netmodel import COLLECTIVES
-from ..perf.perfmodel import MODELLED_ALGORITHMS, readable_options
+from ..perf.perfmodel import MODELLED_ALGORITHMS, option_value, readable_options
 from ..study.core import reference_dir, results_dir
 from ..study.model_plots import model_dir
 from .model_hardware import add_hardware_verbs, check_figure_path, data_for, worker_counts
@@ -113,12 +113,7 @@ def _option(text: str) -> tuple[str, str, object]:
     algorithm, dot, key = head.partition(".")
     if not (sep and dot and algorithm and key and raw):
         raise argparse.ArgumentTypeError(f"{text!r}: give ALG.KEY=VALUE, e.g. downpour.servers=16")
-    for kind in (int, float):
-        try:
-            return algorithm, key, kind(raw)
-        except ValueError:
-            pass
-    return algorithm, key, raw
+    return algorithm, key, option_value(raw)
 
 
 def _overlap(text: str) -> float | None:

@@ -29,7 +29,14 @@ from pathlib import Path
 from ..errors import ConfigError, unknown_name
 from .calibration import Calibration
 from .hardware import load_hardware
-from .perfmodel import MODELLED_ALGORITHMS, options_for, predict, readable_options, relative
+from .perfmodel import (
+    MODELLED_ALGORITHMS,
+    option_value,
+    options_for,
+    predict,
+    readable_options,
+    relative,
+)
 from .presets import PRESETS, Published, accumulating, kind_of
 
 #: a checks file's columns: those every row gives, then the optional ones
@@ -134,21 +141,12 @@ def _options(i: int, algorithm: str, text: str) -> dict[str, object]:
         if not (sep and key and raw) or key not in readable_options(algorithm):
             raise ConfigError(f"checks row {i} options", item, f"KEY=VALUE of {algorithm}, the "
                               "keys a prediction reads: " + ", ".join(readable_options(algorithm)))
-        options[key] = _value(raw)
+        options[key] = option_value(raw)
     try:
         options_for(algorithm, options)
     except ConfigError as exc:
         raise ConfigError(f"checks row {i} options {exc.field}", exc.value, exc.expected) from None
     return options
-
-
-def _value(raw: str) -> object:
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 def _whole_number(i: int, field: str, text: str, default: int | None) -> int | None:

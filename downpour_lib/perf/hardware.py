@@ -178,10 +178,12 @@ def _link(name: str, d: Any) -> Link:
     return _link_range(name, d)[0]
 
 
-def _link_range(name: str, d: Any, per_node: int = 1) -> tuple[Link, tuple[float, float]]:
-    """A link at its point rate, and the factors on that rate at the favourable and unfavourable
+def _link_range(name: str, d: Any,
+                per_node: int = 1) -> tuple[Link, tuple[float, float], str | None]:
+    """A link at its point rate, the factors on that rate at the favourable and unfavourable
     ends of its transport's range with ``per_node`` ranks on its card (``terms.transport_rate``;
-    1, 1 where the efficiency is given as a number or fitted)."""
+    1, 1 where the efficiency is given as a number or fitted), and that transport (None where
+    the rate is no range: ``Calibration.inter_transport``)."""
     if not isinstance(d, dict):
         raise ConfigError(f"links.{name}", d, "a mapping with gbit_per_s, latency_us, efficiency")
     _unknown(f"links.{name}", d, _LINK)
@@ -192,14 +194,14 @@ def _link_range(name: str, d: Any, per_node: int = 1) -> tuple[Link, tuple[float
         raise ConfigError(f"links.{name}.latency_us", latency, "microseconds >= 0, e.g. 5")
     transport = d.get("transport")
     eff = d.get("efficiency", "published" if transport is not None else "fitted")
-    factors = (1.0, 1.0)
+    factors, ranged = (1.0, 1.0), None
     if eff == "published":  # not measured: the transport's published range, its middle the point
         if transport not in TRANSPORT_RATE:
             raise ConfigError(f"links.{name}.transport", transport, "efficiency: published takes "
                               "the range of a transport: " + ", ".join(TRANSPORT_RATE))
         low, high = transport_rate(transport, rate, per_node)
         eff = (low + high) / 2
-        factors = (high / eff, low / eff)
+        factors, ranged = (high / eff, low / eff), transport
     elif transport is not None and transport not in TRANSPORT_RATE:
         raise ConfigError(f"links.{name}.transport", transport, "choose from "
                           + ", ".join(TRANSPORT_RATE))
@@ -207,7 +209,7 @@ def _link_range(name: str, d: Any, per_node: int = 1) -> tuple[Link, tuple[float
     if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
         raise ConfigError(f"links.{name}.efficiency", eff,
                           "a measured share in (0, 1], fitted, or published (with transport)")
-    return Link(latency * 1e-6, rate * GBIT * eff), factors
+    return Link(latency * 1e-6, rate * GBIT * eff), factors, ranged
 
 
 def _host_cores(d: Any) -> int | None:
@@ -315,8 +317,8 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         raise ConfigError("links", links, "a mapping with intra and/or inter links")
     _unknown("links", links, {"intra", "inter"})  # a typo would make one link serve both
     # a file with one link uses it for both, and names it as written in its errors
-    inter, inter_rate = _link_range("inter" if "inter" in links else "intra",
-                                    links.get("inter", links.get("intra")), per_node)
+    inter, inter_rate, transport = _link_range("inter" if "inter" in links else "intra",
+                                               links.get("inter", links.get("intra")), per_node)
     intra = _link("intra" if "intra" in links else "inter", links.get("intra", links.get("inter")))
     node_compute = _node_compute("node_compute", d.get("node_compute", "fitted"), per_node)
     host = d.get("host")
@@ -354,14 +356,7 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         jitter_high=None if "jitter" in d else JITTER_RANGE[1], inter_rate=inter_rate,
         device_spread_high=None if "device_spread" in d else DEVICE_SPREAD_RANGE[1],
         node_spread_high=None if "node_spread" in d else NODE_SPREAD_RANGE[1],
-        framework=framework, inter_transport=_published_transport(links.get("inter")))
-
-
-def _published_transport(d: Any) -> str | None:
-    """The transport of a link (a checked ``links.inter``) whose rate is its published range."""
-    if not isinstance(d, dict) or d.get("transport") is None:
-        return None
-    return d["transport"] if d.get("efficiency", "published") == "published" else None
+        framework=framework, inter_transport=transport)
 
 
 def load_hardware(path: str | os.PathLike) -> Calibration:
@@ -459,7 +454,7 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                           "it (--inter-gbit G --inter-transport tcp): a TCP card's range depends "
                           f"on the ranks sharing it, and this one's is for {cal.network.per_node}")
     links = {"intra": net.intra, "inter": net.inter}
-    inter_rate = cal.inter_rate
+    inter_rate, transport = cal.inter_rate, cal.inter_transport
     for side, rate, latency in (("intra", intra_gbit, intra_latency_us),
                                 ("inter", inter_gbit, inter_latency_us)):
         if rate is None and latency is None:
@@ -471,9 +466,9 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 if rate is not None else 1.0}
         if side == "inter" and rate is not None and inter_transport is not None:
             spec.update(efficiency="published", transport=inter_transport)
-        links[side], factors = _link_range(side, spec, devices_per_node or net.per_node)
+        links[side], factors, ranged = _link_range(side, spec, devices_per_node or net.per_node)
         if side == "inter" and rate is not None:
-            inter_rate = factors
+            inter_rate, transport = factors, ranged
     network = replace(net, intra=links["intra"], inter=links["inter"],
                       per_node=devices_per_node or net.per_node)
     named = {"devices_per_node": devices_per_node, "intra_gbit": intra_gbit,
@@ -483,8 +478,7 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
              "node_spread": node_spread,
              "framework": framework, "node_compute": node_compute, **overlap}
     given = ", ".join(f"{k}={v}" for k, v in named.items() if v is not None)
-    fields = {"network": network, "inter_rate": inter_rate, **overlap,
-              "inter_transport": inter_transport if inter_gbit is not None else cal.inter_transport,
+    fields = {"network": network, "inter_rate": inter_rate, "inter_transport": transport, **overlap,
               "source": f"{cal.source}; given: {given}" if given else cal.source}
     if jitter is not None:
         fields.update(jitter=jitter, jitter_high=None)

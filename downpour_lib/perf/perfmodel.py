@@ -118,6 +118,17 @@ def readable_options(algorithm: str) -> tuple[str, ...]:
     return tuple(k for k in MODELLED_OPTIONS if k in own) + _SIMULATION_ONLY
 
 
+def option_value(raw: str) -> int | float | str:
+    """An option's value as written (``--option ALG.KEY=VALUE``, a checks file's ``options``): an
+    int, else a float, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def traffic(algorithm: str) -> str:
     """What ``algorithm`` sends a step: its options class's ``traffic`` (one of ``TRAFFIC``)."""
     cls = MODELLED_ALGORITHMS[algorithm]
