@@ -1806,8 +1806,9 @@ def test_the_band_is_what_was_not_measured_and_the_point_its_middle():
 def test_model_check_prints_the_goal_numbers():
     """Issue 65, item 4, on the package's own table (presets.published_checks): the point's mean
     absolute error at most 5 points, errors on both sides, bands no wider than 20 points; the
-    command prints those numbers. Where it falls short of the goal: 101 of 126 inside the band
-    (five of six asked: 105), and one error beyond 10 points: NVIDIA's PyTorch BERT at sequence
+    command prints those numbers, and five of six inside the band (105 of 126, with the
+    optimizer's update once a step: ``terms.OPTIMIZER_BYTES``; 101 without it). Where it falls
+    short of the goal: one error beyond 10 points: NVIDIA's PyTorch BERT at sequence
     512 in TF32 at 32 nodes, whose TF32 rows at 512 lose far more across nodes than its
     mixed-precision rows that send half the bytes (nothing in the model loses that). The widest
     band, VGG-16's at 128 GPUs (its overlap, cross-node rate and nodes' spread all ranges), is 19
@@ -1827,7 +1828,7 @@ def test_model_check_prints_the_goal_numbers():
     s = check_summary()
     assert s["mae"] <= 5 and s["below"] and s["above"], s
     assert s["band_max"] <= 20, s  # points
-    assert s["checks"] == 126 and s["inside"] >= 101, s
+    assert s["checks"] == 126 and s["inside"] >= 105, s
     beyond = [c.claim for c in checks if abs(c.error) > 0.10]
     assert beyond == ["BERT-large, sequence 512, TF32: 32 DGX A100 nodes (256 GPUs), 8 passes a "
                       "step, efficiency against 1 node"], beyond
@@ -1842,7 +1843,7 @@ def test_model_check_prints_the_goal_numbers():
     dgx1 = [c for c in checks if "BERT" in c.claim and "DGX-1" in c.claim]  # one node: optimistic
     assert len(dgx1) == 4 and all(0 < c.error < 0.025 for c in dgx1), dgx1
     tf32 = [c.error for c in checks if "sequence 512, TF32:" in c.claim and "nodes" in c.claim]
-    assert tf32 == sorted(tf32) and tf32[-1] > 0.15, tf32  # grows with the nodes
+    assert all(b > a - 0.001 for a, b in zip(tf32, tf32[1:], strict=False)) and tf32[-1] > 0.15, tf32  # grows
     assert all(c.outside_band == 0 for c in checks if "512 GPUs" in c.claim)
     proc = downpour("model", "check")
     assert proc.returncode == 0 and "mean absolute error" in proc.stdout, explain(proc)
@@ -1859,7 +1860,7 @@ def test_model_check_prints_the_goal_numbers():
     elsewhere = [g for kind, g in groups.items() if kind != "language models, across nodes"]
     assert sum(g["inside"] for g in elsewhere) >= 61 and sum(g["checks"] for g in elsewhere) == 68
     lm = groups["language models, across nodes"]
-    assert lm["inside"] >= 40 and lm["checks"] == 58 and lm["above"] > 1.5 * lm["below"], lm
+    assert lm["inside"] >= 44 and lm["checks"] == 58 and lm["above"] > 1.5 * lm["below"], lm
 
 
 def test_model_check_draws_each_check_beside_its_band(tmp_path):
@@ -1981,16 +1982,19 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
         "dgx-a100-bert", model, rows), strict=True)] for model, rows in BERT_NODES.items()}
     assert all(0.2 < s < 0.4 for s in seconds.pop("bert-large-512")), seconds
     assert all(s < 0.1 for lost_s in seconds.values() for s in lost_s), seconds
-    # the model, whose bytes and framework's work (per byte of gradient) halve at 2 bytes, gives
-    # the same order, and (its wait for the slowest node the same for every setting) under a third
-    # of what sequence 512 in TF32 loses
+    # the model, whose bytes and framework's work (per byte of gradient) halve at 2 bytes, and
+    # whose optimizer's update costs mixed precision's shorter passes more, gives sequence 512
+    # at 32 nodes within a point in both precisions, under a third of what TF32 loses
     at_32 = {c.claim.split(":")[0]: c.predicted for claim, c in checks.items() if "32 DGX" in claim}
-    assert at_32["BERT-large, sequence 512, TF32"] < at_32["BERT-large, sequence 512, mixed precision"]
+    assert abs(at_32["BERT-large, sequence 512, TF32"]
+               - at_32["BERT-large, sequence 512, mixed precision"]) < 0.01, at_32
     assert 1 - at_32["BERT-large, sequence 512, TF32"] < lost("bert-large-512") / 3
-    # the other three settings lie on both sides of the point across nodes, each inside its band
+    # the other three settings keep more than the point across nodes, by under 3.5 points, each
+    # inside its band (the optimizer's update at its middle: PyTorch's fused LAMB runs nearer
+    # its low end)
     others = [c for claim, c in checks.items() if "nodes" in claim and "512, TF32" not in claim]
     assert len(others) == 15 and all(c.outside_band == 0 or c.published > 1 for c in others)
-    assert any(c.error > 0 for c in others) and any(c.error < 0 for c in others), others
+    assert all(-0.035 < c.error < 0 for c in others), others
 
 
 def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
@@ -2044,7 +2048,7 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
     """NVIDIA's TensorFlow BERT (Horovod) on DGX A100 40GB nodes (presets.BERT_TF_ONE_NODE,
     BERT_TF_NODES), a check in another framework taken as found. One node's 8 GPUs are within a
     tenth of a point of their bands. Across nodes every setting loses more than the model at 32
-    nodes, by 1.5 to 10 points, its largest error of the three counts of nodes. Counted per pass
+    nodes, by 1 to 10 points, its largest error of the three counts of nodes. Counted per pass
     (one GPU's batch), the README's loss against one node grows with the ranks: at most 9.5 ms at
     32 GPUs, 6-21 at 128, 14-35 at 256 (its optimization.py allreduces a flag every pass: each pass
     waits for every rank; the model's slowest pass of 256 at the jitter's range is under 2.5 ms,
@@ -2064,7 +2068,7 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
                    and "nodes" in c.claim]
         errors = [c.error for c in setting]
         assert len(errors) == 3 and errors[2] == max(errors), (model, errors)
-        assert 0.015 < errors[2] < 0.10, (model, errors)
+        assert 0.01 < errors[2] < 0.10, (model, errors)
         per_pass_ms[model] = [1000 * s for s in lost_a_pass_s(BERT_TF_PRESET, model, rows)]
     at = list(zip(*per_pass_ms.values(), strict=True))  # 32 GPUs, 128, 256: the four settings each
     assert max(at[0]) < 9.5 and 6 < min(at[1]) <= max(at[1]) < 21 and 14 < min(at[2]) < max(at[2]) < 35
@@ -2077,14 +2081,16 @@ def test_bert_in_tensorflow_loses_more_each_pass_as_the_ranks_grow():
 def test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes():
     """NVIDIA's PaddlePaddle BERT (fleet) on the PyTorch README's DGX A100 80GB nodes
     (presets.BERT_PADDLE_ONE_NODE, BERT_PADDLE_NODES), a check taken as found. One node's 8 GPUs
-    are inside their bands. Across nodes every row loses more than the model's point, by under 7
-    points, and 10 of 20 lie inside their bands (the wait for the slowest node, which costs every
-    pass: terms.NODE_SPREAD_RANGE): already at 2 nodes each setting loses 3.5-6 % against one
-    node, below each band, where PyTorch's BERT on the same nodes loses at most 1.4 %. The loss is
-    a share of each pass, not seconds: at each count of nodes the four settings (two precisions,
-    two sequence lengths; passes of 0.12 to 0.42 s) lose within about three points of each other,
-    so the milliseconds a pass lose differ by about three times; at 32 nodes 10-12 %. Its
-    multi-node table's one node is its single-node table's rows, not a run beside the others
+    are inside their bands. Across nodes all rows but one lose more than the model's point, by
+    under 6 points, and 12 of 20 lie inside their bands (the wait for the slowest node, which costs
+    every pass: terms.NODE_SPREAD_RANGE; the one: sequence 128 in mixed precision at 32 nodes, a
+    pass a step, where the optimizer's update once a step costs most): already at 2 nodes each
+    setting loses 3.5-6 % against one node, below each band, where PyTorch's BERT on the same
+    nodes loses at most 1.4 %. The loss is a share of each pass, not seconds: at each count of
+    nodes the four settings (two precisions, two sequence lengths; passes of 0.12 to 0.42 s) lose
+    within about three points of each other, so the milliseconds a pass lose differ by about three
+    times; at 32 nodes 10-12 %. Its multi-node table's one node is its single-node table's rows,
+    not a run beside the others
     (docs/perf_model.md)."""
     from downpour_lib.perf.presets import (
         BERT_NODES,
@@ -2105,8 +2111,9 @@ def test_bert_in_paddlepaddle_loses_a_share_of_each_pass_across_nodes():
     one_node = [c for c in checks if "8 GPUs of a DGX A100" in c.claim]
     assert len(one_node) == 4 and all(c.outside_band == 0 for c in one_node), one_node
     across = [c for c in checks if "nodes" in c.claim]
-    assert len(across) == 20 and all(0.005 < c.error < 0.07 for c in across), across
-    assert sum(c.outside_band == 0 for c in across) >= 10, across
+    assert len(across) == 20 and all(-0.02 < c.error < 0.06 for c in across), across
+    assert sum(c.error > 0 for c in across) == 19, across
+    assert sum(c.outside_band == 0 for c in across) >= 12, across
     assert all(c.outside_band > 0 for c in across if ": 2 DGX A100 nodes" in c.claim), across
 
     shares = {model: lost_share(rows) for model, rows in BERT_PADDLE_NODES.items()}
@@ -2124,9 +2131,9 @@ def test_paddles_eight_messages_are_not_what_the_model_misses():
     gradients into messages of 50 (fuse_grad_size_in_TFLOPS's default, by count where
     fuse_grad_size_in_MB is 0): 8 for BERT-large's 398 tensors. Sent after the last pass, 8 cost
     the model at most 0.3 point against the one its preset assumes; sent as the last pass's
-    backward makes them (overlap not measured: its range), they keep up to 2.7 points more. One
-    message after the last pass is the least the model keeps, and every row lies below even that
-    (docs/perf_model.md)."""
+    backward makes them (overlap not measured: its range), they keep up to 2.5 points more. One
+    message after the last pass is the least the model keeps, and every row but one lies below
+    even that (docs/perf_model.md; the one: a pass a step, where the optimizer costs most)."""
     from downpour_lib.perf.presets import BERT_PADDLE_NODES, BERT_PADDLE_PRESET
 
     cal = PRESETS[BERT_PADDLE_PRESET]
@@ -2145,10 +2152,10 @@ def test_paddles_eight_messages_are_not_what_the_model_misses():
     after = kept(replace(cal, bucket_bytes=eight, overlap=0.0))
     overlapped = kept(replace(cal, bucket_bytes=eight))
     assert all(0 <= a - b < 0.003 for a, b in zip(one, after, strict=True)), (one, after)
-    assert 0.025 < max(b - a for a, b in zip(one, overlapped, strict=True)) < 0.03
+    assert 0.02 < max(b - a for a, b in zip(one, overlapped, strict=True)) < 0.03
     published = [rate / rows[0][2] / n for rows in BERT_PADDLE_NODES.values()
                  for n, _, rate in rows[1:]]
-    assert all(p < a for p, a in zip(published, after, strict=True))
+    assert sum(p < a for p, a in zip(published, after, strict=True)) == len(published) - 1
 
 
 def lost_share(rows) -> list[float]:

@@ -51,9 +51,23 @@ class Workload:
     #: the devices a worker spans (a hardware file's ``devices_per_worker``): more than 1, a
     #: whole node's, in a network of one worker a node
     devices_per_worker: int = 1
+    #: the optimizer's update, once a step, in seconds: (low, high), not measured
+    #: (``terms.optimizer_s``; a hardware file's ``optimizer``), or one value twice. ``compute_s``
+    #: holds it spread over the ``measured_accumulation`` passes it was measured at; a step of
+    #: other passes pays it once all the same. (0, 0): inside ``compute_s`` at any accumulation
+    optimizer_s: tuple[float, float] = (0.0, 0.0)
+    #: the passes a step accumulated where ``compute_s`` was measured (None: ``accumulation``)
+    measured_accumulation: int | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        low, high = (float(t) for t in self.optimizer_s)
+        if not (math.isfinite(high) and 0 <= low <= high):
+            raise ConfigError("optimizer_s", list(self.optimizer_s), "(low, high) seconds of the "
+                              "optimizer's update, 0 <= low <= high")
+        object.__setattr__(self, "optimizer_s", (low, high))
+        if self.measured_accumulation is None:
+            object.__setattr__(self, "measured_accumulation", self.accumulation)
         if isinstance(self.devices_per_worker, bool) or not (
                 isinstance(self.devices_per_worker, int) and self.devices_per_worker >= 1):
             raise ConfigError("devices_per_worker", self.devices_per_worker, "an integer >= 1")

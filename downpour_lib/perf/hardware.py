@@ -9,13 +9,13 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     collective: auto                  # ring, tree, hierarchical, or auto (NCCL's tuner per bucket)
     bucket_mb: 25                     # DDP's bucket_cap_mb (Horovod's fusion buffer: 64)
     bucketing: fixed                  # fixed (DDP's buckets) or ready (Horovod's Tensor Fusion)
-    overlap: null                     # bucket pipeline's achieved share; null: terms.OVERLAP_RANGE
-    jitter: 0.0                       # a step's coefficient of variation; omitted: a range
-    device_spread: 0.0                # devices' own speeds' spread (node_spread: nodes'); omitted: a range
+    overlap: null                     # bucket pipeline's achieved share; null: a range (terms)
+    jitter: 0.0                       # a step's cv; device_spread, node_spread: speeds'; else a range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
     node_compute: pytorch             # a busy node's share by input pipeline (terms.PIPELINES): pytorch
                                       # (or fitted; a range), dali-cpu, none, measured {fp32:, amp:}
     host: {cores: 128, source: "..."} # physical cores, all sockets (ranks beyond them time-share)
+    memory_gbyte_per_s: 2039          # a device's memory (datasheet), for models' optimizer
     links:
       intra:                          # between devices of one node
         gbit_per_s: 1200              # line rate, per direction (latency_us: 5 by default)
@@ -36,6 +36,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
         full_precision: resnet50      # amp's twin at full precision: its samples count the framework
         multiply_adds: 4.09e9         # forward multiply-adds of a sample: the framework's unit
         node_compute: none            # its own input pipeline, where not the file's (tokens: none)
+        optimizer: lamb               # sgd, adam or lamb: its update once a step (a range)
         source: "..."
 """
 
@@ -63,17 +64,19 @@ from .terms import (
     TRANSPORT_RATE,
     NodeCompute,
     fit_node_compute,
+    optimizer_s,
     transport_rate,
 )
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 
 _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucketing", "overlap", "jitter",
-        "device_spread", "node_spread", "framework", "node_compute", "host", "links", "models"}
+        "device_spread", "node_spread", "framework", "node_compute", "host", "links", "models",
+        "memory_gbyte_per_s"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "precision",
-          "full_precision", "multiply_adds", "node_compute", "source"}
+          "full_precision", "multiply_adds", "node_compute", "optimizer", "source"}
 _HOST = {"cores", "source"}
 _SPREAD = ("a coefficient of variation of the devices' own speeds (each one's mean step time), a "
            "number >= 0, e.g. 0.015")
@@ -226,7 +229,8 @@ def _host_cores(d: Any) -> int | None:
     return cores
 
 
-def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None) -> Workload:
+def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None,
+              memory: float | None = None) -> Workload:
     where = f"models.{name}"
     if not isinstance(d, dict):
         raise ConfigError(where, d, "a mapping with batch, images_per_s (or step_s), parameters")
@@ -268,6 +272,15 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None)
                                             "backward's share of a step, a number in [0, 1], e.g. 0.67")
     if "ready_at" in extra and not isinstance(extra["ready_at"], (list, tuple)):
         raise ConfigError(f"{where}.ready_at", extra["ready_at"], "a list of shares of backward")
+    if "optimizer" in d:  # its update, once a step (terms.optimizer_s)
+        if memory is None:
+            raise ConfigError(f"{where}.optimizer", d["optimizer"], "a device's memory bandwidth "
+                              "beside it, for the update's time: memory_gbyte_per_s (datasheet, "
+                              "e.g. 2039 for an A100 80GB)")
+        try:
+            extra["optimizer_s"] = optimizer_s(d["optimizer"], params, width, memory)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.optimizer", exc.value, exc.expected) from None
     try:
         return Workload(name, batch, compute, params * width, source=str(d.get("source", "")),
                         precision=precision, node_compute=own, devices_per_worker=devices, **extra)
@@ -323,6 +336,10 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     node_compute = _node_compute("node_compute", d.get("node_compute", "fitted"), per_node)
     host = d.get("host")
     cores = _host_cores(host)
+    memory = d.get("memory_gbyte_per_s")
+    if memory is not None:
+        memory = _number("memory_gbyte_per_s", memory, "a device's memory bandwidth in GB/s > 0 "
+                         "(datasheet), e.g. 2039 for an A100 80GB")
     models = d.get("models")
     if not isinstance(models, dict) or not models:
         raise ConfigError("models", models, "one or more models, each with batch, images_per_s "
@@ -342,7 +359,7 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
         sources.append(f"host: {host['source']}")
     return Calibration(
         str(d.get("name", where)), Network(intra, inter, per_node, cores=cores),
-        _framework_units(models, {name: _workload(name, m, node_compute, per_node)
+        _framework_units(models, {name: _workload(name, m, node_compute, per_node, memory)
                                   for name, m in models.items()}),
         collective=str(d.get("collective", "auto")), bucketing=str(d.get("bucketing", "fixed")),
         bucket_bytes=_number("bucket_mb", d.get("bucket_mb", 25), "MiB > 0, e.g. 25") * MIB,

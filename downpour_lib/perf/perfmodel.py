@@ -262,7 +262,8 @@ def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
     if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
             and cal.device_spread_high is None and cal.node_spread_high is None \
             and cal.framework is not None \
-            and all(n.measured for n in nodes):
+            and all(n.measured for n in nodes) \
+            and all(w.optimizer_s[0] == w.optimizer_s[1] for w in cal.workloads.values()):
         return None
 
     def at(end: int) -> Calibration:
@@ -279,8 +280,9 @@ def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
                        overlap=OVERLAP_RANGE[1 - end] if cal.overlap is None else cal.overlap,
                        framework=FRAMEWORK_RANGE[end] if cal.framework is None else cal.framework,
                        inter_rate=(1.0, 1.0), node_compute=cal.node_compute.end(end),
-                       workloads={k: w if w.node_compute is None else
-                                  replace(w, node_compute=w.node_compute.end(end))
+                       workloads={k: replace(w, optimizer_s=(w.optimizer_s[end],) * 2,
+                                             node_compute=w.node_compute if w.node_compute is None
+                                             else w.node_compute.end(end))
                                   for k, w in cal.workloads.items()})
     return at(0), at(1)
 
@@ -315,6 +317,9 @@ def _merged(cal: Calibration, best: Prediction, worst: Prediction) -> Prediction
         return best
     w = cal.workload(best.model)
     spread = MEASUREMENT_SPREAD if best.workers > 1 else 0.0
+    # the optimizer's larger end costs a step of fewer passes than it was measured at, and
+    # saves one of more: which end is favourable is the prediction's to say
+    best, worst = sorted((best, worst), key=lambda p: -p.efficiency)
     samples = (best.samples_per_s + worst.samples_per_s) / 2
     step = best.workers * w.batch_size * w.accumulation / samples
     return replace(worst, calibration=cal.name, step_s=step, samples_per_s=samples,
@@ -358,7 +363,9 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
     spread = _slowest(workers, opts, cal, pattern, passes)  # checks slow_workers, slowdown for all
     if pattern not in SIMULATED:  # the simulation draws its own slow workers and jitter
         straggler = spread
-    c_step = c * passes  # a step: every pass before the allreduce
+    # a step: every pass before the allreduce, and the optimizer's update once (compute_s
+    # holds it spread over the passes it was measured at: fewer pay it more often a sample)
+    c_step = c * passes + w.optimizer_s[0] * (1 - passes / w.measured_accumulation)
     c_sync = c_step * straggler
     if workers == 1 and pattern not in ("push_pull", "async_push_pull"):
         exposed, sent = 0.0, 0.0  # nothing to talk to

@@ -505,3 +505,44 @@ FRAMEWORK_RANGE = (1.9, 2.45)
 #: charged in a sample of 384 tokens lost about 4 times what they publish, chose this (see
 #: ``presets.TXL_ONE_NODE``); the CNNs' samples keep their unit within 7 %.
 FRAMEWORK_MACS_PER_PARAMETER = (160.0 + 175.1 + 169.0 + 184.9) / 4
+
+#: The optimizer's update, once a step: a device's memory streams each parameter's state through
+#: it (parameter, gradient, moments), so it takes bytes a parameter / memory bandwidth. A measured
+#: rate holds it amortized over the passes its step accumulated; a step of fewer passes (more
+#: nodes at one global batch) pays it more often a sample (``perfmodel``). The bytes a parameter
+#: moved, g the gradient's bytes (2 or 4) and the state 4-byte, counted from the kernels: at the
+#: low end a fused implementation, at the high end one kernel an operation:
+#:
+#: - ``sgd`` (momentum): read p, g, buffer; write p, buffer (16 + g). One kernel an operation:
+#:   the buffer's update, then the parameter's (20 + g).
+#: - ``adam`` (and AdamW): read p, g, m, v; write p, m, v (24 + g; torch's fused=True). One
+#:   kernel an operation: m (8 + g), v (8 + g), then p from m and v (16): 32 + 2g.
+#: - ``lamb``: NVIDIA's fused LAMB (apex ``multi_tensor_lamb``, DeepLearningExamples'
+#:   ``lamb_amp_opt``): the gradient's global norm (g), the parameters' norm (4), stage 1 reads
+#:   g, p, m, v and writes m, v and the update (in the gradient's buffer, g), the update's norm
+#:   (g), stage 2 reads the update and p and writes p: 32 + 5g (a half-precision model's copy
+#:   of p, written beside it, 2-4 more: left out). One kernel an operation (as
+#:   TensorFlow's LAMBOptimizer writes it, op by op, where XLA fuses none): m and v (16 + 2g), the
+#:   update from m, v and p (16), both norms (8), p (12) and the gradient's clipping (3g): 52 + 5g.
+#:
+#: Clipping is counted for LAMB only, whose published recipes clip.
+OPTIMIZER_BYTES = {"sgd": ((16, 1), (20, 1)), "adam": ((24, 1), (32, 2)),
+                   "lamb": ((32, 5), (52, 5))}  # name: ((constant, gradients) low, ... high)
+
+#: what a streaming kernel achieves of a device's datasheet memory bandwidth: 88 % (1.80 of an
+#: A100 80GB's 2.04 TB/s, measured by Nsight Compute; and "around 90 %", the most any kernel
+#: reached in NVIDIA's GTC talk the same thread cites: forums.developer.nvidia.com, "Trouble to
+#: reach peak bandwidth of A100"). An optimizer's kernels over a model's many tensors reach
+#: at most that: the bytes' range above carries the rest.
+MEMORY_RATE = 0.88
+
+
+def optimizer_s(optimizer: str, parameters: float, gradient_bytes: float,
+                memory_gbyte_per_s: float) -> tuple[float, float]:
+    """(low, high) seconds of one update of ``optimizer`` (``OPTIMIZER_BYTES``) over
+    ``parameters`` on a device of ``memory_gbyte_per_s`` (datasheet)."""
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZER_BYTES:
+        raise ConfigError("optimizer", optimizer, "choose from " + ", ".join(OPTIMIZER_BYTES))
+    rate = memory_gbyte_per_s * 1e9 * MEMORY_RATE
+    low, high = ((c + k * gradient_bytes) * parameters / rate for c, k in OPTIMIZER_BYTES[optimizer])
+    return low, high

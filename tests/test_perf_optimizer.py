@@ -1,0 +1,104 @@
+"""The optimizer's update once a step (``terms.OPTIMIZER_BYTES``, a hardware file's ``optimizer``
+and ``memory_gbyte_per_s``): inside a rate measured at its accumulation, paid again by a step of
+fewer passes, a range at both ends of the band."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from downpour_lib.errors import ConfigError
+from downpour_lib.perf.hardware import hardware_from_dict
+from downpour_lib.perf.perfmodel import predict, predict_ends
+from downpour_lib.perf.presets import PRESETS
+from downpour_lib.perf.terms import MEMORY_RATE, OPTIMIZER_BYTES, optimizer_s
+
+#: BERT-large on a node of A100s, measured at 64 passes a step (as dgx-a100-bert's TF32 model)
+SPEC = {"devices_per_node": 8, "memory_gbyte_per_s": 2039,
+        "links": {"intra": {"gbit_per_s": 2400}, "inter": {"gbit_per_s": 1600, "transport": "rdma"}},
+        "models": {"bert": {"batch": 128, "images_per_s": 317, "parameters": 336232258,
+                            "accumulation": 64, "multiply_adds": 4.0107e10, "node_compute": "none",
+                            "optimizer": "lamb"}}}
+
+
+def _at(cal, passes: int, workers: int):
+    """Both ends of a prediction of ``cal``'s bert, each step accumulating ``passes``."""
+    w = replace(cal.workloads["bert"], accumulation=passes)
+    return predict_ends(replace(cal, workloads={"bert": w}), "allreduce", workers, "bert")
+
+
+def test_lambs_update_is_its_kernels_bytes_over_the_devices_memory():
+    """NVIDIA's fused LAMB moves 32 + 5 bytes a parameter a byte of gradient, LAMB op by op 52 +
+    5 (the kernels counted in terms.OPTIMIZER_BYTES): BERT-large's fp32 update on an A100 80GB at
+    88 % of its 2,039 GB/s takes 9.7 to 13.5 ms, each end's bytes over that rate; at fp16
+    gradients 5 bytes fewer a parameter for each 2 the gradient loses."""
+    low, high = optimizer_s("lamb", 336232258, 4, 2039)
+    assert (low, high) == pytest.approx(((32 + 20) * 336232258 / (2039e9 * MEMORY_RATE),
+                                         (52 + 20) * 336232258 / (2039e9 * MEMORY_RATE)))
+    assert 0.0095 < low < 0.0100 and 0.0133 < high < 0.0137
+    half = optimizer_s("lamb", 336232258, 2, 2039)
+    assert high - half[1] == pytest.approx(10 * 336232258 / (2039e9 * MEMORY_RATE))
+    # each optimizer's fused kernel moves less than one kernel an operation, Adam more than SGD
+    for name in OPTIMIZER_BYTES:
+        a, b = optimizer_s(name, 1e9, 4, 1000)
+        assert 0 < a < b, name
+    assert optimizer_s("sgd", 1e9, 4, 1000)[1] < optimizer_s("adam", 1e9, 4, 1000)[0]
+
+
+def test_a_step_of_fewer_passes_pays_the_update_its_rate_spread_over_more():
+    """At the accumulation its rate was measured at, a model that names its optimizer is
+    predicted as one that does not (the update is inside the rate). At 2 passes a step, each end
+    of the band takes a step longer by that end's update times (1 - 2/64): the update once, less
+    the two 64ths of it the measured passes hold. The band widens by the range's width; at more
+    passes than measured a step saves it, and the band's ends stay in order."""
+    cal = hardware_from_dict(SPEC)
+    plain = hardware_from_dict({**SPEC, "models": {"bert": {
+        k: v for k, v in SPEC["models"]["bert"].items() if k != "optimizer"}}})
+    assert cal.workloads["bert"].optimizer_s == optimizer_s("lamb", 336232258, 4, 2039)
+    assert plain.workloads["bert"].optimizer_s == (0.0, 0.0)
+    for workers in (8, 64, 256):
+        for ours, theirs in zip(_at(cal, 64, workers), _at(plain, 64, workers), strict=True):
+            assert ours.step_s == pytest.approx(theirs.step_s, rel=1e-12)
+        for end, ours, theirs in zip((0, 1), _at(cal, 2, workers), _at(plain, 2, workers),
+                                     strict=True):
+            paid = cal.workloads["bert"].optimizer_s[end] * (1 - 2 / 64)
+            assert ours.compute_s == pytest.approx(theirs.compute_s + paid, rel=1e-9)
+            assert ours.step_s > theirs.step_s + 0.9 * paid
+    more = predict(replace(cal, workloads={"bert": replace(cal.workloads["bert"],
+                                                            accumulation=128)}), "allreduce", 64, "bert")
+    fewer = predict(replace(cal, workloads={"bert": replace(cal.workloads["bert"],
+                                                             accumulation=2)}), "allreduce", 64, "bert")
+    for p in (more, fewer):
+        assert p.efficiency_low <= p.efficiency <= p.efficiency_high and p.step_s_low <= p.step_s_high
+
+
+def test_the_presets_bert_names_its_optimizer_and_strong_scaling_pays_it():
+    """The BERT presets name LAMB and their devices' memory: at 32 DGX A100 nodes, 1 pass a step
+    in mixed precision (the README's row), the step is longer than without the update by about
+    its share of a pass, 1.5 to 3 % of the step."""
+    cal = PRESETS["dgx-a100-bert"]
+    w = cal.workloads["bert-large-128-amp"]
+    assert w.measured_accumulation == 32 and w.optimizer_s[0] > 0
+    one = replace(w, accumulation=1)
+    with_it = predict(replace(cal, workloads={**cal.workloads, w.model: one}), "allreduce", 256,
+                      w.model)
+    without = predict(replace(cal, workloads={**cal.workloads, w.model: replace(
+        one, optimizer_s=(0.0, 0.0))}), "allreduce", 256, w.model)
+    assert 0.015 < with_it.step_s / without.step_s - 1 < 0.03
+
+
+@pytest.mark.parametrize("change, field, says", [
+    ({"memory_gbyte_per_s": None}, "models.bert.optimizer", "memory_gbyte_per_s"),
+    ({"models": {"bert": {**SPEC["models"]["bert"], "optimizer": "adagrad"}}},
+     "models.bert.optimizer", "sgd, adam, lamb"),
+    ({"models": {"bert": {**SPEC["models"]["bert"], "optimizer": ["lamb"]}}},
+     "models.bert.optimizer", "sgd, adam, lamb"),
+    ({"memory_gbyte_per_s": "fast"}, "memory_gbyte_per_s", "GB/s"),
+    ({"memory_gbyte_per_s": 0}, "memory_gbyte_per_s", "GB/s"),
+])
+def test_a_bad_optimizer_or_memory_names_its_field(change, field, says):
+    spec = {k: v for k, v in {**SPEC, **change}.items() if v is not None}
+    with pytest.raises(ConfigError) as err:
+        hardware_from_dict(spec)
+    assert err.value.field == field and says in str(err.value), str(err.value)
