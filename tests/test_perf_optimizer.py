@@ -102,3 +102,11 @@ def test_a_bad_optimizer_or_memory_names_its_field(change, field, says):
     with pytest.raises(ConfigError) as err:
         hardware_from_dict(spec)
     assert err.value.field == field and says in str(err.value), str(err.value)
+
+
+def test_an_update_longer_than_the_measured_step_is_refused():
+    """A measured step holds the update: memory too slow for that (a bandwidth given in Gbit/s,
+    or per node) is refused, naming the field and the two times."""
+    with pytest.raises(ConfigError) as err:
+        hardware_from_dict({**SPEC, "memory_gbyte_per_s": 0.01})
+    assert err.value.field == "memory_gbyte_per_s" and "bert's lamb update" in str(err.value)

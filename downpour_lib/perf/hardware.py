@@ -281,6 +281,13 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None,
             extra["optimizer_s"] = optimizer_s(d["optimizer"], params, width, memory)
         except ConfigError as exc:
             raise ConfigError(f"{where}.optimizer", exc.value, exc.expected) from None
+        passes = extra.get("accumulation", 1)  # a bad one is the Workload's to refuse, below
+        step = compute * passes if type(passes) is int else math.inf
+        if extra["optimizer_s"][1] >= step:  # a measured step holds its update
+            raise ConfigError("memory_gbyte_per_s", memory, f"a bandwidth at which {name}'s "
+                              f"{d['optimizer']} update ({extra['optimizer_s'][1]:.3g} s at most) "
+                              f"fits in its measured step ({step:.3g} s): the device's datasheet "
+                              "memory bandwidth in GB/s")
     try:
         return Workload(name, batch, compute, params * width, source=str(d.get("source", "")),
                         precision=precision, node_compute=own, devices_per_worker=devices, **extra)
