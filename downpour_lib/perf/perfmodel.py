@@ -256,7 +256,8 @@ def _slowest(workers: int, opts: Mapping[str, Any], cal: Calibration, pattern: s
 def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
     """``cal`` with every quantity it did not measure at its favourable end, and at its
     unfavourable end (``terms``' ranges): overlap, the cross-node rate, jitter, the devices' and
-    the nodes' spread, the framework's work, a busy node's shares (its own, and each model's).
+    the nodes' spread, the framework's work, a busy node's shares (its own, and each model's),
+    each model's optimizer update (``Workload.optimizer_s``).
     None: all measured."""
     nodes = [cal.node_compute] + [w.node_compute for w in cal.workloads.values() if w.node_compute]
     if cal.overlap is not None and cal.inter_rate == (1.0, 1.0) and cal.jitter_high is None \
