@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import downpour, explain
 
 from downpour_lib.errors import ConfigError
 from downpour_lib.perf.hardware import hardware_from_dict
@@ -110,3 +111,18 @@ def test_an_update_longer_than_the_measured_step_is_refused():
     with pytest.raises(ConfigError) as err:
         hardware_from_dict({**SPEC, "memory_gbyte_per_s": 0.01})
     assert err.value.field == "memory_gbyte_per_s" and "bert's lamb update" in str(err.value)
+
+
+def test_predict_says_the_update_is_not_measured():
+    """`model predict` lists the update's range among what it did not measure, for the model it
+    predicts, and the passes its rate holds it over; a model without an optimizer lists none."""
+    proc = downpour("model", "predict", "--preset", "dgx-a100-bert", "--model", "bert-large-128-amp",
+                    "--workers", "256", "--accumulation", "1")
+    assert proc.returncode == 0, explain(proc)
+    low, high = (1000 * t for t in PRESETS["dgx-a100-bert"].workloads["bert-large-128-amp"].optimizer_s)
+    assert f"the optimizer's update {low:.3g}-{high:.3g} ms a step (its rate holds it over 32 " \
+        "passes)" in proc.stdout, proc.stdout
+    proc = downpour("model", "predict", "--preset", "dgx-a100", "--model", "resnet50",
+                    "--workers", "64")
+    assert proc.returncode == 0 and "not measured:" in proc.stdout, explain(proc)
+    assert "optimizer" not in proc.stdout

@@ -368,7 +368,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     spread = f"{100 * MEASUREMENT_SPREAD:.2f} %"
     if unknown_ends(cal) is not None:
-        print("not measured: " + ", ".join(unmeasured(cal)) + ". efficiency is the middle of the "
+        print("not measured: " + ", ".join(unmeasured(cal, args.model)) + ". efficiency is the middle of the "
               "band they give together (efficiency_low, efficiency_high; band: its width in points), "
               f"each end moved out {spread} more: how far two runs of one setting were measured "
               "apart")
@@ -397,8 +397,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def unmeasured(cal: Calibration) -> list[str]:
-    """What ``cal`` did not measure, each with its range (``perf.terms``)."""
+def unmeasured(cal: Calibration, model: str) -> list[str]:
+    """What ``cal`` did not measure for ``model``, each with its range (``perf.terms``)."""
     from ..perf.netmodel import GBIT
     from ..perf.terms import FRAMEWORK_RANGE, OVERLAP_RANGE
 
@@ -418,6 +418,11 @@ def unmeasured(cal: Calibration) -> list[str]:
     if cal.framework is None:
         out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
                    "samples' compute a step")
+    w = cal.workload(model)
+    if w.optimizer_s[0] != w.optimizer_s[1]:
+        out.append(f"the optimizer's update {1000 * w.optimizer_s[0]:.3g}-"
+                   f"{1000 * w.optimizer_s[1]:.3g} ms a step (its rate holds it over "
+                   f"{w.measured_accumulation} passes)")
     nodes = {cal.node_compute, *(w.node_compute for w in cal.workloads.values() if w.node_compute)}
     for node in sorted((n for n in nodes if not n.measured), key=lambda n: n.amp):
         out.append(f"a busy node's share of a step {100 * node.fp32:.1f}-{100 * node.fp32_high:.1f} % "
