@@ -12,8 +12,7 @@ every number names its source (docs/perf_model.md, field by field). The fields::
     overlap: null                     # bucket pipeline's achieved share; null: a range (terms)
     jitter: 0.0                       # a step's cv; device_spread, node_spread: speeds'; else a range
     framework: 2.5                    # the framework's work a round of talk, in samples; omitted: a range
-    node_compute: pytorch             # a busy node's share by input pipeline (terms.PIPELINES): pytorch
-                                      # (or fitted; a range), dali-cpu, none, measured {fp32:, amp:}
+    node_compute: pytorch             # busy node's share by pipeline: pytorch, dali-cpu, none, {fp32:, amp:}
     host: {cores: 128, source: "..."} # physical cores, all sockets (ranks beyond them time-share)
     memory_gbyte_per_s: 2039          # a device's memory (datasheet), for models' optimizer
     links:
