@@ -92,9 +92,9 @@ def test_the_presets_bert_names_its_optimizer_and_strong_scaling_pays_it():
 @pytest.mark.parametrize("change, field, says", [
     ({"memory_gbyte_per_s": None}, "models.bert.optimizer", "memory_gbyte_per_s"),
     ({"models": {"bert": {**SPEC["models"]["bert"], "optimizer": "adagrad"}}},
-     "models.bert.optimizer", "sgd, adam, lamb"),
+     "models.bert.optimizer", "adam, lamb, sgd"),
     ({"models": {"bert": {**SPEC["models"]["bert"], "optimizer": ["lamb"]}}},
-     "models.bert.optimizer", "sgd, adam, lamb"),
+     "models.bert.optimizer", "adam, lamb, sgd"),
     ({"memory_gbyte_per_s": "fast"}, "memory_gbyte_per_s", "GB/s"),
     ({"memory_gbyte_per_s": 0}, "memory_gbyte_per_s", "GB/s"),
 ])
@@ -103,6 +103,15 @@ def test_a_bad_optimizer_or_memory_names_its_field(change, field, says):
     with pytest.raises(ConfigError) as err:
         hardware_from_dict(spec)
     assert err.value.field == field and says in str(err.value), str(err.value)
+
+
+def test_a_workloads_bad_update_is_refused():
+    """A calibration file's update must be a (low, high) of seconds, low <= high."""
+    w = PRESETS["dgx-a100-bert"].workloads["bert-large-128"]
+    for bad in ((0.2, 0.1), ("fast", 0.1), (0.1,), (-0.1, 0.1)):
+        with pytest.raises(ConfigError) as err:
+            replace(w, optimizer_s=bad)
+        assert err.value.field == "optimizer_s", bad
 
 
 def test_an_update_longer_than_the_measured_step_is_refused():

@@ -61,7 +61,10 @@ class Workload:
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
-        low, high = (float(t) for t in self.optimizer_s)
+        try:
+            low, high = (float(t) for t in self.optimizer_s)
+        except (TypeError, ValueError):
+            low, high = math.nan, math.nan  # refused below, as a bad range is
         if not (math.isfinite(high) and 0 <= low <= high):
             raise ConfigError("optimizer_s", list(self.optimizer_s), "(low, high) seconds of the "
                               "optimizer's update, 0 <= low <= high")

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from functools import cache
 from statistics import NormalDist
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 
 DLE_SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
               "section \"Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)\" (pytorch-21.03 "
@@ -542,7 +542,7 @@ def optimizer_s(optimizer: str, parameters: float, gradient_bytes: float,
     """(low, high) seconds of one update of ``optimizer`` (``OPTIMIZER_BYTES``) over
     ``parameters`` on a device of ``memory_gbyte_per_s`` (datasheet)."""
     if not isinstance(optimizer, str) or optimizer not in OPTIMIZER_BYTES:
-        raise ConfigError("optimizer", optimizer, "choose from " + ", ".join(OPTIMIZER_BYTES))
+        raise unknown_name("optimizer", optimizer, OPTIMIZER_BYTES)
     rate = memory_gbyte_per_s * 1e9 * MEMORY_RATE
     low, high = ((c + k * gradient_bytes) * parameters / rate for c, k in OPTIMIZER_BYTES[optimizer])
     return low, high
