@@ -135,3 +135,42 @@ def test_predict_says_the_update_is_not_measured():
                     "--workers", "64")
     assert proc.returncode == 0 and "not measured:" in proc.stdout, explain(proc)
     assert "optimizer" not in proc.stdout
+
+
+def test_a_calibration_measured_here_pays_its_measured_update_once_a_step(tmp_path):
+    """A calibration of the scaling study takes each model's update (``update_s``: the optimizer's
+    step, and the algorithm's packing) from the one-worker runs of one pass a step. At
+    one pass nothing changes; at 8 passes the step is 8 of the measured ones less 7 updates, where
+    before it paid the update in every pass; it is measured, so `model predict` does not list it."""
+    import pandas as pd
+    from conftest import ROOT
+
+    from downpour_lib.perf import calibrate as calib
+
+    study = ROOT / "results" / "reference" / "scaling"
+    runs = pd.read_csv(study / "runs.csv")
+    cal = calib.calibrate(study / "collectives.json", runs)
+    w = cal.workloads["inception_small"]
+    alone = runs[(runs.num_workers == 1) & ~runs.algorithm.isin(["sync_ps", "downpour"])]
+    assert w.optimizer_s == pytest.approx((alone.update_s.mean(),) * 2)
+    assert 0 < w.optimizer_s[0] < 0.01 * w.compute_s and w.measured_accumulation == 1
+    # runs that accumulated record a pass as their step, the update in one pass of k: not taken
+    accumulated = calib.calibrate(study / "collectives.json",
+                                  runs.assign(**{"options.accumulation_steps": 4}))
+    assert accumulated.workloads["inception_small"].optimizer_s == (0.0, 0.0)
+    without = replace(cal, workloads={"inception_small": replace(w, optimizer_s=(0.0, 0.0))})
+    for workers in (1, 2, 64):
+        assert predict(cal, "allreduce", workers, "inception_small").step_s == pytest.approx(
+            predict(without, "allreduce", workers, "inception_small").step_s, rel=1e-12)
+    eight = {"inception_small": replace(w, accumulation=8)}
+    paid_once = predict(replace(cal, workloads=eight), "allreduce", 1, "inception_small")
+    every_pass = predict(replace(without, workloads={"inception_small": replace(
+        without.workloads["inception_small"], accumulation=8)}), "allreduce", 1, "inception_small")
+    assert every_pass.step_s - paid_once.step_s == pytest.approx(7 * w.optimizer_s[0], rel=1e-9)
+    out = tmp_path / "cal.json"
+    calib.save(cal, out)
+    assert calib.load(out).workloads["inception_small"] == w  # through the file as measured
+    proc = downpour("model", "predict", "--calibration", str(out), "--model", "inception_small",
+                    "--workers", "2", "--accumulation", "8")
+    assert proc.returncode == 0, explain(proc)
+    assert "optimizer's update" not in proc.stdout, proc.stdout

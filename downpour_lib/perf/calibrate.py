@@ -267,6 +267,17 @@ def _compute_s(rows: pd.DataFrame) -> float:
     return float((rows["step_s"] - rows[list(_NOT_COMPUTE)].sum(axis=1)).mean())
 
 
+def _update_s(rows: pd.DataFrame) -> float:
+    """The update a run pays once a step (``update_s``: the optimizer's step, and its algorithm's
+    packing and copying), from the rows that ran one pass a step; 0 where none did or the rows do
+    not have it (a run that accumulated records a pass as its step, and the update in one of them)."""
+    if "options.accumulation_steps" in rows:
+        rows = rows[rows["options.accumulation_steps"].fillna(1) == 1]
+    if "update_s" not in rows or rows["update_s"].isna().all():
+        return 0.0
+    return max(0.0, float(rows["update_s"].mean()))
+
+
 def parameter_bytes(model: str, dataset: str, data_dir: str = "data") -> float:
     """Bytes of one copy of ``model``'s parameters as built for ``dataset``'s images (on the meta
     device: ``models.build_shaped``): what one allreduce, push or gossip message of it carries."""
@@ -297,7 +308,8 @@ def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload
             data_dir = runs["data_dir"].iloc[0] if "data_dir" in runs else "data"
             nbytes = parameter_bytes(model, str(runs["dataset"].iloc[0]), str(data_dir))
         out[model] = Workload(model, int(alone["batch_size"].iloc[0]), _compute_s(alone), nbytes,
-                              source=f"{len(alone)} one-worker runs of {source}")
+                              source=f"{len(alone)} one-worker runs of {source}",
+                              optimizer_s=(_update_s(alone),) * 2, measured_accumulation=1)
     if not out:
         raise ConfigError("study", source, "has no one-worker runs to take compute times from: "
                           "run the study with --workers 1,2")
