@@ -2014,6 +2014,33 @@ def test_bert_across_nodes_scales_as_the_model_says_but_at_512_in_tf32():
     assert all(-0.035 < c.error < 0 for c in others), others
 
 
+def test_the_readmes_time_to_train_at_32_nodes_has_sequence_512_in_tf32_as_slow_as_its_table():
+    """The 15.7-point miss (sequence 512 in TF32 at 32 nodes) is not one bad row: the same README
+    trains BERT-large to the end on 32 DGX A100 nodes (its loss table, a run of its own) in 2.4
+    hours in TF32 and 1.2 in mixed precision. Phase 1 is 7,038 steps of 65,536 sequences and phase
+    2 1,563 of 32,768 (scripts/configs/pretrain_config.sh, dgxa100-80g_8gpu_*), at 32 nodes with
+    the accumulation of the scaling table's 32-node rows. At the scaling table's rates they take
+    1.21 and 2.36 hours (both as printed, rounded). At the model's rate for phase 2 in TF32,
+    anywhere in its band, 2.22-2.28: 2.2 or 2.3 as printed, even with the time the mixed run
+    spent beyond its rates (under 0.04 hours, as it prints 1.2) added."""
+    from downpour_lib.perf.presets import BERT_NODES
+
+    phase1, phase2 = 7038 * 65536, 1563 * 32768  # sequences
+
+    def hours(model_128: str, rate_512: float) -> float:
+        return (phase1 / BERT_NODES[model_128][-1][2] + phase2 / rate_512) / 3600
+
+    mixed = hours("bert-large-128-amp", BERT_NODES["bert-large-512-amp"][-1][2])
+    tf32 = hours("bert-large-128", BERT_NODES["bert-large-512"][-1][2])
+    assert round(mixed, 1) == 1.2 and round(tf32, 1) == 2.4, (mixed, tf32)
+    (check,) = [c for c in published_checks()
+                if c.claim.startswith("BERT-large, sequence 512, TF32: 32 DGX")]
+    one_node = BERT_NODES["bert-large-512"][0][2]
+    beyond = 1.25 - mixed  # the most the mixed run can have spent beyond its rates
+    for efficiency in (check.low, check.predicted, check.high):
+        assert hours("bert-large-128", one_node * 32 * efficiency) + beyond < 2.35, efficiency
+
+
 def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
     """A published efficiency is one measurement of a ratio of two runs. NVIDIA's BERT README
     measures one DGX A100's 8 GPUs twice (its single-node and its multi-node tables): those pairs
