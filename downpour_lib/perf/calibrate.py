@@ -291,7 +291,8 @@ def parameter_bytes(model: str, dataset: str, data_dir: str = "data") -> float:
 
 
 def workloads_from_study(study: pd.DataFrame, source: str) -> dict[str, Workload]:
-    """Each model's workload from the study's one-worker runs."""
+    """Each model's workload from the study's one-worker runs: its compute a step, the bytes it
+    sends, and its update once a step (``_update_s``)."""
     out = {}
     for model, runs in study.groupby("model"):
         alone = runs[(runs["num_workers"] == 1) & ~runs["algorithm"].isin(_PS)]

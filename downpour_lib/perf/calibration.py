@@ -52,7 +52,8 @@ class Workload:
     #: whole node's, in a network of one worker a node
     devices_per_worker: int = 1
     #: the optimizer's update, once a step, in seconds: (low, high), not measured
-    #: (``terms.optimizer_s``; a hardware file's ``optimizer``), or one value twice. ``compute_s``
+    #: (``terms.optimizer_s``; a hardware file's ``optimizer``), or one value twice (measured:
+    #: the runs' ``update_s``, ``calibrate.workloads_from_study``). ``compute_s``
     #: holds it spread over the ``measured_accumulation`` passes it was measured at; a step of
     #: other passes pays it once all the same. (0, 0): inside ``compute_s`` at any accumulation
     optimizer_s: tuple[float, float] = (0.0, 0.0)
