@@ -87,6 +87,10 @@ def test_the_presets_bert_names_its_optimizer_and_strong_scaling_pays_it():
     without = predict(replace(cal, workloads={**cal.workloads, w.model: replace(
         one, optimizer_s=(0.0, 0.0))}), "allreduce", 256, w.model)
     assert 0.015 < with_it.step_s / without.step_s - 1 < 0.03
+    # one GPU at that pass a step pays the update as often: its efficiency is 1 at both ends
+    alone = predict(replace(cal, workloads={**cal.workloads, w.model: one}), "allreduce", 1, w.model)
+    assert alone.efficiency_low == pytest.approx(1.0) and alone.efficiency_high == pytest.approx(1.0)
+    assert alone.step_s_low < alone.step_s_high  # the update's range, in seconds a step
 
 
 @pytest.mark.parametrize("change, field, says", [
@@ -167,6 +171,10 @@ def test_a_calibration_measured_here_pays_its_measured_update_once_a_step(tmp_pa
     every_pass = predict(replace(without, workloads={"inception_small": replace(
         without.workloads["inception_small"], accumulation=8)}), "allreduce", 1, "inception_small")
     assert every_pass.step_s - paid_once.step_s == pytest.approx(7 * w.optimizer_s[0], rel=1e-9)
+    # the efficiency is against one device at the same passes, which pays its update as often:
+    # one worker keeps all of it, 64 no more (against the measured pass it would pass 1)
+    assert paid_once.efficiency == pytest.approx(1.0, rel=1e-12)
+    assert predict(replace(cal, workloads=eight), "allreduce", 64, "inception_small").efficiency <= 1
     out = tmp_path / "cal.json"
     calib.save(cal, out)
     assert calib.load(out).workloads["inception_small"] == w  # through the file as measured

@@ -28,7 +28,7 @@ from downpour_lib.perf.netmodel import (
     ps_transfer_s,
     ring_allreduce_s,
 )
-from downpour_lib.perf.perfmodel import modelled_options, predict
+from downpour_lib.perf.perfmodel import modelled_options, predict, predict_ends
 from downpour_lib.perf.presets import PARAMETERS, PRESETS, published_checks
 from downpour_lib.traffic import ring_share
 
@@ -2078,13 +2078,13 @@ def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
                "efficiency against 1 node"]
     bert = PRESETS["dgx-a100-bert"]
 
-    def at(accumulation, workers):
+    def at(accumulation, workers):  # each end's rate a GPU
         w = replace(bert.workloads["bert-large-128"], accumulation=accumulation)
-        return predict(replace(bert, workloads={**bert.workloads, "bert-large-128": w}), "allreduce",
-                       workers, "bert-large-128")
+        return [p.samples_per_s / workers for p in predict_ends(
+            replace(bert, workloads={**bert.workloads, "bert-large-128": w}), "allreduce", workers,
+            "bert-large-128")]
 
-    far, base = at(2, 256), at(64, 8)
-    ends = (far.efficiency_low / base.efficiency_low, far.efficiency_high / base.efficiency_high)
+    ends = [far / base for far, base in zip(at(2, 256), at(64, 8), strict=True)]
     assert c.low == pytest.approx(min(ends) * (1 - MEASUREMENT_SPREAD))
     assert c.high == pytest.approx(max(ends) * (1 + MEASUREMENT_SPREAD))
     assert c.predicted == pytest.approx(sum(ends) / 2)
@@ -2190,10 +2190,10 @@ def test_paddles_eight_messages_are_not_what_the_model_misses():
     eight = cal.workloads["bert-large-128"].param_bytes / 8
 
     def kept(c):  # every row's efficiency against one node, as the checks compute it
-        def at(model, accumulation, workers):
+        def at(model, accumulation, workers):  # the point's rate a GPU
             w = replace(c.workloads[model], accumulation=accumulation)
             return predict(replace(c, workloads={**c.workloads, model: w}), "allreduce", workers,
-                           model).efficiency
+                           model).samples_per_s / workers
 
         return [at(model, acc, 8 * n) / at(model, rows[0][1], 8)
                 for model, rows in BERT_PADDLE_NODES.items() for n, acc, _ in rows[1:]]

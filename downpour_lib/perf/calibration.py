@@ -236,7 +236,7 @@ class Prediction:
     compute_s: float
     comm_s: float  # communication not hidden behind computation
     samples_per_s: float  # all workers together
-    efficiency: float  # samples_per_s / (workers x one worker without communication)
+    efficiency: float  # samples_per_s / (workers x one device alone at the same passes a step)
     bytes_per_step: float  # sent by one worker per step
     calibration: str
     collective: str

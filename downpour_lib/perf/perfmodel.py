@@ -319,19 +319,21 @@ def _merged(cal: Calibration, best: Prediction, worst: Prediction) -> Prediction
     w = cal.workload(best.model)
     spread = MEASUREMENT_SPREAD if best.workers > 1 else 0.0
     # the optimizer's larger end costs a step of fewer passes than it was measured at, and
-    # saves one of more: which end is favourable is the prediction's to say
-    best, worst = sorted((best, worst), key=lambda p: -p.efficiency)
+    # saves one of more (one device alone pays it as often, so the efficiency keeps its order
+    # where the step may not): each band takes its own lower and higher end
     samples = (best.samples_per_s + worst.samples_per_s) / 2
     step = best.workers * w.batch_size * w.accumulation / samples
+    efficiencies = (best.efficiency, worst.efficiency)
     return replace(worst, calibration=cal.name, step_s=step, samples_per_s=samples,
-                   efficiency=(best.efficiency + worst.efficiency) / 2,
+                   efficiency=sum(efficiencies) / 2,
                    compute_s=(best.compute_s + worst.compute_s) / 2,
                    comm_s=(best.comm_s + worst.comm_s) / 2,
                    compute_efficiency=(best.compute_efficiency + worst.compute_efficiency) / 2,
                    straggler=(best.straggler + worst.straggler) / 2,
-                   step_s_low=best.step_s, step_s_high=worst.step_s,
-                   efficiency_low=worst.efficiency * (1 - spread),
-                   efficiency_high=best.efficiency * (1 + spread))
+                   step_s_low=min(best.step_s, worst.step_s),
+                   step_s_high=max(best.step_s, worst.step_s),
+                   efficiency_low=min(efficiencies) * (1 - spread),
+                   efficiency_high=max(efficiencies) * (1 + spread))
 
 
 def relative(ends: tuple[Prediction, Prediction],
@@ -342,7 +344,8 @@ def relative(ends: tuple[Prediction, Prediction],
     each end is divided by the same end. The middle of the two ratios, the lower and the
     higher, each moved out by how far two measured runs lie apart (``terms.MEASUREMENT_SPREAD``):
     a ratio of two runs strays by that much whatever the model knows."""
-    ratios = [p.efficiency / b.efficiency for p, b in zip(ends, base, strict=True)]
+    ratios = [(p.samples_per_s / p.workers) / (b.samples_per_s / b.workers)
+              for p, b in zip(ends, base, strict=True)]
     return (sum(ratios) / 2, min(ratios) * (1 - MEASUREMENT_SPREAD),
             max(ratios) * (1 + MEASUREMENT_SPREAD))
 
@@ -417,7 +420,9 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
         1 / opts["period"] if pattern == "periodic" else 1.0)
     own = cal.framework * (w.framework_sample_s or w.compute_s / w.batch_size) * rounds
     samples_per_step = workers * w.batch_size * passes
-    alone = samples_per_step / (w.compute_s * passes)
+    # against one device alone at the same passes a step: its update paid as often
+    alone = samples_per_step / (w.compute_s * passes
+                                + w.optimizer_s[0] * (1 - passes / w.measured_accumulation))
 
     def rate(exposed_s: float) -> tuple[float, float, float]:
         step = c_step + wait + own + exposed_s
