@@ -176,8 +176,12 @@ def test_a_calibration_measured_here_pays_its_measured_update_once_a_step(tmp_pa
     assert paid_once.efficiency == pytest.approx(1.0, rel=1e-12)
     assert predict(replace(cal, workloads=eight), "allreduce", 64, "inception_small").efficiency <= 1
     out = tmp_path / "cal.json"
-    calib.save(cal, out)
-    assert calib.load(out).workloads["inception_small"] == w  # through the file as measured
+    proc = downpour("model", "calibrate", "--collectives", str(study / "collectives.json"),
+                    "--study", str(study / "runs.csv"), "--out", str(out))
+    assert proc.returncode == 0, explain(proc)
+    assert f"(its update {w.optimizer_s[0] * 1e3:.1f} ms of it, once a step" in proc.stdout
+    loaded = calib.load(out).workloads["inception_small"]  # through the file as measured
+    assert (loaded.optimizer_s, loaded.measured_accumulation) == (w.optimizer_s, 1)
     proc = downpour("model", "predict", "--calibration", str(out), "--model", "inception_small",
                     "--workers", "2", "--accumulation", "8")
     assert proc.returncode == 0, explain(proc)

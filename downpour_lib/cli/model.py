@@ -294,7 +294,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print("overlap: no allreduce run of 2 or more workers to measure it from; predictions hide "
               "none of the allreduce behind backward (an upper bound on the step)")
     for w in cal.workloads.values():
-        print(f"{w.model}: {w.compute_s * 1e3:.1f} ms per step of {w.batch_size}, "
+        print(f"{w.model}: {w.compute_s * 1e3:.1f} ms per step of {w.batch_size} (its update "
+              f"{w.optimizer_s[0] * 1e3:.1f} ms of it, once a step at any --accumulation), "
               f"{w.param_bytes / 1e6:.2f} MB per model")
     table = compare_with_study(cal, study)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
