@@ -413,10 +413,11 @@ def test_07_lm_time_to_loss(tmp_path):
 
 def test_06_at_scale(tmp_path):
     """The model calibrated on the committed scaling and staleness references, with the link the
-    study's machine measured (its committed collectives: one measured now on a busy machine came
-    out 25 times slower and put sync_ps 15% off; test_perfmodel.py measures one here): every
-    measured point predicted, the simulated staleness beside the measured, the published table and
-    its figure, the curves and the map, all written to ``out``."""
+    study's machine measured (its committed collectives: on a busy machine one measured now put
+    sync_ps's traffic at 14 times its time on that link, and sync_ps 15% off; test_perfmodel.py
+    measures one here): every measured point predicted, the simulated staleness beside the
+    measured, the published table and its figure, the curves and the map, all written to
+    ``out``."""
     study = ROOT / "results" / "reference" / "scaling"
     nb = run_notebook(ROOT / "notebooks" / "06_at_scale.ipynb",
                       {"out": str(tmp_path), "gbits": [1, 100],

@@ -188,8 +188,9 @@ def test_calibrated_on_the_studys_machine_it_predicts_the_measured_study_within_
 
 def test_a_link_measured_here_changes_only_what_crosses_it(collectives):
     """Calibrated on a link measured now, on a machine that may be busy (CI runs three test workers
-    on two cores; a link fitted there once came out 25 times slower than quiet, and sync_ps at one
-    worker 15% over its measured step): the fit is a latency and a bandwidth, the compute is the
+    on two cores; a link fitted there once put sync_ps's traffic at 14 times its time on the
+    study's link, and sync_ps at one worker 15% over its measured step): the fit is a latency and
+    a bandwidth, the compute is the
     study's, so one worker of allreduce (nothing to send) is predicted as on the study's own link,
     and every algorithm that sends is predicted no faster than that."""
     here = calib.calibrate(collectives, REFERENCE)
