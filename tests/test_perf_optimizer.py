@@ -1,15 +1,17 @@
 """The optimizer's update once a step (``terms.OPTIMIZER_BYTES``, a hardware file's ``optimizer``
-and ``memory_gbyte_per_s``): inside a rate measured at its accumulation, paid again by a step of
-fewer passes, a range at both ends of the band."""
+and ``memory_gbyte_per_s``; a calibration's measured ``update_s``): inside a rate measured at its
+accumulation, paid again by a step of fewer passes, a range at both ends of the band."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import pandas as pd
 import pytest
-from conftest import downpour, explain
+from conftest import ROOT, downpour, explain
 
 from downpour_lib.errors import ConfigError
+from downpour_lib.perf import calibrate as calib
 from downpour_lib.perf.hardware import hardware_from_dict
 from downpour_lib.perf.perfmodel import predict, predict_ends
 from downpour_lib.perf.presets import PRESETS
@@ -143,14 +145,9 @@ def test_predict_says_the_update_is_not_measured():
 
 def test_a_calibration_measured_here_pays_its_measured_update_once_a_step(tmp_path):
     """A calibration of the scaling study takes each model's update (``update_s``: the optimizer's
-    step, and the algorithm's packing) from the one-worker runs of one pass a step. At
-    one pass nothing changes; at 8 passes the step is 8 of the measured ones less 7 updates, where
-    before it paid the update in every pass; it is measured, so `model predict` does not list it."""
-    import pandas as pd
-    from conftest import ROOT
-
-    from downpour_lib.perf import calibrate as calib
-
+    step, and the algorithm's packing) from the one-worker runs of one pass a step. At one pass
+    nothing changes; at 8 passes the step is 8 of the measured ones less 7 updates, where before
+    it paid the update in every pass; it is measured, so `model predict` does not list it."""
     study = ROOT / "results" / "reference" / "scaling"
     runs = pd.read_csv(study / "runs.csv")
     cal = calib.calibrate(study / "collectives.json", runs)
