@@ -190,9 +190,9 @@ def test_a_link_measured_here_changes_only_what_crosses_it(collectives):
     """Calibrated on a link measured now, on a machine that may be busy (CI runs three test workers
     on two cores; a link fitted there once put sync_ps's traffic at 14 times its time on the
     study's link, and sync_ps at one worker 15% over its measured step): the fit is a latency and
-    a bandwidth, the compute is the
-    study's, so one worker of allreduce (nothing to send) is predicted as on the study's own link,
-    and every algorithm that sends is predicted no faster than that."""
+    a bandwidth, the compute is the study's, so one worker of allreduce (nothing to send) is
+    predicted as on the study's own link, and every algorithm that sends is predicted no faster
+    than that."""
     here = calib.calibrate(collectives, REFERENCE)
     study = calib.calibrate(REFERENCE.parent / "collectives.json", REFERENCE)
     link = here.network.intra
