@@ -13,8 +13,8 @@ from conftest import ROOT, downpour, explain
 from downpour_lib.errors import ConfigError
 from downpour_lib.perf import calibrate as calib
 from downpour_lib.perf.hardware import hardware_from_dict
-from downpour_lib.perf.perfmodel import predict, predict_ends
-from downpour_lib.perf.presets import PRESETS
+from downpour_lib.perf.perfmodel import predict
+from downpour_lib.perf.presets import PRESETS, accumulating
 from downpour_lib.perf.terms import MEMORY_RATE, OPTIMIZER_BYTES, optimizer_s
 
 #: BERT-large on a node of A100s, measured at 64 passes a step (as dgx-a100-bert's TF32 model)
@@ -23,12 +23,6 @@ SPEC = {"devices_per_node": 8, "memory_gbyte_per_s": 2039,
         "models": {"bert": {"batch": 128, "images_per_s": 317, "parameters": 336232258,
                             "accumulation": 64, "multiply_adds": 4.0107e10, "node_compute": "none",
                             "optimizer": "lamb"}}}
-
-
-def _at(cal, passes: int, workers: int):
-    """Both ends of a prediction of ``cal``'s bert, each step accumulating ``passes``."""
-    w = replace(cal.workloads["bert"], accumulation=passes)
-    return predict_ends(replace(cal, workloads={"bert": w}), "allreduce", workers, "bert")
 
 
 def test_lambs_update_is_its_kernels_bytes_over_the_devices_memory():
@@ -61,10 +55,11 @@ def test_a_step_of_fewer_passes_pays_the_update_its_rate_spread_over_more():
     assert cal.workloads["bert"].optimizer_s == optimizer_s("lamb", 336232258, 4, 2039)
     assert plain.workloads["bert"].optimizer_s == (0.0, 0.0)
     for workers in (8, 64, 256):
-        for ours, theirs in zip(_at(cal, 64, workers), _at(plain, 64, workers), strict=True):
+        for ours, theirs in zip(accumulating(cal, "bert", 64, workers),
+                                accumulating(plain, "bert", 64, workers), strict=True):
             assert ours.step_s == pytest.approx(theirs.step_s, rel=1e-12)
-        for end, ours, theirs in zip((0, 1), _at(cal, 2, workers), _at(plain, 2, workers),
-                                     strict=True):
+        for end, ours, theirs in zip((0, 1), accumulating(cal, "bert", 2, workers),
+                                     accumulating(plain, "bert", 2, workers), strict=True):
             paid = cal.workloads["bert"].optimizer_s[end] * (1 - 2 / 64)
             assert ours.compute_s == pytest.approx(theirs.compute_s + paid, rel=1e-9)
             assert ours.step_s > theirs.step_s + 0.9 * paid

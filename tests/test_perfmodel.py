@@ -28,8 +28,8 @@ from downpour_lib.perf.netmodel import (
     ps_transfer_s,
     ring_allreduce_s,
 )
-from downpour_lib.perf.perfmodel import modelled_options, predict, predict_ends
-from downpour_lib.perf.presets import PARAMETERS, PRESETS, published_checks
+from downpour_lib.perf.perfmodel import modelled_options, predict
+from downpour_lib.perf.presets import PARAMETERS, PRESETS, accumulating, published_checks
 from downpour_lib.traffic import ring_share
 
 REFERENCE = ROOT / "results" / "reference" / "scaling" / "runs.csv"
@@ -2080,10 +2080,8 @@ def test_the_band_holds_how_far_two_runs_of_one_setting_lie_apart():
     bert = PRESETS["dgx-a100-bert"]
 
     def at(accumulation, workers):  # each end's rate a GPU
-        w = replace(bert.workloads["bert-large-128"], accumulation=accumulation)
-        return [p.samples_per_s / workers for p in predict_ends(
-            replace(bert, workloads={**bert.workloads, "bert-large-128": w}), "allreduce", workers,
-            "bert-large-128")]
+        return [p.samples_per_s / workers
+                for p in accumulating(bert, "bert-large-128", accumulation, workers)]
 
     ends = [far / base for far, base in zip(at(2, 256), at(64, 8), strict=True)]
     assert c.low == pytest.approx(min(ends) * (1 - MEASUREMENT_SPREAD))

@@ -419,11 +419,11 @@ def unmeasured(cal: Calibration, model: str) -> list[str]:
     if cal.framework is None:
         out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
                    "samples' compute a step")
-    w = cal.workload(model)
-    if w.optimizer_s[0] != w.optimizer_s[1]:
-        out.append(f"the optimizer's update {1000 * w.optimizer_s[0]:.3g}-"
-                   f"{1000 * w.optimizer_s[1]:.3g} ms a step (its rate holds it over "
-                   f"{w.measured_accumulation} passes)")
+    mine = cal.workload(model)
+    low, high = mine.optimizer_s
+    if low != high:
+        out.append(f"the optimizer's update {1000 * low:.3g}-{1000 * high:.3g} ms a step (its rate "
+                   f"holds it over {mine.measured_accumulation} passes)")
     nodes = {cal.node_compute, *(w.node_compute for w in cal.workloads.values() if w.node_compute)}
     for node in sorted((n for n in nodes if not n.measured), key=lambda n: n.amp):
         out.append(f"a busy node's share of a step {100 * node.fp32:.1f}-{100 * node.fp32_high:.1f} % "

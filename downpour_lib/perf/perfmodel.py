@@ -369,7 +369,8 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
         straggler = spread
     # a step: every pass before the allreduce, and the optimizer's update once (compute_s
     # holds it spread over the passes it was measured at: fewer pay it more often a sample)
-    c_step = c * passes + w.optimizer_s[0] * (1 - passes / w.measured_accumulation)
+    update = w.optimizer_s[0] * (1 - passes / w.measured_accumulation)
+    c_step = c * passes + update
     c_sync = c_step * straggler
     if workers == 1 and pattern not in ("push_pull", "async_push_pull"):
         exposed, sent = 0.0, 0.0  # nothing to talk to
@@ -420,9 +421,7 @@ def _predict(cal: Calibration, algorithm: str, workers: int, model: str,
         1 / opts["period"] if pattern == "periodic" else 1.0)
     own = cal.framework * (w.framework_sample_s or w.compute_s / w.batch_size) * rounds
     samples_per_step = workers * w.batch_size * passes
-    # against one device alone at the same passes a step: its update paid as often
-    alone = samples_per_step / (w.compute_s * passes
-                                + w.optimizer_s[0] * (1 - passes / w.measured_accumulation))
+    alone = samples_per_step / (w.compute_s * passes + update)  # one device, as many updates
 
     def rate(exposed_s: float) -> tuple[float, float, float]:
         step = c_step + wait + own + exposed_s
