@@ -1108,11 +1108,14 @@ def test_model_spread_reads_a_slow_workers_run(tmp_path):
     """A real run of 3 MPI ranks whose last worker is 3 times slower (--slow-workers 1: it sleeps
     beside its compute, as a slower device would) writes each rank's host beside its steps, and
     `downpour model spread` on its steps.csv gives the hardware file's lines: that worker's
-    spread as the devices', and no nodes' spread from one host, saying why."""
+    spread as the devices', and no nodes' spread from one host, saying why. The compute is
+    emulated (0.1 s sleeps; the allreduce is real): this model's real step is about 1.5 ms, which
+    a loaded machine's overheads swamp (one make test's run read 0.28 for 0.69, its jitter 0.57)."""
     out = tmp_path / "run"
     proc = mpiexec(3, str(BIN / "downpour"), "train", "--algorithm", "allreduce", "--steps", "12",
                    "--warmup-steps", "2", "--eval-every", "0", "--threads", "1", "--slow-workers",
-                   "1", "--slowdown", "3", "--output-dir", str(out))
+                   "1", "--slowdown", "3", "--compute", "emulated", "--emulated-step-s", "0.1",
+                   "--output-dir", str(out))
     assert proc.returncode == 0, explain(proc)
     steps = pd.read_csv(out / "steps.csv")
     assert steps["host"].nunique() == 1 and steps["host"].notna().all(), steps
@@ -1120,11 +1123,13 @@ def test_model_spread_reads_a_slow_workers_run(tmp_path):
     busy = (steps.step_s - steps.comm_s - steps.wait_s)[steps.step >= 2].groupby(steps["rank"]).mean()
     assert (s.ranks, s.hosts) == (3, 1) and s.node_spread is None
     # the ranks' mean compute spreads by the devices' variance plus the 1/n of a step's own that a
-    # mean of n steps keeps: a loaded machine's noisier steps move the share between the two (at
-    # one CI run's load the devices' came out 0.60 where the means' spread was 0.67), not the sum
+    # mean of n steps keeps: a loaded machine's noisier steps move the share between the two, not
+    # the sum
     assert s.device_spread ** 2 + s.jitter ** 2 / s.steps == pytest.approx(
         (busy.std() / busy.mean()) ** 2, rel=1e-9)
-    assert s.device_spread > 0.3  # the worker 3 times slower: 0.69 of the mean, were all else equal
+    # the worker 3 times slower: the sample spread of (1, 1, 3) is 0.69 of their mean (0.69 here,
+    # 0.69 beside four busy loops); a step's overheads, the same on every rank, would lower it
+    assert 0.55 < s.device_spread < 0.75, s
     proc = downpour("model", "spread", str(out / "steps.csv"), "--warmup-steps", "2")
     assert proc.returncode == 0, explain(proc)
     assert f"device_spread: {s.device_spread:.4f}" in proc.stdout, proc.stdout
