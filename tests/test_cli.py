@@ -1,7 +1,9 @@
 """The command line: bad input exits 2 naming field, value and fix; good input trains."""
 
+import json
 import os
 import subprocess
+import sys
 import typing
 from typing import Literal
 
@@ -345,6 +347,23 @@ def test_a_misspelled_command_names_the_command_meant(capsys):
     err = capsys.readouterr().err
     assert "invalid choice: 'trian'" in err and err.rstrip().endswith("did you mean train?"), err
     assert "{train,evaluate,models,datasets,study,plot,model,bench,profiles,notebook,lab,sandbox}" in err
+
+
+def test_the_list_of_commands_is_every_parsers_line_and_imports_neither_torch_nor_pandas():
+    """`downpour --help`, a new user's first command, lists each command with the line its own
+    parser gives, and builds none of those parsers (4 s here, for torch and pandas)."""
+    import argparse
+
+    full = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    code = ("import json, sys\nfrom downpour_lib.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as stop:\n    status = stop.code\n"
+            "print(json.dumps([status, 'torch' in sys.modules, 'pandas' in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", code], env={**launch_env(), "COLUMNS": "300"},
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)  # no line wraps
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, False, False], explain(proc)
+    listed = [line.split(None, 1) for line in proc.stdout.splitlines() if line.startswith("    ")]
+    assert listed == [[action.dest, action.help] for action in full._choices_actions], explain(proc)
+    assert len(listed) == 12
 
 
 def test_console_script_exit_status_and_listing():

@@ -4,9 +4,9 @@ profiles | notebook | lab | sandbox.
 One module of this package for each command (``train``, ``evaluate``, ``listings``, ``study``,
 ``model``, ``bench``, ``cluster``, ``sandbox``): each adds its parser and holds what the command line
 does; what a command runs lives in its own package (``study/``, ``bench/``, ``cluster/``...), which
-imports nothing from here. This module builds the parser of the command named (``COMMANDS``), and
-says a usage error once. The console script (``console.py``) holds the stop signal before it
-imports this.
+imports nothing from here. This module builds the parser of the command named (``COMMANDS``), or
+where none is named the list of commands alone, and says a usage error once. The console script
+(``console.py``) holds the stop signal before it imports this.
 """
 
 from __future__ import annotations
@@ -40,18 +40,36 @@ def refuse(text: str, speak: bool) -> int:
     return USAGE_ERROR
 
 
-#: each command and the function that adds its parser ("module:function", a module of this
-#: package). A command line builds only the parser of the command it names: the train parser's
-#: flags come from the algorithms, which import torch (seconds), and `downpour model predict`,
-#: `sandbox` or `plot` should not wait for that.
+#: each command: the function that adds its parser ("module:function", a module of this package),
+#: and the line ``downpour --help`` lists it with (its parser's ``help``). A command line builds
+#: only the parser of the command it names: the train parser's flags come from the algorithms, the
+#: benchmarks import torch (seconds), and `downpour model predict`, `sandbox` or `plot` should not
+#: wait for that. A command line that names none (``downpour --help``) builds none: the list alone.
 COMMANDS = {
-    "train": ".train:add_train_parser", "evaluate": ".evaluate:add_evaluate_parser",
-    "models": ".listings:add_models_parser", "datasets": ".listings:add_datasets_parser",
-    "study": ".study:add_study_parsers", "plot": ".study:add_study_parsers",
-    "model": ".model:add_model_parser", "bench": ".bench:add_bench_parser",
-    "profiles": ".cluster:add_cluster_parsers", "notebook": ".cluster:add_cluster_parsers",
-    "lab": ".cluster:add_lab_parser", "sandbox": ".sandbox:add_sandbox_parser",
+    "train": (".train:add_train_parser", "train one configuration (run it under mpiexec/srun/torchrun)"),
+    "evaluate": (".evaluate:add_evaluate_parser",
+                 "score a run's checkpoints on the test split into a CSV, once or watching while it "
+                 "trains"),
+    "models": (".listings:add_models_parser", "list the models with parameter counts"),
+    "datasets": (".listings:add_datasets_parser", "list the data sets"),
+    "study": (".study:add_study_parsers", "run the scaling study (each run under mpiexec), then plot"),
+    "plot": (".study:add_study_parsers", "redraw every study's figures from its CSVs"),
+    "model": (".model:add_model_parser",
+              "the performance model: calibrate, predict, validate, describe, nccl, spread, presets, "
+              "check"),
+    "bench": (".bench:add_bench_parser", "benchmarks: print a table, write JSON rows"),
+    "profiles": (".cluster:add_cluster_parsers", "install the ipyparallel profiles (local-mpi, slurm-mpi)"),
+    "notebook": (".cluster:add_cluster_parsers", "execute a notebook headless (what `make study` does)"),
+    "lab": (".cluster:add_lab_parser",
+            "open the notebooks in JupyterLab on this environment's kernel (what `make lab` does)"),
+    "sandbox": (".sandbox:add_sandbox_parser",
+                "a real Slurm for tests and demos, one node or several (as root)"),
 }
+
+
+def summary(command: str) -> str:
+    """The line ``downpour --help`` lists ``command`` with."""
+    return COMMANDS[command][1]
 
 
 #: a usage line longer than this many lines (train's, of every field) is named, not printed
@@ -88,13 +106,27 @@ def _usage_error(exc: UsageError, argv: Sequence[str]) -> int:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or (``command``) of that one alone."""
-    parser = UsageErrorParser(prog="downpour", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    adders = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    parser, sub = _top_parser()
+    adders = [COMMANDS[command][0]] if command in COMMANDS else [a for a, _ in COMMANDS.values()]
     for where in dict.fromkeys(adders):  # in order, each once (one adds two commands)
         module, name = where.split(":")
         getattr(importlib.import_module(module, __package__), name)(sub)
     return parser
+
+
+def listing_parser() -> argparse.ArgumentParser:
+    """The top level alone, each command a name and its line (``summary``) with no parser behind
+    it: what ``downpour --help``, a bare ``downpour`` and a misspelt command need, in a tenth of a
+    second where every parser takes seconds (they import torch and pandas)."""
+    parser, sub = _top_parser()
+    for command in COMMANDS:
+        sub.add_parser(command, help=summary(command), add_help=False)
+    return parser
+
+
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    parser = UsageErrorParser(prog="downpour", description=__doc__.split("\n\n")[0].replace("``", ""))
+    return parser, parser.add_subparsers(dest="command", required=True)
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
@@ -132,9 +164,12 @@ def check_outputs(args: argparse.Namespace) -> None:
 def _run(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command(argv)
-    parser = build_parser(command)
+    parser = build_parser(command) if command in COMMANDS else listing_parser()
     try:
         args, unknown = parser.parse_known_args(argv)
+        if command not in COMMANDS:  # the list parsed a command after an option: parse it for real
+            parser = build_parser(args.command)
+            args, unknown = parser.parse_known_args(argv)
         if unknown and not getattr(args, "passes_unknown_args", False):
             # the command's own parser says it: its usage, not the top level's (which, built for
             # this one command alone, listed `{train}` of the twelve)

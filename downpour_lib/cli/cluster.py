@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from ..notebooks import CELL_TIMEOUT_S
+from . import summary
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("profiles", help="install the ipyparallel profiles (local-mpi, slurm-mpi)")
+    p = sub.add_parser("profiles", help=summary("profiles"))
     p.add_argument("action", choices=("install", "list"))
     p.add_argument("names", nargs="*", help="profiles to install (default: all)")
     p.add_argument("--force", action="store_true",
@@ -19,7 +20,7 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ipython-dir", help="IPython's directory (default: $IPYTHONDIR or ~/.ipython)")
     p.set_defaults(func=cmd_profiles)
 
-    p = sub.add_parser("notebook", help="execute a notebook headless (what `make study` does)")
+    p = sub.add_parser("notebook", help=summary("notebook"))
     p.add_argument("action", choices=("run",))
     p.add_argument("notebook")
     p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
@@ -149,8 +150,7 @@ def cmd_notebook(args: argparse.Namespace) -> int:
 
 
 def add_lab_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("lab", help="open the notebooks in JupyterLab on this environment's kernel "
-                                   "(what `make lab` does)")
+    p = sub.add_parser("lab", help=summary("lab"))
     p.add_argument("directory", nargs="?", default="notebooks",
                    help="the notebooks' directory (default: notebooks); any other argument goes to "
                         "`jupyter lab`, written --name=value (e.g. --no-browser --port=8890)")

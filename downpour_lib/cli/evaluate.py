@@ -8,14 +8,14 @@ import os
 import sys
 
 from ..errors import ConfigError
+from . import summary
 
 
 def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     from ..config import Length  # no torch
     from ..defaults import EVAL_POLL_S
 
-    p = sub.add_parser("evaluate", help="score a run's checkpoints on the test split into a CSV, "
-                                        "once or watching while it trains")
+    p = sub.add_parser("evaluate", help=summary("evaluate"))
     p.add_argument("--checkpoint-dir", required=True, help="the run's checkpoint_dir")
     p.add_argument("--csv", help="append one row per checkpoint here (default: DIR/evals.csv)")
     p.add_argument("--watch", action="store_true",

@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from . import summary
+
 
 def cmd_models(args: argparse.Namespace) -> int:
     from ..models import MODELS, build_shaped, parameter_count
@@ -38,10 +40,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 
 def add_models_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("models", help="list the models with parameter counts").set_defaults(
-        func=cmd_models)
+    sub.add_parser("models", help=summary("models")).set_defaults(func=cmd_models)
 
 
 def add_datasets_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("datasets", help="list the data sets").set_defaults(func=cmd_datasets)
+    sub.add_parser("datasets", help=summary("datasets")).set_defaults(func=cmd_datasets)
 

@@ -20,6 +20,7 @@ from ..perf.netmodel import COLLECTIVES
 from ..perf.perfmodel import MODELLED_ALGORITHMS, option_value, readable_options
 from ..study.core import reference_dir, results_dir
 from ..study.model_plots import model_dir
+from . import summary
 from .model_hardware import add_hardware_verbs, check_figure_path, data_for, worker_counts
 
 #: what ``model calibrate`` takes compute times from unless given --study or --summary
@@ -145,8 +146,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     # every training rank's included
     from ..perf.hardware import preset_files
 
-    model = sub.add_parser("model", help="the performance model: calibrate, predict, nccl, spread, "
-                                         "presets, check",
+    model = sub.add_parser("model", help=summary("model"),
                            description=__doc__.split("\n\n")[0])
     verbs = model.add_subparsers(dest="verb", required=True)
 

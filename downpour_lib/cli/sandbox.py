@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 
 from ..sandbox.slurm import DEFAULT_DIR, DOWN_TIMEOUT_S, UP_TIMEOUT_S
+from . import summary
 
 
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sandbox", help="a real Slurm for tests and demos, one node or several (as root)")
+    p = sub.add_parser("sandbox", help=summary("sandbox"))
     kinds = p.add_subparsers(dest="sandbox", required=True)
     slurm = kinds.add_parser("slurm", help="munge + slurmctld + slurmd under a private directory")
     slurm.add_argument("action", choices=("up", "status", "down"))

@@ -17,6 +17,7 @@ from ..study.scaling import (
     default_workers,
     study_dir,
 )
+from . import summary
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -32,7 +33,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_study_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("study", help="run the scaling study (each run under mpiexec), then plot")
+    p = sub.add_parser("study", help=summary("study"))
     from ..options import OPTIONS
 
     p.add_argument("--algorithms", type=_names, default=DEFAULT_ALGORITHMS,
@@ -64,7 +65,7 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh", action="store_true", help="start a new CSV instead of resuming")
     p.set_defaults(func=cmd_study, output_dirs=("out",))
 
-    p = sub.add_parser("plot", help="redraw every study's figures from its CSVs",
+    p = sub.add_parser("plot", help=summary("plot"),
                        description="Redraw figures from study CSVs alone: by default every study of "
                                    f"this machine ({results_dir('scaling').parent}/<study>/), each "
                                    "into figures/ beside its runs.csv.")

@@ -15,7 +15,7 @@ import typing
 from typing import Any
 
 from ..errors import ConfigError, DataError
-from . import refuse
+from . import refuse, summary
 
 if typing.TYPE_CHECKING:
     from .. import preempt
@@ -45,7 +45,7 @@ def _option_fields() -> dict[str, str]:
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     from ..config import TrainConfig
 
-    p = sub.add_parser("train", help="train one configuration (run it under mpiexec/srun/torchrun)",
+    p = sub.add_parser("train", help=summary("train"),
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="YAML or JSON file of TrainConfig fields; flags override it")
     p.add_argument("--summary-json", help="rank 0 writes the run's summary row here")
