@@ -34,6 +34,8 @@ DEFINED: dict[Kind, dict[str, Callable[..., Any]]] = {"model": {}, "dataset": {}
 
 _CONTRACT = {"model": "a function (input_shape, num_classes) -> nn.Module",
              "dataset": "a function (data_dir) -> (train, validation) data sets"}
+#: the arguments each kind is called with, by name, for a signature that cannot take them
+_ARGUMENTS = {"model": ("input_shape", "num_classes"), "dataset": ("data_dir",)}
 
 
 def is_user_code(kind: Kind, name: str) -> bool:
@@ -51,6 +53,7 @@ def register(kind: Kind, name: str, function: Callable[..., Any], builtins: Any)
                                       f"e.g. 'my_{name}'")
     if not callable(function):
         raise ConfigError(kind, function, _CONTRACT[kind])
+    _check_arguments(kind, name, function)
     DEFINED[kind][name] = function
     return name
 
@@ -77,7 +80,24 @@ def resolve(kind: Kind, name: str) -> Callable[..., Any]:
         target = getattr(target, part)
     if not callable(target):
         raise ConfigError(kind, name, f"{attr!r} is a {type(target).__name__}, not {_CONTRACT[kind]}")
+    _check_arguments(kind, name, target)
     return target
+
+
+def _check_arguments(kind: Kind, name: str, function: Callable[..., Any]) -> None:
+    """ConfigError where ``function`` cannot be called as its kind is (``_ARGUMENTS``): the
+    signature it has beside the one it needs, before a run calls it (a TypeError's traceback on
+    every rank, otherwise). A callable whose signature Python cannot read is taken as it is."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*_ARGUMENTS[kind])
+    except TypeError:
+        what = getattr(function, "__name__", type(function).__name__)
+        raise ConfigError(kind, name, f"it is {what}{signature}, which cannot be called with "
+                                      f"({', '.join(_ARGUMENTS[kind])}); give {_CONTRACT[kind]}") from None
 
 
 def _import(module_name: str):
@@ -112,6 +132,14 @@ def source_hash(kind: Kind, name: str) -> str:
 
         return hashlib.sha256(cloudpickle.dumps(function)).hexdigest()[:12]
     return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def check(model: str, dataset: str) -> None:
+    """Resolve each of the two that is user code (its module imported, its signature read):
+    ConfigError now, once, where a study would otherwise fail every run alike."""
+    for kind, name in (("model", model), ("dataset", dataset)):
+        if is_user_code(kind, name):
+            resolve(kind, name)
 
 
 def provenance(model: str, dataset: str) -> dict[str, str]:

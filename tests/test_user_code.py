@@ -66,6 +66,19 @@ USERS_FILE = textwrap.dedent('''
 
     def not_pairs(data_dir):
         return [1, 2, 3], [4]
+
+
+    def one_argument(input_shape):
+        return TwoLayer(50, 4)
+
+
+    def no_directory():
+        return blobs(None)
+
+
+    def inputs_alone(data_dir):
+        train, validation = blobs(data_dir)
+        return [(x,) for x, _ in train], [(x,) for x, _ in validation]
     ''')
 
 
@@ -102,6 +115,12 @@ def test_a_model_and_data_set_by_import_path_train_and_are_recorded(users_dir):
     ("mymodels:too_narrow", "mymodels:blobs", "forward fails on the data set's samples of shape (2, 5, 5)"),
     ("mymodels:build", "mymodels:not_pairs", "(x, y) pairs"),
     ("mlp", "mymodels:nowhere", "module 'mymodels' has no 'nowhere'"),
+    ("mymodels:one_argument", "mymodels:blobs", "model='mymodels:one_argument' is not valid: it is "
+     "one_argument(input_shape), which cannot be called with (input_shape, num_classes); give a "
+     "function (input_shape, num_classes) -> nn.Module"),
+    ("mymodels:build", "mymodels:no_directory", "it is no_directory(), which cannot be called with "
+     "(data_dir)"),
+    ("mymodels:build", "mymodels:inputs_alone", "sample 0 is a tuple of 1 (Tensor)"),
 ])
 def test_bad_user_code_is_one_line_naming_the_value(users_dir, model, dataset, says):
     proc = __import__("subprocess").run(
@@ -122,6 +141,8 @@ def test_a_model_whose_logits_do_not_fit_the_classes_is_refused_before_training(
 def test_names_of_built_ins_are_refused_and_callables_are_registered():
     with pytest.raises(ConfigError, match="'lenet' is a built-in model; give yours another name"):
         register_model("lenet", lambda shape, classes: nn.Linear(1, 1))
+    with pytest.raises(ConfigError, match=r"cannot be called with \(input_shape, num_classes\)"):
+        register_model("one_argument", lambda shape: nn.Linear(1, 1))
     with pytest.raises(ConfigError, match="'digits' is a built-in dataset"):
         register_dataset("digits", lambda d: None)
 

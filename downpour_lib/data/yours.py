@@ -57,8 +57,16 @@ def _pair(dataset: Any, name: str) -> tuple[torch.Tensor, Any]:
     item = dataset[0]
     if not isinstance(item, (tuple, list)) or len(item) != 2 or not torch.is_tensor(item[0]):
         raise ConfigError("dataset", name, "its samples must be (x, y) pairs with x a tensor; "
-                                           f"sample 0 is a {type(item).__name__}")
+                                           f"sample 0 is {_described(item)}")
     return item[0], item[1]
+
+
+def _described(item: Any) -> str:
+    """What a sample is, in a few words: a tuple's length and its parts' types."""
+    if isinstance(item, (tuple, list)):
+        parts = ", ".join(type(part).__name__ for part in item[:3]) + (", ..." if len(item) > 3 else "")
+        return f"a {type(item).__name__} of {len(item)} ({parts})"
+    return f"a {type(item).__name__}"
 
 
 def _classes(dataset: Any, name: str) -> int:
