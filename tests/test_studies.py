@@ -10,15 +10,20 @@ from conftest import BIN, ROOT, explain, mpiexec, read_json
 
 from downpour_lib import provenance
 from downpour_lib.cli import main
+from downpour_lib.config import TrainConfig
 from downpour_lib.errors import ConfigError
 from downpour_lib.study import accuracy_plots, gossip_plots, scaling_plots, staleness_plots
 from downpour_lib.study.core import (
     REFERENCE_ROOT,
     STUDIES,
+    Outcome,
+    PlannedRun,
+    StudyError,
     StudyStore,
     host_dirname,
     reference_dir,
     results_dir,
+    run_plan,
 )
 
 FIGURES = {"scaling": scaling_plots.FIGURES, "staleness": staleness_plots.FIGURES,
@@ -176,10 +181,42 @@ def test_every_study_is_one_protocol_that_run_study_runs(tmp_path):
         run_study(Refused())
     assert calls == []  # nothing measured
 
+    class Uncallable(Recorded):  # a user's model that no run could build: said once, before any
+        def plan(self):
+            calls.append("plan")
+            return [PlannedRun(TrainConfig(algorithm="local", model="nosuchmodule:build"), 1)] * 3
+
+    calls.clear()
+    with pytest.raises(ConfigError, match="module 'nosuchmodule' does not import"):
+        run_study(Uncallable())
+    assert calls == ["plan"]
+
     copy = tmp_path / "gossip"
     shutil.copytree(ROOT / REFERENCE_ROOT / "gossip", copy, ignore=shutil.ignore_patterns("*.png"))
     drawn = Gossip(GossipPlan({}, 1, ()), copy).figures()
     assert sorted(p.name for p in drawn) == sorted(f"{name}.png" for name in FIGURES["gossip"])
+
+
+def test_a_study_says_each_error_once_with_the_runs_it_failed(tmp_path):
+    """Runs that fail alike are one line of the closing error, which says whether any run was kept."""
+    plan = [PlannedRun(TrainConfig(algorithm="local", steps=steps), 1, label=f"local   {steps} steps")
+            for steps in (5, 6, 7)]
+
+    def measure(run):
+        if run.config.length.steps < 7:
+            raise ConfigError("model", "mine", "a model that builds")
+        return Outcome({"algorithm": "local"})
+
+    log = []
+    with pytest.raises(StudyError) as error:
+        run_plan(plan, StudyStore(tmp_path), measure, log=log.append)
+    assert str(error.value) == (f"2 of 3 run(s) failed; the others are in {StudyStore(tmp_path)}:\n"
+                                "2 runs (local 5 steps, ...): model='mine' is not valid: a model that builds")
+    assert [line.split(":")[0] for line in log] == ["FAIL  1 of 3", "FAIL  2 of 3", "done  3 of 3"]
+    with pytest.raises(StudyError) as error:  # nothing kept: no pointer to a CSV
+        run_plan(plan[:1], StudyStore(tmp_path / "none"), measure, log=log.append)
+    assert str(error.value) == ("1 of 1 run(s) failed:\n"
+                                "local 5 steps: model='mine' is not valid: a model that builds")
 
 
 def test_run_ids_that_look_like_numbers_stay_text(tmp_path):

@@ -276,12 +276,13 @@ def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *,
     descendants, e.g. the engines of a cluster started elsewhere), and the log counts the runs
     ("done  3 of 48: ...", and with ``announce`` "run   3 of 48: ..." as each starts, for studies
     whose measure says nothing before its run). A run that fails is logged and the others go on;
-    then StudyError lists the failures. Returns the run ids of the plan, in plan order."""
+    then StudyError says each error once, with the runs it failed. Returns the run ids of the
+    plan, in plan order."""
     if fresh:
         store.clear()
     done = store.done()
     todo = list({run.run_id: run for run in plan if run.run_id not in done}.values())  # plan order
-    failures: list[str] = []
+    failures: list[tuple[str, str]] = []
     warmed = before_first is None
     for run in plan:
         rid = run.run_id
@@ -299,7 +300,7 @@ def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *,
             with LoadProbe(own_pids) as probe:
                 outcome = measure(run)
         except DownpourError as exc:  # this run failed (a rank, a timeout): record it, go on
-            failures.append(f"{run.label}: {exc}")
+            failures.append((run.label, str(exc)))
             log(f"FAIL  {count}: {run.label}: {exc}")
             continue
         load = probe.columns()
@@ -309,9 +310,18 @@ def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *,
         notes = [n for n in (outcome.note, describe(load) if load.get("under_load") else "") if n]
         log(f"done  {count}: {run.label}" + (": " + "; ".join(notes) if notes else ""))
     if failures:
-        raise StudyError(f"{len(failures)} run(s) failed; the others are in {store}:\n"
-                         + "\n".join(failures))
+        kept = f"; the others are in {store}" if len(failures) < len(todo) else ""
+        raise StudyError(f"{len(failures)} of {len(todo)} run(s) failed{kept}:\n" + _grouped(failures))
     return [run.run_id for run in plan]
+
+
+def _grouped(failures: Sequence[tuple[str, str]]) -> str:
+    """One line for each error (``(run label, error)`` pairs): the runs it failed, then the error."""
+    runs: dict[str, list[str]] = {}
+    for label, error in failures:
+        runs.setdefault(error, []).append(" ".join(label.split()))
+    return "\n".join(f"{labels[0]}: {error}" if len(labels) == 1 else
+                     f"{len(labels)} runs ({labels[0]}, ...): {error}" for error, labels in runs.items())
 
 
 @contextmanager

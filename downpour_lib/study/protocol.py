@@ -4,7 +4,8 @@ A ``Study`` has a name (its results directory: ``results/<host>/<name>/``) and f
 stages every study goes through:
 
 - ``plan()``: the runs, checked in full before anything runs (bad input fails here, naming the
-  field, before a process starts);
+  field, before a process starts; ``run_study`` then imports your own model and data functions
+  and reads their signatures, once);
 - ``measure(fresh, log)``: the runs missing from its CSVs (all of them if ``fresh``), each a row,
   through the shared resumable loop (``core.run_plan``);
 - ``tables()``: the plan's runs as its CSVs hold them (a frame, or the study's results object);
@@ -46,7 +47,11 @@ def run_study(study: Study, *, fresh: bool = False, figures: bool = False,
     if not isinstance(study, Study):
         raise TypeError(f"run_study takes a Study (studies.Scaling, Staleness, Gossip, Accuracy, "
                         f"TimeToLoss), not {type(study).__name__}")
-    study.plan()
+    from .. import user_code
+
+    for model, dataset in dict.fromkeys((run.config.model, run.config.data.dataset)
+                                        for run in study.plan()):
+        user_code.check(model, dataset)  # a function that cannot be called fails here, not each run
     study.measure(fresh=fresh, log=log)
     if figures:
         for path in study.figures():
