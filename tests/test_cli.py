@@ -342,6 +342,15 @@ def test_a_misspelled_flag_is_said_once_with_the_flag_meant_and_the_commands_usa
     assert "{train}" not in output and "Traceback" not in output, explain(proc)
 
 
+def test_a_misspelled_flag_of_a_verb_is_said_by_the_verb(capsys):
+    """`model predict --wokers 8` was said by `model`, whose flags gave no suggestion."""
+    assert main(["model", "predict", "--model", "resnet50", "--wokers", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("downpour model predict: error: unrecognized arguments: --wokers 8; did you "
+                        "mean --workers?\n"), err
+    assert err.startswith("usage: downpour model predict [options]"), err
+
+
 def test_a_misspelled_command_names_the_command_meant(capsys):
     assert main(["trian", "--steps", "3"]) == 2
     err = capsys.readouterr().err

@@ -129,9 +129,13 @@ def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     return parser, parser.add_subparsers(dest="command", required=True)
 
 
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return action.choices[command]
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the deepest command ``args`` chose: ``model predict``'s, not ``model``'s."""
+    while True:
+        action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if action is None or getattr(args, action.dest, None) not in action.choices:
+            return parser
+        parser = action.choices[getattr(args, action.dest)]
 
 
 def _command(argv: Sequence[str]) -> str | None:
@@ -172,9 +176,8 @@ def _run(argv: Sequence[str] | None) -> int:
             args, unknown = parser.parse_known_args(argv)
         if unknown and not getattr(args, "passes_unknown_args", False):
             # the command's own parser says it: its usage, not the top level's (which, built for
-            # this one command alone, listed `{train}` of the twelve)
-            sub = _subparser(parser, args.command)
-            sub.error("unrecognized arguments: " + " ".join(unknown))
+            # this one command alone, listed `{train}` of the twelve), and its flags to suggest
+            _chosen(parser, args).error("unrecognized arguments: " + " ".join(unknown))
     except UsageError as exc:
         return _usage_error(exc, argv)
     args.unknown_args = unknown

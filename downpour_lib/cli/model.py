@@ -181,7 +181,7 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
                             f"which `make study` writes, and {default_calibration()}, which "
                             "`downpour model calibrate` writes)")
     p.add_argument("--model", required=True, help="a model the calibration has compute for")
-    p.add_argument("--algorithm", default="allreduce",
+    p.add_argument("--algorithm", "--algorithms", default="allreduce",  # as study's and validate's
                    help=f"comma-separated, of {', '.join(MODELLED_ALGORITHMS)}")
     p.add_argument("--workers", type=worker_counts, default=[8, 64, 512], help="comma-separated counts")
     p.add_argument("--against", default=None, metavar="ALGORITHM",
