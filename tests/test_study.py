@@ -21,12 +21,15 @@ from downpour_lib.study.scaling import (
     StudySpec,
     run_id,
     study_dir,
+    workload,
 )
 from downpour_lib.study.scaling_plots import make_figures, throughput_figure
 from downpour_lib.study.scaling_runs import (
     DODGE,
     dodged,
     load_runs,
+    one_workload,
+    other_workloads,
     ranks_exceed_cores,
     scaling_table,
 )
@@ -203,6 +206,28 @@ def test_figures_use_the_commit_measured_last(tmp_path):
                          "samples_per_s": [1.0, 2.0, 3.0]})
     rows.to_csv(tmp_path / "runs.csv", index=False)
     assert list(load_runs(tmp_path / "runs.csv").run_id) == ["b", "c"]
+
+
+def test_a_csv_of_two_workloads_draws_one_and_names_the_other(tmp_path):
+    """A study of your own model run into `make study`'s directory adds its rows to the same CSV;
+    its figures joined both models' throughput into one line per algorithm."""
+    runs = pd.read_csv(REFERENCE / "runs.csv", dtype={"run_id": str, "git_sha": str})
+    mine = runs.assign(model="mymodels:build", samples_per_s=runs.samples_per_s * 10,
+                       run_id=runs.run_id + "m")
+    csv = tmp_path / "runs.csv"
+    pd.concat([runs, mine]).to_csv(csv, index=False)
+    reference = workload(SCALING_BASE)
+    assert reference == {"model": "inception_small", "dataset": "synthetic-cifar", "batch_size": 32}
+    assert len(load_runs(csv)) == 2 * len(runs)  # the CSV keeps both
+    assert set(one_workload(load_runs(csv)).model) == {"mymodels:build"}  # the one measured last
+    table = scaling_table(load_runs(csv, reference))
+    pd.testing.assert_frame_equal(table, scaling_table(load_runs(REFERENCE / "runs.csv")))
+    assert other_workloads(csv, reference) == ["mymodels:build on synthetic-cifar, batch 32"]
+    assert other_workloads(REFERENCE / "runs.csv", reference) == []
+    figure = throughput_figure(one_workload(load_runs(csv), reference))
+    drawn = {y for line in figure.axes[0].get_lines() for y in line.get_ydata()}
+    assert drawn >= set(table.samples_per_s) and drawn.isdisjoint(set(table.samples_per_s * 10))
+    assert [p.name for p in make_figures(csv, tmp_path / "figures", reference)][0] == "throughput.png"
 
 
 def test_scaling_table_against_ideal_linear_scaling():

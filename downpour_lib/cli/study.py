@@ -17,6 +17,7 @@ from ..study.scaling import (
     default_workers,
     study_dir,
 )
+from ..study.scaling import workload as scaling_workload  # cmd_study's own `workload` is its value
 from . import summary
 
 
@@ -43,8 +44,9 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=_ints, default=default_workers(),
                    help="comma-separated worker counts (default: 1,2,... up to the cores here)")
     for key in ("model", "dataset", "batch_size", "warmup_steps", "threads"):
+        yours = "a name, or your own package.module:function " if key in ("model", "dataset") else ""
         p.add_argument("--" + key.replace("_", "-"), dest=key, default=SCALING_BASE[key],
-                       type=type(SCALING_BASE[key]), help=f"(default: {SCALING_BASE[key]})")
+                       type=type(SCALING_BASE[key]), help=f"{yours}(default: {SCALING_BASE[key]})")
     p.add_argument("--steps", type=int, default=None,
                    help=f"steps a run (default: {SCALING_BASE['steps']}; {EMULATED_STEPS} with "
                         "--compute emulated, as notebook 02's emulated sweep)")
@@ -61,7 +63,8 @@ def add_study_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                    help=f"runs per point, their spread the error bars (default: {DEFAULT_REPEATS})")
     p.add_argument("--out", default=None,
-                   help=f"where runs.csv and figures/ go (default: {study_dir()}, this machine's)")
+                   help=f"where runs.csv and figures/ go (default: {study_dir()}, this machine's; "
+                        "give a study of another model its own)")
     p.add_argument("--fresh", action="store_true", help="start a new CSV instead of resuming")
     p.set_defaults(func=cmd_study, output_dirs=("out",))
 
@@ -98,7 +101,7 @@ def study_base(args: argparse.Namespace) -> dict:
 
 def cmd_study(args: argparse.Namespace) -> int:
     from ..study.scaling_plots import make_figures
-    from ..study.scaling_runs import load_runs, scaling_table
+    from ..study.scaling_runs import load_runs, other_workloads, scaling_table
     from ..study.studies import Scaling, run_study
 
     base = study_base(args)
@@ -114,9 +117,14 @@ def cmd_study(args: argparse.Namespace) -> int:
     except StudyError as exc:
         print(f"downpour study: {exc}")
         return 1
-    print(scaling_table(load_runs(csv)).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    for path in make_figures(csv, out / "figures"):
+    workload = scaling_workload(base)
+    print(scaling_table(load_runs(csv, workload)).to_string(index=False,
+                                                            float_format=lambda v: f"{v:.3f}"))
+    for path in make_figures(csv, out / "figures", workload):
         print(f"wrote {path}")
+    for other in other_workloads(csv, workload):
+        print(f"{csv} also holds runs of {other}, left out of this table and its figures "
+              "(give each study its own --out)")
     return 0
 
 

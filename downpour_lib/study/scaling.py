@@ -173,6 +173,10 @@ class StudySpec:
                 points.append((config, config.options.roles_for(workers).world_size))
         return [(config, size, r) for r in range(self.repeats) for config, size in points]
 
+    def workload(self) -> dict[str, Any]:
+        """``workload(base)``: what its table and figures draw."""
+        return workload(self.base)
+
     def planned(self) -> list[PlannedRun]:
         """``runs()`` as the study loop's planned runs, labelled for the log."""
         at = f" ({self.columns['where']})" if "where" in self.columns else ""
@@ -189,6 +193,13 @@ class StudySpec:
         return pd.DataFrame([{**run.columns, "algorithm": run.algorithm,
                               "world_size": run.world_size, "repeat": run.repeat,
                               "run_id": run.run_id} for run in self.planned()])
+
+
+def workload(base: dict[str, Any]) -> dict[str, Any]:
+    """The model, data set and batch a worker of every run of ``base`` has, as a study's rows
+    record them (``scaling_runs.WORKLOAD``)."""
+    config = TrainConfig.from_dict(dict(base))
+    return {"model": config.model, "dataset": config.data.dataset, "batch_size": config.data.batch_size}
 
 
 #: The committed study, measured on the machine its rows and figures name; a study never writes here.

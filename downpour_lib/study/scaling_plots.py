@@ -21,7 +21,9 @@ study's table and the model's notes from here too (``load_runs``, ``scaling_tabl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -31,7 +33,15 @@ from .emulated_check import emulated_vs_model
 from .figures import save_figure
 from .load import LOADED_SHARE, MIN_WINDOW_S
 from .scaling_model_plots import model_notes, scaling_model_figure
-from .scaling_runs import GROUP, dodged, load_runs, load_summary, others_share, scaling_table
+from .scaling_runs import (
+    GROUP,
+    dodged,
+    load_runs,
+    load_summary,
+    one_workload,
+    others_share,
+    scaling_table,
+)
 
 FIGURES = ("throughput", "speedup", "efficiency", "breakdown")
 
@@ -231,16 +241,18 @@ def breakdown_figure(runs: pd.DataFrame):
     return fig
 
 
-def make_figures(source: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+def make_figures(source: str | Path, out_dir: str | Path | None = None,
+                 workload: Mapping[str, Any] | None = None) -> list[Path]:
     """Every scaling figure from the study's CSV (``source``: the CSV, or the study's directory
-    holding ``runs.csv``), as PNGs in ``out_dir`` (default: ``figures/`` beside the CSV). Where
-    the model was calibrated on the study (``calibration.json`` beside the CSV:
-    ``model_plots.model_for_study``), throughput, speedup and efficiency draw its curve beside
-    each emulated series (``emulated_check.emulated_vs_model``)."""
+    holding ``runs.csv``), as PNGs in ``out_dir`` (default: ``figures/`` beside the CSV), of one
+    workload: ``workload`` (a spec's ``workload()``), else the one measured last
+    (``one_workload``). Where the model was calibrated on the study (``calibration.json`` beside
+    the CSV: ``model_plots.model_for_study``), throughput, speedup and efficiency draw its curve
+    beside each emulated series (``emulated_check.emulated_vs_model``)."""
     source = Path(source)
     csv = source / "runs.csv" if source.is_dir() else source
     out_dir = Path(out_dir) if out_dir is not None else csv.parent / "figures"
-    runs = load_runs(csv)
+    runs = one_workload(load_runs(csv), workload)
     checked = None
     if (csv.parent / "calibration.json").is_file() and "compute" in runs \
             and (runs["compute"] == "emulated").any():

@@ -10,7 +10,9 @@ axis (``dodged``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -18,13 +20,37 @@ from ..records import TIME_PARTS
 from .core import latest_commit, read_runs_csv, with_series
 
 GROUP = ["series", "algorithm", "model", "dataset", "batch_size"]
+#: what a worker of a run computes on: a figure draws one (``one_workload``)
+WORKLOAD = ["model", "dataset", "batch_size"]
 
 
-def load_runs(csv: str | Path) -> pd.DataFrame:
+def load_runs(csv: str | Path, workload: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The study CSV's rows of the commit measured last (``core.latest_commit``): a machine's CSV
-    keeps its earlier commits' rows, and a figure must not mix code versions. Each row gets its
-    ``series`` (``with_series``)."""
-    return with_series(latest_commit(read_runs_csv(csv)))
+    keeps its earlier commits' rows, and a figure must not mix code versions. With ``workload``,
+    only its rows (``one_workload``). Each row gets its ``series`` (``with_series``)."""
+    runs = latest_commit(read_runs_csv(csv))
+    return with_series(runs if workload is None else one_workload(runs, workload))
+
+
+def one_workload(runs: pd.DataFrame, workload: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """The rows of ``workload`` (its ``WORKLOAD`` fields), or of the one measured last (the last
+    row's). A study of your own model run into the same directory as ``make study`` adds its rows
+    to the same CSV, and a figure that drew both would join two models' throughput in one line."""
+    if not len(runs):
+        return runs
+    where = workload if workload is not None else runs.iloc[-1]
+    keep = pd.Series(True, index=runs.index)
+    for field in WORKLOAD:
+        keep &= runs[field] == where[field]
+    return runs[keep].reset_index(drop=True)
+
+
+def other_workloads(csv: str | Path, workload: Mapping[str, Any]) -> list[str]:
+    """Each workload but ``workload`` that the CSV holds at the commit measured last, described."""
+    runs = latest_commit(read_runs_csv(csv))
+    others = runs[WORKLOAD].drop_duplicates()
+    return [f"{row.model} on {row.dataset}, batch {row.batch_size}" for row in others.itertuples()
+            if any(getattr(row, field) != workload[field] for field in WORKLOAD)]
 
 
 def run_cores(runs: pd.DataFrame) -> pd.Series:

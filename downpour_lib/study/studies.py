@@ -66,7 +66,8 @@ class Scaling:
         return self._measured if self._measured is not None else read_runs_csv(self.spec.csv)
 
     def figures(self) -> list[Path]:
-        return scaling_plots.make_figures(self.spec.csv, Path(self.spec.csv).parent / "figures")
+        return scaling_plots.make_figures(self.spec.csv, Path(self.spec.csv).parent / "figures",
+                                          self.spec.workload())
 
 
 @dataclass
