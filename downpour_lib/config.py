@@ -89,7 +89,8 @@ class TrainConfig:
     algorithm: str = _help("training algorithm", identity="keep", default="sync_ps")
     options: Any = _help("the algorithm's own options (a mapping or its options dataclass)",
                          identity="keep", default=None)
-    model: str = _help("model name (see `downpour models`)", identity="keep", default="mlp")
+    model: str = _help("model name (see `downpour models`), or your own: package.module:function",
+                       identity="keep", default="mlp")
     data: Data = _help("the data set, batch and seed", default=None)
     optim: Optim = _help("the update rule and its learning rate", default=None)
     length: Length = _help("how long it trains and how it is measured", default=None)

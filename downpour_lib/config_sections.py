@@ -69,7 +69,8 @@ class Data:
     """What a worker reads: two runs with the same seed, model, data and global batch see the same
     samples in the same order, whatever the algorithm."""
 
-    dataset: str = _help("data set name (see `downpour datasets`)", identity="keep", default="digits")
+    dataset: str = _help("data set name (see `downpour datasets`), or your own: "
+                         "package.module:function", identity="keep", default="digits")
     data_dir: str = _help("directory holding the real data sets' files", identity="measure", default="data")
     batch_size: int = _help("samples per worker per step; the global batch is this times the "
                             "number of workers", identity="keep", default=32)
