@@ -33,6 +33,7 @@ def test_plain_side_runs_in_one_process(tmp_path):
     script.write_text(side(readme_diff(), drop="+"))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "CHECKSUM" in proc.stdout, explain(proc)
+    assert "40 steps, last loss " in proc.stdout, explain(proc)  # what the reader sees of a run
 
 
 def test_distributed_side_runs_under_mpiexec_and_keeps_ranks_identical(tmp_path):
@@ -42,6 +43,7 @@ def test_distributed_side_runs_under_mpiexec_and_keeps_ranks_identical(tmp_path)
     assert proc.returncode == 0, explain(proc)
     sums = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("CHECKSUM")]
     assert len(sums) == 2 and sums[0] == sums[1], proc.stdout
+    assert proc.stdout.count("40 steps, last loss ") == 2, proc.stdout  # each rank's
 
 
 def shell_blocks(page) -> list[tuple[int, str]]:
