@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 from downpour_lib import provenance
+from downpour_lib.cli import main
 from downpour_lib.config import TrainConfig
 from downpour_lib.errors import ConfigError
 from downpour_lib.study.scaling import (
@@ -208,7 +209,7 @@ def test_figures_use_the_commit_measured_last(tmp_path):
     assert list(load_runs(tmp_path / "runs.csv").run_id) == ["b", "c"]
 
 
-def test_a_csv_of_two_workloads_draws_one_and_names_the_other(tmp_path):
+def test_a_csv_of_two_workloads_draws_one_and_names_the_other(tmp_path, capsys):
     """A study of your own model run into `make study`'s directory adds its rows to the same CSV;
     its figures joined both models' throughput into one line per algorithm."""
     runs = pd.read_csv(REFERENCE / "runs.csv", dtype={"run_id": str, "git_sha": str})
@@ -228,6 +229,11 @@ def test_a_csv_of_two_workloads_draws_one_and_names_the_other(tmp_path):
     drawn = {y for line in figure.axes[0].get_lines() for y in line.get_ydata()}
     assert drawn >= set(table.samples_per_s) and drawn.isdisjoint(set(table.samples_per_s * 10))
     assert [p.name for p in make_figures(csv, tmp_path / "figures", reference)][0] == "throughput.png"
+    capsys.readouterr()
+    assert main(["plot", str(tmp_path), "--study", "scaling"]) == 0  # no spec: the one measured last
+    assert capsys.readouterr().out.endswith(
+        f"{csv} also holds runs of inception_small on synthetic-cifar, batch 32; the figures are of "
+        "the workload measured last, mymodels:build\n")
 
 
 def test_scaling_table_against_ideal_linear_scaling():

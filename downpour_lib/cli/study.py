@@ -184,4 +184,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
             raise ConfigError("dir", str(source), "no such study directory or CSV")
         for path in makers[study](source, args.figures):
             print(f"wrote {path}")
+        if study == "scaling":
+            _say_workloads_left_out(source / "runs.csv" if source.is_dir() else source)
     return 0
+
+
+def _say_workloads_left_out(csv: Path) -> None:
+    """The workloads of a scaling CSV that its figures, of the one measured last, leave out."""
+    from ..study.scaling_runs import WORKLOAD, load_runs, one_workload, other_workloads
+
+    drawn = one_workload(load_runs(csv))
+    if len(drawn):
+        for other in other_workloads(csv, drawn.iloc[0][WORKLOAD]):
+            print(f"{csv} also holds runs of {other}; the figures are of the workload measured "
+                  f"last, {drawn.model.iloc[0]}")
