@@ -40,6 +40,7 @@ launcher's variables and before rendezvous.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import re
 import typing
@@ -78,6 +79,30 @@ from .errors import ConfigError, unknown_name
 from .models import MODELS
 from .options import OPTIONS, build_options, coerce
 from .preempt import in_slurm_job
+
+#: ``downpour train``'s flags that are not fields of a run: a config file cannot hold them
+FLAGS_ONLY = ("config", "summary_json", "preflight")
+
+
+def _unknown_field(name: Any, known: Iterable[str]) -> ConfigError:
+    """The error for a config file's (or dict's) key that is no field, with the fix where the key
+    is one a user would write: an algorithm's option (it goes under ``options:``), a flag's
+    spelling with dashes, a flag of the command line alone."""
+    if not isinstance(name, str):
+        return unknown_name("config field", name, known)
+    takes = [algorithm for algorithm, cls in OPTIONS.items()
+             if name in {f.name for f in dataclasses.fields(cls)}]
+    if takes:
+        return ConfigError("config field", name, f"an option of {', '.join(takes)}: a file gives it "
+                                                 f"under options, e.g. options: {{{name}: ...}}")
+    if name.replace("-", "_") in known:
+        return ConfigError("config field", name, f"a file spells it {name.replace('-', '_')}")
+    if name.replace("-", "_") in FLAGS_ONLY:
+        return ConfigError("config field", name, f"a flag of downpour train alone: give "
+                                                 f"--{name.replace('_', '-')} on its command line")
+    close = difflib.get_close_matches(name, known, n=1)
+    choices = "choose one of " + ", ".join(sorted(known))
+    return ConfigError("config field", name, f"did you mean {close[0]}? {choices}" if close else choices)
 
 
 @dataclass(frozen=True)
@@ -190,7 +215,7 @@ class TrainConfig:
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
             if name not in known:
-                raise unknown_name("config field", name, known)
+                raise _unknown_field(name, known)
             kwargs[name] = value if name == "options" else coerce(name, hints[name], value)
         return cls(**kwargs)
 

@@ -81,10 +81,31 @@ def test_from_dict_converts_only_what_loses_nothing():
 
 
 def test_from_dict_rejects_unknown_fields_and_bad_types():
-    with pytest.raises(ConfigError, match="choose one of .*batch_size"):
+    with pytest.raises(ConfigError, match="did you mean batch_size[?] choose one of .*batch_size"):
         TrainConfig.from_dict({"batchsize": 3})
     with pytest.raises(ConfigError, match="batch_size='many'.*must be an integer, not a string$"):
         TrainConfig.from_dict({"batch_size": "many"})
+
+
+@pytest.mark.parametrize("key, says", [
+    ("period", "config field='period' is not valid: an option of localsgd, easgd, easgd_async, diloco, "
+               "slowmo: a file gives it under options, e.g. options: {period: ...}"),
+    ("batch-size", "config field='batch-size' is not valid: a file spells it batch_size"),
+    ("summary_json", "config field='summary_json' is not valid: a flag of downpour train alone: give "
+                     "--summary-json on its command line"),
+])
+def test_a_config_files_key_that_is_a_flag_says_where_it_goes(key, says):
+    """What a user who knows the flags writes in a file: an option at the top, a flag's spelling,
+    a flag that is no field; each named with its fix. The flags named are train's."""
+    with pytest.raises(ConfigError) as error:
+        TrainConfig.from_dict({"algorithm": "localsgd", key: 2})
+    assert str(error.value) == says
+    from downpour_lib.cli import build_parser
+    from downpour_lib.config import FLAGS_ONLY
+
+    train = build_parser("train").parse_args(["train", "--config", "c.yaml", "--summary-json", "s.json",
+                                              "--preflight"])
+    assert all(hasattr(train, flag) for flag in FLAGS_ONLY)
 
 
 @pytest.mark.parametrize("values, message", [
