@@ -135,6 +135,8 @@ BAD_INPUTS = [
     # a file where the checkpoints should be: said, not watched until the timeout
     (["evaluate", "--checkpoint-dir", "{file}", "--watch", "--timeout-s", "30"],
      "checkpoint_dir='{file}' is not valid: is a file, and a directory is wanted", 2),
+    (["evaluate", "--checkpoint-dir", "{tmp}", "--device", "gpu"],
+     "device='gpu' is not valid: choose one of cpu, cuda, cuda:N (N a GPU's index) or auto", 2),
     (["evaluate", "--checkpoint-dir", "{tmp}", "--csv", "{tmp}"],
      "csv='{tmp}' is not valid: is a directory, and a file is wanted", 2),
     # validate's arguments, checked before any sandbox starts: 3 nodes and any model pass them

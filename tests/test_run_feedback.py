@@ -158,6 +158,15 @@ def test_evaluate_says_when_nothing_is_new_and_fails_when_nothing_reads(tmp_path
     assert main(["evaluate", "--checkpoint-dir", str(broken)]) == 1
     err = capsys.readouterr().err
     assert "skipping" in err and f"no checkpoint in {broken} could be read" in err, err
+    # a GPU that is not there is the device's error, said once, not each checkpoint's failure
+    import torch
+
+    gpus = torch.cuda.device_count()
+    assert main(["evaluate", "--checkpoint-dir", str(ckpt), "--device", f"cuda:{gpus}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "skipping" not in err, err
+    assert err.startswith(f"downpour evaluate: error: device='cuda:{gpus}' is not valid: "
+                          + (f"this node has {gpus} GPU(s)" if gpus else "CUDA is not available")), err
 
 
 def test_a_resumed_run_says_which_checkpoint_and_step_it_continues_from(tmp_path, capsys):

@@ -25,7 +25,8 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--until-step", type=int, help="with --watch: stop once a checkpoint of this "
                                                    "step or later is scored")
     p.add_argument("--timeout-s", type=float, help="with --watch: stop after this many seconds")
-    p.add_argument("--device", default="cpu", help="device to evaluate on (default: cpu)")
+    p.add_argument("--device", default="cpu",
+                   help="device to evaluate on: cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--batch-size", type=int, default=Length.eval_batch_size,
                    help="(default: %(default)s, a run's eval_batch_size)")
     p.add_argument("--samples", type=int, default=0,
@@ -49,6 +50,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise ConfigError(name, getattr(args, name), "must be a finite number > 0")
     if args.samples < 0:
         raise ConfigError("samples", args.samples, "a whole number >= 0 (0: all of the test split)")
+    _device_named(args.device)
     if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         # watched, it would poll a file for checkpoints until its timeout
         raise ConfigError("checkpoint_dir", args.checkpoint_dir,
@@ -68,9 +70,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                           "checkpoint_dir (or --watch to wait for a run that has not written one)")
     import torch
 
+    device = _evaluation_device(args.device)
     torch.set_num_threads(args.threads)  # few: the cores belong to the training it watches
     stopped = run(args.checkpoint_dir, args.csv, args.watch, args.poll_s, args.until_step,
-                  args.timeout_s, args.device, args.batch_size, args.data_dir, args.samples)
+                  args.timeout_s, device, args.batch_size, args.data_dir, args.samples)
     if stopped == "timeout":
         print(f"downpour evaluate: stopped after {args.timeout_s} s without the final checkpoint",
               flush=True)
@@ -84,3 +87,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return 1
     return 0
 
+
+
+def _device_named(text: str) -> tuple[str, int | None]:
+    """``--device``'s kind and GPU index: auto, cpu, cuda or cuda:N (no torch: said first)."""
+    kind, colon, index = text.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError("device", text, "choose one of cpu, cuda, cuda:N (N a GPU's index) or auto")
+    return kind, int(index) if colon else None
+
+
+def _evaluation_device(text: str) -> str:
+    """``--device`` as torch names it, checked before any checkpoint is read: a GPU that is not
+    there is said once, not as each checkpoint's failure to load."""
+    import torch
+
+    from ..comm.runtime import pick_device
+
+    kind, index = _device_named(text)
+    try:
+        device = pick_device(kind, index or 0)
+    except ConfigError as exc:  # CUDA is not there: said of the value given
+        raise ConfigError("device", text, exc.expected) from None
+    if index is not None and index >= torch.cuda.device_count():
+        raise ConfigError("device", text, f"this node has {torch.cuda.device_count()} GPU(s): give "
+                                          f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return str(device)
