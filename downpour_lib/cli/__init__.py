@@ -184,8 +184,8 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         check_outputs(args)
         return args.func(args)
-    except (ConfigError, DataError) as exc:
-        print(f"downpour {args.command}: error: {exc}", file=sys.stderr)
+    except (ConfigError, DataError) as exc:  # said by the verb it is about (downpour model predict)
+        print(f"{_chosen(parser, args).prog}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
 
 

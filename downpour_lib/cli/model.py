@@ -105,7 +105,8 @@ def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: st
                        f"--algorithm allreduce --steps 30 --warmup-steps 10 --eval-every 0 "
                        f"--summary-json {summary}`, then `downpour model calibrate --collectives "
                        f"FILE --summary {summary}` (FILE: `downpour bench collectives --json FILE` "
-                       "under mpiexec across your nodes; README: \"Your model, your links\")." + elsewhere)
+                       "under mpiexec across your nodes; docs/perf_model.md, \"Your model, your "
+                       "links\")." + elsewhere)
 
 
 def _option(text: str) -> tuple[str, str, object]:

@@ -106,12 +106,17 @@ def cmd_describe(args: argparse.Namespace) -> int:
     """Print a ``models:`` entry to paste into a hardware file (``perf.hardware.model_entry``)."""
     import yaml
 
+    from .. import user_code
+    from ..errors import unknown_name
     from ..models import MODELS
     from ..perf.hardware import model_entry
 
     dataset = args.dataset
     if dataset is None:
-        if args.model not in MODELS:
+        if not user_code.is_user_code("model", args.model):
+            if args.model not in MODELS:  # a misspelt built-in: its name, not the data set
+                raise unknown_name("model", args.model, [*MODELS, "package.module:function"])
+        else:
             raise ConfigError("dataset", None, f"the data set {args.model} trains on (its samples' "
                               "shape sets the counts): give --dataset, e.g. mymodels:blobs")
         dataset = data_for(args.model)
