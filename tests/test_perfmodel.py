@@ -1657,6 +1657,12 @@ def test_input_that_lied_is_named_in_one_line(tmp_path):
     typo = dict(spec, links={"intra": {"gbit_per_s": 1200}, "intre": {"gbit_per_s": 100}})
     with pytest.raises(ConfigError, match="links='intre'.*did you mean inter"):
         hardware_from_dict(typo)
+    # a rate or latency in another unit (bytes/s for Gbit/s, ns for us): past any link's
+    for field, bad, says in (("gbit_per_s", 12.5e9, "a line rate in Gbit/s, at most 100,000"),
+                             ("latency_us", 14e6, "microseconds, from 0 to 1,000,000")):
+        inter = {"gbit_per_s": 100, field: bad}
+        with pytest.raises(ConfigError, match=f"links.inter.{field}=.* is not valid: {says}"):
+            hardware_from_dict(dict(spec, links={"intra": {"gbit_per_s": 1200}, "inter": inter}))
     model = spec["models"]["net"]
     # a worker of several devices on a node of several workers: the network would count 8
     # workers a node where 2 (or 1) are; a worker of a whole node is devices_per_node: 1

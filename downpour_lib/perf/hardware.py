@@ -73,6 +73,11 @@ _TOP = {"name", "source", "devices_per_node", "collective", "bucket_mb", "bucket
         "device_spread", "node_spread", "framework", "node_compute", "host", "links", "models",
         "memory_gbyte_per_s"}
 _LINK = {"gbit_per_s", "latency_us", "efficiency", "transport", "source"}
+#: the largest line rate and latency a link can have: past them a value is in another unit (bit/s
+#: or bytes/s for Gbit/s, 1.8 TB/s of NVLink 5 being 14,400; ns or ms for us, a WAN's round trip
+#: under a second)
+MAX_GBIT_PER_S = 100_000
+MAX_LATENCY_US = 1_000_000
 _MODEL = {"batch", "images_per_s", "step_s", "parameters", "bytes_per_parameter",
           "devices_per_worker", "backward_fraction", "ready_at", "accumulation", "precision",
           "full_precision", "multiply_adds", "node_compute", "optimizer", "source"}
@@ -191,9 +196,14 @@ def _link_range(name: str, d: Any,
     _unknown(f"links.{name}", d, _LINK)
     rate = _number(f"links.{name}.gbit_per_s", d.get("gbit_per_s"),
                    "a line rate in Gbit/s > 0, e.g. 100")
+    if rate > MAX_GBIT_PER_S:  # bit/s or bytes/s given for Gbit/s
+        raise ConfigError(f"links.{name}.gbit_per_s", d["gbit_per_s"], f"a line rate in Gbit/s, "
+                          f"at most {MAX_GBIT_PER_S:,}: bytes/s x 8 / 1e9, e.g. 100 for 12.5e9 bytes/s")
     latency = d.get("latency_us", 5)
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
-        raise ConfigError(f"links.{name}.latency_us", latency, "microseconds >= 0, e.g. 5")
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
+            or not 0 <= latency <= MAX_LATENCY_US:
+        raise ConfigError(f"links.{name}.latency_us", latency,
+                          f"microseconds, from 0 to {MAX_LATENCY_US:,} (a second), e.g. 5")
     transport = d.get("transport")
     eff = d.get("efficiency", "published" if transport is not None else "fitted")
     factors, ranged = (1.0, 1.0), None
