@@ -258,9 +258,20 @@ def test_a_bucket_larger_than_the_model_warns_of_no_overlap(capsys):
     """Legal, and pointless unless meant: one bucket, so the allreduce waits for all of backward."""
     assert main(["train", "--algorithm", "allreduce", "--bucket-cap-mb", "1000", "--steps", "3",
                  "--threads", "1"]) == 0
-    assert "bucket_cap_mb=1000 holds the whole model" in capsys.readouterr().err
+    assert ("bucket_cap_mb=1000 holds the whole model (0.10 MB of parameters) in one bucket: its "
+            "allreduce starts only after backward, with no overlap; give one smaller than the "
+            "model, e.g. 0.025") in capsys.readouterr().err  # the default 25 holds it too: not said
     assert main(["train", "--algorithm", "allreduce", "--steps", "3", "--threads", "1"]) == 0
     assert "bucket_cap_mb" not in capsys.readouterr().err  # the default: no warning
+
+
+def test_the_configs_warnings_are_said_as_the_commands(capsys):
+    """A setting that does nothing was a raw Python warning (file, line and source line)."""
+    assert main(["train", "--optimizer", "adam", "--momentum", "0.9", "--steps", "3",
+                 "--threads", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ("downpour train: warning: momentum=0.9 has no effect with optimizer='adam'; it applies "
+            "to 'sgd' only\n") in err and "UserWarning" not in err, err
 
 
 def test_flags_text_is_parsed_into_each_fields_type(tmp_path):

@@ -41,9 +41,11 @@ def warn_one_bucket(options: AllReduceOptions | Any, model: nn.Module,
         return
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if cap * 2**20 >= nbytes:
+        fix = (f"leave it at {default:g} or give" if default * 2**20 < nbytes  # the default splits it
+               else "give")
         report(f"bucket_cap_mb={cap:g} holds the whole model ({nbytes / 2**20:.2f} MB of "
                f"parameters) in one bucket: its allreduce starts only after backward, with no "
-               f"overlap; leave it at {default:g} or give one smaller than the model")
+               f"overlap; {fix} one smaller than the model, e.g. {nbytes / 4 / 2**20:.2g}")
 
 
 class AllReduce(Algorithm):

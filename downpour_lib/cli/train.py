@@ -12,6 +12,7 @@ import dataclasses
 import os
 import sys
 import typing
+import warnings
 from typing import Any
 
 from ..errors import ConfigError, DataError
@@ -165,7 +166,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"downpour train: warning: {message}", file=sys.stderr, flush=True)
 
     try:
-        config = config_from_args(args)
+        with warnings.catch_warnings(record=True) as caught:  # the config's, said as ours
+            warnings.simplefilter("always", UserWarning)
+            config = config_from_args(args)
+        for said in caught:
+            if said.category is UserWarning:
+                warn(str(said.message))
+            else:
+                warnings.showwarning(said.message, said.category, said.filename, said.lineno)
         config = config.slurm_resume(named="resume" in vars(args))  # a requeued job continues
         # torch and the engine only once the flags hold: a typo is answered before `import torch`
         from .._torch_import import import_torch
