@@ -486,3 +486,12 @@ def test_a_cluster_error_in_a_notebook_is_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == ("downpour notebook: error: nb.ipynb: profile 'x' runs 2 clusters; use_cluster "
                    "does not start another\n"), err
+
+
+def test_a_published_value_a_hair_outside_its_band_does_not_print_as_inside():
+    """`model check` counts a check outside its band when outside_band > 0, and printed it at three
+    decimals: 0.000 beside 'inside the band: 0 of 1'."""
+    from downpour_lib.cli.model_hardware import _outside
+
+    assert [_outside(v) for v in (0.0, 0.0004, -0.0004, 0.0123)] == ["0.000", "4.0e-04", "-4.0e-04",
+                                                                     "0.012"]

@@ -298,7 +298,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def cmd_bench_train(args: argparse.Namespace) -> int:
     def launch() -> list[dict[str, Any]]:
         runs = plan(args)  # every check before the first launch
-        print(f"downpour bench train: {len(runs) * args.repeats} launch(es) of {args.model} on "
+        launches = (len(runs) + bool(args.plain)) * args.repeats  # the plain loop's too
+        print(f"downpour bench train: {launches} launch(es) of {args.model} on "
               f"{args.dataset}, batch {args.batch_size} per worker", flush=True)
         return run_bench(args, log=lambda line: print(line, flush=True))
 

@@ -219,7 +219,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ConfigError("figure", args.figure, "the figure draws efficiency rows, and "
                           f"{args.checks} has only speedups (against_algorithm)")
     table = published_table(checks)
-    print(table.drop(columns="source").to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(table.drop(columns="source").to_string(index=False, float_format=lambda v: f"{v:.3f}",
+                                                  formatters={"outside_band": _outside}))
     if efficiency:
         print("efficiency checks: " + _summary_line(check_summary(checks)))
     for kind, s in check_groups(checks).items():  # where the band holds, and where it does not
@@ -234,6 +235,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         print(f"wrote {save_figure(published_figure(table), args.figure)}")
     return 0
+
+
+def _outside(value: float) -> str:
+    """How far the published value lies outside its band: three decimals, or where those would
+    read 0.000 of a value a hair outside (counted outside), the value itself."""
+    return f"{value:.1e}" if 0 < abs(value) < 0.0005 else f"{value:.3f}"
 
 
 def _summary_line(s: dict[str, float]) -> str:
