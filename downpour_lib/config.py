@@ -132,8 +132,10 @@ class TrainConfig:
         given = {"data": data, "optim": optim, "length": length, "system": system,
                  "emulation": emulation, "outputs": outputs, "runtime": runtime}
         for name in flat:
-            if name not in SECTION_OF:
-                raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}")
+            if name not in SECTION_OF:  # Python's own error, with the field meant
+                close = difflib.get_close_matches(name, [*TOP, *SECTION_OF], n=1)
+                raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}"
+                                + (f"; did you mean {close[0]}?" if close else ""))
         if algorithm not in OPTIONS:
             raise unknown_name("algorithm", algorithm, OPTIONS)
         if callable(model):  # a function or class of yours, e.g. from a notebook cell

@@ -50,6 +50,16 @@ def _help(text: str, identity: Identity | None = None, **kw: Any) -> Any:
     return field(metadata=metadata, **kw)
 
 
+def _numbers(section: Any) -> None:
+    """Each number or flag field of ``section`` as its type, or a ConfigError naming it: what a
+    file's values get (``coerce``: 10.0 to 10, 1 to 1.0, a string refused), for Python's too.
+    ``TrainConfig(steps="10")`` failed later as a TypeError naming no field, and
+    ``batch_size=2.5`` on a cluster's engines."""
+    for name, hint in typing.get_type_hints(type(section)).items():
+        if {int, float, bool} & (set(typing.get_args(hint)) | {hint}):
+            object.__setattr__(section, name, coerce(name, hint, getattr(section, name)))
+
+
 def _at_least(name: str, value: int | None, low: int, example: str = "") -> None:
     if value is not None and value < low:
         raise ConfigError(name, value, f"must be a whole number >= {low}{example}")
@@ -86,6 +96,7 @@ class Data:
     seed: int = _help("seed for model initialization and data order", identity="keep", default=0)
 
     def __post_init__(self) -> None:
+        _numbers(self)
         if callable(self.dataset):  # a function of yours, e.g. from a notebook cell
             object.__setattr__(self, "dataset", user_code.register(
                 "dataset", self.dataset.__name__, self.dataset, DATASETS))
@@ -155,6 +166,7 @@ class Optim:
         return cls(**{**values, "lr": lr, "optimizer": optimizer, "momentum": momentum})
 
     def __post_init__(self) -> None:
+        _numbers(self)
         if self.optimizer not in typing.get_args(Optimizer):
             raise ConfigError("optimizer", self.optimizer,
                               "choose one of " + ", ".join(typing.get_args(Optimizer)))
@@ -198,6 +210,7 @@ class Length:
                              "study, whose test accuracy nobody reads)", identity="measure", default=True)
 
     def __post_init__(self) -> None:
+        _numbers(self)
         check_choices(self)
         _at_least("eval_batch_size", self.eval_batch_size, 1)
         if self.steps is not None and self.epochs is not None:
@@ -233,6 +246,7 @@ class System:
                                 identity="match", default=False)
 
     def __post_init__(self) -> None:
+        _numbers(self)
         check_choices(self)
         _at_least("threads", self.threads, 0)
         _seconds("timeout_s", self.timeout_s, TIMEOUT_S)
@@ -261,6 +275,7 @@ class Emulation:
         identity="match", default=None)
 
     def __post_init__(self) -> None:
+        _numbers(self)
         check_choices(self)
         _at_least("slow_workers", self.slow_workers, 0)
         if not (_finite(self.slowdown) and self.slowdown >= 1):
@@ -305,6 +320,7 @@ class Outputs:
                                identity="free", default=None)
 
     def __post_init__(self) -> None:
+        _numbers(self)
         if self.resume == "auto" and self.checkpoint_dir is None:
             raise ConfigError("resume", "auto", "looks for checkpoints in checkpoint_dir: give "
                                                 "checkpoint_dir too")
@@ -339,6 +355,7 @@ class Runtime:
                                  identity="free", default=None)
 
     def __post_init__(self) -> None:
+        _numbers(self)
         _seconds("startup_timeout_s", self.startup_timeout_s, STARTUP_TIMEOUT_S)
         check_signal(self.preempt_signal)
 

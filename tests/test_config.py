@@ -87,6 +87,27 @@ def test_from_dict_rejects_unknown_fields_and_bad_types():
         TrainConfig.from_dict({"batch_size": "many"})
 
 
+@pytest.mark.parametrize("values, says", [
+    ({"lr": "fast"}, "lr='fast' is not valid: must be a number, not a string"),
+    ({"momentum": "0.9"}, "momentum='0.9' is not valid: must be a number, not a string: write 0.9 "
+                          "without quotes"),
+    ({"steps": "10"}, "steps='10' is not valid: must be an integer, not a string: write 10 without "
+                      "quotes"),
+    ({"batch_size": 2.5}, "batch_size=2.5 is not valid: must be an integer"),
+    ({"final_eval": 1}, "final_eval=1 is not valid: must be true or false"),
+])
+def test_pythons_own_values_are_checked_as_a_files_are(values, says):
+    """TrainConfig(steps="10") ended in a TypeError naming no field, and batch_size=2.5 was taken
+    here and refused on a cluster's engines, once a rank."""
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(algorithm="sync_ps", **values)
+    assert str(error.value) == says
+    assert TrainConfig(steps=10.0, lr=1).length.steps == 10  # what loses nothing is converted
+    assert isinstance(TrainConfig(lr=1).optim.lr, float)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'stpes'; did you mean steps[?]"):
+        TrainConfig(stpes=20)
+
+
 @pytest.mark.parametrize("key, says", [
     ("period", "config field='period' is not valid: an option of localsgd, easgd, easgd_async, diloco, "
                "slowmo: a file gives it under options, e.g. options: {period: ...}"),
