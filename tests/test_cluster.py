@@ -112,8 +112,13 @@ def test_training_through_the_cluster_equals_the_same_run_under_mpiexec(local_cl
 
 
 def test_bad_settings_fail_in_the_notebook_before_any_engine_works(local_cluster):
-    with pytest.raises(ConfigError, match="world_size=3"):
+    with pytest.raises(ConfigError, match="world_size=3 is not valid: this cluster has 2 engines: train "
+                                          r"on at most 2, or stop it .* use_cluster\('local-mpi', n=3\)"):
         local_cluster.train(TrainConfig(**TINY), world_size=3)
+    with pytest.raises(ConfigError, match="world_size=0 is not valid: ranks to train on, 1 to 2"):
+        local_cluster.train(TrainConfig(**TINY), world_size=0)  # it trained on every engine
+    with pytest.raises(ConfigError, match="config='sync_ps' is not valid: a TrainConfig"):
+        local_cluster.train("sync_ps")
     with pytest.raises(ConfigError, match="warmup_steps"):
         local_cluster.train(TrainConfig(**{**TINY, "warmup_steps": 50}))
 
@@ -346,6 +351,10 @@ def test_use_cluster_takes_the_running_cluster_with_the_engines_asked_for_and_le
         assert session.size == 2  # a study's runs take the ranks they need
     with use_cluster("local-mpi", 2, engines_per_node=2, activate=False, log=None) as session:
         assert session.size == 2
+    for after in (session.hello, session.table):  # ipyparallel's 'sockets have been closed'
+        with pytest.raises(ClusterError, match="this session of the 'local-mpi' cluster is stopped "
+                                               r"\(its with block ended, or stop\(\) was called\)"):
+            after()
     with pytest.raises(ConfigError, match="engines_per_node=1 is not valid: the running local-mpi "
                                           r"cluster .* has 2 on "):
         use_cluster("local-mpi", 2, engines_per_node=1, activate=False)

@@ -4,7 +4,7 @@
 engine reaches the caller as ``ClusterRunError`` naming the rank, its host and its traceback, and
 a silent rank (stopped, hung, or lost by the controller) as ``ClusterTimeout`` naming it (see
 ``session``'s module docstring for the whole contract). A mixin of ``ClusterSession``: it uses the
-session's ``engines``, ``client``, ``grace_s`` and ``restart_engines``.
+session's ``engines``, ``client``, ``grace_s``, ``_check_open`` and ``restart_engines``.
 """
 
 from __future__ import annotations
@@ -137,6 +137,7 @@ class Running:
         naming it, and the engines restart (the next call waits for them). So does a job that
         ends itself (the mpi backend's watchdog) while a rank was stopped half of ``silent_s``."""
         what = what or getattr(fn, "__name__", "the job")
+        self._check_open()
         self._await_restart()
         self._check_engines(what)
         futures = {rank: self.client[e["engine_id"]].apply_async(fn, *args, **kwargs)

@@ -97,6 +97,7 @@ class ClusterSession(Running):
         self.engines: dict[int, dict[str, Any]] = {}  # rank -> {engine_id, host, pid}
         self.local_ranks: set[int] = set()  # the ranks whose engines run on this machine
         self._view = None
+        self.stopped = False  # stop() was called (the with block ended): nothing runs any more
         self._restarting: set[int] | None = None  # the old engines' pids, while a restart is pending
         self._restarted_at = 0.0  # when the engines were last restarted (wall clock): older logs are theirs
         # pid -> psutil.Process: this machine's processes of a cluster we started (controller,
@@ -151,6 +152,11 @@ class ClusterSession(Running):
         return pids + ([process.pid] if getattr(process, "pid", None) else [])
 
     @property
+    def profile(self) -> str:
+        """The ipyparallel profile's name (a connected cluster knows its directory alone)."""
+        return self.cluster.profile or os.path.basename(self.cluster.profile_dir).removeprefix("profile_")
+
+    @property
     def ranks(self) -> dict[int, int]:
         """engine id -> MPI rank."""
         return {e["engine_id"]: rank for rank, e in self.engines.items()}
@@ -159,6 +165,7 @@ class ClusterSession(Running):
         """One row per engine: its MPI rank, engine id, host and process id. After a restart (a
         ``ClusterTimeout`` restarts the engines) it waits for the new engines: the old ones' rows
         would name processes that are gone."""
+        self._check_open()
         self._await_restart()
         return pd.DataFrame([{"rank": r, **e} for r, e in sorted(self.engines.items())])
 
@@ -241,11 +248,19 @@ class ClusterSession(Running):
 
         if isinstance(config, Mapping):
             config = TrainConfig.from_dict(dict(config))
-        world_size = world_size or self.size
+        if not isinstance(config, TrainConfig):
+            raise ConfigError("config", config, "a TrainConfig, or a mapping of its fields, e.g. "
+                                                "TrainConfig(algorithm='sync_ps')")
+        world_size = self.size if world_size is None else world_size
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ConfigError("world_size", world_size, f"ranks to train on, 1 to {self.size} (the "
+                                                        "cluster's engines); None: all of them")
         if world_size > self.size:
+            profile = self.profile
             raise ConfigError("world_size", world_size,
-                              f"this cluster has {self.size} engines; start one with at least "
-                              f"{world_size} (start_cluster(profile, n={world_size}))")
+                              f"this cluster has {self.size} engines: train on at most {self.size}, "
+                              f"or stop it (cluster.stop(), or ipcluster stop --profile={profile}) "
+                              f"and start one of {world_size}: use_cluster({profile!r}, n={world_size})")
         # the run's one pre-flight: the engines train on its plan
         plan = plan_run(config, world_size,
                         load_dataset(config.data.dataset, config.data.data_dir).train)
@@ -304,10 +319,20 @@ class ClusterSession(Running):
             self._view = None
             self.activate()
 
+    def _check_open(self) -> None:
+        """ClusterError once ``stop`` was called: ipyparallel's own ('Client cannot be used after
+        its sockets have been closed') said nothing of the stop, and ``table`` named gone engines."""
+        if self.stopped:
+            profile = self.profile
+            raise ClusterError(f"this session of the {profile!r} cluster is stopped (its with block "
+                               f"ended, or stop() was called): use_cluster({profile!r}) or "
+                               f"connect({profile!r}) gives a new one")
+
     def stop(self, grace_s: float = 2.0) -> None:
         """Stop the cluster if this session started it; otherwise just disconnect. Returns once
         every process of the cluster on this machine (controller, mpiexec, engines and their
         nannies) has exited: those still there ``grace_s`` after the stop get SIGTERM, then SIGKILL."""
+        self.stopped = True
         try:
             self.client.close()
         finally:
