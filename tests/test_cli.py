@@ -316,6 +316,20 @@ def test_options_that_share_a_name_share_a_type():
             assert kinds.setdefault(f.name, kind) == kind, (cls.name, f.name)  # unions: equal, not one
 
 
+def test_no_option_is_named_as_a_field_of_the_run():
+    """An algorithm's option named as a TrainConfig field (seed, warmup_steps) would give two flags
+    of one name: argparse's 'conflicting option string' on every `downpour train`."""
+    import dataclasses
+
+    from downpour_lib.config import FLAGS_ONLY, TrainConfig
+    from downpour_lib.options import OPTIONS
+
+    run = set(TrainConfig.flat_fields()) | set(FLAGS_ONLY)
+    clashes = {(name, f.name) for name, cls in OPTIONS.items() for f in dataclasses.fields(cls)
+               if f.name in run}
+    assert not clashes, clashes
+
+
 def test_a_config_file_with_a_number_in_quotes_exits_2(tmp_path, capsys):
     (tmp_path / "run.json").write_text('{"algorithm": "local", "steps": "10"}')
     assert main(["train", "--config", str(tmp_path / "run.json")]) == 2
