@@ -9,6 +9,7 @@ model, and reads these declarations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 import warnings
@@ -55,9 +56,15 @@ def _numbers(section: Any) -> None:
     file's values get (``coerce``: 10.0 to 10, 1 to 1.0, a string refused), for Python's too.
     ``TrainConfig(steps="10")`` failed later as a TypeError naming no field, and
     ``batch_size=2.5`` on a cluster's engines."""
-    for name, hint in typing.get_type_hints(type(section)).items():
-        if {int, float, bool} & (set(typing.get_args(hint)) | {hint}):
-            object.__setattr__(section, name, coerce(name, hint, getattr(section, name)))
+    for name, hint in _number_fields(type(section)):
+        object.__setattr__(section, name, coerce(name, hint, getattr(section, name)))
+
+
+@functools.cache
+def _number_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """``cls``'s fields of int, float or bool (or Optional of one), with their types."""
+    return tuple((name, hint) for name, hint in typing.get_type_hints(cls).items()
+                 if {int, float, bool} & (set(typing.get_args(hint)) | {hint}))
 
 
 def _at_least(name: str, value: int | None, low: int, example: str = "") -> None:
