@@ -88,7 +88,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _device_named(text: str) -> tuple[str, int | None]:
     """``--device``'s kind and GPU index: auto, cpu, cuda or cuda:N (no torch: said first)."""
     kind, colon, index = text.partition(":")
