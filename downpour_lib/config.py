@@ -40,7 +40,6 @@ launcher's variables and before rendezvous.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
 import typing
@@ -75,7 +74,7 @@ from .config_sections import (  # noqa: F401 -- the sections' names are config's
     System,
     _help,
 )
-from .errors import ConfigError, unknown_name
+from .errors import ConfigError, closest, unknown_name
 from .models import MODELS
 from .options import OPTIONS, build_options, coerce
 from .preempt import in_slurm_job
@@ -100,9 +99,7 @@ def _unknown_field(name: Any, known: Iterable[str]) -> ConfigError:
     if name.replace("-", "_") in FLAGS_ONLY:
         return ConfigError("config field", name, f"a flag of downpour train alone: give "
                                                  f"--{name.replace('_', '-')} on its command line")
-    close = difflib.get_close_matches(name, known, n=1)
-    choices = "choose one of " + ", ".join(sorted(known))
-    return ConfigError("config field", name, f"did you mean {close[0]}? {choices}" if close else choices)
+    return unknown_name("config field", name, known)
 
 
 @dataclass(frozen=True)
@@ -133,9 +130,9 @@ class TrainConfig:
                  "emulation": emulation, "outputs": outputs, "runtime": runtime}
         for name in flat:
             if name not in SECTION_OF:  # Python's own error, with the field meant
-                close = difflib.get_close_matches(name, [*TOP, *SECTION_OF], n=1)
+                meant = closest(name, [*TOP, *SECTION_OF])
                 raise TypeError(f"TrainConfig() got an unexpected keyword argument {name!r}"
-                                + (f"; did you mean {close[0]}?" if close else ""))
+                                + (f"; did you mean {meant}?" if meant else ""))
         if algorithm not in OPTIONS:
             raise unknown_name("algorithm", algorithm, OPTIONS)
         if callable(model):  # a function or class of yours, e.g. from a notebook cell

@@ -7,6 +7,7 @@ before any process blocks and the user can fix it without reading the source.
 from __future__ import annotations
 
 import argparse
+import difflib
 import typing
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -64,9 +65,21 @@ class UsageErrorParser(argparse.ArgumentParser):
         raise UsageError(self, message)
 
 
+def closest(value: Any, choices: Iterable[str]) -> str | None:
+    """The choice ``value`` most likely misspells (difflib), or None."""
+    if not isinstance(value, str):
+        return None
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+    return close[0] if close else None
+
+
 def unknown_name(field: str, value: Any, choices: Iterable[str]) -> ConfigError:
-    """The error for a name that is not in a registry; lists the valid names."""
-    return ConfigError(field, value, "choose one of " + ", ".join(sorted(choices)))
+    """The error for a name that is not in a registry: the one it likely misspells, then every
+    valid name."""
+    choices = sorted(choices)
+    meant = closest(value, choices)
+    return ConfigError(field, value, (f"did you mean {meant}? " if meant else "")
+                       + "choose one of " + ", ".join(choices))
 
 
 def check_choices(obj: Any) -> None:

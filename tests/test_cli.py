@@ -136,8 +136,9 @@ BAD_INPUTS = [
     (["evaluate", "--checkpoint-dir", "{file}", "--watch", "--timeout-s", "30"],
      "checkpoint_dir='{file}' is not valid: is a file, and a directory is wanted", 2),
     # a misspelt built-in is the model's error, said by the verb, not a data set's
-    (["model", "describe", "--model", "resnet51"],
-     "downpour model describe: error: model='resnet51' is not valid: choose one of cnn1d", 2),
+    (["model", "describe", "--model", "lenett"],
+     "downpour model describe: error: model='lenett' is not valid: did you mean lenet? choose one "
+     "of cnn1d", 2),
     (["evaluate", "--checkpoint-dir", "{tmp}", "--device", "gpu"],
      "device='gpu' is not valid: choose one of cpu, cuda, cuda:N (N a GPU's index) or auto", 2),
     (["evaluate", "--checkpoint-dir", "{tmp}", "--csv", "{tmp}"],
