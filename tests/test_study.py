@@ -223,8 +223,8 @@ def test_a_csv_of_two_workloads_draws_one_and_names_the_other(tmp_path, capsys):
     assert set(one_workload(load_runs(csv)).model) == {"mymodels:build"}  # the one measured last
     table = scaling_table(load_runs(csv, reference))
     pd.testing.assert_frame_equal(table, scaling_table(load_runs(REFERENCE / "runs.csv")))
-    assert other_workloads(csv, reference) == ["mymodels:build on synthetic-cifar, batch 32"]
-    assert other_workloads(REFERENCE / "runs.csv", reference) == []
+    assert other_workloads(load_runs(csv), reference) == ["mymodels:build on synthetic-cifar, batch 32"]
+    assert other_workloads(load_runs(REFERENCE / "runs.csv"), reference) == []
     figure = throughput_figure(one_workload(load_runs(csv), reference))
     drawn = {y for line in figure.axes[0].get_lines() for y in line.get_ydata()}
     assert drawn >= set(table.samples_per_s) and drawn.isdisjoint(set(table.samples_per_s * 10))

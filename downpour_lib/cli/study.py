@@ -101,7 +101,7 @@ def study_base(args: argparse.Namespace) -> dict:
 
 def cmd_study(args: argparse.Namespace) -> int:
     from ..study.scaling_plots import make_figures
-    from ..study.scaling_runs import load_runs, other_workloads, scaling_table
+    from ..study.scaling_runs import load_runs, one_workload, other_workloads, scaling_table
     from ..study.studies import Scaling, run_study
 
     base = study_base(args)
@@ -117,12 +117,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     except StudyError as exc:
         print(f"downpour study: {exc}")
         return 1
-    workload = scaling_workload(base)
-    print(scaling_table(load_runs(csv, workload)).to_string(index=False,
-                                                            float_format=lambda v: f"{v:.3f}"))
+    workload, runs = scaling_workload(base), load_runs(csv)
+    print(scaling_table(one_workload(runs, workload)).to_string(index=False,
+                                                                float_format=lambda v: f"{v:.3f}"))
     for path in make_figures(csv, out / "figures", workload):
         print(f"wrote {path}")
-    for other in other_workloads(csv, workload):
+    for other in other_workloads(runs, workload):
         print(f"{csv} also holds runs of {other}, left out of this table and its figures "
               "(give each study its own --out)")
     return 0
@@ -193,8 +193,9 @@ def _say_workloads_left_out(csv: Path) -> None:
     """The workloads of a scaling CSV that its figures, of the one measured last, leave out."""
     from ..study.scaling_runs import WORKLOAD, load_runs, one_workload, other_workloads
 
-    drawn = one_workload(load_runs(csv))
+    runs = load_runs(csv)
+    drawn = one_workload(runs)
     if len(drawn):
-        for other in other_workloads(csv, drawn.iloc[0][WORKLOAD]):
+        for other in other_workloads(runs, drawn.iloc[0][WORKLOAD]):
             print(f"{csv} also holds runs of {other}; the figures are of the workload measured "
                   f"last, {drawn.model.iloc[0]}")

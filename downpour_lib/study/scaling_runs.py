@@ -45,9 +45,8 @@ def one_workload(runs: pd.DataFrame, workload: Mapping[str, Any] | None = None) 
     return runs[keep].reset_index(drop=True)
 
 
-def other_workloads(csv: str | Path, workload: Mapping[str, Any]) -> list[str]:
-    """Each workload but ``workload`` that the CSV holds at the commit measured last, described."""
-    runs = latest_commit(read_runs_csv(csv))
+def other_workloads(runs: pd.DataFrame, workload: Mapping[str, Any]) -> list[str]:
+    """Each workload but ``workload`` that ``runs`` (``load_runs``' rows) hold, described."""
     others = runs[WORKLOAD].drop_duplicates()
     return [f"{row.model} on {row.dataset}, batch {row.batch_size}" for row in others.itertuples()
             if any(getattr(row, field) != workload[field] for field in WORKLOAD)]
