@@ -8,9 +8,31 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
+import time
 import typing
 from collections.abc import Iterable
 from typing import Any, Literal
+
+#: the exit status of a command refused for its input (argparse's own)
+USAGE_ERROR = 2
+
+
+#: how long a rank that leaves the message to another waits before it exits with the error
+QUIET_EXIT_DELAY_S = 10.0
+
+
+def refuse(text: str, speak: bool) -> int:
+    """Exit status 2 for bad input, with ``text`` from the ranks that ``speak``. The others wait
+    first: a launcher ends the job at the first rank that exits with an error, and a quiet rank that
+    left before the speaking one had printed took the message with it (mpiexec killed rank 0 a
+    moment before it would have said why, under load). mpiexec ends the wait once the speaking rank
+    exits; where nothing does (srun), the job ends ``QUIET_EXIT_DELAY_S`` later."""
+    if speak:
+        print(text, file=sys.stderr, flush=True)
+    else:
+        time.sleep(QUIET_EXIT_DELAY_S)
+    return USAGE_ERROR
 
 
 class DownpourError(Exception):

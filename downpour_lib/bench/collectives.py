@@ -43,7 +43,7 @@ import torch
 
 from ..checkpoint import atomic_write_text
 from ..comm import Communicator, new_group, runtime
-from ..errors import ConfigError
+from ..errors import ConfigError, refuse
 from ..launch_env import Placement, discover
 from ..paths import check_output_file
 from ..traffic import parse_sizes, ring_share
@@ -219,7 +219,11 @@ def print_table(rows: list[dict]) -> None:
 
 
 def cmd_collectives(args: argparse.Namespace) -> int:
-    cases = check(args, discover(os.environ))
+    placement = discover(os.environ)
+    try:
+        cases = check(args, placement)
+    except ConfigError as exc:  # every rank checks the same flags: a host's first rank speaks for it
+        return refuse(f"downpour bench collectives: error: {exc}", placement.local_rank == 0)
     with runtime.abort_on_error():
         ctx = runtime.init(backend="gloo", device="cuda" if "nccl" in cases.backends else "cpu",
                            timeout_s=600)

@@ -15,30 +15,9 @@ import argparse
 import importlib
 import os
 import sys
-import time
 from collections.abc import Sequence
 
-from ..errors import ConfigError, DataError, UsageError, UsageErrorParser
-
-USAGE_ERROR = 2
-
-
-#: how long a rank that leaves the message to another waits before it exits with the error
-QUIET_EXIT_DELAY_S = 10.0
-
-
-def refuse(text: str, speak: bool) -> int:
-    """Exit status 2 for bad input, with ``text`` from the ranks that ``speak``. The others wait
-    first: a launcher ends the job at the first rank that exits with an error, and a quiet rank that
-    left before the speaking one had printed took the message with it (mpiexec killed rank 0 a
-    moment before it would have said why, under load). mpiexec ends the wait once the speaking rank
-    exits; where nothing does (srun), the job ends ``QUIET_EXIT_DELAY_S`` later."""
-    if speak:
-        print(text, file=sys.stderr, flush=True)
-    else:
-        time.sleep(QUIET_EXIT_DELAY_S)
-    return USAGE_ERROR
-
+from ..errors import USAGE_ERROR, ConfigError, DataError, UsageError, UsageErrorParser, refuse
 
 #: each command: the function that adds its parser ("module:function", a module of this package),
 #: and the line ``downpour --help`` lists it with (its parser's ``help``). A command line builds

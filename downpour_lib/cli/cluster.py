@@ -13,7 +13,9 @@ from . import summary
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profiles", help=summary("profiles"))
-    p.add_argument("action", choices=("install", "list"))
+    p.add_argument("action", choices=("install", "list"),
+                   help="install: copy the bundled profiles into IPython's directory; list: each "
+                        "bundled profile, where it goes and whether it is installed")
     p.add_argument("names", nargs="*", help="profiles to install (default: all)")
     p.add_argument("--force", action="store_true",
                    help="replace files you changed in an installed profile")
@@ -21,8 +23,8 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_profiles)
 
     p = sub.add_parser("notebook", help=summary("notebook"))
-    p.add_argument("action", choices=("run",))
-    p.add_argument("notebook")
+    p.add_argument("action", choices=("run",), help="run: execute every cell, top to bottom")
+    p.add_argument("notebook", help="the notebook's path (notebooks/NN_name.ipynb)")
     p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
                    help="override a name of the notebook's `parameters` cell (a Python literal, "
                         "else a string); repeatable")
