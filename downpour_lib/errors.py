@@ -46,6 +46,13 @@ class ConfigError(DownpourError, ValueError):
         self.field, self.value, self.expected = field, value, expected
         super().__init__(f"{field}={value!r} is not valid: {expected}")
 
+    @classmethod
+    def missing(cls, field: str, expected: str) -> ConfigError:
+        """A required field not given at all: "FIELD is missing: give EXPECTED"."""
+        error = cls(field, None, expected)
+        error.args = (f"{field} is missing: give {expected}",)
+        return error
+
 
 class DataError(DownpourError, FileNotFoundError):
     """A data set's files are missing or unreadable."""

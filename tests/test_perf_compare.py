@@ -227,4 +227,9 @@ def test_a_tcp_cards_range_is_taken_again_for_another_count_of_ranks():
         four.network.inter, four.inter_rate, "tcp")
     more = with_fields(four, devices_per_node=8)  # several ranks either way: the same range
     assert (more.network.inter, more.inter_rate) == (eight.network.inter, eight.inter_rate)
-    assert with_fields(four, inter_gbit=25).inter_transport is None  # fitted: no range
+    # the file's rate again, by flag: its transport and range kept (a 26-point band had become 14)
+    kept = with_fields(four, inter_gbit=25)
+    assert (kept.network.inter, kept.inter_rate, kept.inter_transport) == (
+        four.network.inter, four.inter_rate, "tcp")
+    assert with_fields(four, inter_gbit=25, link_efficiency=0.9).inter_transport is None  # measured
+    assert with_fields(card(4), inter_gbit=25).inter_transport is None  # fitted, as the file's

@@ -1225,6 +1225,17 @@ def test_hardware_files_are_the_presets_and_bad_fields_are_named(tmp_path):
                        (dict(spec, framework=-1), "framework"),
                        (dict(spec, framework="some"), "framework"),
                        (dict(spec, colective="ring"), "hardware.*colective"),
+                       # a model's field at the top, a link's: said where it goes
+                       (dict(spec, accumulation=4), "accumulation.*a field of each model"),
+                       (dict(spec, gbit_per_s=25), "gbit_per_s.*links.intra or links.inter"),
+                       (dict(spec, models={"net": {"batch": 32, "step_s": 0.2}}),
+                        r"models\.net\.parameters is missing: give the model's parameter count"),
+                       (dict(spec, models={"net": {"step_s": 0.2, "parameters": 1}}),
+                        r"models\.net\.batch is missing: give samples per worker per pass"),
+                       (dict(spec, links={"inter": {"gbit_per_s": 1, "transport": "infiniband"}}),
+                        "links.inter.transport='infiniband'.*InfiniBand, RoCE: rdma"),
+                       (dict(spec, links={"inter": {"gbit_per_s": 1, "efficiency": "published"}}),
+                        "links.inter.transport is missing"),
                        (dict(spec, models={"net": {**spec["models"]["net"], "multiply_adds": "lots"}}),
                         "models.net.multiply_adds")):
         with pytest.raises(ConfigError, match=field):
@@ -1255,12 +1266,17 @@ def test_predict_takes_a_hardware_file_and_flags(tmp_path, capsys):
     assert "efficiency_low" in capsys.readouterr().out
     assert base["efficiency_low"] < base["efficiency"] < base["efficiency_high"]
     assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
-                 "32", "--inter-gbit", "100", "--overlap", "1", "--jitter", "0", "--framework",
+                 "32", "--inter-gbit", "100", "--link-efficiency", "0.95", "--overlap", "1",
+                 "--jitter", "0", "--framework",
                  "2.5", "--node-compute", "0.01,0.1", "--device-spread", "0.01", "--node-spread",
                  "0.02", "--json", str(rows_at)]) == 0
     (fast,) = json.loads(rows_at.read_text())
     assert fast["efficiency"] > base["efficiency_high"]
-    assert fast["efficiency_low"] == fast["efficiency"] == fast["efficiency_high"]
+    assert fast["efficiency_low"] == fast["efficiency"] == fast["efficiency_high"]  # all measured
+    assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
+                 "32", "--inter-gbit", "10", "--json", str(rows_at)]) == 0
+    (again,) = json.loads(rows_at.read_text())  # its own rate by flag: its TCP range kept
+    assert again == base
     assert main(["model", "predict", "--hardware", str(hw), "--model", "resnet50", "--workers",
                  "32", "--jitter", "0.1", "--option", "allreduce.slow_workers=1", "--option",
                  "allreduce.slowdown=2", "--json", str(rows_at)]) == 0
@@ -1711,6 +1727,10 @@ def test_input_that_lied_is_named_in_one_line(tmp_path):
     ok = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
                   "--inter-gbit", "10", "--link-efficiency", "0.5")
     assert ok.returncode == 0, explain(ok)
+    unit = downpour("model", "predict", "--preset", "sgp-v100-10g", "--model", "resnet50",
+                    "--inter-gbit", "100Gbit")  # argparse's "invalid float value" named no unit
+    assert unit.returncode == 2 and "argument --inter-gbit: '100Gbit': give a number in Gbit/s, " \
+        "without the unit, e.g. 100" in unit.stderr, explain(unit)
 
 
 def test_model_nccl_prints_the_tuners_table_and_what_it_runs(tmp_path):

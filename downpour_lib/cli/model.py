@@ -118,6 +118,17 @@ def _option(text: str) -> tuple[str, str, object]:
     return algorithm, key, option_value(raw)
 
 
+def _unit(unit: str, example: str):
+    """A flag's number in ``unit``: "100Gbit" or "14ms" is refused saying the unit it is in."""
+    def number(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number in {unit}, without the unit, "
+                                             f"e.g. {example}") from None
+    return number
+
+
 def _overlap(text: str) -> float | None:
     if text.strip().lower() in ("none", "null", "band"):
         return None
@@ -194,9 +205,9 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     hw = p.add_argument_group("hardware fields (override the calibration's, preset's or file's)")
     hw.add_argument("--devices-per-node", type=int, default=None, help="workers (GPUs) per node")
     for side, what in (("intra", "between devices of a node"), ("inter", "a node's network card")):
-        hw.add_argument(f"--{side}-gbit", type=float, default=None,
+        hw.add_argument(f"--{side}-gbit", type=_unit("Gbit/s", "100"), default=None,
                         help=f"line rate {what}, Gbit/s per direction")
-        hw.add_argument(f"--{side}-latency-us", type=float, default=None,
+        hw.add_argument(f"--{side}-latency-us", type=_unit("microseconds", "14"), default=None,
                         help=f"latency of one message {what}, microseconds")
     hw.add_argument("--link-efficiency", type=float, default=None,
                     help="achieved / line rate for the rates given here (default: the fitted one)")
@@ -205,7 +216,8 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:
     hw.add_argument("--inter-transport", choices=("rdma", "tcp"), default=None,
                     help="with --inter-gbit and no --link-efficiency: the published range of that "
                          "transport's achieved rate across nodes (terms.TRANSPORT_RATE; tcp's "
-                         "depends on the ranks sharing the card, --devices-per-node)")
+                         "depends on the ranks sharing the card, --devices-per-node; default: the "
+                         "file's or preset's own transport, if it gives one)")
     hw.add_argument("--accumulation", type=int, default=None,
                     help="gradient accumulation: forward+backward passes per allreduce")
     hw.add_argument("--jitter", type=float, default=None,
@@ -363,8 +375,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise unknown_name("against", against, MODELLED_ALGORITHMS)
     rows = predict_rows(cal, algorithms, args.workers, args.model, options, against)
     table = pd.DataFrame(rows)
+    # --workers counts workers (GPUs): the nodes they fill, devices_per_node a node
+    table.insert(table.columns.get_loc("workers") + 1, "nodes", -(-table.workers // cal.network.per_node))
     print(f"calibration {cal.name}" + (f" ({path})" if path else "") + f": {cal.source}")
-    columns = ["algorithm", "workers", "step_s", "samples_per_s", "efficiency", "comm_s"]
+    columns = ["algorithm", "workers", "nodes", "step_s", "samples_per_s", "efficiency", "comm_s"]
     from ..perf.perfmodel import unknown_ends
     from ..perf.terms import MEASUREMENT_SPREAD
 
@@ -375,7 +389,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
               f"each end moved out {spread} more: how far two runs of one setting were measured "
               "apart")
         table["band"] = 100 * (table.efficiency_high - table.efficiency_low)
-        columns[5:5] = ["efficiency_low", "efficiency_high", "band"]
+        columns[6:6] = ["efficiency_low", "efficiency_high", "band"]
     if against is not None:
         print(f"speedup: samples/s over {against}'s at the same workers, on the same hardware: what "
               f"it does not measure at the same end for both (speedup_low, speedup_high, each end "
@@ -386,7 +400,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         from ..checkpoint import atomic_write_text
 
-        atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
+        # the table's rows, as the CSV's (the band and nodes too); NaN, not JSON, as null
+        records = json.loads(table.to_json(orient="records", double_precision=15))
+        atomic_write_text(args.json, json.dumps(records, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.csv:
         table.to_csv(args.csv, index=False)
@@ -417,10 +433,11 @@ def unmeasured(cal: Calibration, model: str) -> list[str]:
         out.append(f"the devices' spread {cal.device_spread:.2g}-{cal.device_spread_high:.2g}")
     if cal.node_spread_high is not None:
         out.append(f"the nodes' spread {cal.node_spread:.2g}-{cal.node_spread_high:.2g}")
-    if cal.framework is None:
-        out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
-                   "samples' compute a step")
     mine = cal.workload(model)
+    if cal.framework is None:  # counted in another model's samples, or in multiply-adds
+        unit = " (the sample full_precision or multiply_adds gives)" if mine.framework_sample_s else ""
+        out.append(f"the framework's own work {FRAMEWORK_RANGE[0]:g}-{FRAMEWORK_RANGE[1]:g} "
+                   f"samples' compute a step{unit}")
     low, high = mine.optimizer_s
     if low != high:
         out.append(f"the optimizer's update {1000 * low:.3g}-{1000 * high:.3g} ms a step (its rate "

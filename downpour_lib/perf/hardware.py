@@ -25,8 +25,8 @@ every number names its source (docs/perf_model.md, field by field). The fields::
       inter: {gbit_per_s: 100, latency_us: 5, transport: rdma, source: "..."}
     models:
       resnet50:
-        batch: 256                    # samples per worker per step
-        images_per_s: 367             # samples/s of one device alone; or step_s: s per step
+        batch: 256                    # samples per worker per pass (forward and backward)
+        images_per_s: 367             # samples/s of one device alone; or step_s: s per pass
         parameters: 25557032          # what an allreduce carries: parameters x bytes_per_parameter
         bytes_per_parameter: 4        # devices_per_worker: >1, a worker is a node (per_node 1)
         ready_at: [0.01, ..., 1.0]    # backward's share done as each tenth of the gradient is ready
@@ -154,17 +154,22 @@ def _node_compute(where: str, value: Any, per_node: int = 8) -> NodeCompute:
 
 
 def _number(where: str, value: Any, what: str, low: float = 0.0) -> float:
+    if value is None:
+        raise ConfigError.missing(where, what)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value <= low:
         raise ConfigError(where, value, what)
     return float(value)
 
 
-def _unknown(where: str, given: dict, known: set[str]) -> None:
-    """A key ``where`` does not know: named, with the closest known one (difflib) and the rest."""
+def _unknown(where: str, given: dict, known: set[str], elsewhere: dict[str, str] | None = None) -> None:
+    """A key ``where`` does not know: named, with where it belongs (``elsewhere``: key -> the
+    mapping that takes it) or the closest known one (difflib), and the rest."""
     import difflib
 
     extra = sorted(set(given) - known, key=str)
+    if extra and extra[0] in (elsewhere or {}):
+        raise ConfigError(where, extra[0], f"a field of {elsewhere[extra[0]]}: give it there")
     if extra:
         # a key not given yet first: a typo of "inter" beside "intra" means inter
         close = (difflib.get_close_matches(str(extra[0]), sorted(known - set(given)), n=1, cutoff=0.5)
@@ -179,6 +184,11 @@ def _share(where: str, value: Any, what: str, low: float = 0.0, high: float = 1.
             or not low <= value <= high:
         raise ConfigError(where, value, what)
     return float(value)
+
+
+#: what a link's transport may be, and which a network's name is
+_TRANSPORTS = ("choose from " + ", ".join(TRANSPORT_RATE)
+               + " (InfiniBand, RoCE: rdma; Ethernet without RDMA: tcp)")
 
 
 def _link(name: str, d: Any) -> Link:
@@ -208,15 +218,16 @@ def _link_range(name: str, d: Any,
     eff = d.get("efficiency", "published" if transport is not None else "fitted")
     factors, ranged = (1.0, 1.0), None
     if eff == "published":  # not measured: the transport's published range, its middle the point
+        if transport is None:
+            raise ConfigError.missing(f"links.{name}.transport", "rdma or tcp (efficiency: "
+                                      "published takes the range its transport reaches)")
         if transport not in TRANSPORT_RATE:
-            raise ConfigError(f"links.{name}.transport", transport, "efficiency: published takes "
-                              "the range of a transport: " + ", ".join(TRANSPORT_RATE))
+            raise ConfigError(f"links.{name}.transport", transport, _TRANSPORTS)
         low, high = transport_rate(transport, rate, per_node)
         eff = (low + high) / 2
         factors, ranged = (high / eff, low / eff), transport
     elif transport is not None and transport not in TRANSPORT_RATE:
-        raise ConfigError(f"links.{name}.transport", transport, "choose from "
-                          + ", ".join(TRANSPORT_RATE))
+        raise ConfigError(f"links.{name}.transport", transport, _TRANSPORTS)
     eff = LINK_EFFICIENCY if eff == "fitted" else eff
     if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
         raise ConfigError(f"links.{name}.efficiency", eff,
@@ -244,9 +255,11 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None,
     if not isinstance(d, dict):
         raise ConfigError(where, d, "a mapping with batch, images_per_s (or step_s), parameters")
     _unknown(where, d, _MODEL)
-    batch = d.get("batch")
+    batch, per_batch = d.get("batch"), "samples per worker per pass (a forward and backward), an integer >= 1"
+    if batch is None:
+        raise ConfigError.missing(f"{where}.batch", per_batch)
     if isinstance(batch, bool) or not (isinstance(batch, int) and batch >= 1):
-        raise ConfigError(f"{where}.batch", batch, "samples per worker per step, an integer >= 1")
+        raise ConfigError(f"{where}.batch", batch, per_batch)
     devices = d.get("devices_per_worker", 1)
     if isinstance(devices, bool) or not (isinstance(devices, int) and devices >= 1):
         raise ConfigError(f"{where}.devices_per_worker", devices, "an integer >= 1")
@@ -259,7 +272,7 @@ def _workload(name: str, d: Any, node: NodeCompute, per_node: int | None = None,
     if "images_per_s" in d:
         rate = _number(f"{where}.images_per_s", d["images_per_s"], "samples/s of one device > 0")
     else:
-        step = _number(f"{where}.step_s", d["step_s"], "seconds per step > 0")
+        step = _number(f"{where}.step_s", d["step_s"], "seconds per pass (a forward and backward) > 0")
         rate = batch / devices / step
     precision = d.get("precision", "amp" if "full_precision" in d else "fp32")
     if precision not in PRECISIONS or precision == "fp32" and "full_precision" in d:
@@ -337,7 +350,8 @@ def hardware_from_dict(d: Any, where: str = "hardware") -> Calibration:
     if not isinstance(d, dict):
         raise ConfigError(where, type(d).__name__, "a YAML mapping of the fields in "
                           "downpour_lib/perf/hardware.py's docstring")
-    _unknown(where, d, _TOP)
+    _unknown(where, d, _TOP, {**{k: "links.intra or links.inter" for k in _LINK},
+                              **{k: "each model (models.NAME)" for k in _MODEL}, "cores": "host"})
     per_node = d.get("devices_per_node", 1)
     if isinstance(per_node, bool) or not (isinstance(per_node, int) and per_node >= 1):
         raise ConfigError("devices_per_node", per_node, "an integer >= 1")
@@ -446,7 +460,8 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 node_compute: Any = None, **overlap: float | None) -> Calibration:
     """``cal`` with the hardware fields given (``downpour model predict``'s flags) replaced: a
     rate given here is a line rate, times ``link_efficiency`` (measured: a point), else the
-    range of ``inter_transport`` across nodes (``terms.transport_rate``), else the fitted one.
+    range of ``inter_transport`` across nodes (``terms.transport_rate``; where none is given, the
+    file's own link's transport), else the fitted one.
     A value given here is measured: its range (``jitter``'s, ``device_spread``'s,
     ``node_spread``'s, ``overlap``'s, ``framework``'s, the node's shares: ``node_compute``, as a
     file gives it) becomes a point."""
@@ -497,8 +512,10 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 "latency_us": latency if latency is not None else old.alpha_s * 1e6,
                 "efficiency": (link_efficiency if link_efficiency is not None else "fitted")
                 if rate is not None else 1.0}
-        if side == "inter" and rate is not None and inter_transport is not None:
-            spec.update(efficiency="published", transport=inter_transport)
+        # a rate alone keeps the file's transport (and so its range): one given says which
+        keep = inter_transport or (cal.inter_transport if link_efficiency is None else None)
+        if side == "inter" and rate is not None and keep is not None:
+            spec.update(efficiency="published", transport=keep)
         links[side], factors, ranged = _link_range(side, spec, devices_per_node or net.per_node)
         if side == "inter" and rate is not None:
             inter_rate, transport = factors, ranged
