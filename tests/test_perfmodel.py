@@ -2374,3 +2374,32 @@ def test_a_node_term_fitted_on_accumulating_steps_gives_its_table_back():
     fitted = replace(cal, node_compute=node)
     for model, kept in (("full", 0.97), ("amp", 0.95)):
         assert predict(fitted, "allreduce", 8, model).efficiency == pytest.approx(kept, abs=1e-6)
+
+
+def test_the_band_says_what_to_measure_first(capsys):
+    """Each unmeasured quantity, measured at its range's middle while the others stay ranges,
+    leaves a band no wider than all of them give together; VGG-16's 411 MB of gradients on 25
+    Gbit/s make the overlap the widest part of its band. All measured: nothing to pin."""
+    from downpour_lib.cli import main
+    from downpour_lib.perf.perfmodel import band_parts, pinned
+
+    cal = PRESETS["horovod-pascal-25g"]
+    whole = predict(cal, "allreduce", 512, "vgg16")
+    parts = band_parts(cal, "allreduce", 512, "vgg16")
+    assert set(parts) == set(pinned(cal)) >= {"overlap", "the cross-node rate", "jitter"}
+    assert all(width <= 100 * (whole.efficiency_high - whole.efficiency_low) + 1e-9
+               for width in parts.values()), parts
+    assert next(iter(parts)) == "overlap" and parts["overlap"] < parts["the cross-node rate"], parts
+    measured = cal
+    for one in pinned(cal).values():  # pin each in turn: one at a time, then none is left
+        measured = replace(measured, **{f: getattr(one, f) for f in (
+            "overlap", "inter_rate", "jitter", "jitter_high", "device_spread", "device_spread_high",
+            "node_spread", "node_spread_high", "framework")
+            if getattr(one, f) != getattr(cal, f)})
+    measured = replace(measured, node_compute=pinned(cal)["a busy node's share"].node_compute,
+                       workloads=pinned(cal)["a busy node's share"].workloads)
+    assert pinned(measured) == {}
+    assert main(["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16",
+                 "--workers", "8,512"]) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("measure first:"))
+    assert "allreduce at 8 workers" in line and ": overlap " in line, line

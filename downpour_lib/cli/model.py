@@ -397,6 +397,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
               "else either")
         columns += ["speedup", "speedup_low", "speedup_high", "verdict"]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if "band" in table:  # what to measure first: where the widest band narrows most
+        _say_band_parts(cal, table.loc[table.band.idxmax()], args.model, options)
     if args.json:
         from ..checkpoint import atomic_write_text
 
@@ -413,6 +415,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
         print(f"wrote {save_figure(prediction_figure(table), args.figure)}")
     return 0
+
+
+def _say_band_parts(cal: Calibration, row, model: str, options: dict[str, dict]) -> None:
+    """One line: the widest band, and its width were each unmeasured quantity measured."""
+    from ..perf.perfmodel import band_parts
+
+    algorithm, workers = row.algorithm, int(row.workers)
+    parts = band_parts(cal, algorithm, workers, model, options.get(algorithm))
+    print(f"measure first: the widest band, {algorithm} at {workers} workers, {row.band:.1f} points, "
+          "would be, were one quantity measured at its range's middle: "
+          + ", ".join(f"{name} {width:.1f}" for name, width in parts.items()))
 
 
 def unmeasured(cal: Calibration, model: str) -> list[str]:

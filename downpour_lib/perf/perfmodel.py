@@ -46,6 +46,7 @@ from .terms import (
     FRAMEWORK_RANGE,
     MEASUREMENT_SPREAD,
     OVERLAP_RANGE,
+    NodeCompute,
     straggler_factor,
 )
 
@@ -286,6 +287,49 @@ def unknown_ends(cal: Calibration) -> tuple[Calibration, Calibration] | None:
                                              else w.node_compute.end(end))
                                   for k, w in cal.workloads.items()})
     return at(0), at(1)
+
+
+def pinned(cal: Calibration) -> dict[str, Calibration]:
+    """Each quantity ``cal`` did not measure (``unknown_ends``'), by name, and ``cal`` with that
+    one alone at the middle of its range, as if measured there: what measuring it leaves."""
+    def mid(low: float, high: float | None) -> float:
+        return low if high is None else (low + high) / 2
+
+    def node(n: NodeCompute | None) -> NodeCompute | None:
+        return n if n is None or n.measured else NodeCompute(
+            mid(n.fp32, n.fp32_high), mid(n.amp, n.amp_high), n.at, n.source)
+
+    out = {}
+    if cal.overlap is None:
+        out["overlap"] = replace(cal, overlap=sum(OVERLAP_RANGE) / 2)
+    if cal.inter_rate != (1.0, 1.0):  # the link's rate is its range's middle
+        out["the cross-node rate"] = replace(cal, inter_rate=(1.0, 1.0))
+    for name, field in (("jitter", "jitter"), ("the devices' spread", "device_spread"),
+                        ("the nodes' spread", "node_spread")):
+        high = getattr(cal, f"{field}_high")
+        if high is not None:
+            out[name] = replace(cal, **{field: mid(getattr(cal, field), high), f"{field}_high": None})
+    if cal.framework is None:
+        out["the framework's work"] = replace(cal, framework=sum(FRAMEWORK_RANGE) / 2)
+    nodes = [cal.node_compute] + [w.node_compute for w in cal.workloads.values() if w.node_compute]
+    if not all(n.measured for n in nodes):
+        out["a busy node's share"] = replace(cal, node_compute=node(cal.node_compute), workloads={
+            k: replace(w, node_compute=node(w.node_compute)) for k, w in cal.workloads.items()})
+    if any(w.optimizer_s[0] != w.optimizer_s[1] for w in cal.workloads.values()):
+        out["the optimizer's update"] = replace(cal, workloads={
+            k: replace(w, optimizer_s=(sum(w.optimizer_s) / 2,) * 2) for k, w in cal.workloads.items()})
+    return out
+
+
+def band_parts(cal: Calibration, algorithm: str, workers: int, model: str,
+               options: dict[str, Any] | None = None) -> dict[str, float]:
+    """The efficiency band's width (points) were each unmeasured quantity measured at its range's
+    middle, the others left ranges: where measuring narrows the band most. Smallest first."""
+    widths = {}
+    for name, one in pinned(cal).items():
+        p = predict(one, algorithm, workers, model, options)
+        widths[name] = 100 * (p.efficiency_high - p.efficiency_low)
+    return dict(sorted(widths.items(), key=lambda kv: kv[1]))
 
 
 def predict(cal: Calibration, algorithm: str, workers: int, model: str,
