@@ -212,6 +212,7 @@ def test_start_cluster_with_slurm_unreachable_says_what_sbatch_said_and_leaves_n
     ``CalledProcessError: Command '['scancel', '']'`` (a cancel of the job never submitted), printed
     stop tracebacks, and left the cluster file and the batch script behind."""
     import shutil
+    import uuid
 
     from downpour_lib.cluster import start_cluster
     from downpour_lib.sandbox import SlurmSandbox
@@ -224,6 +225,7 @@ def test_start_cluster_with_slurm_unreachable_says_what_sbatch_said_and_leaves_n
     down.conf.write_text(down.slurm_conf(free_port(), free_port()))
     monkeypatch.setenv("SLURM_CONF", str(down.conf))
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # this test's profile, no one else's
+    monkeypatch.setenv("DOWNPOUR_TEST_MARK", mark := uuid.uuid4().hex)  # what it starts inherits it
     before = set(psutil_children())
     with pytest.raises(ClusterError) as failed:
         start_cluster("slurm-mpi", n=2, timeout_s=60)
@@ -238,6 +240,52 @@ def test_start_cluster_with_slurm_unreachable_says_what_sbatch_said_and_leaves_n
     while set(psutil_children()) - before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert set(psutil_children()) - before == set()
+    assert marked_processes(f"DOWNPOUR_TEST_MARK={mark}".encode()) == []  # no orphan either
+
+
+def test_ipcluster_start_ends_when_sbatch_fails_and_leaves_no_controller(tmp_path):
+    """`ipcluster start --profile=slurm-mpi --daemonize` against a Slurm that is down: sbatch's
+    error, then exit 1 with nothing left running. ipyparallel logged the failed start inside its
+    event loop and waited for engines until killed (the docs say --daemonize returns); and a
+    controller stopped within two seconds of its start left its schedulers running, orphans."""
+    import shutil
+    import uuid
+
+    from downpour_lib.sandbox import SlurmSandbox
+    from downpour_lib.sandbox.slurm_conf import free_port
+
+    if shutil.which("sbatch") is None:
+        unavailable("sbatch is not installed (apt-get install slurm-wlm)")
+    down = SlurmSandbox(tmp_path / "slurm", link_system_conf=False)
+    down.dir.mkdir()
+    down.conf.write_text(down.slurm_conf(free_port(), free_port()))
+    marker = f"DOWNPOUR_TEST_MARK={uuid.uuid4().hex}"
+    env = {**launch_env(), "SLURM_CONF": str(down.conf), "IPYTHONDIR": str(tmp_path / "ipython"),
+           marker.split("=")[0]: marker.split("=")[1]}
+    assert downpour("profiles", "install", "slurm-mpi", "--ipython-dir",
+                    str(tmp_path / "ipython")).returncode == 0
+    proc = subprocess.run([str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", "2",
+                           "--daemonize"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, explain(proc)
+    assert "ipcluster stops: sbatch failed (exit 1)" in proc.stderr, explain(proc)
+    assert "Unable to contact slurm controller" in proc.stderr, explain(proc)
+    assert list((profile_dir("slurm-mpi", tmp_path / "ipython") / "security").glob("*.json")) == []
+    assert marked_processes(marker.encode()) == []
+
+
+def marked_processes(marker: bytes) -> list[tuple[str, str]]:
+    """Every live process whose environment holds ``marker``: (pid, command)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if state != "Z" and marker in environ:
+            found.append((pid, command))
+    return found
 
 
 def psutil_children() -> list[int]:

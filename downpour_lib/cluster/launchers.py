@@ -129,13 +129,24 @@ class SlurmMPIEngineSetLauncher(SlurmEngineSetLauncher):
         proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, **kwargs)
         if proc.returncode != 0:
             said = (proc.stderr + proc.stdout).decode("utf8", "replace").strip()
+            conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
             hint = ("; is Slurm running, and is this its configuration "
-                    f"(SLURM_CONF={os.environ.get('SLURM_CONF', '/etc/slurm/slurm.conf')})? "
-                    "`sinfo` says whether its controller answers"
-                    if "contact slurm controller" in said else "")
+                    f"(SLURM_CONF={conf})? `sinfo` says whether its controller answers"
+                    if "contact slurm controller" in said else
+                    f"; this host has no Slurm configuration (SLURM_CONF={conf}): run it on the "
+                    "cluster's login node, or try the profile on `downpour sandbox slurm up`, a "
+                    "one-node Slurm (as root)"
+                    if "configuration source" in said or "cannot stat file" in said else "")
             raise SlurmCommandError(f"{command[0]} failed (exit {proc.returncode}): "
                                     f"{said or 'no message'}{hint}")
         return proc.stdout.decode("utf8", "replace")
+
+    def start(self, n=1):
+        try:
+            return super().start(n)
+        except SlurmCommandError as exc:
+            _end_ipcluster(exc)
+            raise
 
     def stop(self):
         """scancel the job; when none was submitted (sbatch failed) there is nothing to cancel,
@@ -157,3 +168,31 @@ class SlurmMPIEngineSetLauncher(SlurmEngineSetLauncher):
         self.context.update(sbatch_lines="\n".join(self.sbatch_lines()),
                             setup_lines="\n".join(self.setup), launch=self.launch_command(n))
         return super().write_batch_script(n)
+
+
+def _end_ipcluster(exc: SlurmCommandError) -> None:
+    """Under ``ipcluster start`` (a Python caller gets the error instead), stop the controller and
+    exit 1 with what sbatch said: ipyparallel's app logs a failed start inside its event loop and
+    goes on waiting for engines that will never come, ``--daemonize`` too, which should return
+    (it waited until killed, with no slurm.conf or an impossible --gpus-per-node)."""
+    from ipyparallel.cluster.app import IPClusterStart
+
+    from .start import controller_processes, end_processes
+
+    if not IPClusterStart.initialized():
+        return
+    app = IPClusterStart.instance()
+
+    async def end() -> None:
+        import asyncio
+
+        await asyncio.sleep(0)  # after ipyparallel has logged the failed start: ours is the last word
+        started = controller_processes(app.cluster)
+        try:
+            await app.cluster.stop_cluster()
+        finally:
+            end_processes(started)
+        app.log.critical("the engines' job was not submitted, so ipcluster stops: %s", exc)
+        raise SystemExit(1)
+
+    app.loop.add_callback(end)

@@ -179,11 +179,45 @@ def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping
 def _stop_after_failed_start(cluster, exc: BaseException) -> None:
     """Stop what a failed start left running (the controller, a job) and its files; an error in
     stopping is logged, never raised: the start's own error is the one to report."""
+    started = controller_processes(cluster)
     try:
         cluster.stop_cluster_sync()
     except Exception as stop_exc:  # noqa: BLE001 -- exc is the error the caller must see
         logging.getLogger(__name__).warning("stopping the cluster after its failed start (%s) "
                                             "failed too: %s", exc, stop_exc)
+    end_processes(started)
+
+
+def controller_processes(cluster) -> list:
+    """The controller's process and those it started (its schedulers, hub): a controller stopped
+    while it is still starting them leaves them running (seven processes, orphans, after sbatch
+    failed in under two seconds)."""
+    import psutil
+
+    pid = getattr(cluster.controller, "pid", None) if cluster.controller is not None else None
+    try:
+        parent = psutil.Process(pid) if pid else None
+        return [parent, *parent.children(recursive=True)] if parent else []
+    except psutil.Error:
+        return []
+
+
+def end_processes(processes: list, timeout_s: float = 10.0) -> None:
+    """Terminate each of ``processes`` still running, and kill what outlives ``timeout_s``."""
+    import psutil
+
+    alive = [p for p in processes if p.is_running()]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, left = psutil.wait_procs(alive, timeout=timeout_s)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None = None,
