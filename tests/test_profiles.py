@@ -75,6 +75,21 @@ def test_unknown_profile_names_the_choices(tmp_path):
         install_profiles(["nope"], ipython=tmp_path)
 
 
+def test_connect_to_a_profile_that_is_none_names_the_bundled_ones(tmp_path, monkeypatch):
+    """connect("slurm") told the user to `ipcluster start --profile=slurm`, which makes a profile
+    of local, non-MPI engines; an unknown name now gets the bundled ones, the closest first."""
+    from downpour_lib.cluster import connect
+    from downpour_lib.errors import ClusterError
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    with pytest.raises(ClusterError, match=r"^no profile 'slurm': did you mean 'slurm-mpi'\? the "
+                                           r"bundled ones are local-mpi, slurm-mpi"):
+        connect("slurm")
+    with pytest.raises(ClusterError, match=r"^no running cluster for profile 'slurm-mpi': start one "
+                                           r"with `ipcluster start --profile=slurm-mpi"):
+        connect("slurm-mpi")
+
+
 def test_cli_installs_where_ipcluster_looks(tmp_path):
     proc = downpour("profiles", "install", "--ipython-dir", str(tmp_path))
     assert proc.returncode == 0 and "installed" in proc.stdout, explain(proc)

@@ -63,15 +63,15 @@ def test_up_is_idempotent_and_the_node_is_idle(sandbox):
 
 
 @contextmanager
-def ipcluster_started(env, *flags: str):
-    """`ipcluster start --profile=slurm-mpi -n 2 --daemonize FLAGS` (the profiles installed first)
+def ipcluster_started(env, *flags: str, n: int = 2):
+    """`ipcluster start --profile=slurm-mpi -n N --daemonize FLAGS` (the profiles installed first)
     for the block; then `ipcluster stop` and every cluster file of the profile, and, when the block
     ended well, the engines' job gone from the queue."""
     install = subprocess.run([str(BIN / "downpour"), "profiles", "install"], env=env,
                              capture_output=True, text=True, timeout=120)
     assert install.returncode == 0, explain(install)
     try:
-        start = subprocess.run([str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", "2",
+        start = subprocess.run([str(BIN / "ipcluster"), "start", "--profile=slurm-mpi", "-n", str(n),
                                 "--daemonize", *flags], env=env, capture_output=True, text=True,
                                timeout=180, cwd=ROOT)
         assert start.returncode == 0, explain(start)
@@ -129,6 +129,17 @@ def test_a_wait_on_an_engine_job_still_in_the_queue_says_so(env, monkeypatch):
         assert re.search(r"^0 of 2 engines registered within 3 s \(the engines' Slurm job \d+ is "
                          r"still PENDING \(BeginTime\): Slurm has not started it; once `squeue -j "
                          r"\d+` says RUNNING, run this again", message), message
+    # more engines than the sandbox's node has CPUs: a job no wait will start, which said the same
+    with ipcluster_started(env, n=64):
+        deadline = time.monotonic() + 60
+        while squeue(env) != ["ipengine- PENDING"]:
+            assert time.monotonic() < deadline, squeue(env)
+            time.sleep(0.5)
+        with pytest.raises(ClusterError) as caught:
+            connect("slurm-mpi", timeout_s=3, activate=False)
+        message = str(caught.value)
+        assert re.search(r"job \d+ is PENDING \(Partition\w+\) and will not start: it asks for more "
+                         r"than its partition has", message), message
 
 
 def preempted_and_resumed(cluster, env, tmp_path: Path, monkeypatch) -> None:
@@ -182,6 +193,7 @@ def test_multinode_sbatch_script(env, reference, tmp_path):
         log = (tmp_path / f"{launcher}.out").read_text()
         assert states[launcher] == "COMPLETED", log
         assert f"2 ranks on {os.uname().nodename.split('.')[0]}, launcher {launcher}" in log
+        assert "downpour: each rank runs: downpour train --checkpoint-dir " in log, log  # and args
         s = read_json(tmp_path / f"{launcher}.json")
         assert (s["launcher"], s["world_size"]) == ({"srun": "slurm", "mpiexec": "mpi"}[launcher], 2)
         assert matches(s, reference), (launcher, s, reference)
@@ -202,6 +214,7 @@ def test_down_leaves_nothing_running(sandbox, env):
         if marker in environ and name in ("slurmd", "slurmctld", "slurmstepd"):
             left.append((pid, name))
     assert left == []
+    assert not sandbox.socket.parent.exists()  # munged's socket directory, in the directory or not
     assert sandbox.down().stopped  # and again: idempotent
 
 

@@ -125,6 +125,14 @@ def controller_started(cluster) -> float:
         return 0.0
 
 
+
+#: the reasons Slurm gives a pending job that no wait will start: it asks for more than its
+#: partition has or allows (squeue(1), JOB REASON CODES)
+NEVER_RUNS = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit",
+                        "BadConstraints", "InvalidAccount", "InvalidQOS",
+                        "QOSMaxNodePerJobLimit", "QOSMaxCpuPerJobLimit", "AssocMaxNodesPerJobLimit",
+                        "AssocMaxCpuPerJobLimit"})
+
 class Running:
     """``run`` and the failure detection around it, for ``ClusterSession``."""
 
@@ -294,8 +302,14 @@ class Running:
         said = []
         job = self.slurm_job()
         fields = _slurm_job_fields(job) if job else {}
-        if fields.get("JobState") == "PENDING":
-            said.append(f"the engines' Slurm job {job} is still PENDING ({fields.get('Reason', '?')}): "
+        reason = fields.get("Reason", "?")
+        if fields.get("JobState") == "PENDING" and reason in NEVER_RUNS:
+            said.append(f"the engines' Slurm job {job} is PENDING ({reason}) and will not start: it "
+                        "asks for more than its partition has (nodes, tasks a node, GPUs, time); "
+                        f"`scontrol show job {job}` and `sinfo` say what; `ipcluster stop` it and "
+                        "start fewer engines (-n) or other limits in the profile")
+        elif fields.get("JobState") == "PENDING":
+            said.append(f"the engines' Slurm job {job} is still PENDING ({reason}): "
                         f"Slurm has not started it; once `squeue -j {job}` says RUNNING, run this "
                         "again, or give a longer timeout_s")
         elif fields:

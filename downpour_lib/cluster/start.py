@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..defaults import ENGINES_TIMEOUT_S
-from ..errors import ClusterError, ConfigError
+from ..errors import ClusterError, ConfigError, closest
 from ..launch_env import RENDEZVOUS_PORTS
 from .mpiexec import clear_stale_sessions
-from .profiles import ensure_profile, profile_dir
+from .profiles import bundled_profiles, ensure_profile, profile_dir
 from .session import ClusterSession
 
 
@@ -229,6 +229,13 @@ def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None =
     try:
         cluster = ipp.Cluster.from_file(profile_dir=str(profile_dir(profile)), cluster_id=cluster_id)
     except FileNotFoundError:
+        available = bundled_profiles()
+        if profile not in available and not (profile_dir(profile) / "ipcluster_config.py").exists():
+            # `ipcluster start --profile=slurm` would make a profile of local, non-MPI engines
+            meant = closest(profile, available)
+            raise ClusterError(f"no profile {profile!r}: " + (f"did you mean {meant!r}? " if meant
+                               else "") + "the bundled ones are " + ", ".join(available)
+                               + " (`downpour profiles list`)") from None
         raise ClusterError(f"no running cluster for profile {profile!r}"
                            + (f" with id {cluster_id!r}" if cluster_id else "")
                            + f": start one with `ipcluster start --profile={profile} -n N "

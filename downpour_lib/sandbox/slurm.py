@@ -365,8 +365,8 @@ class SlurmSandbox:
         munged = self._pid("munged")
         if munged:
             terminate([munged], timeout_s)
-        if not self.socket.parent.is_relative_to(self.dir):
-            shutil.rmtree(self.socket.parent, ignore_errors=True)
+        shutil.rmtree(self.socket.parent, ignore_errors=True)  # inside the directory (the
+        # default, whose removal below needs it gone) or beside it (a long --dir's short path)
         if self._linked():
             SYSTEM_CONF.unlink()
         self._remove_network()
