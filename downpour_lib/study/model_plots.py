@@ -221,7 +221,10 @@ def prediction_figure(table: pd.DataFrame):
     for ax, (point, low, high, label) in zip(axes, panels, strict=True):
         for i, (name, rows) in enumerate(table.groupby("algorithm", sort=False)):
             rows = rows.sort_values("workers")
-            ax.plot(rows.workers, rows[point], marker="o", ms=3, color=f"C{i}", label=name)
+            # each its own line style and marker too: algorithms the model prices alike
+            # (allreduce, ddp) lie on one line, which would hide all but the last drawn
+            ax.plot(rows.workers, rows[point], marker="osv^Dx*P"[i % 8], ms=4, color=f"C{i}",
+                    ls=("-", "--", ":", "-.")[i % 4], label=name)
             if low in rows and (rows[high] > rows[low]).any():
                 ax.fill_between(rows.workers, rows[low], rows[high], color=f"C{i}", alpha=0.18, lw=0)
         ax.set_xscale("log", base=2)
