@@ -119,27 +119,26 @@ def test_a_wait_on_an_engine_job_still_in_the_queue_says_so(env, monkeypatch):
     job is still PENDING, and why (here a start time an hour away)."""
     monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # this process's scontrol
     with ipcluster_started(env, "--SlurmMPIEngineSetLauncher.sbatch_args=['--begin=now+3600']"):
-        deadline = time.monotonic() + 60
-        while squeue(env) != ["ipengine- PENDING"]:
-            assert time.monotonic() < deadline, squeue(env)
-            time.sleep(0.5)
-        with pytest.raises(ClusterError) as caught:
-            connect("slurm-mpi", timeout_s=3, activate=False)
-        message = str(caught.value)
+        message = connect_while_pending(env)
         assert re.search(r"^0 of 2 engines registered within 3 s \(the engines' Slurm job \d+ is "
                          r"still PENDING \(BeginTime\): Slurm has not started it; once `squeue -j "
                          r"\d+` says RUNNING, run this again", message), message
     # more engines than the sandbox's node has CPUs: a job no wait will start, which said the same
     with ipcluster_started(env, n=64):
-        deadline = time.monotonic() + 60
-        while squeue(env) != ["ipengine- PENDING"]:
-            assert time.monotonic() < deadline, squeue(env)
-            time.sleep(0.5)
-        with pytest.raises(ClusterError) as caught:
-            connect("slurm-mpi", timeout_s=3, activate=False)
-        message = str(caught.value)
+        message = connect_while_pending(env)
         assert re.search(r"job \d+ is PENDING \(Partition\w+\) and will not start: it asks for more "
                          r"than its partition has", message), message
+
+
+def connect_while_pending(env) -> str:
+    """What connect() says once the engines' job is in the queue, not started."""
+    deadline = time.monotonic() + 60
+    while squeue(env) != ["ipengine- PENDING"]:
+        assert time.monotonic() < deadline, squeue(env)
+        time.sleep(0.5)
+    with pytest.raises(ClusterError) as caught:
+        connect("slurm-mpi", timeout_s=3, activate=False)
+    return str(caught.value)
 
 
 def preempted_and_resumed(cluster, env, tmp_path: Path, monkeypatch) -> None:
