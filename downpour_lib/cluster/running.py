@@ -125,13 +125,13 @@ def controller_started(cluster) -> float:
         return 0.0
 
 
-
 #: the reasons Slurm gives a pending job that no wait will start: it asks for more than its
 #: partition has or allows (squeue(1), JOB REASON CODES)
 NEVER_RUNS = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit",
                         "BadConstraints", "InvalidAccount", "InvalidQOS",
                         "QOSMaxNodePerJobLimit", "QOSMaxCpuPerJobLimit", "AssocMaxNodesPerJobLimit",
                         "AssocMaxCpuPerJobLimit"})
+
 
 class Running:
     """``run`` and the failure detection around it, for ``ClusterSession``."""
