@@ -266,6 +266,17 @@ def test_a_bucket_larger_than_the_model_warns_of_no_overlap(capsys):
     assert "bucket_cap_mb" not in capsys.readouterr().err  # the default: no warning
 
 
+def test_a_period_longer_than_the_run_warns_that_the_workers_never_meet(capsys):
+    """diloco's default period is 20 steps: a short run of it took no outer step, silently."""
+    assert main(["train", "--algorithm", "localsgd", "--steps", "3", "--threads", "1"]) == 0
+    assert ("downpour train: warning: period=4 is longer than the run's 3 steps: the workers never "
+            "meet (nothing is averaged); give a period of at most 3, or more steps") \
+        in capsys.readouterr().err
+    for meet in (["--period", "3"], ["--sync-steps", "1"]):  # they meet: nothing to say
+        assert main(["train", "--algorithm", "localsgd", "--steps", "3", "--threads", "1", *meet]) == 0
+        assert "period=" not in capsys.readouterr().err, meet
+
+
 def test_the_configs_warnings_are_said_as_the_commands(capsys):
     """A setting that does nothing was a raw Python warning (file, line and source line)."""
     assert main(["train", "--optimizer", "adam", "--momentum", "0.9", "--steps", "3",

@@ -273,6 +273,8 @@ def test_emulated_points_are_their_own_series_never_mixed_with_real_ones():
 def test_bad_study_specs():
     with pytest.raises(ConfigError, match="algorithms='nope'"):
         StudySpec(algorithms=("nope",))
+    with pytest.raises(ConfigError, match="algorithms='sync_ps:servers=2' .* for an emulated sweep"):
+        StudySpec(algorithms=("sync_ps:servers=2",))  # was "choose from ...", sync_ps among them
     with pytest.raises(ConfigError, match="workers"):
         StudySpec(workers=(0,))
     with pytest.raises(ConfigError, match="repeats"):

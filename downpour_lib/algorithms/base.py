@@ -89,6 +89,10 @@ class Algorithm:
         so the check allocates nothing), run length or ``precision``, e.g. more parameter shards
         than tensors; ``report`` what is legal but pointless (e.g. an asynchronous algorithm
         with one worker, which has nothing to be asynchronous with). Overrides call this one."""
+        period = getattr(options, "period", None)  # localsgd, easgd, diloco, slowmo
+        if isinstance(period, int) and period > total_steps and not getattr(options, "sync_steps", 0):
+            report(f"period={period} is longer than the run's {total_steps} steps: the workers never "
+                   f"meet (nothing is averaged); give a period of at most {total_steps}, or more steps")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module | Server:
         """Prepare the model; return the module the engine runs forward on (may be a wrapper),

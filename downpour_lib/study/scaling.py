@@ -148,6 +148,10 @@ class StudySpec:
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
+            if ":" in a and a.partition(":")[0] in OPTIONS:  # "sync_ps:servers=2"
+                raise ConfigError("algorithms", a, "an entry with options of its own is for an "
+                                  "emulated sweep (--compute emulated --links ...); here give "
+                                  f"{a.partition(':')[0]} and its options in the spec's options")
             if a not in OPTIONS:
                 raise ConfigError("algorithms", a, "choose from " + ", ".join(OPTIONS))
         for a in self.options:
