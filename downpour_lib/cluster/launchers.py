@@ -177,7 +177,7 @@ def _end_ipcluster(exc: SlurmCommandError) -> None:
     (it waited until killed, with no slurm.conf or an impossible --gpus-per-node)."""
     from ipyparallel.cluster.app import IPClusterStart
 
-    from .start import controller_processes, end_processes
+    from .processes import controller_processes, end_processes
 
     if not IPClusterStart.initialized():
         return

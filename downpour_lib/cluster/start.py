@@ -21,6 +21,7 @@ from ..defaults import ENGINES_TIMEOUT_S
 from ..errors import ClusterError, ConfigError, closest
 from ..launch_env import RENDEZVOUS_PORTS
 from .mpiexec import clear_stale_sessions
+from .processes import controller_processes, end_processes
 from .profiles import bundled_profiles, ensure_profile, profile_dir
 from .session import ClusterSession
 
@@ -186,38 +187,6 @@ def _stop_after_failed_start(cluster, exc: BaseException) -> None:
         logging.getLogger(__name__).warning("stopping the cluster after its failed start (%s) "
                                             "failed too: %s", exc, stop_exc)
     end_processes(started)
-
-
-def controller_processes(cluster) -> list:
-    """The controller's process and those it started (its schedulers, hub): a controller stopped
-    while it is still starting them leaves them running (seven processes, orphans, after sbatch
-    failed in under two seconds)."""
-    import psutil
-
-    pid = getattr(cluster.controller, "pid", None) if cluster.controller is not None else None
-    try:
-        parent = psutil.Process(pid) if pid else None
-        return [parent, *parent.children(recursive=True)] if parent else []
-    except psutil.Error:
-        return []
-
-
-def end_processes(processes: list, timeout_s: float = 10.0) -> None:
-    """Terminate each of ``processes`` still running, and kill what outlives ``timeout_s``."""
-    import psutil
-
-    alive = [p for p in processes if p.is_running()]
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, left = psutil.wait_procs(alive, timeout=timeout_s)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None = None,
