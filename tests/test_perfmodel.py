@@ -2381,7 +2381,7 @@ def test_the_band_says_what_to_measure_first(capsys):
     leaves a band no wider than all of them give together; VGG-16's 411 MB of gradients on 25
     Gbit/s make the overlap the widest part of its band. All measured: nothing to pin."""
     from downpour_lib.cli import main
-    from downpour_lib.perf.perfmodel import band_parts, pinned
+    from downpour_lib.perf.perfmodel import band_parts, pinned, unknown_ends
 
     cal = PRESETS["horovod-pascal-25g"]
     whole = predict(cal, "allreduce", 512, "vgg16")
@@ -2398,7 +2398,8 @@ def test_the_band_says_what_to_measure_first(capsys):
             if getattr(one, f) != getattr(cal, f)})
     measured = replace(measured, node_compute=pinned(cal)["a busy node's share"].node_compute,
                        workloads=pinned(cal)["a busy node's share"].workloads)
-    assert pinned(measured) == {}
+    assert pinned(measured) == {} and unknown_ends(measured) is None  # the two lists agree
+    assert all(unknown_ends(one) is not None for one in pinned(cal).values())  # one pinned: more left
     assert main(["model", "predict", "--preset", "horovod-pascal-25g", "--model", "vgg16",
                  "--workers", "8,512"]) == 0
     line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("measure first:"))

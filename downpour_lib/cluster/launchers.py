@@ -177,7 +177,7 @@ def _end_ipcluster(exc: SlurmCommandError) -> None:
     (it waited until killed, with no slurm.conf or an impossible --gpus-per-node)."""
     from ipyparallel.cluster.app import IPClusterStart
 
-    from .processes import controller_processes, end_processes
+    from .processes import controller_session, end_session
 
     if not IPClusterStart.initialized():
         return
@@ -187,11 +187,11 @@ def _end_ipcluster(exc: SlurmCommandError) -> None:
         import asyncio
 
         await asyncio.sleep(0)  # after ipyparallel has logged the failed start: ours is the last word
-        started = controller_processes(app.cluster)
+        session = controller_session(app.cluster)
         try:
             await app.cluster.stop_cluster()
         finally:
-            end_processes(started)
+            end_session(session)
         app.log.critical("the engines' job was not submitted, so ipcluster stops: %s", exc)
         raise SystemExit(1)
 

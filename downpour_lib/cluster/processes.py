@@ -1,39 +1,24 @@
-"""The processes a cluster's controller started, and how to end them.
+"""The processes a cluster's controller started.
 
 A controller stopped while it is still starting its schedulers leaves them running, orphans: seven
-processes each time ``sbatch`` failed in under two seconds. Whoever stops a cluster after a failed
-start (``start.start_cluster``, the slurm-mpi launcher under ``ipcluster``) collects the tree first
-and ends what outlives the stop.
+processes each time ``sbatch`` failed in under two seconds, and a tree read before the stop missed
+one forked after it. ipyparallel starts the controller in a session of its own
+(``start_new_session``), which every process it starts joins: whoever stops a cluster after a failed
+start (``start.start_cluster``, the slurm-mpi launcher under ``ipcluster``) notes the session
+first and ends what is still in it after the stop.
 """
 
 from __future__ import annotations
 
-
-def controller_processes(cluster) -> list:
-    """The controller's process and those it started (its schedulers, hub); none if it has none."""
-    import psutil
-
-    pid = getattr(cluster.controller, "pid", None) if cluster.controller is not None else None
-    try:
-        parent = psutil.Process(pid) if pid else None
-        return [parent, *parent.children(recursive=True)] if parent else []
-    except psutil.Error:
-        return []
+from ..procs import in_session, terminate
 
 
-def end_processes(processes: list, timeout_s: float = 10.0) -> None:
-    """Terminate each of ``processes`` still running, and kill what outlives ``timeout_s``."""
-    import psutil
+def controller_session(cluster) -> int | None:
+    """The session of the cluster's controller (its process id), None if it has none."""
+    return getattr(cluster.controller, "pid", None) if cluster.controller is not None else None
 
-    alive = [p for p in processes if p.is_running()]
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, left = psutil.wait_procs(alive, timeout=timeout_s)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+
+def end_session(sid: int | None, timeout_s: float = 10.0) -> None:
+    """TERM, then KILL, whatever is left in session ``sid`` once its leader was stopped."""
+    if sid:
+        terminate(in_session(sid), timeout_s)

@@ -21,7 +21,7 @@ from ..defaults import ENGINES_TIMEOUT_S
 from ..errors import ClusterError, ConfigError, closest
 from ..launch_env import RENDEZVOUS_PORTS
 from .mpiexec import clear_stale_sessions
-from .processes import controller_processes, end_processes
+from .processes import controller_session, end_session
 from .profiles import bundled_profiles, ensure_profile, profile_dir
 from .session import ClusterSession
 
@@ -180,13 +180,13 @@ def start_cluster(profile: str = "local-mpi", n: int = 2, *, engine_env: Mapping
 def _stop_after_failed_start(cluster, exc: BaseException) -> None:
     """Stop what a failed start left running (the controller, a job) and its files; an error in
     stopping is logged, never raised: the start's own error is the one to report."""
-    started = controller_processes(cluster)
+    session = controller_session(cluster)
     try:
         cluster.stop_cluster_sync()
     except Exception as stop_exc:  # noqa: BLE001 -- exc is the error the caller must see
         logging.getLogger(__name__).warning("stopping the cluster after its failed start (%s) "
                                             "failed too: %s", exc, stop_exc)
-    end_processes(started)
+    end_session(session)
 
 
 def connect(profile: str = "local-mpi", cluster_id: str = "", *, n: int | None = None,

@@ -503,6 +503,8 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                           f"on the ranks sharing it, and this one's is for {cal.network.per_node}")
     links = {"intra": net.intra, "inter": net.inter}
     inter_rate, transport = cal.inter_rate, cal.inter_transport
+    # a rate alone keeps the file's transport (and so its range): one given says which
+    keep = inter_transport or (cal.inter_transport if link_efficiency is None else None)
     for side, rate, latency in (("intra", intra_gbit, intra_latency_us),
                                 ("inter", inter_gbit, inter_latency_us)):
         if rate is None and latency is None:
@@ -512,8 +514,6 @@ def with_fields(cal: Calibration, *, devices_per_node: int | None = None,
                 "latency_us": latency if latency is not None else old.alpha_s * 1e6,
                 "efficiency": (link_efficiency if link_efficiency is not None else "fitted")
                 if rate is not None else 1.0}
-        # a rate alone keeps the file's transport (and so its range): one given says which
-        keep = inter_transport or (cal.inter_transport if link_efficiency is None else None)
         if side == "inter" and rate is not None and keep is not None:
             spec.update(efficiency="published", transport=keep)
         links[side], factors, ranged = _link_range(side, spec, devices_per_node or net.per_node)

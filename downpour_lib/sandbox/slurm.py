@@ -46,8 +46,8 @@ from pathlib import Path
 
 from ..checkpoint import atomic_write_bytes, atomic_write_text
 from ..errors import ConfigError
+from ..procs import alive, comm, descendants, environ_has, terminate
 from .netns import Network, NetworkError, parse_rate
-from .procs import alive, comm, descendants, environ_has, terminate
 from .slurm_conf import free_port, host_name, hosts_file, slurm_conf, socket_dir
 from .status import (  # noqa: F401 -- missing_requirements and pmix_available: importable here too
     SYSTEM_CONF,

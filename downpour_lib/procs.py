@@ -1,5 +1,6 @@
-"""The sandbox's processes, by id from /proc: alive or not, their trees, and stopping them
-(TERM, then KILL) without ever signalling this process or its ancestors."""
+"""Processes by id from /proc: alive or not, their trees, and stopping them (TERM, then KILL)
+without ever signalling this process or its ancestors. The Slurm sandbox's daemons and jobs, and
+a cluster's controller with the schedulers it started (``cluster.processes``). Stdlib only."""
 
 from __future__ import annotations
 
@@ -49,6 +50,22 @@ def descendants(roots: Iterable[int]) -> list[int]:
         out.append(pid)
         todo += children.get(pid, [])
     return out
+
+
+def in_session(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (``setsid``'s, as a process started with
+    ``start_new_session`` leads one): what it started, however late, also once it is gone."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
+            if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
 
 
 def protected() -> set[int]:
