@@ -139,7 +139,7 @@ class TrainConfig:
             model = user_code.register("model", model.__name__, model, MODELS)
         if model not in MODELS and not user_code.is_user_code("model", model):
             raise unknown_name("model", model, [*MODELS, "package.module:function"])
-        options = build_options(algorithm, OPTIONS[algorithm], options)
+        options = build_options(algorithm, OPTIONS[algorithm], options, OPTIONS)
         for name, value in (("algorithm", algorithm), ("options", options), ("model", model)):
             object.__setattr__(self, name, value)
         for name, cls in SECTIONS.items():

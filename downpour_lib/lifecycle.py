@@ -181,7 +181,8 @@ class Lifecycle:
         config = self.config.to_dict()
         summary = {
             **{k: v for k, v in config.items() if k != "options"},
-            **{f"options.{k}": v for k, v in config["options"].items()},
+            **{f"options.{k}": v for k, v in {**config["options"],
+                                               **self.config.options.in_effect(roles)}.items()},
             "world_size": ctx.world_size,
             "num_servers": len(roles.dedicated_servers),
             **summarize(steps, evals, self.config.length.warmup_steps),

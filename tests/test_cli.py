@@ -32,7 +32,10 @@ BAD_INPUTS = [
     (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8", 2),
     (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks", 2),
     (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"],
-     "has no such option (its options: server, servers)", 2),
+     "has no such option; it is an option of ddp, allreduce (its options: server, servers)", 2),
+    (["--algorithm", "localsgd", "--moving-rate", "0.1"],
+     "moving_rate=0.1 is not valid: algorithm 'localsgd' has no such option; it is an option of "
+     "easgd, easgd_async (its options: period, sync_steps)", 2),
     # the retired spelling of asynchronous EASGD: one line that names the algorithm it is now
     (["--algorithm", "easgd", "--mode", "async"],
      "mode='async' is not valid: easgd is synchronous EASGD; asynchronous EASGD is its own "

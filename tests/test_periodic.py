@@ -74,9 +74,21 @@ def test_localsgd_easgd_and_slowmo_reach_90_percent_on_digits(digits_runs):
     assert c["num_workers"] == 3 and c["server_updates"] == 3 * (c["total_steps"] // 4), c
 
 
+def test_easgd_summaries_report_the_moving_rate_they_trained_with(digits_runs):
+    """Given none, EASGD trains at 0.9 / N (its workers); the summary says that number, where the
+    config a resume compares still says none (a run of another size picks its own)."""
+    for name, workers in (("easgd", 4), ("easgd_async", 3)):
+        s = digits_runs[name]
+        assert s["options.moving_rate"] == pytest.approx(0.9 / workers), s
+        assert TrainConfig(algorithm=name).to_dict()["options"]["moving_rate"] is None
+
+
 def test_bad_options_are_refused():
     with pytest.raises(ConfigError, match="period=0"):
         TrainConfig(algorithm="localsgd", options={"period": 0})
+    # a config file's options: a misspelling gets the option meant, as a flag's does
+    with pytest.raises(ConfigError, match=r"peroid=4 .*no such option; did you mean period\? "):
+        TrainConfig(algorithm="localsgd", options={"peroid": 4})
     with pytest.raises(ConfigError, match="outer_momentum=1.0"):
         TrainConfig(algorithm="diloco", options={"outer_momentum": 1.0})
     with pytest.raises(ConfigError, match="slow_momentum=-0.1"):

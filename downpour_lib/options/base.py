@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ..errors import ConfigError, check_choices
+from ..errors import ConfigError, check_choices, closest
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,11 @@ class AlgorithmOptions:
         launch (``.world_size`` ranks) for a run of that many workers."""
         return self.roles(check_workers(workers))
 
+    def in_effect(self, roles: Roles) -> dict[str, Any]:
+        """The options a run with ``roles`` trains with where a field says "none = a default of
+        the run's size" (easgd's moving rate, 0.9 / N): what its summary reports."""
+        return {}
+
     def checkpoint_refusal(self) -> str | None:
         """Why the algorithm cannot write checkpoints with these options, or None (it can)."""
         return None
@@ -127,9 +132,11 @@ def check_momentum(name: str, value: Any, example: str) -> None:
         raise ConfigError(name, value, f"must be in [0, 1), e.g. {example}")
 
 
-def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any) -> AlgorithmOptions:
+def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any,
+                  others: Mapping[str, type[AlgorithmOptions]] | None = None) -> AlgorithmOptions:
     """Validate ``options`` (None, a mapping, or the dataclass) into ``cls``, the options of
-    ``algorithm`` (the name is for messages)."""
+    ``algorithm`` (the name is for messages). ``others``: every algorithm's options, so that an
+    option of another algorithm is named as such."""
     if isinstance(options, cls):
         return options
     if options is None:
@@ -146,8 +153,13 @@ def build_options(algorithm: str, cls: type[AlgorithmOptions], options: Any) -> 
             raise ConfigError(name, options[name], cls.retired[name])
         if name not in known:
             valid = ", ".join(known) if known else "none"
-            raise ConfigError(name, options[name],
-                              f"algorithm {algorithm!r} has no such option (its options: {valid})")
+            takes = [other for other, c in (others or {}).items()
+                     if name in {f.name for f in dataclasses.fields(c)}]
+            meant = closest(name, known)
+            hint = (f"; did you mean {meant}?" if meant
+                    else f"; it is an option of {', '.join(takes)}" if takes else "")
+            raise ConfigError(name, options[name], f"algorithm {algorithm!r} has no such option"
+                                                   f"{hint} (its options: {valid})")
     return cls(**{k: coerce(k, hints[k], v) for k, v in options.items()})
 
 

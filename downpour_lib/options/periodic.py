@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from ..errors import ConfigError
 from .base import AlgorithmOptions, Roles, check_momentum, check_positive, check_whole, check_workers
@@ -90,6 +90,9 @@ class ElasticOptions(PeriodicOptions):
 
     def alpha(self, workers: int) -> float:
         return self.moving_rate or 0.9 / workers
+
+    def in_effect(self, roles: Roles) -> dict[str, Any]:
+        return {"moving_rate": self.alpha(len(roles.workers))}
 
     def check_alpha(self, workers: int) -> None:
         if self.alpha(workers) * workers > 1:
