@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -230,9 +231,13 @@ class Length:
         _at_least("eval_samples", self.eval_samples, 0)
         _at_least("warmup_steps", self.warmup_steps, 0)
         if self.steps is not None and self.warmup_steps >= self.steps:
+            default = next(f.default for f in dataclasses.fields(self) if f.name == "warmup_steps")
             raise ConfigError("warmup_steps", self.warmup_steps,
                               f"must be less than steps={self.steps}, or throughput has no "
-                              "measured step")
+                              "measured step: give more steps, or "
+                              + ("a warmup_steps of your own (the first steps left out of "
+                                 "throughput; this is its default): e.g. --warmup-steps 0"
+                                 if self.warmup_steps == default else "fewer warmup_steps"))
 
 
 @dataclass(frozen=True)
@@ -319,7 +324,9 @@ class Outputs:
                                   "a run resumed from are always kept", identity="free", default=3)
     resume: str | None = _help("continue the run whose checkpoints are in this directory (from its "
                                "latest complete checkpoint) or in this checkpoint file; "
-                               "checkpoint_dir defaults to that directory; auto = the newest "
+                               "checkpoint_dir defaults to that directory (not a file's, whose later "
+                               "checkpoints it would replace: without checkpoint_dir a run resumed "
+                               "from a file writes none); auto = the newest "
                                "checkpoint of this configuration in checkpoint_dir, else from "
                                "scratch (the default of `downpour train` in a Slurm job); "
                                "never = from scratch even in a Slurm job, its checkpoints "
@@ -331,6 +338,10 @@ class Outputs:
         if self.resume == "auto" and self.checkpoint_dir is None:
             raise ConfigError("resume", "auto", "looks for checkpoints in checkpoint_dir: give "
                                                 "checkpoint_dir too")
+        if self.resume not in (None, "never", "auto") and not self.resume.endswith(".pt") \
+                and os.path.isfile(self.resume):  # not the checkpoint_dir it would default
+            raise ConfigError("resume", self.resume, "is a file and not a checkpoint: give a run's "
+                                                     "checkpoint_dir or one of its ckpt-<step>.pt")
         if self.resume not in (None, "never") and self.checkpoint_dir is None \
                 and not self.resume.endswith(".pt"):
             object.__setattr__(self, "checkpoint_dir", self.resume)  # a run continues where it was

@@ -5,7 +5,7 @@ pause to evaluate; DistBelief did the same. ``downpour evaluate --checkpoint-dir
 DIR, evaluates every checkpoint it has not scored yet (oldest first), and appends one row per
 checkpoint to a CSV: the step, when it was written (seconds into training and wall-clock time),
 the test loss and accuracy. A file that cannot be read (corrupt, truncated, foreign) is reported
-once and skipped; it never stops the evaluator. It stops after scoring the run's final checkpoint,
+once and skipped; it never stops the evaluator. It stops once the newest checkpoint is a final one,
 at ``until_step``, or after ``timeout_s``.
 
 Checkpoints are written atomically (``checkpoint.atomic_write_bytes``), so a file under a
@@ -31,7 +31,7 @@ from .data import Splits, load_dataset
 from .data.loader import eval_indices
 from .defaults import EVAL_POLL_S
 from .engine import evaluate
-from .errors import CheckpointError, DownpourError
+from .errors import CheckpointError, ConfigError, DownpourError
 from .models import build_model
 
 COLUMNS = ("step", "final", "time_s", "wall_time", "evaluated_at", "loss", "accuracy", "samples",
@@ -59,10 +59,24 @@ class Evaluator:
 
     def __post_init__(self) -> None:
         self.directory, self.csv = Path(self.directory), Path(self.csv)
-        self.rows: list[dict[str, Any]] = (pd.read_csv(self.csv).to_dict("records")
-                                           if self.csv.exists() else [])
+        self.rows: list[dict[str, Any]] = self._earlier_rows() if self.csv.exists() else []
         self.scored = {int(r["step"]) for r in self.rows}
-        self.final_seen = any(bool(r["final"]) for r in self.rows)
+
+    def _earlier_rows(self) -> list[dict[str, Any]]:
+        """The rows an earlier evaluation of the run wrote to ``csv``, which this one continues;
+        a file of anything else is refused, not overwritten."""
+        try:
+            frame = pd.read_csv(self.csv)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError,
+                IsADirectoryError) as exc:
+            frame, why = None, f"cannot be read as a CSV ({str(exc).splitlines()[0]})"
+        if frame is not None:
+            missing = [c for c in ("step", "final") if c not in frame.columns]
+            if not missing:
+                return frame.to_dict("records")
+            why = f"is not an evaluator's CSV (no {' or '.join(missing)} column)"
+        raise ConfigError("csv", str(self.csv), f"{why}: give a new file, or one `downpour "
+                                                "evaluate` wrote, which it continues")
 
     def poll(self) -> int:
         """Score every checkpoint not scored yet; how many were scored."""
@@ -85,7 +99,6 @@ class Evaluator:
                 continue
             self.rows.append(row)
             self.scored.add(row["step"])
-            self.final_seen |= row["final"]
             atomic_write_text(self.csv, pd.DataFrame(self.rows, columns=list(COLUMNS))
                               .sort_values("step").to_csv(index=False))
             self.log(f"step {row['step']}: test loss {row['loss']:.4f}, accuracy "
@@ -111,15 +124,23 @@ class Evaluator:
                 "evaluated_at": time.time(), "loss": loss, "accuracy": accuracy,
                 "samples": len(eval_indices(len(splits.test), self.samples)), "file": path.name}
 
+    def newest_is_final(self) -> bool:
+        """Whether the newest checkpoint scored is its run's final one. A run resumed from a final
+        checkpoint writes newer ones beside it, so an older final does not end a watch."""
+        newest = max(self.rows, key=lambda r: int(r["step"]), default=None)
+        return newest is not None and bool(newest["final"])
+
     def watch(self, poll_s: float = EVAL_POLL_S, until_step: int | None = None,
               timeout_s: float | None = None) -> str:
         """Poll until the final checkpoint (or ``until_step``) is scored, or ``timeout_s`` passes;
-        why it stopped: "final", "until_step" or "timeout"."""
+        why it stopped: "final", "until_step" or "timeout"; "final before" where that final
+        checkpoint was there before the watch began (a finished run, or one not yet resumed)."""
         start = time.monotonic()
+        there = {step for step, _ in checkpoint.scan(self.directory)}
         while True:
             self.poll()
-            if self.final_seen:
-                return "final"
+            if self.newest_is_final():
+                return "final before" if max(self.scored) in there else "final"
             if until_step is not None and any(s >= until_step for s in self.scored):
                 return "until_step"
             if timeout_s is not None and time.monotonic() - start >= timeout_s:

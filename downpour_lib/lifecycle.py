@@ -59,13 +59,19 @@ class Lifecycle:
         self.algorithm, self.model, self.optimizer, self.scaler = algorithm, model, optimizer, scaler
         self.tracer, self.t_start = tracer, 0.0
         self.evaluating = ctx.rank == plan.roles.evaluator
+        #: the training time of the runs this one continues: a checkpoint's time_s sums them, so
+        #: that the evaluator's time-to-accuracy goes on across a resume instead of restarting
+        self.time_before = 0.0
         if plan.resume_path is not None:
-            checkpoint.restore(checkpoint.load(plan.resume_path), ctx.rank, model, optimizer,
-                               algorithm, scaler)
+            state = checkpoint.load(plan.resume_path)
+            checkpoint.restore(state, ctx.rank, model, optimizer, algorithm, scaler)
+            self.time_before = float(state.get("time_s", 0.0))
             if ctx.rank == 0:
                 print(f"downpour: resumed from {plan.resume_path}: {plan.start_step} of "
-                      f"{plan.total_steps} steps done, continuing at step {plan.start_step}",
-                      file=sys.stderr, flush=True)
+                      f"{plan.total_steps} steps done, continuing at step {plan.start_step}"
+                      + ("" if config.outputs.checkpoint_dir else
+                         "; writing no checkpoints (a run resumed from a file writes them only "
+                         "to a checkpoint_dir given)"), file=sys.stderr, flush=True)
         # preemption: a signal sets a flag; the ranks agree to stop at a step (``preempt``)
         self.signal, self.control, self.stopper = preempt.SIGNAL, None, None
         if config.runtime.preempt_signal != "none":
@@ -149,7 +155,7 @@ class Lifecycle:
         start = time.perf_counter()
         config, outputs = self.config.to_dict(), self.config.outputs
         checkpoint.save(outputs.checkpoint_dir, checkpoint.assemble(
-            completed, final, time.perf_counter() - self.t_start, config,
+            completed, final, self.time_before + time.perf_counter() - self.t_start, config,
             self.ctx.world_size, model, ranks))
         resumed = [self.plan.resume_path] if self.plan.resume_path else []
         checkpoint.prune(outputs.checkpoint_dir, outputs.keep_checkpoints,

@@ -212,7 +212,7 @@ def test_torn_and_foreign_files_are_reported_and_skipped(tmp_path):
             checkpoint.load(checkpoint.checkpoint_path(tmp_path, step))
     reports, log = [], []
     evaluator = Evaluator(tmp_path, tmp_path / "evals.csv", log=log.append, report=reports.append)
-    assert evaluator.watch(poll_s=0.01, timeout_s=30) == "final"
+    assert evaluator.watch(poll_s=0.01, timeout_s=30) == "final before"  # a finished run's
     assert len(reports) == 3 and all(r.startswith("skipping") for r in reports), reports
     evals = pd.read_csv(tmp_path / "evals.csv")
     assert list(evals.step) == [4, 8, 12] and list(evals.final) == [False, False, True]
@@ -290,6 +290,28 @@ def test_watch_stops_at_until_step_or_timeout(tmp_path):
     assert evaluator.scored == {3, 6}  # one poll scores everything present
 
 
+def test_a_watch_goes_on_past_the_final_checkpoint_a_resumed_run_continues(tmp_path):
+    """A run resumed from its final checkpoint writes newer ones beside it: the old final ends a
+    watch begun before the resume (said: "final before"), not one begun after it."""
+    import threading
+
+    run = tmp_path / "run"
+    train(algorithm="local", steps=6, checkpoint_dir=str(run), checkpoint_every=3)
+    evaluator = Evaluator(run, tmp_path / "e.csv", log=print, report=print)
+    assert evaluator.watch(poll_s=0.01, timeout_s=30) == "final before"
+    train(algorithm="local", steps=12, resume=str(run))  # ckpt 9, then the final 12
+    twelve, away = checkpoint.checkpoint_path(run, 12), tmp_path / "12.pt"
+    twelve.rename(away)  # as if the resumed run were still going
+    assert evaluator.watch(poll_s=0.01, timeout_s=0.3) == "timeout"  # step 6's final ended it
+    assert evaluator.scored == {3, 6, 9}
+    threading.Timer(0.2, away.rename, (twelve,)).start()  # the resumed run's last checkpoint
+    assert evaluator.watch(poll_s=0.01, timeout_s=30) == "final"
+    assert evaluator.scored == {3, 6, 9, 12}
+    # seconds of training go on across the resume: a time-to-accuracy curve never runs backwards
+    times = [r["time_s"] for r in sorted(evaluator.rows, key=lambda r: r["step"])]
+    assert all(b > a for a, b in zip(times, times[1:], strict=False)), times
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--checkpoint-dir", "/nonexistent/run"], "checkpoint_dir='/nonexistent/run' is not valid"),
     (["--checkpoint-dir", ".", "--watch", "--poll-s", "0"], "poll_s=0.0 is not valid"),
@@ -303,6 +325,26 @@ def test_evaluate_cli_refuses_bad_input(capsys, args, expected):
 
     assert main(["evaluate", *args]) == 2
     assert expected in capsys.readouterr().err
+
+
+def test_evaluate_refuses_a_csv_it_did_not_write_and_leaves_it_alone(tmp_path, capsys):
+    """--csv names a file it continues: a run's own evals.csv, a JSON file, an empty file or another
+    table is refused in one line (exit 2), not a traceback, and is not overwritten."""
+    from downpour_lib.cli import main
+
+    _, result = train(algorithm="local", steps=4, checkpoint_dir=str(tmp_path / "ck"),
+                      output_dir=str(tmp_path / "out"))
+    others = {tmp_path / "out" / "evals.csv": "no final column",
+              tmp_path / "out" / "summary.json": "no step or final column",
+              tmp_path / "empty.csv": "cannot be read as a CSV", tmp_path / "other.csv": "no step"}
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "other.csv").write_text("a,b\n")
+    for csv, why in others.items():
+        before = csv.read_bytes()
+        assert main(["evaluate", "--checkpoint-dir", str(tmp_path / "ck"), "--csv", str(csv)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"csv='{csv}' is not valid: " in err and why in err, err
+        assert csv.read_bytes() == before
 
 
 def test_only_the_newest_periodic_checkpoints_are_kept_and_none_is_ever_torn(tmp_path):

@@ -29,6 +29,10 @@ BAD_INPUTS = [
     (["--weight-decay", "inf"], "weight_decay=inf is not valid: must be a finite number >= 0", 2),
     (["--algorithm", "allreduce", "--bucket-cap-mb", "inf"], "bucket_cap_mb=inf is not valid", 2),
     (["--steps", "5", "--epochs", "1"], "give steps or epochs, not both", 2),
+    # a 2-step smoke run meets a default it never set: the line says it is one, and the fix
+    (["--steps", "2"], "warmup_steps=2 is not valid: must be less than steps=2, or throughput has "
+     "no measured step: give more steps, or a warmup_steps of your own (the first steps left out "
+     "of throughput; this is its default): e.g. --warmup-steps 0", 2),
     (["--model", "vgg16"], "vgg16 needs images at least 32x32; the data set gives 8x8", 2),
     (["--algorithm", "sync_ps", "--server", "dedicated"], "dedicated server needs at least 2 ranks", 2),
     (["--algorithm", "sync_ps", "--bucket-cap-mb", "5"],
@@ -44,6 +48,8 @@ BAD_INPUTS = [
     (["--batch-size", "lots"], "batch_size='lots'", 2),
     (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "/nonexistent/x/MNIST/raw", 2),
     (["--output-dir", "{file}"], "output_dir='{file}' is not valid: is a file, and a directory is wanted", 2),
+    # a file that is not a checkpoint: the flag given is named, not the checkpoint_dir it defaults
+    (["--resume", "{file}"], "resume='{file}' is not valid: is a file and not a checkpoint", 2),
     (["--checkpoint-dir", "{file}/ckpt"], "checkpoint_dir='{file}/ckpt' is not valid: cannot be created: "
                                          "{file} is a file, not a directory", 2),
     (["--summary-json", "{tmp}"],

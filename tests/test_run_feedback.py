@@ -155,7 +155,7 @@ def test_evaluate_says_when_nothing_is_new_and_fails_when_nothing_reads(tmp_path
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "ckpt-00000002.pt").write_bytes(b"not a checkpoint")
-    assert main(["evaluate", "--checkpoint-dir", str(broken)]) == 1
+    assert main(["evaluate", "--checkpoint-dir", str(broken)]) == 2
     err = capsys.readouterr().err
     assert "skipping" in err and f"no checkpoint in {broken} could be read" in err, err
     # a GPU that is not there is the device's error, said once, not each checkpoint's failure
@@ -179,3 +179,23 @@ def test_a_resumed_run_says_which_checkpoint_and_step_it_continues_from(tmp_path
     err = capsys.readouterr().err
     assert f"downpour: resumed from {tmp_path / 'ckpt-00000004.pt'}: 4 of 6 steps done, " \
            "continuing at step 4" in err, err
+
+
+def test_a_run_resumed_from_a_checkpoint_file_says_it_writes_no_checkpoints(tmp_path, capsys):
+    """--resume DIR/ckpt-N.pt with no --checkpoint-dir writes no checkpoints (beside the file it
+    would replace a longer run's later ones): the run says so as it starts, not after its work."""
+    base = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
+                final_eval=False)
+    make_trainer(TrainConfig(steps=4, checkpoint_dir=str(tmp_path), checkpoint_every=2, **base),
+                 DistContext.single()).run()
+    capsys.readouterr()
+    resumed = TrainConfig(steps=8, resume=str(tmp_path / "ckpt-00000004.pt"), **base)
+    make_trainer(resumed, DistContext.single()).run()
+    assert "continuing at step 4; writing no checkpoints (a run resumed from a file writes them " \
+           "only to a checkpoint_dir given)" in capsys.readouterr().err
+    assert [p.name for p in sorted(tmp_path.glob("ckpt-*"))] == ["ckpt-00000002.pt", "ckpt-00000004.pt"]
+    # given one, it writes there at the cadence of the run it continues, and says nothing more
+    make_trainer(resumed.replace(checkpoint_dir=str(tmp_path / "b")), DistContext.single()).run()
+    assert "writing no checkpoints" not in capsys.readouterr().err
+    assert [p.name for p in sorted((tmp_path / "b").glob("ckpt-*"))] == \
+        ["ckpt-00000006.pt", "ckpt-00000008.pt"]

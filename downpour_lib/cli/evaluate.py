@@ -7,7 +7,7 @@ import math
 import os
 import sys
 
-from ..errors import ConfigError
+from ..errors import USAGE_ERROR, ConfigError
 from . import summary
 
 
@@ -81,10 +81,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if stopped == "scored before":
         print(f"downpour evaluate: nothing new: the checkpoints in {args.checkpoint_dir} are "
               f"scored in {csv} already", flush=True)
+    if stopped == "final before":
+        print(f"downpour evaluate: stopped: the newest checkpoint in {args.checkpoint_dir} was its "
+              "run's final one before the watch began; to watch a run resumed from it, give "
+              "--until-step with the resumed run's --steps", flush=True)
     if stopped == "unreadable":
         print(f"downpour evaluate: error: no checkpoint in {args.checkpoint_dir} could be read "
               "(each is named above)", file=sys.stderr, flush=True)
-        return 1
+        return USAGE_ERROR
     return 0
 
 
