@@ -25,7 +25,7 @@ from .config import TrainConfig
 from .data import ShardSampler, Splits, load_dataset
 from .data.sources import ImageSource
 from .errors import CheckpointError, ConfigError
-from .models import build_shaped, check_fits
+from .models import build_model, build_shaped, check_fits
 from .options import Roles
 from .paths import check_output_dir
 
@@ -61,6 +61,13 @@ def quiet(message: str) -> None:
     """Report nothing: for the ranks other than the one that reports."""
 
 
+def _built_aside(name: str, input_shape, num_classes: int) -> torch.nn.Module:
+    """``name`` built on the CPU for a check, its random draws from a stream of its own: the
+    run's initial parameters stay what its seed makes them."""
+    with torch.random.fork_rng(devices=[]):
+        return build_model(name, input_shape, num_classes)
+
+
 def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
              report: Callable[[str], None] = warn, rank: int | None = None) -> RunPlan:
     """Everything about the run's shape that can be wrong, checked without talking to anyone.
@@ -80,7 +87,8 @@ def plan_run(config: TrainConfig, world_size: int, train: ImageSource,
     model = build_shaped(config.model, train.input_shape, train.num_classes)
     if yours:  # its output must fit the data
         check_fits(config.model, model, train.batch(torch.arange(min(2, len(train)))),
-                   train.num_classes)
+                   train.num_classes,
+                   lambda: _built_aside(config.model, train.input_shape, train.num_classes))
     spe = ShardSampler(len(train), data.batch_size, 0, len(roles.workers),
                        data.seed).steps_per_epoch
     total = length.steps if length.steps is not None else math.ceil((length.epochs or 1.0) * spe)

@@ -234,3 +234,58 @@ def test_notebook_02_scales_a_model_from_your_file(users_dir):
     runs = pd.read_csv(users_dir / "scaling" / "runs.csv")
     assert sorted(runs.world_size) == [1, 2] and (runs.model == "mymodels:build").all()
     assert runs.model_source_sha256.notna().all() and (runs.samples_per_s > 0).all()
+
+
+class _ReadsItsData(nn.Module):
+    """A forward that branches on its input's values, as a check for bad data would: the meta
+    device has no values to branch on."""
+
+    def __init__(self, classes: int, reads: bool = True):
+        super().__init__()
+        self.net, self.reads = nn.Sequential(nn.Flatten(), nn.Linear(64, classes)), reads
+
+    def forward(self, x):
+        if self.reads and not torch.isfinite(x).all():
+            raise ValueError("non-finite input")
+        return self.net(x)
+
+
+def test_a_forward_that_reads_its_data_is_checked_on_the_cpu_and_trains_as_seeded():
+    """The fit check runs such a forward on the CPU (the meta device cannot): it trains, from the
+    parameters its seed gives (the check's own build draws aside), and a misfit is still said."""
+    register_model("reads_data", lambda shape, classes: _ReadsItsData(classes))
+    register_model("reads_nothing", lambda shape, classes: _ReadsItsData(classes, reads=False))
+    register_model("reads_narrow", lambda shape, classes: _ReadsItsData(3))
+    runs = {name: make_trainer(TrainConfig(algorithm="local", model=name, dataset="digits", steps=3,
+                                           warmup_steps=0, threads=1), DistContext.single()).run()
+            for name in ("reads_data", "reads_nothing")}
+    assert runs["reads_data"].summary["final_train_loss"] == runs["reads_nothing"].summary["final_train_loss"]
+    with pytest.raises(ConfigError, match=r"returns \(2, 3\); the data set needs logits of shape \(2, 10\)"):
+        make_trainer(TrainConfig(model="reads_narrow", dataset="digits", steps=2, warmup_steps=1),
+                     DistContext.single())
+
+
+def _labelled(y_train, y_val=None):
+    """A data-set function of 2x5x5 inputs with these labels (validation: the train's first 8)."""
+    x = torch.randn(len(y_train), 2, 5, 5)
+    val = y_train[:8] if y_val is None else y_val
+    return lambda data_dir: (TensorDataset(x, y_train), TensorDataset(x[:len(val)], val))
+
+
+@pytest.mark.parametrize("name, labels, says", [
+    # float targets were cast to 0 and trained to accuracy 1.0; one-hot ones taken for tokens
+    ("float_labels", _labelled(torch.rand(64)), "its labels y must be class indices (integers), "
+     "or a language model's next tokens (integers shaped like x); sample 0's y is a float32 number"),
+    ("one_hot_labels", _labelled(nn.functional.one_hot(torch.arange(64) % 4, 4).float()),
+     "sample 0's y is a float32 tensor of shape (4,)"),
+    # a label the loss cannot index failed mid-run, or after training at the evaluation
+    ("negative_labels", _labelled(torch.arange(64) % 4 - 1), "its train labels run from -1 to 2; "
+     "give class indices from 0 to 2 (3 classes"),
+    ("unseen_label", _labelled(torch.arange(64) % 3, torch.tensor([0, 1, 9])),
+     "its validation labels run from 0 to 9; give class indices from 0 to 2"),
+])
+def test_labels_that_are_not_class_indices_are_refused_before_training(name, labels, says):
+    register_dataset(name, labels)
+    with pytest.raises(ConfigError, match=f"dataset='{name}' is not valid: ") as refused:
+        load_dataset(name, "data")
+    assert says in str(refused.value), refused.value

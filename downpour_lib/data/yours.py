@@ -58,7 +58,31 @@ def _pair(dataset: Any, name: str) -> tuple[torch.Tensor, Any]:
     if not isinstance(item, (tuple, list)) or len(item) != 2 or not torch.is_tensor(item[0]):
         raise ConfigError("dataset", name, "its samples must be (x, y) pairs with x a tensor; "
                                            f"sample 0 is {_described(item)}")
+    y = torch.as_tensor(item[1])
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ConfigError("dataset", name, "its labels y must be class indices (integers), or a "
+                                           "language model's next tokens (integers shaped like "
+                                           f"x); sample 0's y is {_tensor_described(y)}")
     return item[0], item[1]
+
+
+def _tensor_described(t: torch.Tensor) -> str:
+    return f"a {str(t.dtype).removeprefix('torch.')} " + (
+        f"tensor of shape {tuple(t.shape)}" if t.dim() else f"number ({t.item():g})")
+
+
+def _check_labels(dataset: Any, classes: int, split: str, name: str) -> None:
+    """A TensorDataset's labels, all of them (one comparison): in [0, classes), which the loss
+    indexes; a label outside would fail mid-run, or after training, at the evaluation."""
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is None or len(tensors) != 2 or not len(tensors[1]):
+        return
+    low, high = int(tensors[1].min()), int(tensors[1].max())
+    if low < 0 or high >= classes:
+        raise ConfigError("dataset", name, f"its {split} labels run from {low} to {high}; give "
+                                           f"class indices from 0 to {classes - 1} ({classes} "
+                                           "classes, counted from the train split's labels or "
+                                           "its num_classes)")
 
 
 def _described(item: Any) -> str:
@@ -92,5 +116,8 @@ def as_splits(made: Any, name: str) -> Splits:
     if hasattr(train, "batch") and hasattr(train, "input_shape"):  # downpour's own sources
         return Splits(train, val)
     _pair(train, name)  # pairs first: the classes are counted from them
+    _pair(val, name)
     classes = _classes(train, name)
+    for split, dataset in (("train", train), ("validation", val)):
+        _check_labels(dataset, classes, split, name)
     return Splits(DatasetSource(train, classes, name), DatasetSource(val, classes, name))

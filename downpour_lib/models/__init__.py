@@ -217,11 +217,14 @@ def _build_users(name: str, input_shape: InputShape, num_classes: int) -> nn.Mod
     return model
 
 
-def check_fits(name: str, model: nn.Module, example, num_classes: int) -> None:
+def check_fits(name: str, model: nn.Module, example, num_classes: int,
+               build_real: Callable[[], nn.Module] | None = None) -> None:
     """Your model's forward on two samples of the data set (on the meta device where it was built
     there: nothing is computed) gives logits of the data's shape: ``(2, classes)``, or
     ``(2, T, vocabulary)`` for next-token targets ``(2, T)``. ConfigError names what came out and
-    what was expected."""
+    what was expected. A forward the meta device cannot run (one that reads its data: an
+    ``.item()``, a branch on a value) is run on the CPU, on ``build_real()``'s model; without
+    it, it is checked when it trains."""
     import torch
 
     x, y = example
@@ -230,9 +233,11 @@ def check_fits(name: str, model: nn.Module, example, num_classes: int) -> None:
     try:
         with torch.no_grad():
             out = model(x.to(device))
-    except NotImplementedError:  # an operation meta tensors cannot run: checked when it trains
-        return
     except Exception as exc:  # noqa: BLE001 - the user's forward, in one line
+        if device.type == "meta":  # its data has no values there: the CPU answers
+            if build_real is not None:
+                check_fits(name, build_real(), example, num_classes)
+            return
         raise ConfigError("model", name, f"its forward fails on the data set's samples of shape "
                                          f"{tuple(x.shape[1:])} ({type(exc).__name__}: "
                                          f"{str(exc).splitlines()[0]}); build it for that input "
