@@ -215,7 +215,9 @@ class TrainConfig:
         for name, value in values.items():
             if name not in known:
                 raise _unknown_field(name, known)
-            kwargs[name] = value if name == "options" else coerce(name, hints[name], value)
+            # options as given; a model or data-set function of yours (a notebook's) is itself
+            passed = name == "options" or name in ("model", "dataset") and callable(value)
+            kwargs[name] = value if passed else coerce(name, hints[name], value)
         return cls(**kwargs)
 
     @classmethod

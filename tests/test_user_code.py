@@ -289,3 +289,22 @@ def test_labels_that_are_not_class_indices_are_refused_before_training(name, lab
     with pytest.raises(ConfigError, match=f"dataset='{name}' is not valid: ") as refused:
         load_dataset(name, "data")
     assert says in str(refused.value), refused.value
+
+
+def test_a_study_and_from_dict_take_your_model_class_itself():
+    """Notebook 02's overrides (study_spec) and TrainConfig.from_dict take the class or function,
+    as TrainConfig does: registered under its name, which the planned runs carry."""
+    from downpour_lib.study.scaling import study_spec
+
+    class CellWide(nn.Module):
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.net = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))
+
+        def forward(self, x):
+            return self.net(x)
+
+    spec = study_spec(["allreduce"], [1, 2], {"model": CellWide, "dataset": "digits"},
+                      csv="unused.csv")
+    assert {run.config.model for run in spec.planned()} == {"CellWide"}
+    assert TrainConfig.from_dict({"model": CellWide, "dataset": "digits"}).model == "CellWide"
