@@ -138,7 +138,7 @@ class TrainConfig:
         if callable(model):  # a function or class of yours, e.g. from a notebook cell
             model = user_code.register("model", model.__name__, model, MODELS)
         if model not in MODELS and not user_code.is_user_code("model", model):
-            raise unknown_name("model", model, [*MODELS, "package.module:function"])
+            raise user_code.unknown("model", model, MODELS)
         options = build_options(algorithm, OPTIONS[algorithm], options, OPTIONS)
         for name, value in (("algorithm", algorithm), ("options", options), ("model", model)):
             object.__setattr__(self, name, value)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from . import user_code
 from .data import DATASETS
 from .defaults import STARTUP_TIMEOUT_S, TIMEOUT_S
-from .errors import ConfigError, check_choices, unknown_name
+from .errors import ConfigError, check_choices
 from .options import coerce
 from .preempt import check_signal
 
@@ -110,7 +110,7 @@ class Data:
                 "dataset", self.dataset.__name__, self.dataset, DATASETS))
         yours = user_code.is_user_code("dataset", self.dataset)
         if self.dataset not in DATASETS and not yours:
-            raise unknown_name("dataset", self.dataset, [*DATASETS, "package.module:function"])
+            raise user_code.unknown("dataset", self.dataset, DATASETS)
         if self.augment is None:
             spec = DATASETS.get(self.dataset)
             object.__setattr__(self, "augment", "standard" if spec is not None and spec.kind == "real"

@@ -22,10 +22,10 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from .errors import ConfigError
+from .errors import ConfigError, closest, unknown_name
 
 Kind = Literal["model", "dataset"]
 
@@ -56,6 +56,19 @@ def register(kind: Kind, name: str, function: Callable[..., Any], builtins: Any)
     _check_arguments(kind, name, function)
     DEFINED[kind][name] = function
     return name
+
+
+def unknown(kind: Kind, name: Any, builtins: Iterable[str]) -> ConfigError:
+    """The error for a ``kind`` that is neither a built-in nor an import path: a dotted path
+    (``mymodels.build``) is most likely an import path with a dot for its colon."""
+    names = [*builtins, "package.module:function"]
+    if isinstance(name, str) and ":" not in name and "." in name.strip(".") \
+            and closest(name, builtins) is None:
+        module, _, function = name.rpartition(".")
+        return ConfigError(kind, name, f"did you mean {module}:{function}? An import path names "
+                                       "its function after a colon; or choose one of "
+                                       + ", ".join(sorted(names)))
+    return unknown_name(kind, name, names)
 
 
 def resolve(kind: Kind, name: str) -> Callable[..., Any]:

@@ -106,6 +106,9 @@ BAD_INPUTS = [
     (["model", "predict", "--model", "resnet20", "--calibration", "{cal}"],
      "model='resnet20' is not valid: calibration 'measured-vm' ({cal}) has compute for "
      "inception_small only. Measure resnet20 on this machine: `downpour train --model resnet20 ", 2),
+    # yours, misspelt: it does not import, which is said (not how to measure it)
+    (["model", "predict", "--model", "nosuchmodule:build", "--calibration", "{cal}"],
+     "model='nosuchmodule:build' is not valid: module 'nosuchmodule' does not import", 2),
     # the data set it names fits the model: cnn1d takes MNIST-1D's signals, not CIFAR's images
     (["model", "predict", "--model", "cnn1d", "--calibration", "{cal}"],
      "Measure cnn1d on this machine: `downpour train --model cnn1d --dataset mnist1d ", 2),

@@ -725,6 +725,10 @@ def test_your_own_model_is_calibrated_and_predicted_by_its_import_path(tmp_path,
     err = capsys.readouterr().err
     assert "has compute for inception_small only. Measure mine:build on this machine: `downpour " \
            "train --model mine:build --dataset YOURS" in err and "Traceback" not in err, err
+    # a misspelling of yours is not a model to measure: the one the calibration has is named
+    assert main(["model", "predict", "--calibration", str(cal), "--model", "mine:biuld"]) == 2
+    assert "model='mine:biuld' is not valid: did you mean mine:build? It has compute for " \
+           "mine:build only." in capsys.readouterr().err
 
 
 def test_describe_counts_a_models_entry_for_a_hardware_file(tmp_path, capsys, monkeypatch):

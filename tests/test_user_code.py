@@ -308,3 +308,14 @@ def test_a_study_and_from_dict_take_your_model_class_itself():
                       csv="unused.csv")
     assert {run.config.model for run in spec.planned()} == {"CellWide"}
     assert TrainConfig.from_dict({"model": CellWide, "dataset": "digits"}).model == "CellWide"
+
+
+def test_an_import_path_with_a_dot_for_its_colon_gets_the_colon():
+    with pytest.raises(ConfigError, match=r"model='mymodels.build' is not valid: did you mean "
+                                          r"mymodels:build\? An import path names"):
+        TrainConfig(model="mymodels.build")
+    with pytest.raises(ConfigError, match=r"dataset='mine.data.blobs' is not valid: did you mean "
+                                          r"mine.data:blobs\?"):
+        TrainConfig(dataset="mine.data.blobs")
+    with pytest.raises(ConfigError, match="did you mean resnet20"):  # a built-in's typo stays so
+        TrainConfig(model="resnt20")

@@ -76,10 +76,19 @@ def no_compute(cal: Calibration, model: str, path: Path | str | None, preset: st
     with ``hardware``; or the preset ``preset``) has no compute time for: how to measure or add
     it, and the presets that have it. No guess stands in for it (a FLOP count misses the memory
     traffic a CPU step is bound by)."""
+    from ..errors import closest
     from ..models import MODELS
     from ..perf.presets import PRESETS
 
     has = f"has compute for {', '.join(sorted(cal.workloads))} only."
+    if ":" in model:  # yours: a name that does not import is a typo, not a model to measure
+        from .. import user_code
+
+        try:
+            user_code.resolve("model", model)
+        except ConfigError as exc:
+            meant = closest(model, cal.workloads)
+            return ConfigError("model", model, f"did you mean {meant}? It {has}") if meant else exc
     holders = sorted(name for name, other in PRESETS.items() if model in other.workloads)
     elsewhere = f" Presets with {model}: {', '.join(holders)} (--preset NAME)." if holders else ""
     counted = (f"`downpour model describe --model {model}` counts all but images_per_s"
