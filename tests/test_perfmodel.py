@@ -2408,3 +2408,26 @@ def test_the_band_says_what_to_measure_first(capsys):
                  "--workers", "8,512"]) == 0
     line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("measure first:"))
     assert "allreduce at 8 workers" in line and ": overlap " in line, line
+
+
+def test_a_model_of_few_multiply_adds_a_parameter_is_told_the_framework_unit_is_not_its(tmp_path, capsys):
+    """The framework's work, counted in parameters' worth of a model's own compute, was measured
+    on models of 160-440 multiply-adds a parameter: a small MLP's 1 (its samples mostly fixed
+    costs) makes it several steps' compute, which a note says; BERT's presets get none."""
+    import yaml
+
+    from downpour_lib.cli import main
+
+    mine = {"name": "mine", "source": "a test", "devices_per_node": 8, "overlap": None,
+            "links": {"intra": {"gbit_per_s": 300, "latency_us": 3, "efficiency": 0.9, "source": "x"}},
+            "models": {"mlp": {"batch": 64, "images_per_s": 5000, "parameters": 14084,
+                               "multiply_adds": 13824, "source": "x"}}}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(mine))
+    assert main(["model", "predict", "--hardware", str(path), "--model", "mlp", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "note: mlp does 0.982 multiply-adds a parameter in a sample, the framework's work was " \
+           "measured on models of 160 to 440" in out and "or give --framework" in out, out
+    assert main(["model", "predict", "--preset", "dgx-a100-bert", "--model", "bert-large-128",
+                 "--workers", "16"]) == 0
+    assert "note:" not in capsys.readouterr().out

@@ -397,6 +397,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
               "band they give together (efficiency_low, efficiency_high; band: its width in points), "
               f"each end moved out {spread} more: how far two runs of one setting were measured "
               "apart")
+        _say_framework_unit(cal, args.model)
         table["band"] = 100 * (table.efficiency_high - table.efficiency_low)
         columns[6:6] = ["efficiency_low", "efficiency_high", "band"]
     if against is not None:
@@ -424,6 +425,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
         print(f"wrote {save_figure(prediction_figure(table), args.figure)}")
     return 0
+
+
+def _say_framework_unit(cal: Calibration, model: str) -> None:
+    """A note where the framework's work, not measured, is counted in a unit its range was not
+    measured in: parameters' worth of a model that does far fewer multiply-adds a parameter than
+    those it was measured on (a small model's samples are mostly fixed costs, not its math)."""
+    from ..perf.terms import FRAMEWORK_MACS_PER_PARAMETER
+
+    per = cal.workload(model).macs_per_parameter
+    if cal.framework is None and per is not None and per < FRAMEWORK_MACS_PER_PARAMETER / 4:
+        print(f"note: {model} does {per:.3g} multiply-adds a parameter in a sample, the framework's "
+              f"work was measured on models of 160 to 440, and it is counted in parameters' worth "
+              f"of {model}'s compute: here it may be many times too large. Measure it "
+              "(`downpour model calibrate` on runs of yours) or give --framework")
 
 
 def _say_band_parts(cal: Calibration, table, model: str, options: dict[str, dict]) -> None:

@@ -59,6 +59,10 @@ class Workload:
     optimizer_s: tuple[float, float] = (0.0, 0.0)
     #: the passes a step accumulated where ``compute_s`` was measured (None: ``accumulation``)
     measured_accumulation: int | None = None
+    #: forward multiply-adds a parameter in one sample, where a hardware file gives
+    #: ``multiply_adds``: the framework's work is counted in parameters' worth of that compute
+    #: (``terms.FRAMEWORK_MACS_PER_PARAMETER``), a unit measured on models of 160 to 440
+    macs_per_parameter: float | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)

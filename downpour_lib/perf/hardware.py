@@ -341,7 +341,8 @@ def _framework_units(models: dict, workloads: dict[str, Workload]) -> dict[str, 
             * m.get("bytes_per_parameter", 4) / 4
         if full is not None or scale != 1.0:
             workloads[name] = replace(workloads[name],
-                                      framework_sample_s=scale * ref.compute_s / ref.batch_size)
+                                      framework_sample_s=scale * ref.compute_s / ref.batch_size,
+                                      macs_per_parameter=macs / m["parameters"] if macs else None)
     return workloads
 
 
