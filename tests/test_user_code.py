@@ -319,3 +319,17 @@ def test_an_import_path_with_a_dot_for_its_colon_gets_the_colon():
         TrainConfig(dataset="mine.data.blobs")
     with pytest.raises(ConfigError, match="did you mean resnet20"):  # a built-in's typo stays so
         TrainConfig(model="resnt20")
+
+
+def test_your_constructors_own_error_is_one_traceback_not_two():
+    """A constructor that fails is built again on the CPU (the meta device may be what failed);
+    its error there is its own, not raised "during handling of" the first."""
+    from downpour_lib.models import build_shaped
+
+    def broken(input_shape, num_classes):
+        raise RuntimeError("my constructor is broken")
+
+    register_model("broken_constructor", broken)
+    with pytest.raises(RuntimeError, match="my constructor is broken") as raised:
+        build_shaped("broken_constructor", (1, 8, 8), 10)
+    assert raised.value.__context__ is None and raised.value.__cause__ is None

@@ -261,7 +261,9 @@ def build_shaped(name: str, input_shape: InputShape, num_classes: int) -> nn.Mod
     except (RuntimeError, NotImplementedError):
         if not user_code.is_user_code("model", name):
             raise
-        return build_model(name, input_shape, num_classes)
+    # built outside the handler: an error of the constructor's own is its one traceback, not a
+    # second one "during handling of" the meta device's
+    return build_model(name, input_shape, num_classes)
 
 
 def parameter_count(model: nn.Module) -> int:
