@@ -284,3 +284,27 @@ def test_a_batch_shares_one_process_group_and_names_plain_directories(tmp_path):
     assert (tmp_path / "bench.json").exists()
     batch_command({"a": gloo}, tmp_path)  # the directory again, without a bench: none runs
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_a_study_whose_runs_of_two_algorithms_are_refused_alike_stops(tmp_path):
+    """One refusal of the runs' input, word for word, for two algorithms (a model that does not
+    fit the data) is every run's: the study stops there, StudyRefused (exit 2), not after each
+    run of the plan failed alike. Refusals of one algorithm alone go on (above)."""
+    from downpour_lib.study.core import StudyRefused
+
+    plan = [PlannedRun(TrainConfig(algorithm=algorithm), workers, label=f"{algorithm} {workers}")
+            for algorithm in ("allreduce", "localsgd", "ddp") for workers in (1, 2)]
+    measured = []
+
+    def measure(run):
+        measured.append(run.label)
+        raise ConfigError("model", "mine:narrow", "on 2 samples it returns (2, 3)")
+
+    log = []
+    with pytest.raises(StudyRefused) as error:
+        run_plan(plan, StudyStore(tmp_path), measure, log=log.append)
+    assert measured == ["allreduce 1", "allreduce 2", "localsgd 1"]
+    assert str(error.value) == ("3 runs of allreduce, localsgd were refused alike, and the other 3 "
+                                f"would be: stopping. Fix it and run again (runs measured are kept "
+                                f"in {StudyStore(tmp_path)}):\nmodel='mine:narrow' is not valid: on "
+                                "2 samples it returns (2, 3)")

@@ -4,9 +4,11 @@ study's figures from its CSVs)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from ..study.core import REFERENCE_ROOT, STUDIES, reference_dir, results_dir
+from ..errors import USAGE_ERROR
+from ..study.core import REFERENCE_ROOT, STUDIES, StudyRefused, reference_dir, results_dir
 from ..study.scaling import (
     DEFAULT_ALGORITHMS,
     DEFAULT_REPEATS,
@@ -114,6 +116,9 @@ def cmd_study(args: argparse.Namespace) -> int:
             run_study(Scaling(StudySpec(algorithms=args.algorithms, workers=args.workers,
                                         base=base, csv=str(csv), repeats=args.repeats)),
                       fresh=args.fresh)
+    except StudyRefused as exc:  # its input, refused by every run: said as bad input is
+        print(f"downpour study: {exc}", file=sys.stderr)
+        return USAGE_ERROR
     except StudyError as exc:
         print(f"downpour study: {exc}")
         return 1

@@ -161,7 +161,10 @@ def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> di
             raise RunFailed(f"{config.algorithm} on {world_size} rank(s) ran past {timeout_s} s")\
                 from exc
         if proc.returncode != 0 or not out.exists():
-            tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+            lines = (proc.stderr or proc.stdout).splitlines()
+            refused = [line for line in lines if " is not valid: " in line and "error: " in line]
+            # a refusal of its input is its one line (not prterun's box about the exit); else the end
+            tail = refused[0] if refused else "\n".join(lines[-15:])
             raise RunFailed(f"{config.algorithm} on {world_size} rank(s) failed "
                              f"(exit {proc.returncode}):\n{tail}")
         summary = json.loads(out.read_text())

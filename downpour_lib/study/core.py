@@ -54,6 +54,11 @@ class StudyError(DownpourError):
     pass
 
 
+class StudyRefused(StudyError):
+    """Runs of different settings refused with the same error about their input: every other
+    run would be too, so the study stops (bad input: ``downpour study`` exits 2)."""
+
+
 def host_dirname() -> str:
     """This machine's directory name under results/: its host name, made safe for a path."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", provenance.machine()["host"]) or "localhost"
@@ -283,6 +288,7 @@ def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *,
     done = store.done()
     todo = list({run.run_id: run for run in plan if run.run_id not in done}.values())  # plan order
     failures: list[tuple[str, str]] = []
+    refusals: dict[str, set[tuple[str, int]]] = {}  # an input's refusal -> the runs it refused
     warmed = before_first is None
     for run in plan:
         rid = run.run_id
@@ -302,6 +308,7 @@ def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *,
         except DownpourError as exc:  # this run failed (a rank, a timeout): record it, go on
             failures.append((run.label, str(exc)))
             log(f"FAIL  {count}: {run.label}: {exc}")
+            _stop_if_refused_alike(refusals, run, exc, len(todo) - k, store)
             continue
         load = probe.columns()
         outcome = Outcome({**outcome.row, **load}, outcome.tables, outcome.note)
@@ -313,6 +320,25 @@ def run_plan(plan: Sequence[PlannedRun], store: StudyStore, measure: Measure, *,
         kept = f"; the others are in {store}" if len(failures) < len(todo) else ""
         raise StudyError(f"{len(failures)} of {len(todo)} run(s) failed{kept}:\n" + _grouped(failures))
     return [run.run_id for run in plan]
+
+
+def _stop_if_refused_alike(refusals: dict[str, set[tuple[str, int]]], run: PlannedRun,
+                           exc: Exception, left: int, store: StudyStore) -> None:
+    """StudyRefused once one refusal of the runs' input (a ConfigError's line, word for word) has
+    refused runs of two algorithms: it depends on neither, so the ``left`` runs would most
+    likely meet it too (a model that does not fit the data: 18 identical failures before). Runs
+    of one algorithm refused alike go on: the refusal may be that algorithm's, or of a setting
+    the plan varies (its steps)."""
+    line = next((ln for ln in str(exc).splitlines() if " is not valid: " in ln), None)
+    if line is None or not left:
+        return
+    refused = refusals.setdefault(line, set())
+    refused.add((run.config.algorithm, run.world_size))
+    algorithms = {algorithm for algorithm, _ in refused}
+    if len(algorithms) > 1:
+        raise StudyRefused(f"{len(refused)} runs of {', '.join(sorted(algorithms))} were refused "
+                           f"alike, and the other {left} would be: stopping. Fix it and run again "
+                           f"(runs measured are kept in {store}):\n{line.strip()}")
 
 
 def _grouped(failures: Sequence[tuple[str, str]]) -> str:
