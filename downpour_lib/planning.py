@@ -123,6 +123,15 @@ def plan_resume(config: TrainConfig, plan: RunPlan, world_size: int,
     fresh = dataclasses.replace(plan, start_step=0, resume_path=None,
                                 checkpoint_every=outputs.checkpoint_every or 0)
     if outputs.resume in (None, "never"):
+        earlier = checkpoint.scan(outputs.checkpoint_dir) if outputs.resume is None \
+            and outputs.checkpoint_dir else []
+        if earlier:  # a run from scratch writes over another's checkpoints of the same steps
+            steps = (f"step {earlier[0][0]}" if len(earlier) == 1
+                     else f"steps {earlier[0][0]} to {earlier[-1][0]}")
+            report(f"{outputs.checkpoint_dir} holds checkpoints of an earlier run ({steps}); this "
+                   "run starts from scratch and replaces "
+                   f"those of its own steps: give --resume {outputs.checkpoint_dir} to continue it, "
+                   "--resume never to say you mean this, or another --checkpoint-dir")
         return fresh
     total = plan.total_steps
     if outputs.resume == "auto":  # a requeued job: its own newest checkpoint, if it wrote one

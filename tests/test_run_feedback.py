@@ -199,3 +199,19 @@ def test_a_run_resumed_from_a_checkpoint_file_says_it_writes_no_checkpoints(tmp_
     assert "writing no checkpoints" not in capsys.readouterr().err
     assert [p.name for p in sorted((tmp_path / "b").glob("ckpt-*"))] == \
         ["ckpt-00000006.pt", "ckpt-00000008.pt"]
+
+
+def test_a_run_from_scratch_into_an_earlier_runs_checkpoints_warns(tmp_path, capsys):
+    """Its checkpoints replace the earlier run's of the same steps: said before it trains, with
+    the flag that continues that run instead; --resume never means it, and is quiet."""
+    base = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
+                final_eval=False, steps=4, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    make_trainer(TrainConfig(**base), DistContext.single()).run()
+    assert "holds checkpoints" not in capsys.readouterr().err
+    make_trainer(TrainConfig(**base), DistContext.single()).run()
+    assert f"{tmp_path} holds checkpoints of an earlier run (steps 2 to 4); this run starts from " \
+           f"scratch and replaces those of its own steps: give --resume {tmp_path} to continue " \
+           "it, --resume never to say you mean this, or another --checkpoint-dir" \
+           in capsys.readouterr().err
+    make_trainer(TrainConfig(**base, resume="never"), DistContext.single()).run()
+    assert "holds checkpoints" not in capsys.readouterr().err
