@@ -54,6 +54,14 @@ class ConfigError(DownpourError, ValueError):
         return error
 
 
+def refusal(output: str) -> str | None:
+    """The first line of ``output`` (a launched command's) that says a ConfigError, in either of
+    its forms ("F=V is not valid: ...", "F is missing: give ..."): the input it refused. None: it
+    refused none."""
+    return next((line.strip() for line in output.splitlines()
+                 if " is not valid: " in line or " is missing: give " in line), None)
+
+
 class DataError(DownpourError, FileNotFoundError):
     """A data set's files are missing or unreadable."""
 

@@ -308,3 +308,15 @@ def test_a_study_whose_runs_of_two_algorithms_are_refused_alike_stops(tmp_path):
                                 f"would be: stopping. Fix it and run again (runs measured are kept "
                                 f"in {StudyStore(tmp_path)}):\nmodel='mine:narrow' is not valid: on "
                                 "2 samples it returns (2, 3)")
+
+
+def test_a_refusal_is_found_in_a_launched_commands_output_in_either_form():
+    """``errors.refusal``: the line of a ConfigError, "is not valid" or "is missing", among other
+    output (prterun's box); a failure that refused no input has none."""
+    from downpour_lib.errors import refusal
+
+    box = "-----\nprterun detected that one or more processes exited with non-zero status\n-----"
+    for error in (ConfigError("model", "mine", "a model that builds"),
+                  ConfigError.missing("models.mine.batch", "samples per worker")):
+        assert refusal(f"downpour train: error: {error}\n{box}") == f"downpour train: error: {error}"
+    assert refusal(f"Traceback (most recent call last):\nRuntimeError: boom\n{box}") is None

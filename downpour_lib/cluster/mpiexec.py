@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import user_code
-from ..errors import DownpourError
+from ..errors import DownpourError, refusal
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -161,10 +161,9 @@ def mpiexec_launch(config: TrainConfig, world_size: int, timeout_s: float) -> di
             raise RunFailed(f"{config.algorithm} on {world_size} rank(s) ran past {timeout_s} s")\
                 from exc
         if proc.returncode != 0 or not out.exists():
-            lines = (proc.stderr or proc.stdout).splitlines()
-            refused = [line for line in lines if " is not valid: " in line and "error: " in line]
+            output = proc.stderr or proc.stdout
             # a refusal of its input is its one line (not prterun's box about the exit); else the end
-            tail = refused[0] if refused else "\n".join(lines[-15:])
+            tail = refusal(output) or "\n".join(output.splitlines()[-15:])
             raise RunFailed(f"{config.algorithm} on {world_size} rank(s) failed "
                              f"(exit {proc.returncode}):\n{tail}")
         summary = json.loads(out.read_text())

@@ -116,8 +116,8 @@ def as_splits(made: Any, name: str) -> Splits:
     if hasattr(train, "batch") and hasattr(train, "input_shape"):  # downpour's own sources
         return Splits(train, val)
     _pair(train, name)  # pairs first: the classes are counted from them
-    _pair(val, name)
     classes = _classes(train, name)
-    for split, dataset in (("train", train), ("validation", val)):
+    splits = Splits(DatasetSource(train, classes, name), DatasetSource(val, classes, name))
+    for split, dataset in (("train", train), ("validation", val)):  # integers, by _pair there
         _check_labels(dataset, classes, split, name)
-    return Splits(DatasetSource(train, classes, name), DatasetSource(val, classes, name))
+    return splits

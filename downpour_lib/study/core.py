@@ -35,7 +35,7 @@ import pandas as pd
 
 from .. import provenance
 from ..checkpoint import atomic_write_text
-from ..errors import DownpourError
+from ..errors import DownpourError, refusal
 from .load import LoadProbe, describe
 
 if TYPE_CHECKING:  # annotations only: `downpour model` and `plot` read this module without torch
@@ -329,7 +329,7 @@ def _stop_if_refused_alike(refusals: dict[str, set[tuple[str, int]]], run: Plann
     likely meet it too (a model that does not fit the data: 18 identical failures before). Runs
     of one algorithm refused alike go on: the refusal may be that algorithm's, or of a setting
     the plan varies (its steps)."""
-    line = next((ln for ln in str(exc).splitlines() if " is not valid: " in ln), None)
+    line = refusal(str(exc))
     if line is None or not left:
         return
     refused = refusals.setdefault(line, set())
@@ -338,7 +338,7 @@ def _stop_if_refused_alike(refusals: dict[str, set[tuple[str, int]]], run: Plann
     if len(algorithms) > 1:
         raise StudyRefused(f"{len(refused)} runs of {', '.join(sorted(algorithms))} were refused "
                            f"alike, and the other {left} would be: stopping. Fix it and run again "
-                           f"(runs measured are kept in {store}):\n{line.strip()}")
+                           f"(runs measured are kept in {store}):\n{line}")
 
 
 def _grouped(failures: Sequence[tuple[str, str]]) -> str:
