@@ -169,9 +169,13 @@ def test_evaluate_says_when_nothing_is_new_and_fails_when_nothing_reads(tmp_path
                           + (f"this node has {gpus} GPU(s)" if gpus else "CUDA is not available")), err
 
 
+#: a run of a few milliseconds a step, for the checkpoint and resume messages below
+QUICK = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
+             final_eval=False)
+
+
 def test_a_resumed_run_says_which_checkpoint_and_step_it_continues_from(tmp_path, capsys):
-    base = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
-                final_eval=False, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    base = dict(**QUICK, checkpoint_dir=str(tmp_path), checkpoint_every=2)
     make_trainer(TrainConfig(steps=4, **base), DistContext.single()).run()
     capsys.readouterr()
     result = make_trainer(TrainConfig(steps=6, resume=str(tmp_path), **base), DistContext.single()).run()
@@ -184,8 +188,7 @@ def test_a_resumed_run_says_which_checkpoint_and_step_it_continues_from(tmp_path
 def test_a_run_resumed_from_a_checkpoint_file_says_it_writes_no_checkpoints(tmp_path, capsys):
     """--resume DIR/ckpt-N.pt with no --checkpoint-dir writes no checkpoints (beside the file it
     would replace a longer run's later ones): the run says so as it starts, not after its work."""
-    base = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
-                final_eval=False)
+    base = QUICK
     make_trainer(TrainConfig(steps=4, checkpoint_dir=str(tmp_path), checkpoint_every=2, **base),
                  DistContext.single()).run()
     capsys.readouterr()
@@ -204,8 +207,7 @@ def test_a_run_resumed_from_a_checkpoint_file_says_it_writes_no_checkpoints(tmp_
 def test_a_run_from_scratch_into_an_earlier_runs_checkpoints_warns(tmp_path, capsys):
     """Its checkpoints replace the earlier run's of the same steps: said before it trains, with
     the flag that continues that run instead; --resume never means it, and is quiet."""
-    base = dict(algorithm="local", model="mlp", dataset="digits", threads=1, warmup_steps=0,
-                final_eval=False, steps=4, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    base = dict(**QUICK, steps=4, checkpoint_dir=str(tmp_path), checkpoint_every=2)
     make_trainer(TrainConfig(**base), DistContext.single()).run()
     assert "holds checkpoints" not in capsys.readouterr().err
     make_trainer(TrainConfig(**base), DistContext.single()).run()
