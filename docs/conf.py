@@ -61,3 +61,7 @@ autodoc_mock_imports = []
 # project (torch, numpy, pandas, the standard library) have no inventory here (no network at build
 # time), so a Python reference that does not name downpour_lib is let go.
 nitpick_ignore_regex = [(r"py:.*", r"(?!downpour_lib\.).*")]
+# The contents of a page list its headings (an API page's modules), not every class and function
+# autodoc documents: Furo copies the whole navigation tree into each of the guide's pages, and those
+# entries made the copying a quarter of the strict build (101 s -> 75 s here, bytecode cached).
+toc_object_entries = False
