@@ -344,7 +344,8 @@ def test_use_cluster_takes_the_running_cluster_with_the_engines_asked_for_and_le
         use_cluster("local-mpi", 3, activate=False)
     assert str(more.value).startswith("engines=3 is not valid: profile 'local-mpi' runs a cluster "
                                       f"of 2 engines (cluster id {cluster_id!r})"), more.value
-    assert "ask for 2 (engines=2), or stop it (`ipcluster stop --profile=local-mpi`)" in str(more.value)
+    assert ("ask for 2 (engines=2), or stop it (`ipcluster stop --profile=local-mpi "
+            f"--cluster-id={cluster_id}`)") in str(more.value)  # without the id it finds no cluster
     with pytest.raises(ConfigError, match="engines=1 is not valid: .* ask for 2 "):
         use_cluster("local-mpi", 1, activate=False)  # a notebook's ranks are all the engines
     with use_cluster("local-mpi", 1, at_least=True, activate=False, log=None) as session:

@@ -86,6 +86,13 @@ def rank_map(seen: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]
             for eid, me in sorted(seen.items(), key=lambda item: item[1]["rank"])}
 
 
+def stop_command(cluster, profile: str) -> str:
+    """The shell command that stops ``cluster`` (an ipyparallel Cluster) of ``profile``: a cluster
+    downpour started has an id, and ``ipcluster stop`` without it looks for the unnamed one."""
+    cid = getattr(cluster, "cluster_id", "")
+    return f"ipcluster stop --profile={profile}" + (f" --cluster-id={cid}" if cid else "")
+
+
 class ClusterSession(Running):
     """A connected ipyparallel cluster whose engines form one MPI world (see the module docstring)."""
 
@@ -259,7 +266,7 @@ class ClusterSession(Running):
             profile = self.profile
             raise ConfigError("world_size", world_size,
                               f"this cluster has {self.size} engines: train on at most {self.size}, "
-                              f"or stop it (cluster.stop(), or ipcluster stop --profile={profile}) "
+                              f"or stop it (cluster.stop(), or {stop_command(self.cluster, profile)}) "
                               f"and start one of {world_size}: use_cluster({profile!r}, n={world_size})")
         # the run's one pre-flight: the engines train on its plan
         plan = plan_run(config, world_size,

@@ -23,7 +23,7 @@ from ..launch_env import RENDEZVOUS_PORTS
 from .mpiexec import clear_stale_sessions
 from .processes import controller_session, end_session
 from .profiles import bundled_profiles, ensure_profile, profile_dir
-from .session import ClusterSession
+from .session import ClusterSession, stop_command
 
 
 class _GoneProcesses(logging.Filter):
@@ -72,10 +72,9 @@ def _already_running(profile: str, clusters: list, who: str = "start_cluster") -
         engines = engine_count(c)
         pid = getattr(getattr(c.controller, "process", None), "pid", "?")
         cid = f", cluster_id={c.cluster_id!r}" if c.cluster_id else ""
-        stop = f" --cluster-id={c.cluster_id}" if c.cluster_id else ""
         lines.append(f"- cluster id {c.cluster_id!r} ({engines} engines, controller pid {pid}): "
-                     f"use it with connect({profile!r}{cid}), or stop it with `ipcluster stop "
-                     f"--profile={profile}{stop}` (or cluster.stop() on the session that started it)")
+                     f"use it with connect({profile!r}{cid}), or stop it with "
+                     f"`{stop_command(c, profile)}` (or cluster.stop() on the session that started it)")
     if len(clusters) > 1:
         lines.append(f"`ipcluster stop --profile={profile} --all` stops them all")
     return "\n".join(lines)
@@ -265,8 +264,9 @@ def use_cluster(profile: str = "local-mpi", n: int = 2, *, at_least: bool = Fals
         fewer = f"ask for {has}" + (" or fewer" if at_least else "")
         raise ConfigError("engines", n, f"profile {profile!r} runs a cluster of {has} engines "
                           f"(cluster id {cid!r}), which this uses rather than start another "
-                          f"beside it: {fewer} (engines={has}), or stop it (`ipcluster stop "
-                          f"--profile={profile}`) and run again to start {n}, or start it with "
+                          f"beside it: {fewer} (engines={has}), or stop it "
+                          f"(`{stop_command(found, profile)}`) and run again to start {n}, or "
+                          f"start it with "
                           f"`ipcluster start --profile={profile} -n {n} --daemonize`")
     session = connect(profile, cid, n=has, timeout_s=timeout_s, activate=False)
     per_host = Counter(e["host"] for e in session.engines.values())
