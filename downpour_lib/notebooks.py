@@ -43,6 +43,8 @@ CELL_TIMEOUT_S = 1800.0
 #: can take, the outputs still on their way are missing from the executed notebook. The wait ends
 #: as soon as the kernel says it is idle, so a quiet machine waits no longer.
 IOPUB_TIMEOUT_S = 120
+#: Seconds a cell past its timeout has, once interrupted, to reply before its kernel is shut down
+INTERRUPTED_REPLY_S = 30
 
 
 def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
@@ -111,6 +113,12 @@ def inject_parameters(nb, parameters: Mapping[str, Any]):
 
 
 def _client_class(echo: bool):
+    import asyncio
+    import contextlib
+    import signal
+    from queue import Empty
+
+    from jupyter_core.utils import ensure_async, run_sync
     from nbclient import NotebookClient
 
     class Client(NotebookClient):
@@ -123,6 +131,39 @@ def _client_class(echo: bool):
                 stream.flush()
             return super().output(outs, msg, display_id, cell_index)
 
+        # Ctrl-C interrupts the running cell, as JupyterLab's stop button does (the kernel runs in
+        # a session of its own, which a terminal's Ctrl-C does not reach): the cell ends in
+        # KeyboardInterrupt and the kernel shuts down as after a failed cell, stopping a cluster
+        # the notebook started. nbclient's own handler, which each cell's replaces, killed the
+        # kernel mid-cell and left that cluster running. A second Ctrl-C stops at once.
+        async def async_execute(self, *args, **kwargs):
+            self.main_task, self.pressed = asyncio.current_task(), 0
+            return await super().async_execute(*args, **kwargs)
+
+        execute = run_sync(async_execute)  # nbclient's execute runs its own async_execute
+
+        async def async_execute_cell(self, *args, **kwargs):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # main thread only
+                asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self.interrupt)
+            return await super().async_execute_cell(*args, **kwargs)
+
+        def interrupt(self):
+            self.pressed += 1
+            if self.pressed == 1 and self.km is not None:
+                self.interrupting = asyncio.ensure_future(ensure_async(self.km.interrupt_kernel()))
+            else:
+                self.main_task.cancel()
+
+        async def _async_handle_timeout(self, timeout, cell=None):
+            # Interrupt the cell and take its reply before giving up on it: the kernel then shuts
+            # down as after a finished run (a cluster the notebook started stops with it), not in
+            # the middle of a cell, which printed the kernel's own traceback above our line.
+            if self.km is not None and self.kc is not None:
+                await ensure_async(self.km.interrupt_kernel())
+                with contextlib.suppress(Empty):  # a cell that ignores the interrupt: shut down
+                    await ensure_async(self.kc.shell_channel.get_msg(timeout=INTERRUPTED_REPLY_S))
+            return await super()._async_handle_timeout(timeout, cell)
+
     return Client
 
 
@@ -130,8 +171,10 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
                  output: str | os.PathLike | None = None, timeout_s: float = CELL_TIMEOUT_S,
                  echo: bool = False, env: Mapping[str, str] | None = None):
     """Execute the notebook at ``path`` with ``parameters``; returns the executed notebook."""
+    import asyncio
+
     import nbformat
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     shown, path = str(path), Path(path).resolve()
     if not path.is_file():
@@ -142,7 +185,13 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
     except Exception as exc:  # noqa: BLE001 -- nbformat raises many kinds for a file it cannot read
         raise ConfigError("notebook", shown, f"not a Jupyter notebook ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    nb = inject_parameters(nb, parameters or {})
+    if parameters:  # a notebook without a `parameters` cell runs as it is when given none
+        try:
+            nb = inject_parameters(nb, parameters)
+        except ConfigError as exc:
+            if exc.field != "notebook":
+                raise
+            raise ConfigError("notebook", shown, exc.expected + " (-p sets those)") from None
     # The kernel is this Python's ipykernel; its kernelspec says just "python", so put this
     # environment's bin first on PATH (mpiexec and ipengine come from there too).
     kernel_env = dict(os.environ if env is None else env)
@@ -158,13 +207,31 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
                                  resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute(env=kernel_env)
+    except asyncio.CancelledError:  # Ctrl-C twice
+        raise KeyboardInterrupt(f"{path.name}: stopped in cell {_running_cell(nb)}") from None
     except CellExecutionError as exc:
+        if exc.ename == "KeyboardInterrupt":
+            raise KeyboardInterrupt(f"{path.name}: interrupted in cell {_running_cell(nb)}") from None
         bad = f"{path.name}: {ANSI.sub('', exc.evalue)}" if exc.ename in BAD_INPUT else ""
         raise NotebookError(f"{path.name} failed:\n" + ANSI.sub("", str(exc)), bad) from None
+    except CellTimeoutError:  # its message previews the cell's source: the count says which
+        raise NotebookError(f"{path.name}: cell {_running_cell(nb)} ran past the limit of "
+                            f"{timeout_s:g} s a cell and was stopped: give a longer --timeout "
+                            "(timeout_s=), or fewer steps") from None
+    except DeadKernelError:
+        raise NotebookError(f"{path.name}: the kernel died in cell {_running_cell(nb)} (killed, or "
+                            "out of memory): its output above shows how far it got") from None
     finally:
         if output is not None:
             atomic_write_text(output, nbformat.writes(nb))
     return nb
+
+
+def _running_cell(nb) -> str:
+    """The cell that was running when a run stopped, as the saved notebook numbers it: ``[N]``, the
+    last execution count given (nbclient gives one as a cell starts)."""
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.get("execution_count")]
+    return f"[{counts[-1]}]" if counts else "[1]"
 
 
 # -- JupyterLab on this environment's kernel (`make lab`, `downpour lab`) ----------------------------

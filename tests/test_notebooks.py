@@ -5,6 +5,7 @@ import ast
 import json
 import math
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -226,6 +227,66 @@ def test_00_uses_the_cluster_started_before_it_and_leaves_it_running(tmp_path):
         subprocess.run([ipcluster[0], "stop", ipcluster[1]], env=launch_env(), capture_output=True,
                        text=True, timeout=120)
         stop_clusters("local-mpi")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("import time\ntime.sleep(120)", "cell [2] ran past the limit of 5 s a cell and was stopped: give "
+                                     "a longer --timeout"),
+    ("import os\nos._exit(3)", "the kernel died in cell [2] (killed, or out of memory)"),
+])
+def test_a_cell_past_its_timeout_or_a_dead_kernel_is_one_line_naming_the_cell(tmp_path, source,
+                                                                              message):
+    """A headless run that stops in a cell says which cell and why in one line, keeps the notebook
+    it executed up to there, and exits 1; a timeout that is no limit is refused before it runs."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
+                                         nbformat.v4.new_code_cell(source)])
+    path, saved = tmp_path / "stops.ipynb", tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    proc = downpour("notebook", "run", str(path), "--output", str(saved), "--timeout", "5", timeout=300)
+    assert proc.returncode == 1, explain(proc)
+    line = f"downpour notebook: stops.ipynb: {message}"
+    assert line in proc.stderr and "Traceback" not in proc.stderr, explain(proc)
+    assert f"(the executed notebook, up to the failing cell: {saved})" in proc.stderr, explain(proc)
+    assert nbformat.read(saved, as_version=4).cells[0].execution_count == 1
+    proc = downpour("notebook", "run", str(path), "-p", "x=2", timeout=120)
+    assert proc.returncode == 2 and f"notebook={str(path)!r} is not valid: it needs a code cell tagged " \
+        "`parameters` holding its defaults (-p sets those)" in proc.stderr, explain(proc)
+    for bad in ("0", "-5", "nan"):
+        proc = downpour("notebook", "run", str(path), "--timeout", bad, timeout=120)
+        assert proc.returncode == 2 and f"--timeout={float(bad):g} is not valid: seconds a cell may " \
+            "run, > 0" in proc.stderr, explain(proc)
+
+
+def test_ctrl_c_interrupts_the_cell_and_stops_the_cluster_the_notebook_started(tmp_path):
+    """Ctrl-C on `downpour notebook run` (SIGINT to it alone: its kernel runs in a session of its
+    own) interrupts the running cell, as JupyterLab's stop button does; the kernel then shuts down
+    and stops the cluster the notebook started, and the run says where it stopped, exit 130.
+    nbclient's own handler killed the kernel, printed three tracebacks and left the cluster."""
+    from downpour_lib.cluster import running_clusters
+
+    cells = ["from downpour_lib.cluster import use_cluster\ncluster = use_cluster('local-mpi', 2)",
+             "import time\nprint('sleeping', flush=True)\ntime.sleep(600)", "cluster.stop()"]
+    path, saved = tmp_path / "waits.ipynb", tmp_path / "saved.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), path)
+    run = subprocess.Popen([str(BIN / "downpour"), "notebook", "run", str(path), "--output", str(saved)],
+                           env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           cwd=ROOT, start_new_session=True)
+    try:
+        lines = []
+        for line in run.stdout:  # the cluster started, and the second cell runs
+            lines.append(line)
+            if line.startswith("sleeping"):
+                break
+        assert running_clusters("local-mpi"), "".join(lines)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=180)
+    finally:
+        run.kill()
+    assert run.returncode == 130, (lines, out, err)
+    assert err.strip().endswith(f"downpour notebook: waits.ipynb: interrupted in cell [2]; the executed "
+                                f"notebook, up to there: {saved}") and "Traceback" not in err, err
+    assert nbformat.read(saved, as_version=4).cells[1].outputs[0]["text"] == "sleeping\n"
+    assert running_clusters("local-mpi") == []  # its kernel's exit stopped it
 
 
 def test_notebook_run_says_where_and_keeps_nothing_with_no_save(tmp_path):

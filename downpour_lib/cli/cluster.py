@@ -127,6 +127,10 @@ def cmd_notebook(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"downpour notebook: error: {exc}", file=sys.stderr)
         return 2
+    if not args.timeout > 0:  # nbclient reads 0 or less as no limit at all; NaN as none too
+        print(f"downpour notebook: error: --timeout={args.timeout:g} is not valid: seconds a cell may "
+              f"run, > 0 (default {CELL_TIMEOUT_S:g})", file=sys.stderr)
+        return 2
     output = saved_notebook(args.notebook, args.output, args.no_save)
     given = ", ".join(f"{k}={v!r}" for k, v in params.items()) or "its defaults"
     print(f"downpour notebook: running {args.notebook} with {given}", flush=True)
@@ -140,6 +144,10 @@ def cmd_notebook(args: argparse.Namespace) -> int:
             return 2
         print(f"downpour notebook: {exc}{kept}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C: the cell was interrupted, the kernel shut down
+        kept = f"; the executed notebook, up to there: {_shown(output)}" if output else ""
+        print(f"downpour notebook: {exc or args.notebook + ': interrupted'}{kept}", file=sys.stderr)
+        return 130
     lines = [f"downpour notebook: {args.notebook} ran in {time.time() - start:.0f} s"]
     if output:
         lines.append(f"  executed notebook, with its outputs and figures: {_shown(output)}")
